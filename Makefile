@@ -1,0 +1,80 @@
+# Rekindle - top-level build.  `make demo` and `make test` are all a fresh
+# clone needs; both install missing dependencies first (scripts/deps.sh).
+SHELL := /bin/bash
+BUILD ?= build
+CC ?= cc
+CFLAGS ?= -O2 -g
+RK_CFLAGS := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Iruntime/include
+# The runtime's code goes to its own section (rk_text) so a fault inside it is
+# recognised by pc; keep the compiler from splitting functions into other
+# text sections.
+RT_CFLAGS := $(RK_CFLAGS) -fPIC -fno-reorder-blocks-and-partition -fno-reorder-functions -Iruntime/src
+
+RT_SRCS := $(wildcard runtime/src/*.c)
+RT_OBJS := $(patsubst runtime/src/%.c,$(BUILD)/runtime/%.o,$(RT_SRCS))
+RT_HDRS := runtime/include/rekindle.h runtime/src/rk_internal.h
+LIB_SO := $(BUILD)/lib/librekindle.so
+LIB_A := $(BUILD)/lib/librekindle.a
+PC := $(BUILD)/lib/pkgconfig/rekindle.pc
+# Programs link the static library: no LD_LIBRARY_PATH games in tests.
+LINK_RK := $(LIB_A) -pthread
+
+UNIT_TESTS := $(patsubst runtime/tests/%.c,$(BUILD)/tests/%,$(wildcard runtime/tests/*.c))
+TEST_APPS := $(patsubst tests/apps/%.c,$(BUILD)/apps/%,$(wildcard tests/apps/*.c))
+BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+
+.PHONY: all deps runtime test unit-test system-test demo bench bench-alloc bench-restart lint clean
+all: runtime $(TEST_APPS) $(BENCH_BINS) $(EXAMPLES)
+runtime: $(LIB_SO) $(LIB_A) $(PC)
+
+deps:
+	@bash scripts/deps.sh
+
+$(BUILD)/runtime/%.o: runtime/src/%.c $(RT_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(RT_CFLAGS) -c $< -o $@.tmp.o
+	objcopy --rename-section .text=rk_text,alloc,load,readonly,code,contents $@.tmp.o $@
+	@rm -f $@.tmp.o
+	@if objdump -h $@ | grep -q ' \.text\.'; then echo "$@: code outside rk_text" >&2; exit 1; fi
+
+$(LIB_SO): $(RT_OBJS) runtime/librekindle.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -pthread -Wl,-soname,librekindle.so.0 -Wl,--version-script=runtime/librekindle.map -o $@ $(RT_OBJS)
+$(LIB_A): $(RT_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+$(PC): runtime/rekindle.pc.in
+	@mkdir -p $(dir $@)
+	sed -e 's|@PREFIX@|$(abspath $(BUILD))|' -e 's|@INCLUDEDIR@|$(abspath runtime/include)|' $< > $@
+
+$(BUILD)/tests/%: runtime/tests/%.c $(LIB_A) runtime/include/rekindle.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(RK_CFLAGS) -Iruntime/src $< -o $@ $(LINK_RK)
+$(BUILD)/apps/%: tests/apps/%.c $(LIB_A) runtime/include/rekindle.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ $(LINK_RK)
+$(BUILD)/bench/%: bench/%.c $(LIB_A) runtime/include/rekindle.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ $(LINK_RK)
+$(BUILD)/examples/%: examples/%.c $(LIB_A) runtime/include/rekindle.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ $(LINK_RK)
+
+test: deps all $(UNIT_TESTS)
+	@bash scripts/run-tests.sh $(BUILD)
+
+demo: deps all
+	@bash scripts/demo.sh $(BUILD)
+
+bench: bench-alloc bench-restart
+bench-alloc: deps all
+	@bash bench/run_alloc.sh $(BUILD)
+bench-restart: deps all
+	@bash bench/run_restart.sh $(BUILD)
+
+lint:
+	ruff check tests bench scripts
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,189 @@
+/*
+ * rekindle.h - librekindle: preserved arenas and warm restart, in user space.
+ *
+ * An application keeps its long-lived state in named arenas (memfd-backed
+ * shared mappings at fixed virtual addresses).  When it faults, or asks to,
+ * the runtime re-executes the same binary from main() with the same argv and
+ * environment; the new incarnation finds its arenas mapped at the same
+ * addresses, with no copy, and everything transient (stacks, threads, the
+ * malloc heap, fds) fresh.  When a warm restart is unsafe the restart goes
+ * cold: arenas are dropped and the application runs its own recovery.
+ *
+ * Typical use:
+ *
+ *     rk_init(argc, argv, NULL);
+ *     rk_arena *kv = rk_arena_open("kv", 1ull << 30);
+ *     if (rk_is_recovery()) {
+ *         table = rk_root_get(kv, "table");
+ *         mark_everything_reachable(table);      // rk_mark() on each object
+ *         rk_finish_recovery(true, NULL);        // sweep what was in flight
+ *     } else {
+ *         table = build_from_snapshot_or_empty(kv);
+ *         rk_root_set(kv, "table", table);
+ *     }
+ *
+ * Every decision (warm, cold and why) is logged as one JSON line on stderr
+ * starting with {"rekindle":.  Functions returning int return 0 (or a count)
+ * on success and -errno on failure unless stated otherwise.
+ */
+#ifndef REKINDLE_H
+#define REKINDLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RK_VERSION_MAJOR 0
+#define RK_VERSION_MINOR 1
+
+#define RK_MAX_ARENAS 16
+#define RK_MAX_RANGES 16
+#define RK_NAME_MAX 47 /* arena and root names, without the NUL */
+
+typedef struct rk_arena rk_arena;
+
+/* How this incarnation started. */
+enum rk_start_kind {
+	RK_START_FRESH = 0, /* first start: no previous incarnation */
+	RK_START_WARM = 1,  /* restarted with preserved state */
+	RK_START_COLD = 2,  /* restarted, preserved state dropped */
+};
+
+/* rk_options.flags */
+#define RK_OPT_NO_SIGNAL_HANDLERS 0x1u /* do not catch SEGV/BUS/FPE/ILL/ABRT */
+#define RK_OPT_PREFAULT 0x2u           /* pre-fault preserved pages in the background */
+#define RK_OPT_QUIET 0x4u              /* no event lines on stderr */
+
+struct rk_options {
+	unsigned flags;
+	/* Start of the address range reserved for arenas; 0 = default
+	 * (0x200000000000, or $REKINDLE_ARENA_BASE). */
+	uint64_t arena_base;
+	/* A second failure within this many ms of a warm restart goes cold;
+	 * 0 = default 1000 ($REKINDLE_CRASHLOOP_MS). */
+	unsigned crashloop_window_ms;
+	/* Give up (die with the original signal) after this many consecutive
+	 * incarnations each failing within the window; 0 = default 5. */
+	unsigned max_fast_failures;
+};
+
+/* Facts about this incarnation and the end of the previous one. */
+struct rk_restart_info {
+	enum rk_start_kind kind;
+	unsigned generation;   /* 0 for the first incarnation */
+	int signal;            /* signal that ended the previous one, 0 if none */
+	uint64_t fault_addr;   /* si_addr of that signal */
+	char reason[128];      /* why the previous incarnation ended */
+	char decision[160];    /* why this start is warm or cold */
+	uint64_t restart_ns;   /* previous rk_restart() entry to our rk_init() return */
+	uint64_t preserved_bytes; /* bytes in use in the arenas we inherited */
+	unsigned statics_restored; /* RK_PRESERVED sections restored */
+};
+
+/* Sweep statistics from rk_finish_recovery(true, ...). */
+struct rk_sweep_stats {
+	uint64_t objects_freed;
+	uint64_t bytes_freed;
+	uint64_t objects_kept;
+	uint64_t bytes_kept;
+};
+
+struct rk_arena_stats {
+	uint64_t base;          /* fixed virtual address of the arena */
+	uint64_t max_bytes;     /* reserved size */
+	uint64_t mapped_bytes;  /* size of the backing memfd (grows on demand) */
+	uint64_t heap_bytes;    /* bytes of the heap carved so far */
+	uint64_t allocated_bytes; /* bytes handed out and not freed (class-rounded) */
+};
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+/* Call first thing in main().  Records argv/env for restarts, installs the
+ * fatal-signal handlers and, in a restarted incarnation, validates and maps
+ * the inherited arenas.  opts may be NULL.  Returns 0 or -errno. */
+int rk_init(int argc, char **argv, const struct rk_options *opts);
+
+/* True when this incarnation is a warm restart whose recovery is not yet
+ * finished (between rk_init and rk_finish_recovery). */
+bool rk_is_recovery(void);
+
+/* Facts about this start; valid after rk_init. */
+const struct rk_restart_info *rk_restart_info(void);
+
+/* End recovery.  With cleanup, every arena object not reached by rk_mark()
+ * since rk_init is freed (objects of requests that were in flight); arenas
+ * the new incarnation did not reopen are dropped.  Must run before other
+ * threads allocate in the arenas (-EBUSY otherwise).  stats may be NULL. */
+int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats);
+
+/* Restart now, warm if every check passes, cold otherwise.  Safe to call
+ * from a signal handler.  Returns only on failure (-errno). */
+int rk_restart(const char *reason);
+/* Restart now, dropping all preserved state. */
+int rk_restart_cold(const char *reason);
+
+/* Fault in every preserved page now; with background=true in a detached
+ * thread.  Returns 0 or -errno. */
+int rk_prefault(bool background);
+
+/* ---- arenas ------------------------------------------------------------- */
+
+/* Open (warm restart: reattach) the arena called name, reserving max_bytes
+ * of address space.  Returns NULL with errno set on failure. */
+rk_arena *rk_arena_open(const char *name, size_t max_bytes);
+int rk_arena_stats(const rk_arena *arena, struct rk_arena_stats *out);
+/* True if ptr points into the arena's reserved range. */
+bool rk_arena_contains(const rk_arena *arena, const void *ptr);
+
+void *rk_alloc(rk_arena *arena, size_t size);
+void *rk_calloc(rk_arena *arena, size_t nmemb, size_t size);
+void *rk_realloc(rk_arena *arena, void *ptr, size_t size);
+void rk_free(rk_arena *arena, void *ptr);
+size_t rk_usable_size(rk_arena *arena, const void *ptr);
+
+/* Named roots: how the restarted application finds its data.  ptr NULL
+ * removes the root.  At most 64 roots per arena. */
+int rk_root_set(rk_arena *arena, const char *name, void *ptr);
+void *rk_root_get(rk_arena *arena, const char *name);
+
+/* Mark an object (any pointer into it) as reachable, for the sweep of
+ * rk_finish_recovery.  Returns 1 if newly marked, 0 if already marked,
+ * -EINVAL if ptr is not an allocated arena object. */
+int rk_mark(rk_arena *arena, const void *ptr);
+
+/* ---- other preserved memory -------------------------------------------- */
+
+/* Preserve [addr, addr+len) (page aligned) across restarts, zero copy: the
+ * pages are moved onto a memfd in place.  In a warm-restarted incarnation
+ * the range is already mapped again by rk_init and this returns 1. */
+int rk_preserve_range(void *addr, size_t len);
+
+/* Place a static or global variable in the preserved section: its value is
+ * saved when the runtime restarts the process and restored by rk_init of a
+ * warm restart.  Words holding addresses inside the old load image (function
+ * pointers, pointers to other statics or string literals) are relocated when
+ * ASLR moved the image; pointers into arenas stay valid as they are.
+ * Pointers to malloc memory, stacks or libraries must not be stored here. */
+#define RK_PRESERVED __attribute__((section("rk_preserved"), used))
+
+/* Registers this module's rk_preserved section with the runtime (internal;
+ * runs as a constructor in every translation unit including this header). */
+void rk__statics_register(void *start, void *stop);
+#ifndef RK_INTERNAL
+extern char __start_rk_preserved[] __attribute__((weak, visibility("hidden")));
+extern char __stop_rk_preserved[] __attribute__((weak, visibility("hidden")));
+__attribute__((constructor, used)) static void rk__register_module_statics(void)
+{
+	if (&__start_rk_preserved[0] != &__stop_rk_preserved[0])
+		rk__statics_register(&__start_rk_preserved[0], &__stop_rk_preserved[0]);
+}
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* REKINDLE_H */

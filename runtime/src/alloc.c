@@ -1,0 +1,650 @@
+/* alloc.c - the allocator inside arenas.
+ *
+ * Small objects (<= 32 KiB) come from slabs of one size class each, through
+ * a per-thread cache that lives in the arena (so it survives a restart and
+ * is folded back by the next incarnation).  Cache pushes and pops commit with
+ * one store of the list head, so a thread killed at any instruction leaves
+ * the list consistent (at worst one block leaks until the next sweep).
+ * Central free lists and the page-run allocator change only under lock words
+ * in the arena; a lock found held after a death marks the arena unsafe.
+ * Large objects are page runs, found through the arena's page map.
+ */
+#include "rk_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+uint32_t rk_class_size[RK_NCLASSES];
+static uint8_t class_of_16[RK_SMALL_MAX / 16 + 1];
+static uint16_t class_slab_pages[RK_NCLASSES];
+static uint16_t class_tc_limit[RK_NCLASSES];
+
+#define TLS __attribute__((tls_model("initial-exec"))) static __thread
+TLS uint32_t tls_tid;
+TLS struct rk_tcache *tls_tc[RK_MAX_ARENAS];
+TLS bool tls_key_set;
+
+static pthread_key_t tc_key;
+static pthread_once_t tc_key_once = PTHREAD_ONCE_INIT;
+
+static size_t slab_header_bytes(void)
+{
+	return RK_ALIGN_UP(sizeof(struct rk_slab), 16);
+}
+
+__attribute__((constructor)) static void classes_init(void)
+{
+	unsigned n = 0;
+	for (uint32_t s = 16; s <= 128; s += 16)
+		rk_class_size[n++] = s;
+	for (uint32_t b = 128; b < RK_SMALL_MAX; b *= 2)
+		for (uint32_t k = 1; k <= 4; k++)
+			rk_class_size[n++] = b + k * b / 4;
+	unsigned c = 0;
+	for (unsigned i = 0; i <= RK_SMALL_MAX / 16; i++) {
+		while (rk_class_size[c] < i * 16)
+			c++;
+		class_of_16[i] = (uint8_t)c;
+	}
+	for (c = 0; c < RK_NCLASSES; c++) {
+		uint64_t want = RK_ALIGN_UP(slab_header_bytes() + 8ull * rk_class_size[c], RK_PAGE) / RK_PAGE;
+		if (want < RK_SLAB_MIN_PAGES)
+			want = RK_SLAB_MIN_PAGES;
+		class_slab_pages[c] = (uint16_t)want;
+		uint32_t lim = RK_TCACHE_MAX_BYTES / rk_class_size[c];
+		class_tc_limit[c] = (uint16_t)(lim > RK_TCACHE_MAX ? RK_TCACHE_MAX : (lim < 2 ? 2 : lim));
+	}
+}
+
+uint64_t rk_layout_hash(void)
+{
+	uint64_t h = rk_fnv1a(rk_class_size, sizeof rk_class_size, 0);
+	uint64_t sizes[] = {sizeof(struct rk_arena_hdr), sizeof(struct rk_slab), sizeof(struct rk_tcache),
+			    RK_PAGE, RK_SMALL_MAX, RK_TCACHE_MAX};
+	return rk_fnv1a(sizes, sizeof sizes, h);
+}
+
+uint32_t rk_gettid(void)
+{
+	if (RK_UNLIKELY(tls_tid == 0))
+		tls_tid = (uint32_t)syscall(SYS_gettid);
+	return tls_tid;
+}
+
+/* A forked child has a new tid and must not use the parent's caches. */
+static void after_fork_child(void)
+{
+	tls_tid = 0;
+	memset(tls_tc, 0, sizeof tls_tc);
+}
+
+void rk_lock_acquire(rk_lock *l)
+{
+	uint32_t me = rk_gettid();
+	for (unsigned spins = 0;; spins++) {
+		uint32_t expect = 0;
+		if (atomic_load_explicit(l, memory_order_relaxed) == 0 &&
+		    atomic_compare_exchange_weak_explicit(l, &expect, me, memory_order_acquire,
+							  memory_order_relaxed))
+			return;
+		if (spins < 100)
+			__builtin_ia32_pause();
+		else
+			sched_yield();
+	}
+}
+
+void rk_lock_release(rk_lock *l)
+{
+	atomic_store_explicit(l, 0, memory_order_release);
+}
+
+static inline uint64_t *map_entry(struct rk_arena *a, uint64_t page)
+{
+	return &a->map[page];
+}
+
+static inline void *page_addr(struct rk_arena *a, uint64_t page)
+{
+	return (char *)a->hdr + page * RK_PAGE;
+}
+
+/* ---- page runs (heap_lock held) ------------------------------------------ */
+
+static unsigned run_bin(uint64_t npages)
+{
+	if (npages <= 32)
+		return (unsigned)npages - 1;
+	unsigned lg = 63u - (unsigned)__builtin_clzll(npages); /* >= 5 */
+	unsigned b = 32 + (lg - 5);
+	return b < RK_RUN_BINS ? b : RK_RUN_BINS - 1;
+}
+
+static void run_list_insert(struct rk_arena *a, uint64_t page, uint64_t npages)
+{
+	struct rk_arena_hdr *h = a->hdr;
+	struct rk_free_run *r = page_addr(a, page);
+	unsigned b = run_bin(npages);
+	r->prev = NULL;
+	r->next = h->run_bins[b];
+	if (r->next)
+		r->next->prev = r;
+	h->run_bins[b] = r;
+	*map_entry(a, page) = RK_PG_MAKE(RK_PG_FREE, 0, npages);
+	*map_entry(a, page + npages - 1) = RK_PG_MAKE(RK_PG_FREE, 0, npages);
+}
+
+static void run_list_remove(struct rk_arena *a, uint64_t page, uint64_t npages)
+{
+	struct rk_free_run *r = page_addr(a, page);
+	if (r->prev)
+		r->prev->next = r->next;
+	else
+		a->hdr->run_bins[run_bin(npages)] = r->next;
+	if (r->next)
+		r->next->prev = r->prev;
+}
+
+static uint64_t heap_first_page(struct rk_arena *a)
+{
+	return a->hdr->heap_offset / RK_PAGE;
+}
+
+static uint64_t heap_top_page(struct rk_arena *a)
+{
+	return (a->hdr->heap_offset + a->hdr->top) / RK_PAGE;
+}
+
+/* Returns the first page of a run of npages, or 0 with errno = ENOMEM. */
+static uint64_t run_alloc_locked(struct rk_arena *a, uint64_t npages)
+{
+	struct rk_arena_hdr *h = a->hdr;
+	for (unsigned b = run_bin(npages); b < RK_RUN_BINS; b++) {
+		for (struct rk_free_run *r = h->run_bins[b]; r; r = r->next) {
+			uint64_t page = (uint64_t)((char *)r - (char *)h) / RK_PAGE;
+			uint64_t have = RK_PG_N(*map_entry(a, page));
+			if (have < npages)
+				continue;
+			run_list_remove(a, page, have);
+			if (have > npages)
+				run_list_insert(a, page + npages, have - npages);
+			return page;
+		}
+	}
+	uint64_t need = h->top + npages * RK_PAGE;
+	if (need < h->top || h->heap_offset + need > h->max_bytes) {
+		errno = ENOMEM;
+		return 0;
+	}
+	if (h->heap_offset + need > h->committed && rk_arena_grow(a, need) < 0) {
+		errno = ENOMEM;
+		return 0;
+	}
+	uint64_t page = heap_top_page(a);
+	h->top = need;
+	return page;
+}
+
+static void run_punch(struct rk_arena *a, uint64_t page, uint64_t npages)
+{
+	/* Give the memory back; a failure only costs memory, so it is not fatal. */
+	(void)fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(page * RK_PAGE),
+			(off_t)(npages * RK_PAGE));
+}
+
+void rk_run_free(struct rk_arena *a, uint64_t page, uint64_t npages)
+{
+	uint64_t next = page + npages;
+	if (next < heap_top_page(a) && RK_PG_KIND(*map_entry(a, next)) == RK_PG_FREE) {
+		uint64_t n2 = RK_PG_N(*map_entry(a, next));
+		run_list_remove(a, next, n2);
+		npages += n2;
+	}
+	if (page > heap_first_page(a) && RK_PG_KIND(*map_entry(a, page - 1)) == RK_PG_FREE) {
+		uint64_t pn = RK_PG_N(*map_entry(a, page - 1));
+		uint64_t start = page - pn;
+		if (pn && start >= heap_first_page(a) && *map_entry(a, start) == RK_PG_MAKE(RK_PG_FREE, 0, pn)) {
+			run_list_remove(a, start, pn);
+			page = start;
+			npages += pn;
+		}
+	}
+	if (page + npages == heap_top_page(a)) {
+		/* The run ends the heap: lower the top instead of keeping a free run. */
+		a->hdr->top = page * RK_PAGE - a->hdr->heap_offset;
+		*map_entry(a, page) = 0;
+		run_punch(a, page, npages);
+		return;
+	}
+	run_list_insert(a, page, npages);
+	if (npages >= 256) /* 1 MiB: return all but the page holding the links */
+		run_punch(a, page + 1, npages - 1);
+}
+
+static void run_set_used(struct rk_arena *a, uint64_t page, uint64_t npages, uint64_t first)
+{
+	*map_entry(a, page) = first;
+	for (uint64_t i = 1; i < npages; i++)
+		*map_entry(a, page + i) = RK_PG_MAKE(RK_PG_CONT, 0, i);
+}
+
+/* ---- object lookup -------------------------------------------------------- */
+
+/* Finds the run holding p: returns its first page and entry, or -1. */
+static int64_t run_of(struct rk_arena *a, const void *p, uint64_t *entry)
+{
+	uint64_t off = (uint64_t)((const char *)p - (const char *)a->hdr);
+	struct rk_arena_hdr *h = a->hdr;
+	if ((uintptr_t)p < (uintptr_t)h || off < h->heap_offset || off >= h->heap_offset + h->top)
+		return -1;
+	uint64_t page = off / RK_PAGE;
+	uint64_t e = *map_entry(a, page);
+	if (RK_PG_KIND(e) == RK_PG_CONT) {
+		if (RK_PG_N(e) > page - heap_first_page(a))
+			return -1;
+		page -= RK_PG_N(e);
+		e = *map_entry(a, page);
+	}
+	uint32_t k = RK_PG_KIND(e);
+	if (k != RK_PG_SLAB && k != RK_PG_LARGE)
+		return -1;
+	*entry = e;
+	return (int64_t)page;
+}
+
+static int mark_in_run(struct rk_arena *a, int64_t page, uint64_t e, const void *p)
+{
+	if (RK_PG_KIND(e) == RK_PG_LARGE) {
+		uint64_t old = __atomic_fetch_or(map_entry(a, (uint64_t)page), RK_PG_MARK, __ATOMIC_RELAXED);
+		return (old & RK_PG_MARK) ? 0 : 1;
+	}
+	struct rk_slab *s = page_addr(a, (uint64_t)page);
+	if ((uintptr_t)p < s->first)
+		return -EINVAL;
+	uint64_t idx = ((uintptr_t)p - s->first) / rk_class_size[s->cls];
+	if (idx >= s->nobjs)
+		return -EINVAL;
+	uint64_t bit = 1ull << (idx & 63);
+	uint64_t old = atomic_fetch_or_explicit(&s->mark[idx / 64], bit, memory_order_relaxed);
+	return (old & bit) ? 0 : 1;
+}
+
+int rk_mark(rk_arena *a, const void *p)
+{
+	uint64_t e;
+	if (!a || !p)
+		return -EINVAL;
+	if (!a->sweep_pending)
+		return -EPERM; /* marks only mean something during recovery */
+	int64_t page = run_of(a, p, &e);
+	if (page < 0)
+		return -EINVAL;
+	return mark_in_run(a, page, e, p);
+}
+
+static void born_marked(struct rk_arena *a, void *p)
+{
+	uint64_t e;
+	int64_t page = run_of(a, p, &e);
+	if (page >= 0)
+		(void)mark_in_run(a, page, e, p);
+}
+
+/* ---- slabs and central lists (class lock held) ---------------------------- */
+
+static struct rk_free_block *slab_new(struct rk_arena *a, unsigned cls, struct rk_free_block **tail,
+				      uint64_t *n)
+{
+	uint64_t npages = class_slab_pages[cls];
+	rk_lock_acquire(&a->hdr->heap_lock);
+	uint64_t page = run_alloc_locked(a, npages);
+	if (page)
+		run_set_used(a, page, npages, RK_PG_MAKE(RK_PG_SLAB, cls, npages));
+	rk_lock_release(&a->hdr->heap_lock);
+	if (!page)
+		return NULL;
+	struct rk_slab *s = page_addr(a, page);
+	uint32_t size = rk_class_size[cls];
+	uint64_t first = (uint64_t)(uintptr_t)s + slab_header_bytes();
+	uint64_t nobjs = (npages * RK_PAGE - slab_header_bytes()) / size;
+	if (nobjs > RK_SLAB_BITMAP_WORDS * 64)
+		nobjs = RK_SLAB_BITMAP_WORDS * 64;
+	memset(s, 0, sizeof *s);
+	s->magic = RK_SLAB_MAGIC;
+	s->cls = cls;
+	s->nobjs = (uint32_t)nobjs;
+	s->npages = (uint32_t)npages;
+	s->first = first;
+	for (uint64_t i = 0; i + 1 < nobjs; i++)
+		((struct rk_free_block *)(uintptr_t)(first + i * size))->next =
+			(struct rk_free_block *)(uintptr_t)(first + (i + 1) * size);
+	*tail = (struct rk_free_block *)(uintptr_t)(first + (nobjs - 1) * size);
+	(*tail)->next = NULL;
+	*n = nobjs;
+	a->hdr->classes[cls].slabs++;
+	return (struct rk_free_block *)(uintptr_t)first;
+}
+
+/* Takes up to want blocks from the class: returns a NULL-terminated chain. */
+static struct rk_free_block *central_take(struct rk_arena *a, unsigned cls, uint32_t want, uint32_t *got)
+{
+	struct rk_class_state *c = &a->hdr->classes[cls];
+	rk_lock_acquire(&c->lock);
+	if (!c->head) {
+		struct rk_free_block *tail;
+		uint64_t n;
+		struct rk_free_block *chain = slab_new(a, cls, &tail, &n);
+		if (!chain) {
+			rk_lock_release(&c->lock);
+			*got = 0;
+			return NULL;
+		}
+		c->head = chain;
+		c->count += n;
+	}
+	struct rk_free_block *first = c->head, *last = first;
+	uint32_t k = 1;
+	while (k < want && last->next) {
+		last = last->next;
+		k++;
+	}
+	c->head = last->next;
+	c->count -= k;
+	last->next = NULL;
+	rk_lock_release(&c->lock);
+	*got = k;
+	return first;
+}
+
+static void central_put(struct rk_arena *a, unsigned cls, struct rk_free_block *first,
+			struct rk_free_block *last, uint32_t k)
+{
+	struct rk_class_state *c = &a->hdr->classes[cls];
+	rk_lock_acquire(&c->lock);
+	last->next = c->head;
+	c->head = first;
+	c->count += k;
+	rk_lock_release(&c->lock);
+}
+
+/* ---- thread caches --------------------------------------------------------- */
+
+static void tcache_thread_exit(void *unused)
+{
+	(void)unused;
+	for (unsigned i = 0; i < RK_MAX_ARENAS; i++) {
+		struct rk_tcache *tc = tls_tc[i];
+		if (!tc)
+			continue;
+		struct rk_arena *a = &rk_g.arenas[i];
+		tls_tc[i] = NULL;
+		if (!a->hdr)
+			continue;
+		rk_tcache_flush_all(a, tc);
+		atomic_store_explicit(&tc->owner, 0, memory_order_release);
+	}
+}
+
+static void tc_key_create(void)
+{
+	(void)pthread_key_create(&tc_key, tcache_thread_exit);
+	(void)pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+void rk_tcache_forget_thread(void)
+{
+	memset(tls_tc, 0, sizeof tls_tc);
+}
+
+static void bin_flush(struct rk_arena *a, unsigned cls, struct rk_tcache_bin *b, uint32_t k)
+{
+	struct rk_free_block *first = b->head, *last = first;
+	for (uint32_t i = 1; i < k; i++)
+		last = last->next;
+	struct rk_free_block *rest = last->next;
+	b->head = rest; /* commit: the chain now belongs to no list until put */
+	b->count -= k;
+	central_put(a, cls, first, last, k);
+}
+
+void rk_tcache_flush_all(struct rk_arena *a, struct rk_tcache *tc)
+{
+	for (unsigned c = 0; c < RK_NCLASSES; c++) {
+		struct rk_tcache_bin *b = &tc->bins[c];
+		uint32_t k = 0;
+		for (struct rk_free_block *p = b->head; p; p = p->next)
+			k++;
+		if (k)
+			bin_flush(a, c, b, k);
+		b->head = NULL;
+		b->count = 0;
+	}
+	atomic_fetch_add_explicit(&a->hdr->allocated_bytes, (uint64_t)tc->alloc_delta, memory_order_relaxed);
+	tc->alloc_delta = 0;
+}
+
+struct rk_tcache *rk_tcache_current(struct rk_arena *a)
+{
+	struct rk_tcache *tc = tls_tc[a->index];
+	if (tc)
+		return tc;
+	uint32_t me = rk_gettid();
+	for (unsigned i = 0; i < RK_MAX_TCACHES; i++) {
+		struct rk_tcache *t = &a->hdr->tcaches[i];
+		uint32_t expect = 0;
+		if (atomic_load_explicit(&t->owner, memory_order_relaxed) != 0 ||
+		    !atomic_compare_exchange_strong(&t->owner, &expect, me))
+			continue;
+		memset(t->bins, 0, sizeof t->bins);
+		t->alloc_delta = 0;
+		tls_tc[a->index] = t;
+		if (!tls_key_set) {
+			pthread_once(&tc_key_once, tc_key_create);
+			(void)pthread_setspecific(tc_key, (void *)1);
+			tls_key_set = true;
+		}
+		return t;
+	}
+	return NULL; /* all slots taken: this thread uses the central lists */
+}
+
+/* ---- public allocation API ------------------------------------------------ */
+
+static void *small_alloc_slow(struct rk_arena *a, unsigned cls)
+{
+	struct rk_tcache *tc = rk_tcache_current(a);
+	uint32_t got;
+	if (!tc) {
+		struct rk_free_block *b = central_take(a, cls, 1, &got);
+		if (!b) {
+			errno = ENOMEM;
+			return NULL;
+		}
+		atomic_fetch_add_explicit(&a->hdr->allocated_bytes, rk_class_size[cls], memory_order_relaxed);
+		return b;
+	}
+	struct rk_tcache_bin *bin = &tc->bins[cls];
+	if (!bin->head) {
+		struct rk_free_block *chain = central_take(a, cls, RK_TCACHE_BATCH, &got);
+		if (!chain) {
+			errno = ENOMEM;
+			return NULL;
+		}
+		bin->count = got;
+		bin->head = chain;
+	}
+	struct rk_free_block *b = bin->head;
+	bin->head = b->next;
+	bin->count--;
+	tc->alloc_delta += rk_class_size[cls];
+	return b;
+}
+
+static void *large_alloc(struct rk_arena *a, size_t n)
+{
+	uint64_t npages = RK_ALIGN_UP((uint64_t)n, RK_PAGE) / RK_PAGE;
+	if (n > a->hdr->max_bytes || npages == 0) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	rk_lock_acquire(&a->hdr->heap_lock);
+	uint64_t page = run_alloc_locked(a, npages);
+	if (page)
+		run_set_used(a, page, npages, RK_PG_MAKE(RK_PG_LARGE, 0, npages));
+	rk_lock_release(&a->hdr->heap_lock);
+	if (!page)
+		return NULL;
+	atomic_fetch_add_explicit(&a->hdr->allocated_bytes, npages * RK_PAGE, memory_order_relaxed);
+	return page_addr(a, page);
+}
+
+void *rk_alloc(rk_arena *a, size_t n)
+{
+	void *p;
+	if (RK_UNLIKELY(!a || !a->hdr)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (RK_LIKELY(n <= RK_SMALL_MAX)) {
+		unsigned cls = class_of_16[(n + 15) >> 4];
+		struct rk_tcache *tc = tls_tc[a->index];
+		struct rk_free_block *b;
+		if (RK_LIKELY(tc && (b = tc->bins[cls].head) != NULL)) {
+			tc->bins[cls].head = b->next; /* commit */
+			tc->bins[cls].count--;
+			tc->alloc_delta += rk_class_size[cls];
+			p = b;
+		} else {
+			p = small_alloc_slow(a, cls);
+		}
+	} else {
+		p = large_alloc(a, n);
+	}
+	if (RK_UNLIKELY(a->sweep_pending) && p)
+		born_marked(a, p);
+	return p;
+}
+
+void *rk_calloc(rk_arena *a, size_t nmemb, size_t size)
+{
+	size_t n;
+	if (__builtin_mul_overflow(nmemb, size, &n)) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	void *p = rk_alloc(a, n);
+	if (p)
+		memset(p, 0, n);
+	return p;
+}
+
+static void bad_pointer(struct rk_arena *a, const char *op, const void *p)
+{
+	struct rk_ev e;
+	rk_ev_begin(&e, "error");
+	rk_ev_str(&e, "what", "invalid pointer, ignored");
+	rk_ev_str(&e, "op", op);
+	rk_ev_str(&e, "arena", a->name);
+	rk_ev_hex(&e, "ptr", (uint64_t)(uintptr_t)p);
+	rk_ev_end(&e);
+}
+
+void rk_free(rk_arena *a, void *p)
+{
+	uint64_t e;
+	if (!p || !a || !a->hdr)
+		return;
+	int64_t page = run_of(a, p, &e);
+	if (RK_UNLIKELY(page < 0)) {
+		bad_pointer(a, "rk_free", p);
+		return;
+	}
+	if (RK_LIKELY(RK_PG_KIND(e) == RK_PG_SLAB)) {
+		unsigned cls = RK_PG_CLASS(e);
+		struct rk_free_block *b = p;
+		struct rk_tcache *tc = tls_tc[a->index];
+		if (RK_UNLIKELY(!tc) && !(tc = rk_tcache_current(a))) {
+			central_put(a, cls, b, b, 1);
+			atomic_fetch_sub_explicit(&a->hdr->allocated_bytes, rk_class_size[cls], memory_order_relaxed);
+			return;
+		}
+		struct rk_tcache_bin *bin = &tc->bins[cls];
+		if (RK_UNLIKELY(bin->count >= class_tc_limit[cls]))
+			bin_flush(a, cls, bin, bin->count / 2 ? bin->count / 2 : 1);
+		b->next = bin->head;
+		atomic_signal_fence(memory_order_release); /* link before publish */
+		bin->head = b;                             /* commit */
+		bin->count++;
+		tc->alloc_delta -= rk_class_size[cls];
+		return;
+	}
+	if (p != page_addr(a, (uint64_t)page)) {
+		bad_pointer(a, "rk_free", p);
+		return;
+	}
+	uint64_t npages = RK_PG_N(e);
+	rk_lock_acquire(&a->hdr->heap_lock);
+	rk_run_free(a, (uint64_t)page, npages);
+	rk_lock_release(&a->hdr->heap_lock);
+	atomic_fetch_sub_explicit(&a->hdr->allocated_bytes, npages * RK_PAGE, memory_order_relaxed);
+}
+
+size_t rk_usable_size(rk_arena *a, const void *p)
+{
+	uint64_t e;
+	if (!a || !p)
+		return 0;
+	int64_t page = run_of(a, p, &e);
+	if (page < 0)
+		return 0;
+	if (RK_PG_KIND(e) == RK_PG_SLAB)
+		return rk_class_size[RK_PG_CLASS(e)];
+	return RK_PG_N(e) * RK_PAGE - (size_t)((const char *)p - (const char *)page_addr(a, (uint64_t)page));
+}
+
+void *rk_realloc(rk_arena *a, void *p, size_t n)
+{
+	if (!p)
+		return rk_alloc(a, n);
+	if (n == 0) {
+		rk_free(a, p);
+		return NULL;
+	}
+	size_t have = rk_usable_size(a, p);
+	if (have == 0) {
+		bad_pointer(a, "rk_realloc", p);
+		errno = EINVAL;
+		return NULL;
+	}
+	/* Keep the block when it fits and is not more than twice too big. */
+	if (n <= have && (have <= 16 || n > have / 2))
+		return p;
+	void *q = rk_alloc(a, n);
+	if (!q)
+		return NULL;
+	memcpy(q, p, n < have ? n : have);
+	rk_free(a, p);
+	return q;
+}
+
+int rk_arena_stats(const rk_arena *a, struct rk_arena_stats *out)
+{
+	if (!a || !a->hdr || !out)
+		return -EINVAL;
+	const struct rk_arena_hdr *h = a->hdr;
+	int64_t alloc = (int64_t)atomic_load_explicit(&h->allocated_bytes, memory_order_relaxed);
+	for (unsigned i = 0; i < RK_MAX_TCACHES; i++)
+		if (atomic_load_explicit(&h->tcaches[i].owner, memory_order_relaxed))
+			alloc += h->tcaches[i].alloc_delta;
+	out->base = h->base;
+	out->max_bytes = h->max_bytes;
+	out->mapped_bytes = h->committed;
+	out->heap_bytes = h->top;
+	out->allocated_bytes = alloc > 0 ? (uint64_t)alloc : 0;
+	return 0;
+}

@@ -1,0 +1,236 @@
+/* arena.c - arena headers: format, validation of an inherited arena, growth,
+ * named roots.  Mapping and naming of arenas is in init.c. */
+#include "rk_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+uint64_t rk_fnv1a(const void *p, size_t n, uint64_t h)
+{
+	const unsigned char *c = p;
+	if (h == 0)
+		h = 0xcbf29ce484222325ull;
+	for (size_t i = 0; i < n; i++) {
+		h ^= c[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+uint64_t rk_arena_hdr_checksum(const struct rk_arena_hdr *h)
+{
+	return rk_fnv1a(h, offsetof(struct rk_arena_hdr, hdr_checksum), 0);
+}
+
+uint64_t rk_arena_roots_checksum(const struct rk_arena_hdr *h)
+{
+	return rk_fnv1a(h->roots, sizeof h->roots, 0);
+}
+
+static uint64_t map_offset(void)
+{
+	return RK_ALIGN_UP(sizeof(struct rk_arena_hdr), RK_PAGE);
+}
+
+uint64_t rk_arena_heap_offset(uint64_t max)
+{
+	return RK_ALIGN_UP(map_offset() + (max / RK_PAGE) * 8, 65536);
+}
+
+int rk_arena_format(struct rk_arena *a, const char *name, uint64_t base, uint64_t max)
+{
+	struct rk_arena_hdr *h = a->hdr;
+	uint64_t map_off = map_offset();
+	uint64_t heap_off = rk_arena_heap_offset(max);
+	if (heap_off + 65536 > max)
+		return -EINVAL;
+	memset(h, 0, sizeof *h);
+	h->magic = RK_ARENA_MAGIC;
+	h->version = RK_ARENA_VERSION;
+	h->page_size = RK_PAGE;
+	h->layout = rk_layout_hash();
+	h->base = base;
+	h->max_bytes = max;
+	h->map_offset = map_off;
+	h->heap_offset = heap_off;
+	h->created_ns = rk_now_ns();
+	rk_strlcpy(h->name, name, sizeof h->name);
+	h->hdr_checksum = rk_arena_hdr_checksum(h);
+	h->roots_checksum = rk_arena_roots_checksum(h);
+	h->committed = heap_off;
+	a->map = (uint64_t *)((char *)h + map_off);
+	return 0;
+}
+
+int rk_arena_grow(struct rk_arena *a, uint64_t need_top)
+{
+	struct rk_arena_hdr *h = a->hdr;
+	uint64_t want = h->heap_offset + need_top;
+	uint64_t step = h->committed / 4 > (4u << 20) ? h->committed / 4 : (4u << 20);
+	uint64_t size = RK_ALIGN_UP(want > h->committed + step ? want : h->committed + step, RK_PAGE);
+	if (size > h->max_bytes)
+		size = h->max_bytes;
+	if (size < want)
+		return -ENOMEM;
+	if (ftruncate(a->fd, (off_t)size) < 0)
+		return -errno;
+	h->committed = size;
+	return 0;
+}
+
+static void why_set(char *why, size_t len, const char *arena, const char *what)
+{
+	snprintf(why, len, "arena %s: %s", arena, what);
+}
+
+/* Each tcache chain must hold blocks of its own class, inside the heap. */
+static int tcache_chain_valid(struct rk_arena *a, unsigned cls, const struct rk_free_block *p)
+{
+	const struct rk_arena_hdr *h = a->hdr;
+	uint64_t lo = h->base + h->heap_offset, hi = h->base + h->heap_offset + h->top;
+	for (unsigned n = 0; p; p = p->next, n++) {
+		uint64_t at = (uint64_t)(uintptr_t)p;
+		if (n > 4 * RK_TCACHE_MAX || at < lo || at >= hi || (at & 15))
+			return 0;
+		uint64_t page = (at - h->base) / RK_PAGE;
+		uint64_t e = a->map[page];
+		if (RK_PG_KIND(e) == RK_PG_CONT)
+			e = a->map[page - RK_PG_N(e)];
+		if (RK_PG_KIND(e) != RK_PG_SLAB || RK_PG_CLASS(e) != cls)
+			return 0;
+	}
+	return 1;
+}
+
+int rk_arena_validate(struct rk_arena *a, uint64_t base, uint64_t max, char *why, size_t wl)
+{
+	struct rk_arena_hdr *h = a->hdr;
+	struct stat st;
+	char msg[96];
+	if (fstat(a->fd, &st) < 0) {
+		why_set(why, wl, a->name, "cannot stat its memfd");
+		return -EIO;
+	}
+	if ((uint64_t)st.st_size < sizeof *h || h->magic != RK_ARENA_MAGIC) {
+		why_set(why, wl, a->name, "bad magic (not a rekindle arena)");
+		return -EINVAL;
+	}
+	if (h->version != RK_ARENA_VERSION || h->page_size != RK_PAGE || h->layout != rk_layout_hash()) {
+		why_set(why, wl, a->name, "version or layout differs from this runtime");
+		return -EINVAL;
+	}
+	if (h->hdr_checksum != rk_arena_hdr_checksum(h)) {
+		why_set(why, wl, a->name, "header checksum mismatch");
+		return -EINVAL;
+	}
+	if (h->base != base || h->max_bytes != max || strncmp(h->name, a->name, sizeof h->name)) {
+		why_set(why, wl, a->name, "header does not match the manifest (base, size or name)");
+		return -EINVAL;
+	}
+	if (h->committed != (uint64_t)st.st_size || h->heap_offset + h->top > h->committed) {
+		why_set(why, wl, a->name, "heap bounds do not match the memfd size");
+		return -EINVAL;
+	}
+	if (h->roots_checksum != rk_arena_roots_checksum(h)) {
+		why_set(why, wl, a->name, "roots checksum mismatch");
+		return -EINVAL;
+	}
+	uint32_t owner = atomic_load(&h->heap_lock) | atomic_load(&h->root_lock);
+	for (unsigned c = 0; c < RK_NCLASSES && !owner; c++)
+		owner = atomic_load(&h->classes[c].lock);
+	if (owner) {
+		snprintf(msg, sizeof msg, "a thread (tid %u) died inside the allocator holding a lock", owner);
+		why_set(why, wl, a->name, msg);
+		return -EBUSY;
+	}
+	for (unsigned i = 0; i < RK_MAX_TCACHES; i++) {
+		if (!atomic_load(&h->tcaches[i].owner))
+			continue;
+		for (unsigned c = 0; c < RK_NCLASSES; c++)
+			if (!tcache_chain_valid(a, c, h->tcaches[i].bins[c].head)) {
+				why_set(why, wl, a->name, "a thread cache list is corrupt");
+				return -EINVAL;
+			}
+	}
+	return 0;
+}
+
+/* Folds the caches of the dead incarnation's threads into the central lists. */
+void rk_arena_recover(struct rk_arena *a)
+{
+	struct rk_arena_hdr *h = a->hdr;
+	for (unsigned i = 0; i < RK_MAX_TCACHES; i++) {
+		struct rk_tcache *tc = &h->tcaches[i];
+		if (!atomic_load(&tc->owner))
+			continue;
+		rk_tcache_flush_all(a, tc);
+		atomic_store(&tc->owner, 0);
+	}
+}
+
+bool rk_arena_contains(const rk_arena *a, const void *p)
+{
+	return a && a->hdr && (uintptr_t)p >= a->hdr->base && (uintptr_t)p < a->hdr->base + a->hdr->max_bytes;
+}
+
+static int root_name_ok(const char *name)
+{
+	size_t n = name ? strnlen(name, RK_NAME_MAX + 1) : 0;
+	return n > 0 && n <= RK_NAME_MAX;
+}
+
+int rk_root_set(rk_arena *a, const char *name, void *ptr)
+{
+	if (!a || !a->hdr || !root_name_ok(name))
+		return -EINVAL;
+	if (ptr && !rk_arena_contains(a, ptr))
+		return -EFAULT; /* a root must point into its arena to survive */
+	struct rk_arena_hdr *h = a->hdr;
+	int ret = -ENOSPC;
+	rk_lock_acquire(&h->root_lock);
+	struct rk_root *slot = NULL, *empty = NULL;
+	for (unsigned i = 0; i < RK_MAX_ROOTS; i++) {
+		if (h->roots[i].name[0] == 0) {
+			if (!empty)
+				empty = &h->roots[i];
+		} else if (strncmp(h->roots[i].name, name, sizeof h->roots[i].name) == 0) {
+			slot = &h->roots[i];
+			break;
+		}
+	}
+	if (!slot && ptr)
+		slot = empty;
+	if (slot) {
+		if (ptr) {
+			rk_strlcpy(slot->name, name, sizeof slot->name);
+			slot->ptr = (uint64_t)(uintptr_t)ptr;
+		} else {
+			memset(slot, 0, sizeof *slot);
+		}
+		h->roots_checksum = rk_arena_roots_checksum(h);
+		ret = 0;
+	} else if (!ptr) {
+		ret = 0;
+	}
+	rk_lock_release(&h->root_lock);
+	return ret;
+}
+
+void *rk_root_get(rk_arena *a, const char *name)
+{
+	if (!a || !a->hdr || !root_name_ok(name))
+		return NULL;
+	struct rk_arena_hdr *h = a->hdr;
+	void *p = NULL;
+	rk_lock_acquire(&h->root_lock);
+	for (unsigned i = 0; i < RK_MAX_ROOTS; i++)
+		if (h->roots[i].name[0] && strncmp(h->roots[i].name, name, sizeof h->roots[i].name) == 0) {
+			p = (void *)(uintptr_t)h->roots[i].ptr;
+			break;
+		}
+	rk_lock_release(&h->root_lock);
+	return p;
+}

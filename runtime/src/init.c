@@ -1,0 +1,615 @@
+/* init.c - rk_init and the life of arenas across incarnations: reserving the
+ * address range, creating and reattaching arenas, deciding warm or cold from
+ * what the previous incarnation left in the manifest, ending recovery. */
+#include "rk_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+#define DEFAULT_ARENA_BASE 0x200000000000ull /* 32 TiB: far from PIE, heap, mmap, stack */
+#define RESERVE_BYTES 0x100000000000ull      /* 16 TiB of address space, PROT_NONE */
+#define ARENA_SLOT_ALIGN (1ull << 30)
+
+struct rk_state rk_g = {.manifest_fd = -1};
+
+/* restart.c */
+int rk_restart_setup(int argc, char **argv, int manifest_fd) RK_HIDDEN;
+int rk_signals_install(void) RK_HIDDEN;
+
+uint64_t rk_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t env_u64(const char *name, uint64_t dflt)
+{
+	const char *v = getenv(name);
+	if (!v || !*v)
+		return dflt;
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(v, &end, 0);
+	if (errno || *end) {
+		fprintf(stderr, "{\"rekindle\":\"warning\",\"what\":\"ignoring malformed %s\"}\n", name);
+		return dflt;
+	}
+	return x;
+}
+
+static void *reserve_range(uint64_t base, uint64_t len)
+{
+	void *p = mmap((void *)(uintptr_t)base, len, PROT_NONE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	if (p != (void *)(uintptr_t)base) { /* kernel without MAP_FIXED_NOREPLACE */
+		munmap(p, len);
+		errno = EEXIST;
+		return NULL;
+	}
+	return p;
+}
+
+/* Puts the reservation back over [base, base+len). */
+static void unreserve_to_none(uint64_t base, uint64_t len)
+{
+	if (mmap((void *)(uintptr_t)base, len, PROT_NONE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+		munmap((void *)(uintptr_t)base, len);
+}
+
+static uint64_t arena_slot_bytes(uint64_t max)
+{
+	return RK_ALIGN_UP(max + RK_PAGE, ARENA_SLOT_ALIGN); /* at least one guard page */
+}
+
+/* ---- manifest ------------------------------------------------------------ */
+
+static void manifest_sync_arenas(void)
+{
+	struct rk_manifest *m = rk_g.manifest;
+	if (!m)
+		return;
+	rk_g.manifest_busy = 1;
+	atomic_signal_fence(memory_order_seq_cst);
+	unsigned n = 0;
+	for (unsigned i = 0; i < rk_g.narenas; i++) {
+		const struct rk_arena *a = &rk_g.arenas[i];
+		if (!a->hdr)
+			continue;
+		struct rk_manifest_arena *d = &m->arenas[n++];
+		memset(d, 0, sizeof *d);
+		rk_strlcpy(d->name, a->name, sizeof d->name);
+		d->fd = a->fd;
+		d->base = a->hdr->base;
+		d->max = a->hdr->max_bytes;
+	}
+	m->narenas = n;
+	n = 0;
+	for (unsigned i = 0; i < rk_nranges; i++) {
+		m->ranges[n].fd = rk_ranges[i].fd;
+		m->ranges[n].addr = rk_ranges[i].addr;
+		m->ranges[n].len = rk_ranges[i].len;
+		n++;
+	}
+	m->nranges = n;
+	m->next_arena_addr = rk_g.next_arena_addr;
+	atomic_signal_fence(memory_order_seq_cst);
+	rk_g.manifest_busy = 0;
+}
+
+void rk_manifest_sync(void)
+{
+	manifest_sync_arenas();
+}
+
+static int manifest_create(const struct rk_manifest *old)
+{
+	size_t size = RK_ALIGN_UP(RK_MANIFEST_FIXED + rk_statics_total(), RK_PAGE);
+	int fd = memfd_create("rekindle:manifest", MFD_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)size) < 0) {
+		int e = -errno;
+		close(fd);
+		return e;
+	}
+	struct rk_manifest *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		int e = -errno;
+		close(fd);
+		return e;
+	}
+	m->magic = RK_MANIFEST_MAGIC;
+	m->version = RK_MANIFEST_VERSION;
+	m->generation = rk_g.info.generation;
+	m->last_kind = rk_g.info.kind;
+	m->fast_failures = old ? old->fast_failures : 0;
+	m->reserve_base = rk_g.reserve_base;
+	m->reserve_len = rk_g.reserve_len;
+	rk_statics_describe(m);
+	rk_g.manifest = m;
+	rk_g.manifest_fd = fd;
+	rk_g.manifest_size = size;
+	manifest_sync_arenas();
+	return 0;
+}
+
+/* Maps the previous incarnation's manifest read-only, if one was handed on. */
+static const struct rk_manifest *manifest_inherit(uint64_t *size, char *why, size_t wl)
+{
+	const char *v = getenv("REKINDLE_MANIFEST_FD");
+	if (!v)
+		return NULL;
+	char *end;
+	long fd = strtol(v, &end, 10);
+	unsetenv("REKINDLE_MANIFEST_FD"); /* not for the app's own children */
+	struct stat st;
+	if (*end || fd < 0 || fd > INT_MAX || fstat((int)fd, &st) < 0 || st.st_size < (off_t)sizeof(struct rk_manifest)) {
+		snprintf(why, wl, "REKINDLE_MANIFEST_FD=%s is not a readable manifest", v);
+		return MAP_FAILED;
+	}
+	const struct rk_manifest *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, (int)fd, 0);
+	close((int)fd);
+	if (m == MAP_FAILED) {
+		snprintf(why, wl, "cannot map the manifest: %s", strerror(errno));
+		return MAP_FAILED;
+	}
+	*size = (uint64_t)st.st_size;
+	if (m->magic != RK_MANIFEST_MAGIC || m->version != RK_MANIFEST_VERSION ||
+	    m->checksum != rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0) ||
+	    m->narenas > RK_MAX_ARENAS || m->nranges > RK_MAX_RANGES || m->nstatics > RK_MAX_STATICS) {
+		snprintf(why, wl, "manifest from the previous incarnation is corrupt");
+		munmap((void *)m, (size_t)st.st_size);
+		return MAP_FAILED;
+	}
+	return m;
+}
+
+/* ---- reattaching inherited state ----------------------------------------- */
+
+static int fd_is_rekindle_memfd(int fd, const char *prefix)
+{
+	char link[64], target[128];
+	snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(link, target, sizeof target - 1);
+	if (n < 0)
+		return 0;
+	target[n] = 0;
+	return strncmp(target, prefix, strlen(prefix)) == 0;
+}
+
+static void close_inherited_fds(const struct rk_manifest *m)
+{
+	for (unsigned i = 0; i < m->narenas; i++)
+		if (fd_is_rekindle_memfd(m->arenas[i].fd, "/memfd:rekindle:"))
+			close(m->arenas[i].fd);
+	for (unsigned i = 0; i < m->nranges; i++)
+		if (fd_is_rekindle_memfd(m->ranges[i].fd, "/memfd:rekindle:"))
+			close(m->ranges[i].fd);
+}
+
+static void undo_warm(const struct rk_manifest *m)
+{
+	for (unsigned i = 0; i < rk_g.narenas; i++) {
+		struct rk_arena *a = &rk_g.arenas[i];
+		if (a->hdr)
+			unreserve_to_none((uint64_t)(uintptr_t)a->hdr, a->hdr_max);
+		memset(a, 0, sizeof *a);
+	}
+	rk_g.narenas = 0;
+	for (unsigned i = 0; i < rk_nranges; i++)
+		munmap((void *)(uintptr_t)rk_ranges[i].addr, rk_ranges[i].len);
+	rk_nranges = 0;
+	close_inherited_fds(m);
+}
+
+static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
+{
+	for (unsigned i = 0; i < m->narenas; i++) {
+		const struct rk_manifest_arena *d = &m->arenas[i];
+		struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
+		if (d->base < rk_g.reserve_base || d->base + d->max > rk_g.reserve_base + rk_g.reserve_len ||
+		    !fd_is_rekindle_memfd(d->fd, "/memfd:rekindle:")) {
+			snprintf(why, wl, "arena %.47s: foreign fd or address outside the reserved range", d->name);
+			return -EINVAL;
+		}
+		void *p = mmap((void *)(uintptr_t)d->base, d->max, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+			       d->fd, 0);
+		if (p == MAP_FAILED) {
+			snprintf(why, wl, "arena %.47s: cannot map at 0x%llx: %s", d->name, (unsigned long long)d->base,
+				 strerror(errno));
+			return -errno;
+		}
+		memset(a, 0, sizeof *a);
+		a->hdr = p;
+		a->hdr_max = d->max;
+		a->fd = d->fd;
+		a->index = rk_g.narenas++;
+		a->inherited = true;
+		rk_strlcpy(a->name, d->name, sizeof a->name);
+		int r = rk_arena_validate(a, d->base, d->max, why, wl);
+		if (r < 0)
+			return r;
+		a->map = (uint64_t *)((char *)a->hdr + a->hdr->map_offset);
+	}
+	return 0;
+}
+
+static int attach_ranges(const struct rk_manifest *m, char *why, size_t wl)
+{
+	for (unsigned i = 0; i < m->nranges; i++) {
+		const struct rk_manifest_range *d = &m->ranges[i];
+		if (!fd_is_rekindle_memfd(d->fd, "/memfd:rekindle:range")) {
+			snprintf(why, wl, "preserved range 0x%llx: foreign fd", (unsigned long long)d->addr);
+			return -EINVAL;
+		}
+		void *p = mmap((void *)(uintptr_t)d->addr, d->len, PROT_READ | PROT_WRITE,
+			       MAP_SHARED | MAP_FIXED_NOREPLACE, d->fd, 0);
+		if (p != (void *)(uintptr_t)d->addr) {
+			if (p != MAP_FAILED)
+				munmap(p, d->len);
+			snprintf(why, wl, "preserved range 0x%llx+%llu: address already taken in the new process",
+				 (unsigned long long)d->addr, (unsigned long long)d->len);
+			return -EEXIST;
+		}
+		rk_ranges[rk_nranges].fd = d->fd;
+		rk_ranges[rk_nranges].addr = d->addr;
+		rk_ranges[rk_nranges].len = d->len;
+		rk_nranges++;
+	}
+	return 0;
+}
+
+static int try_warm(const struct rk_manifest *m, uint64_t msize, char *why, size_t wl)
+{
+	rk_g.reserve_base = m->reserve_base;
+	rk_g.reserve_len = m->reserve_len;
+	rk_g.next_arena_addr = m->next_arena_addr;
+	if (!reserve_range(m->reserve_base, m->reserve_len)) {
+		snprintf(why, wl, "arena address range 0x%llx+0x%llx is already taken in the new process",
+			 (unsigned long long)m->reserve_base, (unsigned long long)m->reserve_len);
+		return -EEXIST;
+	}
+	int r = attach_arenas(m, why, wl);
+	if (r == 0)
+		r = attach_ranges(m, why, wl);
+	if (r < 0) {
+		undo_warm(m);
+		return r;
+	}
+	for (unsigned i = 0; i < rk_g.narenas; i++) {
+		rk_arena_recover(&rk_g.arenas[i]);
+		rk_g.arenas[i].sweep_pending = true;
+	}
+	rk_g.info.statics_restored = rk_statics_restore(m, msize);
+	return 0;
+}
+
+static uint64_t preserved_bytes(void)
+{
+	uint64_t t = 0;
+	struct rk_arena_stats st;
+	for (unsigned i = 0; i < rk_g.narenas; i++)
+		if (rk_arena_stats(&rk_g.arenas[i], &st) == 0)
+			t += st.allocated_bytes;
+	for (unsigned i = 0; i < rk_nranges; i++)
+		t += rk_ranges[i].len;
+	return t;
+}
+
+static void log_start(void)
+{
+	static const char *kinds[] = {"fresh", "warm", "cold"};
+	const struct rk_restart_info *in = &rk_g.info;
+	struct rk_ev e;
+	rk_ev_begin(&e, "start");
+	rk_ev_str(&e, "kind", kinds[in->kind]);
+	rk_ev_u64(&e, "generation", in->generation);
+	if (in->kind != RK_START_FRESH) {
+		rk_ev_str(&e, "reason", in->reason);
+		rk_ev_str(&e, "decision", in->decision);
+		rk_ev_u64(&e, "restart_us", in->restart_ns / 1000);
+	}
+	rk_ev_u64(&e, "arenas", rk_g.narenas);
+	rk_ev_u64(&e, "preserved_bytes", in->preserved_bytes);
+	rk_ev_u64(&e, "statics_restored", in->statics_restored);
+	rk_ev_end(&e);
+}
+
+int rk_init(int argc, char **argv, const struct rk_options *opts)
+{
+	char why[192] = "";
+	if (rk_g.initialized)
+		return -EALREADY;
+	rk_g.start_ns = rk_now_ns();
+	rk_g.flags = opts ? opts->flags : 0;
+	rk_g.crashloop_ms = opts && opts->crashloop_window_ms ? opts->crashloop_window_ms
+							      : (unsigned)env_u64("REKINDLE_CRASHLOOP_MS", 1000);
+	rk_g.max_fast_failures = opts && opts->max_fast_failures ? opts->max_fast_failures : 5;
+	uint64_t base = opts && opts->arena_base ? opts->arena_base : env_u64("REKINDLE_ARENA_BASE", DEFAULT_ARENA_BASE);
+
+	uint64_t msize = 0;
+	const struct rk_manifest *old = manifest_inherit(&msize, why, sizeof why);
+	if (old == MAP_FAILED) {
+		rk_g.info.kind = RK_START_COLD;
+		rk_strlcpy(rk_g.info.reason, "unknown: no valid manifest", sizeof rk_g.info.reason);
+		rk_strlcpy(rk_g.info.decision, why, sizeof rk_g.info.decision);
+		old = NULL;
+	} else if (old) {
+		rk_g.info.generation = old->generation + 1;
+		rk_g.info.signal = old->signal;
+		rk_g.info.fault_addr = old->fault_addr;
+		rk_g.t_restart_ns = old->t_restart_ns;
+		rk_strlcpy(rk_g.info.reason, old->reason, sizeof rk_g.info.reason);
+		if (old->next_mode == RK_NEXT_WARM && try_warm(old, msize, why, sizeof why) == 0) {
+			rk_g.info.kind = RK_START_WARM;
+			rk_strlcpy(rk_g.info.decision, old->decision, sizeof rk_g.info.decision);
+			rk_g.recovery = true;
+		} else {
+			rk_g.info.kind = RK_START_COLD;
+			if (old->next_mode == RK_NEXT_WARM) {
+				close_inherited_fds(old);
+				rk_strlcpy(rk_g.info.decision, why, sizeof rk_g.info.decision);
+			} else {
+				rk_strlcpy(rk_g.info.decision, old->decision, sizeof rk_g.info.decision);
+			}
+		}
+	}
+	if (rk_g.info.kind != RK_START_WARM) {
+		rk_g.reserve_base = base;
+		rk_g.reserve_len = RESERVE_BYTES;
+		rk_g.next_arena_addr = base;
+		if (!reserve_range(base, RESERVE_BYTES)) {
+			int e = errno;
+			struct rk_ev ev;
+			rk_ev_begin(&ev, "error");
+			rk_ev_str(&ev, "what", "cannot reserve the arena address range; set REKINDLE_ARENA_BASE");
+			rk_ev_hex(&ev, "base", base);
+			rk_ev_i64(&ev, "errno", e);
+			rk_ev_end(&ev);
+			if (old)
+				munmap((void *)old, msize);
+			return -e;
+		}
+	}
+	int r = manifest_create(old);
+	if (old)
+		munmap((void *)old, msize);
+	if (r == 0)
+		r = rk_restart_setup(argc, argv, rk_g.manifest_fd);
+	if (r == 0 && !(rk_g.flags & RK_OPT_NO_SIGNAL_HANDLERS))
+		r = rk_signals_install();
+	if (r < 0)
+		return r;
+	rk_g.initialized = true;
+	rk_g.info.preserved_bytes = preserved_bytes();
+	if (rk_g.info.kind == RK_START_WARM && (rk_g.flags & RK_OPT_PREFAULT))
+		(void)rk_prefault(true);
+	if (rk_g.info.kind != RK_START_FRESH && rk_g.t_restart_ns)
+		rk_g.info.restart_ns = rk_now_ns() - rk_g.t_restart_ns;
+	log_start();
+	return 0;
+}
+
+bool rk_is_recovery(void)
+{
+	return rk_g.recovery;
+}
+
+const struct rk_restart_info *rk_restart_info(void)
+{
+	return &rk_g.info;
+}
+
+/* ---- arenas ----------------------------------------------------------- */
+
+static int arena_name_ok(const char *name)
+{
+	size_t n = name ? strnlen(name, RK_NAME_MAX + 1) : 0;
+	if (n == 0 || n > RK_NAME_MAX)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = name[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+		      c == '-' || c == '.'))
+			return 0;
+	}
+	return 1;
+}
+
+static rk_arena *arena_create(const char *name, uint64_t max)
+{
+	uint64_t base = rk_g.next_arena_addr, slot = arena_slot_bytes(max);
+	if (base + slot > rk_g.reserve_base + rk_g.reserve_len) {
+		errno = ENOSPC;
+		return NULL;
+	}
+	char fdname[64];
+	snprintf(fdname, sizeof fdname, "rekindle:%s", name);
+	int fd = memfd_create(fdname, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return NULL;
+	struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
+	memset(a, 0, sizeof *a);
+	a->fd = fd;
+	uint64_t heap_off = rk_arena_heap_offset(max);
+	int r = -EINVAL;
+	if (heap_off + 65536 <= max && ftruncate(fd, (off_t)heap_off) == 0) {
+		void *p = mmap((void *)(uintptr_t)base, max, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+		if (p != MAP_FAILED) {
+			a->hdr = p;
+			r = rk_arena_format(a, name, base, max);
+		} else {
+			r = -errno;
+		}
+	} else if (heap_off + 65536 <= max) {
+		r = -errno;
+	}
+	if (r < 0) {
+		if (a->hdr)
+			unreserve_to_none(base, max);
+		close(fd);
+		memset(a, 0, sizeof *a);
+		errno = -r;
+		return NULL;
+	}
+	(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK); /* a stray ftruncate must not SIGBUS us */
+	a->hdr_max = max;
+	a->index = rk_g.narenas++;
+	a->reopened = true;
+	rk_strlcpy(a->name, name, sizeof a->name);
+	rk_g.next_arena_addr = base + slot;
+	manifest_sync_arenas();
+	return a;
+}
+
+rk_arena *rk_arena_open(const char *name, size_t max_bytes)
+{
+	if (!rk_g.initialized) {
+		errno = EPERM; /* rk_init first */
+		return NULL;
+	}
+	if (!arena_name_ok(name)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	for (unsigned i = 0; i < rk_g.narenas; i++) {
+		struct rk_arena *a = &rk_g.arenas[i];
+		if (!a->hdr || strcmp(a->name, name) != 0)
+			continue;
+		if (a->inherited && max_bytes != a->hdr->max_bytes && !a->reopened) {
+			struct rk_ev e;
+			rk_ev_begin(&e, "warning");
+			rk_ev_str(&e, "what", "arena reopened with another max_bytes; keeping the preserved size");
+			rk_ev_str(&e, "arena", name);
+			rk_ev_u64(&e, "max_bytes", a->hdr->max_bytes);
+			rk_ev_end(&e);
+		}
+		a->reopened = true;
+		return a;
+	}
+	if (rk_g.narenas == RK_MAX_ARENAS) {
+		errno = ENOSPC;
+		return NULL;
+	}
+	uint64_t max = RK_ALIGN_UP((uint64_t)max_bytes, 2u << 20);
+	if (max_bytes == 0 || max < max_bytes) {
+		errno = EINVAL;
+		return NULL;
+	}
+	return arena_create(name, max);
+}
+
+static void arena_drop(struct rk_arena *a)
+{
+	struct rk_ev e;
+	rk_ev_begin(&e, "arena_dropped");
+	rk_ev_str(&e, "arena", a->name);
+	rk_ev_str(&e, "why", "not reopened during recovery");
+	rk_ev_end(&e);
+	unreserve_to_none((uint64_t)(uintptr_t)a->hdr, a->hdr_max);
+	close(a->fd);
+	a->hdr = NULL;
+	a->map = NULL;
+	a->fd = -1;
+	manifest_sync_arenas();
+}
+
+int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
+{
+	struct rk_sweep_stats total = {0};
+	if (stats)
+		*stats = total;
+	if (!rk_g.recovery)
+		return 0;
+	uint64_t t0 = rk_now_ns();
+	for (unsigned i = 0; i < rk_g.narenas; i++) {
+		struct rk_arena *a = &rk_g.arenas[i];
+		if (!a->hdr || !a->inherited || !a->sweep_pending)
+			continue;
+		if (!a->reopened) {
+			arena_drop(a);
+			continue;
+		}
+		struct rk_sweep_stats st = {0};
+		int r = cleanup ? rk_arena_sweep(a, &st) : rk_arena_clear_marks(a);
+		if (r < 0)
+			return r;
+		a->sweep_pending = false;
+		total.objects_freed += st.objects_freed;
+		total.bytes_freed += st.bytes_freed;
+		total.objects_kept += st.objects_kept;
+		total.bytes_kept += st.bytes_kept;
+	}
+	rk_g.recovery = false;
+	if (stats)
+		*stats = total;
+	struct rk_ev e;
+	rk_ev_begin(&e, "recovered");
+	rk_ev_u64(&e, "generation", rk_g.info.generation);
+	rk_ev_str(&e, "cleanup", cleanup ? "sweep" : "none");
+	rk_ev_u64(&e, "objects_freed", total.objects_freed);
+	rk_ev_u64(&e, "bytes_freed", total.bytes_freed);
+	rk_ev_u64(&e, "objects_kept", total.objects_kept);
+	rk_ev_u64(&e, "bytes_kept", total.bytes_kept);
+	rk_ev_u64(&e, "sweep_us", (rk_now_ns() - t0) / 1000);
+	rk_ev_end(&e);
+	return 0;
+}
+
+/* ---- pre-faulting ------------------------------------------------------- */
+
+static void *prefault_all(void *unused)
+{
+	(void)unused;
+	uint64_t t0 = rk_now_ns(), bytes = 0;
+	const uint64_t chunk = 64ull << 20;
+	for (unsigned i = 0; i < rk_g.narenas; i++) {
+		struct rk_arena *a = &rk_g.arenas[i];
+		if (!a->hdr)
+			continue;
+		uint64_t end = a->hdr->heap_offset + a->hdr->top;
+		for (uint64_t off = 0; off < end; off += chunk) {
+			uint64_t n = end - off < chunk ? end - off : chunk;
+			if (madvise((char *)a->hdr + off, n, MADV_POPULATE_WRITE) == 0)
+				bytes += n;
+		}
+	}
+	struct rk_ev e;
+	rk_ev_begin(&e, "prefaulted");
+	rk_ev_u64(&e, "bytes", bytes);
+	rk_ev_u64(&e, "duration_us", (rk_now_ns() - t0) / 1000);
+	rk_ev_end(&e);
+	return NULL;
+}
+
+int rk_prefault(bool background)
+{
+	if (!background) {
+		prefault_all(NULL);
+		return 0;
+	}
+	pthread_t t;
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	int r = pthread_create(&t, &at, prefault_all, NULL);
+	pthread_attr_destroy(&at);
+	return -r;
+}

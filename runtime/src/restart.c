@@ -1,0 +1,341 @@
+/* restart.c - the restart itself: fatal-signal handlers, the warm/cold
+ * decision, and the re-execution of the same binary with the arena fds
+ * inherited.  Everything reachable from a signal handler here is
+ * async-signal-safe: no allocation, no stdio, no locks.
+ *
+ * The old address space is torn down off the restart path: just before
+ * execve a helper process shares our mm (CLONE_VM), so exec only drops a
+ * reference; the helper exits when our exec closes its pipe, and the kernel
+ * unmaps the old pages in the helper's context, in parallel with our new
+ * main().  The helper is orphaned on purpose and reaped by init. */
+#include "rk_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static char **exec_argv, **exec_envp;
+static char exe_path[PATH_MAX] = "/proc/self/exe";
+static char manifest_env[48];
+static _Atomic int restarting;
+static bool sync_teardown; /* $REKINDLE_SYNC_TEARDOWN=1: no helper (for measurements) */
+
+static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+
+/* ---- small signal-safe string building ---- */
+
+static void sb_cat(char *buf, size_t cap, const char *s)
+{
+	size_t n = strlen(buf);
+	rk_strlcpy(buf + n, s, cap - n);
+}
+
+static void sb_u64(char *buf, size_t cap, uint64_t v)
+{
+	char num[24];
+	rk_fmt_u64(num, v);
+	sb_cat(buf, cap, num);
+}
+
+static void sb_hex(char *buf, size_t cap, uint64_t v)
+{
+	static const char hex[] = "0123456789abcdef";
+	char s[19] = "0x";
+	int n = 2;
+	for (int sh = 60; sh >= 0; sh -= 4)
+		if ((v >> sh) || sh == 0)
+			s[n++] = hex[(v >> sh) & 15];
+	s[n] = 0;
+	sb_cat(buf, cap, s);
+}
+
+/* ---- setup (from rk_init; may allocate) ---- */
+
+static char **copy_vector(char *const *v, size_t extra, const char *skip_prefix)
+{
+	size_t n = 0;
+	while (v && v[n])
+		n++;
+	char **out = calloc(n + extra + 1, sizeof *out);
+	if (!out)
+		return NULL;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (skip_prefix && strncmp(v[i], skip_prefix, strlen(skip_prefix)) == 0)
+			continue;
+		if (!(out[k++] = strdup(v[i])))
+			return NULL;
+	}
+	return out;
+}
+
+int rk_restart_setup(int argc, char **argv, int manifest_fd)
+{
+	(void)argc;
+	exec_argv = copy_vector(argv, 0, NULL);
+	exec_envp = copy_vector(environ, 1, "REKINDLE_MANIFEST_FD=");
+	if (!exec_argv || !exec_envp)
+		return -ENOMEM;
+	char *p = manifest_env;
+	rk_strlcpy(p, "REKINDLE_MANIFEST_FD=", sizeof manifest_env);
+	rk_fmt_u64(p + strlen(p), (uint64_t)manifest_fd);
+	size_t n = 0;
+	while (exec_envp[n])
+		n++;
+	exec_envp[n] = manifest_env;
+	/* /proc/self/exe runs the very binary we are, even if it was replaced on
+	 * disk since; the resolved path is only a fallback if /proc is missing. */
+	ssize_t l = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
+	if (l > 0)
+		exe_path[l] = 0;
+	const char *s = getenv("REKINDLE_SYNC_TEARDOWN");
+	sync_teardown = s && strcmp(s, "1") == 0;
+	return 0;
+}
+
+/* ---- the teardown helper ---- */
+
+static int holder_pipe[2];
+static char holder_stack1[16384] __attribute__((aligned(64)));
+static char holder_stack2[16384] __attribute__((aligned(64)));
+
+static int holder_grandchild(void *arg)
+{
+	(void)arg;
+	int rd = holder_pipe[0];
+	/* Hold no fd of the app (a listening socket would stay bound). */
+	if (rd > 0)
+		syscall(SYS_close_range, 0u, (unsigned)rd - 1, 0u);
+	syscall(SYS_close_range, (unsigned)rd + 1, ~0u, 0u);
+	char c;
+	while (syscall(SYS_read, rd, &c, 1) < 0)
+		;
+	syscall(SYS_exit_group, 0);
+	return 0;
+}
+
+static int holder_child(void *arg)
+{
+	(void)arg;
+	close(holder_pipe[1]);
+	clone(holder_grandchild, holder_stack2 + sizeof holder_stack2, CLONE_VM | SIGCHLD, NULL);
+	syscall(SYS_exit_group, 0);
+	return 0;
+}
+
+/* Returns the write end of the pipe to close at exec, or -1 (then the exec
+ * tears the old address space down itself, only slower). */
+static int spawn_teardown_holder(void)
+{
+	if (sync_teardown || pipe2(holder_pipe, O_CLOEXEC) < 0)
+		return -1;
+	pid_t child = clone(holder_child, holder_stack1 + sizeof holder_stack1, CLONE_VM, NULL);
+	if (child < 0) {
+		close(holder_pipe[0]);
+		close(holder_pipe[1]);
+		return -1;
+	}
+	while (waitpid(child, NULL, __WALL) < 0 && errno == EINTR)
+		;
+	close(holder_pipe[0]);
+	return holder_pipe[1];
+}
+
+/* ---- the decision and the exec ---- */
+
+static void set_cloexec(int fd, bool on)
+{
+	int fl = fcntl(fd, F_GETFD);
+	if (fl >= 0)
+		fcntl(fd, F_SETFD, on ? (fl | FD_CLOEXEC) : (fl & ~FD_CLOEXEC));
+}
+
+static void hand_over_fds(bool warm, bool on)
+{
+	set_cloexec(rk_g.manifest_fd, !on);
+	if (!warm)
+		return;
+	for (unsigned i = 0; i < rk_g.narenas; i++)
+		if (rk_g.arenas[i].hdr)
+			set_cloexec(rk_g.arenas[i].fd, !on);
+	for (unsigned i = 0; i < rk_nranges; i++)
+		set_cloexec(rk_ranges[i].fd, !on);
+}
+
+static bool pc_in_runtime(const void *uc)
+{
+#if defined(__x86_64__)
+	if (!uc || !__start_rk_text)
+		return false;
+	uintptr_t pc = (uintptr_t)((const ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP];
+	return pc >= (uintptr_t)__start_rk_text && pc < (uintptr_t)__stop_rk_text;
+#else
+	(void)uc;
+	return false;
+#endif
+}
+
+static int do_restart(bool want_warm, const char *reason, int sig, const siginfo_t *si, const void *uc)
+{
+	struct rk_manifest *m = rk_g.manifest;
+	if (!m)
+		return -EINVAL;
+	if (atomic_exchange(&restarting, 1)) {
+		for (;;) /* another thread is restarting; its exec ends us */
+			pause();
+	}
+	uint64_t t0 = rk_now_ns();
+	uint64_t age_ms = (t0 - rk_g.start_ns) / 1000000;
+	bool fast = age_ms < rk_g.crashloop_ms;
+	uint32_t fast_failures = fast ? m->fast_failures + 1 : 0;
+	char decision[160] = "";
+	bool warm = want_warm;
+
+	if (fast_failures >= rk_g.max_fast_failures) {
+		struct rk_ev e;
+		rk_ev_begin(&e, "giveup");
+		rk_ev_str(&e, "reason", reason);
+		rk_ev_u64(&e, "consecutive_fast_failures", fast_failures);
+		rk_ev_u64(&e, "window_ms", rk_g.crashloop_ms);
+		rk_ev_end(&e);
+		atomic_store(&restarting, 0);
+		return -ELOOP;
+	}
+	if (!want_warm) {
+		sb_cat(decision, sizeof decision, "cold restart requested");
+	} else if (pc_in_runtime(uc)) {
+		warm = false;
+		sb_cat(decision, sizeof decision, "fault inside the rekindle runtime at pc ");
+#if defined(__x86_64__)
+		sb_hex(decision, sizeof decision, (uint64_t)((const ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP]);
+#endif
+	} else if (rk_g.info.kind == RK_START_WARM && fast) {
+		warm = false;
+		sb_cat(decision, sizeof decision, "second failure ");
+		sb_u64(decision, sizeof decision, age_ms);
+		sb_cat(decision, sizeof decision, " ms after a warm restart (window ");
+		sb_u64(decision, sizeof decision, rk_g.crashloop_ms);
+		sb_cat(decision, sizeof decision, " ms)");
+	} else if (rk_g.manifest_busy) {
+		warm = false;
+		sb_cat(decision, sizeof decision, "failure while the arena list was being updated");
+	} else {
+		sb_cat(decision, sizeof decision, "all checks passed");
+	}
+
+	m->next_mode = warm ? RK_NEXT_WARM : RK_NEXT_COLD;
+	m->signal = sig;
+	m->si_code = si ? si->si_code : 0;
+	m->fault_addr = si ? (uint64_t)(uintptr_t)si->si_addr : 0;
+	m->t_restart_ns = t0;
+	m->generation = rk_g.info.generation;
+	m->last_kind = rk_g.info.kind;
+	m->fast_failures = fast_failures;
+	rk_strlcpy(m->reason, reason, sizeof m->reason);
+	rk_strlcpy(m->decision, decision, sizeof m->decision);
+	if (warm)
+		rk_statics_save(m);
+	else
+		m->statics_saved = 0;
+	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
+
+	struct rk_ev e;
+	rk_ev_begin(&e, "restart");
+	rk_ev_str(&e, "mode", warm ? "warm" : "cold");
+	rk_ev_str(&e, "reason", reason);
+	rk_ev_str(&e, "decision", decision);
+	if (sig) {
+		rk_ev_str(&e, "signal", rk_signame(sig));
+		rk_ev_hex(&e, "addr", m->fault_addr);
+	}
+	rk_ev_u64(&e, "generation", rk_g.info.generation);
+	rk_ev_u64(&e, "uptime_ms", age_ms);
+	rk_ev_end(&e);
+
+	int holder_wr = spawn_teardown_holder();
+	hand_over_fds(warm, true);
+	execve(exe_path, exec_argv, exec_envp);
+	int err = errno;
+	if (strcmp(exe_path, "/proc/self/exe") != 0)
+		execve("/proc/self/exe", exec_argv, exec_envp);
+	hand_over_fds(warm, false);
+	if (holder_wr >= 0)
+		close(holder_wr);
+	rk_ev_begin(&e, "error");
+	rk_ev_str(&e, "what", "restart failed: execve");
+	rk_ev_i64(&e, "errno", err);
+	rk_ev_end(&e);
+	atomic_store(&restarting, 0);
+	return -err;
+}
+
+int rk_restart(const char *reason)
+{
+	return do_restart(true, reason ? reason : "app request", 0, NULL, NULL);
+}
+
+int rk_restart_cold(const char *reason)
+{
+	return do_restart(false, reason ? reason : "app request", 0, NULL, NULL);
+}
+
+/* ---- fatal signals ---- */
+
+static void on_fatal_signal(int sig, siginfo_t *si, void *uc)
+{
+	char reason[64] = "signal ";
+	sb_cat(reason, sizeof reason, rk_signame(sig));
+	int saved = errno;
+	(void)do_restart(true, reason, sig, si, uc);
+	/* Restart impossible or given up: die of the signal as if unhandled. */
+	struct sigaction dfl;
+	memset(&dfl, 0, sizeof dfl);
+	dfl.sa_handler = SIG_DFL;
+	sigaction(sig, &dfl, NULL);
+	sigset_t s;
+	sigemptyset(&s);
+	sigaddset(&s, sig);
+	sigprocmask(SIG_UNBLOCK, &s, NULL);
+	errno = saved;
+	if (si && si->si_code <= 0) /* sent by kill/raise/abort: send it again */
+		raise(sig);
+	/* a faulting instruction faults again on return, now fatally */
+}
+
+int rk_signals_install(void)
+{
+	const size_t altsz = 64 * 1024;
+	void *alt = mmap(NULL, altsz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (alt == MAP_FAILED)
+		return -errno;
+	stack_t ss = {.ss_sp = alt, .ss_size = altsz, .ss_flags = 0};
+	if (sigaltstack(&ss, NULL) < 0)
+		return -errno;
+	/* A restart from a handler execs with that signal still blocked: unblock
+	 * them all, or the next fault of this incarnation could not be caught. */
+	sigset_t fatal;
+	sigemptyset(&fatal);
+	for (size_t i = 0; i < sizeof fatal_signals / sizeof fatal_signals[0]; i++)
+		sigaddset(&fatal, fatal_signals[i]);
+	sigprocmask(SIG_UNBLOCK, &fatal, NULL);
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_sigaction = on_fatal_signal;
+	sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+	sigemptyset(&sa.sa_mask);
+	for (size_t i = 0; i < sizeof fatal_signals / sizeof fatal_signals[0]; i++)
+		if (sigaction(fatal_signals[i], &sa, NULL) < 0)
+			return -errno;
+	return 0;
+}

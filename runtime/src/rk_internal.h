@@ -1,0 +1,267 @@
+/* rk_internal.h - layouts and helpers shared by the runtime's files. */
+#ifndef RK_INTERNAL_H
+#define RK_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#define RK_INTERNAL
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "rekindle.h"
+
+#define RK_PAGE 4096ull
+#define RK_ALIGN_UP(x, a) (((x) + (a)-1) & ~((uint64_t)(a)-1))
+#define RK_LIKELY(x) __builtin_expect(!!(x), 1)
+#define RK_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define RK_HIDDEN __attribute__((visibility("hidden")))
+
+/* ---- arena layout --------------------------------------------------------
+ * [header | page map (8 B per page of max_bytes) | heap ...]
+ * All allocator metadata lives in the arena, as absolute pointers (the arena
+ * is always mapped at the same address).  Every metadata change happens under
+ * a lock word held in the arena, except the per-thread cache lists, whose
+ * single-store pushes and pops keep them consistent at every instruction; a
+ * lock found held when an arena is inherited means a thread died inside the
+ * allocator, and the arena is refused.
+ */
+#define RK_ARENA_MAGIC 0x414e4552414b5231ull /* "1RKARENA" little endian */
+#define RK_ARENA_VERSION 1u
+#define RK_NCLASSES 40
+#define RK_SMALL_MAX 32768u
+#define RK_MAX_ROOTS 64
+#define RK_MAX_TCACHES 128
+#define RK_TCACHE_MAX 64      /* blocks cached per class per thread */
+#define RK_TCACHE_BATCH 32    /* blocks moved per refill / flush */
+#define RK_TCACHE_MAX_BYTES (256u * 1024u) /* per class per thread */
+#define RK_SLAB_MIN_PAGES 16  /* 64 KiB */
+#define RK_RUN_BINS 64
+
+typedef _Atomic uint32_t rk_lock;
+
+struct rk_free_block { struct rk_free_block *next; };
+
+struct rk_tcache_bin {
+	struct rk_free_block *head;
+	uint32_t count;
+	uint32_t limit;
+};
+
+struct rk_tcache {
+	_Atomic uint32_t owner; /* tid of the owning thread, 0 = free slot */
+	uint32_t pad_;
+	int64_t alloc_delta;    /* bytes allocated minus freed through this cache */
+	struct rk_tcache_bin bins[RK_NCLASSES];
+} __attribute__((aligned(64)));
+
+struct rk_class_state {
+	rk_lock lock;
+	uint32_t pad_;
+	struct rk_free_block *head; /* central free list */
+	uint64_t count;
+	uint64_t slabs;
+} __attribute__((aligned(64)));
+
+struct rk_root {
+	char name[RK_NAME_MAX + 1];
+	uint64_t ptr;
+};
+
+/* A free run of pages: links live in its first page. */
+struct rk_free_run {
+	struct rk_free_run *next, *prev;
+};
+
+struct rk_arena_hdr {
+	/* immutable after creation, covered by hdr_checksum */
+	uint64_t magic;
+	uint32_t version;
+	uint32_t page_size;
+	uint64_t layout;        /* hash of class table and structure sizes */
+	uint64_t base;
+	uint64_t max_bytes;
+	uint64_t map_offset;    /* page map, from base */
+	uint64_t heap_offset;   /* first heap byte, from base */
+	uint64_t created_ns;
+	char name[RK_NAME_MAX + 1];
+	uint64_t hdr_checksum;
+
+	/* roots, covered by roots_checksum (updated under root_lock) */
+	rk_lock root_lock;
+	uint32_t pad0_;
+	uint64_t roots_checksum;
+	struct rk_root roots[RK_MAX_ROOTS];
+
+	/* page-run allocator, under heap_lock */
+	rk_lock heap_lock __attribute__((aligned(64)));
+	uint32_t pad1_;
+	uint64_t top;           /* heap bytes carved so far (from heap_offset) */
+	uint64_t committed;     /* memfd size */
+	_Atomic uint64_t allocated_bytes;
+	struct rk_free_run *run_bins[RK_RUN_BINS];
+
+	struct rk_class_state classes[RK_NCLASSES];
+	struct rk_tcache tcaches[RK_MAX_TCACHES];
+};
+
+/* Page map entry: what the page at this index holds. */
+enum rk_page_kind { RK_PG_NONE = 0, RK_PG_SLAB = 1, RK_PG_LARGE = 2, RK_PG_CONT = 3, RK_PG_FREE = 4 };
+#define RK_PG_KIND(e) ((uint32_t)((e) & 0xf))
+#define RK_PG_CLASS(e) ((uint32_t)(((e) >> 4) & 0xff))
+#define RK_PG_MARK 0x1000ull
+#define RK_PG_N(e) ((uint64_t)((e) >> 32)) /* run pages, or back offset for CONT */
+#define RK_PG_MAKE(kind, cls, n) ((uint64_t)(kind) | ((uint64_t)(cls) << 4) | ((uint64_t)(n) << 32))
+
+/* Slab header, at the start of every slab run. */
+#define RK_SLAB_MAGIC 0x42414c53u
+#define RK_SLAB_BITMAP_WORDS 64 /* up to 4096 objects */
+struct rk_slab {
+	uint32_t magic;
+	uint32_t cls;
+	uint32_t nobjs;
+	uint32_t npages;
+	uint64_t first;      /* address of object 0 */
+	_Atomic uint64_t mark[RK_SLAB_BITMAP_WORDS];
+	uint64_t scratch[RK_SLAB_BITMAP_WORDS]; /* free bits, used by the sweep */
+};
+
+/* Process-private handle. */
+struct rk_arena {
+	struct rk_arena_hdr *hdr;
+	uint64_t *map;
+	int fd;
+	unsigned index;
+	bool inherited;   /* mapped from the previous incarnation */
+	bool reopened;    /* rk_arena_open called on it in this incarnation */
+	bool sweep_pending; /* recovery: objects allocated now are born marked */
+	uint64_t hdr_max;   /* mapped length, kept apart from the header it maps */
+	char name[RK_NAME_MAX + 1];
+};
+
+/* ---- size classes (alloc.c) ---- */
+extern uint32_t rk_class_size[RK_NCLASSES] RK_HIDDEN;
+uint64_t rk_layout_hash(void) RK_HIDDEN;
+
+/* ---- arena.c ---- */
+uint64_t rk_arena_heap_offset(uint64_t max) RK_HIDDEN;
+int rk_arena_format(struct rk_arena *a, const char *name, uint64_t base, uint64_t max) RK_HIDDEN;
+int rk_arena_validate(struct rk_arena *a, uint64_t base, uint64_t max, char *why, size_t whylen) RK_HIDDEN;
+void rk_arena_recover(struct rk_arena *a) RK_HIDDEN;
+int rk_arena_grow(struct rk_arena *a, uint64_t need_top) RK_HIDDEN;
+uint64_t rk_arena_hdr_checksum(const struct rk_arena_hdr *h) RK_HIDDEN;
+uint64_t rk_arena_roots_checksum(const struct rk_arena_hdr *h) RK_HIDDEN;
+uint64_t rk_fnv1a(const void *p, size_t n, uint64_t h) RK_HIDDEN;
+
+/* ---- alloc.c ---- */
+void rk_lock_acquire(rk_lock *l) RK_HIDDEN;
+void rk_lock_release(rk_lock *l) RK_HIDDEN;
+void rk_tcache_flush_all(struct rk_arena *a, struct rk_tcache *tc) RK_HIDDEN;
+struct rk_tcache *rk_tcache_current(struct rk_arena *a) RK_HIDDEN;
+void rk_tcache_forget_thread(void) RK_HIDDEN;
+void rk_run_free(struct rk_arena *a, uint64_t page, uint64_t npages) RK_HIDDEN;
+uint32_t rk_gettid(void) RK_HIDDEN;
+
+/* ---- sweep.c ---- */
+int rk_arena_sweep(struct rk_arena *a, struct rk_sweep_stats *st) RK_HIDDEN;
+int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
+
+/* ---- the manifest: a memfd handed to the next incarnation -----------------
+ * Written by the dying incarnation (signal-safe: plain stores into a shared
+ * mapping), read and validated by the next one's rk_init.  Its fd number is
+ * passed in $REKINDLE_MANIFEST_FD. */
+#define RK_MANIFEST_MAGIC 0x54534e4d4b52ull /* "RKMNST" */
+#define RK_MANIFEST_VERSION 1u
+#define RK_MAX_STATICS 32
+#define RK_MANIFEST_FIXED 65536u /* statics data follows */
+
+enum rk_next_mode { RK_NEXT_NONE = 0, RK_NEXT_WARM = 1, RK_NEXT_COLD = 2 };
+
+struct rk_manifest_arena { char name[RK_NAME_MAX + 1]; int32_t fd; uint32_t pad_; uint64_t base, max; };
+struct rk_manifest_range { int32_t fd; uint32_t pad_; uint64_t addr, len; };
+struct rk_manifest_static {
+	uint64_t addr;        /* section start in the old incarnation */
+	uint64_t size;
+	uint64_t image_lo, image_hi; /* old module's load image */
+	uint64_t image_offset; /* section start - module load bias (same in every incarnation) */
+	uint64_t data_off;    /* saved bytes, from the manifest start */
+	char module[128];
+};
+
+struct rk_manifest {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t generation;   /* of the incarnation that wrote it last */
+	uint32_t next_mode;    /* enum rk_next_mode */
+	uint32_t fast_failures;
+	uint32_t last_kind;    /* start kind of the writer */
+	int32_t signal, si_code;
+	uint32_t pad_;
+	uint64_t fault_addr;
+	uint64_t t_restart_ns; /* CLOCK_MONOTONIC at rk_restart entry */
+	uint64_t reserve_base, reserve_len, next_arena_addr;
+	char reason[128];
+	char decision[160];
+	uint32_t narenas, nranges, nstatics, statics_saved;
+	struct rk_manifest_arena arenas[RK_MAX_ARENAS];
+	struct rk_manifest_range ranges[RK_MAX_RANGES];
+	struct rk_manifest_static statics[RK_MAX_STATICS];
+	uint64_t checksum;     /* fnv1a of everything above */
+};
+
+/* ---- init.c: process-wide state ---- */
+struct rk_state {
+	bool initialized;
+	bool recovery;        /* warm start, recovery not finished */
+	unsigned flags;
+	uint64_t reserve_base, reserve_len, next_arena_addr;
+	unsigned crashloop_ms, max_fast_failures;
+	struct rk_arena arenas[RK_MAX_ARENAS];
+	unsigned narenas;
+	struct rk_restart_info info;
+	struct rk_manifest *manifest; /* shared with the next incarnation */
+	int manifest_fd;
+	uint64_t manifest_size;
+	volatile int manifest_busy; /* arena list being rewritten: restart goes cold */
+	uint64_t start_ns;
+	uint64_t t_restart_ns;      /* the previous incarnation's rk_restart entry */
+};
+extern struct rk_state rk_g RK_HIDDEN;
+
+uint64_t rk_now_ns(void) RK_HIDDEN;
+void rk_manifest_sync(void) RK_HIDDEN; /* after the arena or range list changed */
+
+/* ---- statics.c ---- */
+size_t rk_statics_total(void) RK_HIDDEN;  /* bytes of saved data needed */
+void rk_statics_describe(struct rk_manifest *m) RK_HIDDEN;
+void rk_statics_save(struct rk_manifest *m) RK_HIDDEN; /* async-signal-safe */
+unsigned rk_statics_restore(const struct rk_manifest *old, uint64_t old_size) RK_HIDDEN;
+
+/* ---- ranges.c ---- */
+struct rk_range { int fd; uint64_t addr, len; };
+extern struct rk_range rk_ranges[RK_MAX_RANGES] RK_HIDDEN;
+extern unsigned rk_nranges RK_HIDDEN;
+
+/* ---- log.c: async-signal-safe JSON event lines ---- */
+struct rk_ev {
+	char buf[1024];
+	size_t len;
+};
+void rk_ev_begin(struct rk_ev *e, const char *event) RK_HIDDEN;
+void rk_ev_str(struct rk_ev *e, const char *key, const char *val) RK_HIDDEN;
+void rk_ev_u64(struct rk_ev *e, const char *key, uint64_t v) RK_HIDDEN;
+void rk_ev_i64(struct rk_ev *e, const char *key, int64_t v) RK_HIDDEN;
+void rk_ev_hex(struct rk_ev *e, const char *key, uint64_t v) RK_HIDDEN;
+void rk_ev_end(struct rk_ev *e) RK_HIDDEN; /* writes the line to stderr */
+size_t rk_strlcpy(char *dst, const char *src, size_t cap) RK_HIDDEN;
+size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
+const char *rk_signame(int sig) RK_HIDDEN;
+
+/* text range of the runtime itself (objcopy renames .text to rk_text) */
+extern char __start_rk_text[] __attribute__((weak)) RK_HIDDEN;
+extern char __stop_rk_text[] __attribute__((weak)) RK_HIDDEN;
+
+#endif
