@@ -138,6 +138,7 @@ int rk_arena_validate(struct rk_arena *a, uint64_t base, uint64_t max, char *why
 		why_set(why, wl, a->name, "roots checksum mismatch");
 		return -EINVAL;
 	}
+	a->map = (uint64_t *)((char *)h + h->map_offset);
 	uint32_t owner = atomic_load(&h->heap_lock) | atomic_load(&h->root_lock);
 	for (unsigned c = 0; c < RK_NCLASSES && !owner; c++)
 		owner = atomic_load(&h->classes[c].lock);

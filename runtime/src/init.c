@@ -204,14 +204,11 @@ static void close_inherited_fds(const struct rk_manifest *m)
 			close(m->ranges[i].fd);
 }
 
+/* Unmaps everything a failed warm attempt mapped, reservation included. */
 static void undo_warm(const struct rk_manifest *m)
 {
-	for (unsigned i = 0; i < rk_g.narenas; i++) {
-		struct rk_arena *a = &rk_g.arenas[i];
-		if (a->hdr)
-			unreserve_to_none((uint64_t)(uintptr_t)a->hdr, a->hdr_max);
-		memset(a, 0, sizeof *a);
-	}
+	munmap((void *)(uintptr_t)rk_g.reserve_base, rk_g.reserve_len);
+	memset(rk_g.arenas, 0, sizeof rk_g.arenas);
 	rk_g.narenas = 0;
 	for (unsigned i = 0; i < rk_nranges; i++)
 		munmap((void *)(uintptr_t)rk_ranges[i].addr, rk_ranges[i].len);
@@ -246,7 +243,6 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 		int r = rk_arena_validate(a, d->base, d->max, why, wl);
 		if (r < 0)
 			return r;
-		a->map = (uint64_t *)((char *)a->hdr + a->hdr->map_offset);
 	}
 	return 0;
 }
@@ -372,10 +368,23 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		}
 	}
 	if (rk_g.info.kind != RK_START_WARM) {
-		rk_g.reserve_base = base;
+		/* The range only has to stay the same from now on: if the usual one
+		 * is taken, use the next one and say so. */
+		uint64_t try = base;
+		for (int k = 0; k < 3 && !reserve_range(try, RESERVE_BYTES); k++)
+			try += RESERVE_BYTES;
+		if (try != base && try < base + 3 * RESERVE_BYTES) {
+			struct rk_ev ev;
+			rk_ev_begin(&ev, "warning");
+			rk_ev_str(&ev, "what", "arena address range taken; using the next one");
+			rk_ev_hex(&ev, "wanted", base);
+			rk_ev_hex(&ev, "base", try);
+			rk_ev_end(&ev);
+		}
+		rk_g.reserve_base = try;
 		rk_g.reserve_len = RESERVE_BYTES;
-		rk_g.next_arena_addr = base;
-		if (!reserve_range(base, RESERVE_BYTES)) {
+		rk_g.next_arena_addr = try;
+		if (try >= base + 3 * RESERVE_BYTES) {
 			int e = errno;
 			struct rk_ev ev;
 			rk_ev_begin(&ev, "error");

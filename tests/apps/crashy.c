@@ -1,0 +1,235 @@
+/* crashy - a small program that keeps a linked list in an arena and dies on
+ * request, for the end-to-end tests of the runtime.  Prints one JSON line
+ * per incarnation on stdout ({"app":"state",...}) with what it found.
+ *
+ *   crashy [--objects N] [--payload BYTES] [--inflight K] [--range]
+ *          [--crash GEN:KIND]... [--squat-on-restart] [--no-cleanup]
+ *
+ * KIND: segv bus fpe ill abort restart restart-cold in-runtime hold-lock
+ *       corrupt-header corrupt-manifest exit
+ * An incarnation with no crash for its generation prints its state and
+ * exits 0. */
+#include "rekindle.h"
+#include "../../runtime/src/rk_internal.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+struct node {
+	struct node *next;
+	uint64_t index;
+	uint64_t value;
+	char payload[];
+};
+
+RK_PRESERVED static uint64_t incarnations_seen;
+RK_PRESERVED static const char *preserved_literal = "literal-in-image";
+RK_PRESERVED static struct node *static_head;
+RK_PRESERVED static int (*preserved_fn)(int);
+
+#define RANGE_ADDR ((void *)0x100000000000ull)
+#define RANGE_LEN (2 * 4096)
+
+static volatile int *volatile null_ptr; /* written through to fault */
+
+static int in_image_fn(int x)
+{
+	return x + 1;
+}
+
+static uint64_t value_of(uint64_t i)
+{
+	return i * 2654435761u + 17;
+}
+
+static struct node *build(rk_arena *a, uint64_t n, size_t payload)
+{
+	struct node *head = NULL;
+	for (uint64_t i = n; i-- > 0;) {
+		struct node *x = rk_alloc(a, sizeof *x + payload);
+		if (!x) {
+			fprintf(stderr, "crashy: rk_alloc: %s\n", strerror(errno));
+			exit(3);
+		}
+		x->index = i;
+		x->value = value_of(i);
+		memset(x->payload, (int)(i & 0xff), payload);
+		x->next = head;
+		head = x;
+	}
+	return head;
+}
+
+/* Checks contents; marks every node if marking. Returns nodes or -1. */
+static long verify(rk_arena *a, struct node *head, uint64_t n, size_t payload, int mark)
+{
+	uint64_t i = 0;
+	for (struct node *x = head; x; x = x->next, i++) {
+		if (x->index != i || x->value != value_of(i))
+			return -1;
+		for (size_t k = 0; k < payload; k++)
+			if ((unsigned char)x->payload[k] != (i & 0xff))
+				return -1;
+		if (mark && rk_mark(a, x) < 0)
+			return -1;
+	}
+	return i == n ? (long)i : -1;
+}
+
+static void die_as(const char *kind, rk_arena *a)
+{
+	fflush(stdout);
+	if (!strcmp(kind, "segv")) {
+		*null_ptr = 1;
+	} else if (!strcmp(kind, "bus")) {
+		int fd = memfd_create("bus", 0);
+		char *p = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		p[4096] = 1; /* beyond the end of the file */
+	} else if (!strcmp(kind, "fpe")) {
+		volatile int n = 7, z = 0;
+		printf("%d\n", n / z);
+	} else if (!strcmp(kind, "ill")) {
+		__builtin_trap();
+	} else if (!strcmp(kind, "abort")) {
+		abort();
+	} else if (!strcmp(kind, "restart")) {
+		int r = rk_restart("app: rejuvenation");
+		fprintf(stderr, "crashy: rk_restart returned %d\n", r);
+		exit(4);
+	} else if (!strcmp(kind, "restart-cold")) {
+		rk_restart_cold("app: cold requested");
+		exit(4);
+	} else if (!strcmp(kind, "in-runtime")) {
+		/* use-after-free into a cached block: the next allocation follows a
+		 * wild pointer inside the allocator */
+		void *p = rk_alloc(a, 48);
+		rk_free(a, p);
+		*(void **)p = (void *)0x10;
+		rk_alloc(a, 48);
+		rk_alloc(a, 48);
+	} else if (!strcmp(kind, "hold-lock")) {
+		/* as if a thread died inside the allocator */
+		atomic_store(&a->hdr->heap_lock, 4242);
+		*null_ptr = 1;
+	} else if (!strcmp(kind, "corrupt-header")) {
+		a->hdr->name[RK_NAME_MAX - 1] ^= 0x5a;
+		*null_ptr = 1;
+	} else if (!strcmp(kind, "exit")) {
+		exit(0);
+	}
+	fprintf(stderr, "crashy: unknown crash kind %s\n", kind);
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	uint64_t objects = 1000, inflight = 0;
+	size_t payload = 32;
+	int want_range = 0, cleanup = 1;
+	const char *crash_at[16];
+	int ncrash = 0;
+	int squat = 0;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--objects") && i + 1 < argc)
+			objects = strtoull(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--payload") && i + 1 < argc)
+			payload = strtoull(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--inflight") && i + 1 < argc)
+			inflight = strtoull(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--crash") && i + 1 < argc && ncrash < 16)
+			crash_at[ncrash++] = argv[++i];
+		else if (!strcmp(argv[i], "--squat-on-restart"))
+			squat = 1;
+		else if (!strcmp(argv[i], "--range"))
+			want_range = 1;
+		else if (!strcmp(argv[i], "--no-cleanup"))
+			cleanup = 0;
+		else {
+			fprintf(stderr, "usage: crashy [--objects N] [--payload B] [--inflight K] [--range] "
+					"[--crash GEN:KIND]... [--squat-on-restart] [--no-cleanup]\n");
+			return 2;
+		}
+	}
+	/* --squat-on-restart: occupy the arena address range before rk_init of
+	 * a restarted incarnation (the runtime must then refuse to go warm). */
+	if (squat && getenv("REKINDLE_MANIFEST_FD"))
+		mmap((void *)0x200000000000ull, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+
+	int r = rk_init(argc, argv, NULL);
+	if (r < 0) {
+		fprintf(stderr, "crashy: rk_init: %s\n", strerror(-r));
+		return 3;
+	}
+	const struct rk_restart_info *info = rk_restart_info();
+
+	rk_arena *a = rk_arena_open("data", 256u << 20);
+	if (!a) {
+		fprintf(stderr, "crashy: rk_arena_open: %s\n", strerror(errno));
+		return 3;
+	}
+	const char *state = "rebuilt";
+	struct node *head;
+	long found = 0;
+	struct rk_sweep_stats sw = {0};
+	char *range = NULL;
+	if (want_range) {
+		if (!rk_is_recovery())
+			range = mmap(RANGE_ADDR, RANGE_LEN, PROT_READ | PROT_WRITE,
+				     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+		else
+			range = RANGE_ADDR;
+	}
+	int range_state = 0;
+	if (rk_is_recovery()) {
+		head = rk_root_get(a, "list");
+		found = verify(a, head, objects, payload, cleanup);
+		state = found < 0 ? "corrupt" : "preserved";
+		if (want_range)
+			range_state = rk_preserve_range(range, RANGE_LEN) == 1 && !strcmp(range, "range-data") ? 1 : -1;
+		r = rk_finish_recovery(cleanup, &sw);
+		if (r < 0)
+			fprintf(stderr, "crashy: rk_finish_recovery: %s\n", strerror(-r));
+	} else {
+		head = build(a, objects, payload);
+		found = (long)objects;
+		rk_root_set(a, "list", head);
+		static_head = head;
+		if (want_range) {
+			strcpy(range, "range-data");
+			range_state = rk_preserve_range(range, RANGE_LEN) == 0 ? 2 : -1;
+		}
+	}
+	incarnations_seen++;
+	if (!preserved_fn)
+		preserved_fn = in_image_fn;
+	struct rk_arena_stats st;
+	rk_arena_stats(a, &st);
+	static const char *kinds[] = {"fresh", "warm", "cold"};
+	printf("{\"app\":\"state\",\"pid\":%d,\"generation\":%u,\"kind\":\"%s\",\"state\":\"%s\",\"objects\":%ld,"
+	       "\"head\":\"%p\",\"arena_base\":\"0x%llx\",\"static_head_ok\":%s,\"incarnations_seen\":%llu,"
+	       "\"literal\":\"%s\",\"fn_ok\":%s,\"swept_objects\":%llu,\"swept_bytes\":%llu,\"kept_objects\":%llu,"
+	       "\"range\":%d,\"allocated_bytes\":%llu,\"reason\":\"%s\",\"decision\":\"%s\",\"statics_restored\":%u}\n",
+	       getpid(), info->generation, kinds[info->kind], state, found, (void *)head,
+	       (unsigned long long)st.base, static_head == head ? "true" : "false",
+	       (unsigned long long)incarnations_seen, preserved_literal, preserved_fn == in_image_fn ? "true" : "false",
+	       (unsigned long long)sw.objects_freed, (unsigned long long)sw.bytes_freed,
+	       (unsigned long long)sw.objects_kept, range_state, (unsigned long long)st.allocated_bytes,
+	       info->reason, info->decision, info->statics_restored);
+	fflush(stdout);
+
+	/* objects of "requests in flight": allocated, reachable from nothing */
+	for (uint64_t i = 0; i < inflight; i++)
+		rk_alloc(a, 64 + (i % 7) * 100);
+
+	for (int i = 0; i < ncrash; i++) {
+		char *colon = strchr(crash_at[i], ':');
+		if (colon && strtoul(crash_at[i], NULL, 10) == info->generation)
+			die_as(colon + 1, a);
+	}
+	return 0;
+}
