@@ -83,20 +83,69 @@ static void after_fork_child(void)
 	memset(tls_tc, 0, sizeof tls_tc);
 }
 
+/* Set while a restart is under way: no thread may start a new critical
+ * section, so that the restarting thread can wait for the running ones to
+ * end and hand over arenas with no lock held. */
+static _Atomic int freezing;
+
+static _Noreturn void park_forever(void)
+{
+	for (;;)
+		pause(); /* the restart's exec ends this thread */
+}
+
 void rk_lock_acquire(rk_lock *l)
 {
 	uint32_t me = rk_gettid();
 	for (unsigned spins = 0;; spins++) {
 		uint32_t expect = 0;
 		if (atomic_load_explicit(l, memory_order_relaxed) == 0 &&
-		    atomic_compare_exchange_weak_explicit(l, &expect, me, memory_order_acquire,
-							  memory_order_relaxed))
+		    atomic_compare_exchange_weak_explicit(l, &expect, me, memory_order_seq_cst,
+							  memory_order_relaxed)) {
+			/* Dekker-style with rk_allocator_freeze: lock, then look. */
+			if (RK_UNLIKELY(atomic_load(&freezing))) {
+				atomic_store(l, 0);
+				park_forever();
+			}
 			return;
+		}
+		if (RK_UNLIKELY(atomic_load_explicit(&freezing, memory_order_relaxed)))
+			park_forever();
 		if (spins < 100)
 			__builtin_ia32_pause();
 		else
 			sched_yield();
 	}
+}
+
+static unsigned locks_held_by_others(uint32_t me)
+{
+	unsigned n = 0;
+	for (unsigned i = 0; i < rk_g.narenas; i++) {
+		struct rk_arena_hdr *h = rk_g.arenas[i].hdr;
+		if (!h)
+			continue;
+		uint32_t o = atomic_load(&h->heap_lock);
+		n += o && o != me;
+		o = atomic_load(&h->root_lock);
+		n += o && o != me;
+		for (unsigned c = 0; c < RK_NCLASSES; c++) {
+			o = atomic_load(&h->classes[c].lock);
+			n += o && o != me;
+		}
+	}
+	return n;
+}
+
+unsigned rk_allocator_freeze(uint64_t timeout_ns)
+{
+	uint32_t me = rk_gettid();
+	atomic_store(&freezing, 1); /* then look at the locks */
+	uint64_t t0 = rk_now_ns();
+	unsigned held;
+	while ((held = locks_held_by_others(me)) != 0 && rk_now_ns() - t0 < timeout_ns)
+		sched_yield();
+	return held;
 }
 
 void rk_lock_release(rk_lock *l)

@@ -30,6 +30,7 @@ static char exe_path[PATH_MAX] = "/proc/self/exe";
 static char manifest_env[48];
 static _Atomic int restarting;
 static bool sync_teardown; /* $REKINDLE_SYNC_TEARDOWN=1: no helper (for measurements) */
+static unsigned listen_fds;  /* $LISTEN_FDS at init: fds 3.. kept (socket activation) */
 
 static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
@@ -99,6 +100,8 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 	ssize_t l = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
 	if (l > 0)
 		exe_path[l] = 0;
+	const char *lf = getenv("LISTEN_FDS");
+	listen_fds = lf ? (unsigned)strtoul(lf, NULL, 10) : 0;
 	const char *s = getenv("REKINDLE_SYNC_TEARDOWN");
 	sync_teardown = s && strcmp(s, "1") == 0;
 	return 0;
@@ -161,8 +164,21 @@ static void set_cloexec(int fd, bool on)
 		fcntl(fd, F_SETFD, on ? (fl | FD_CLOEXEC) : (fl & ~FD_CLOEXEC));
 }
 
+/* The next incarnation starts with stdio, socket-activation fds and ours
+ * only: every other fd of the old one is closed by the exec. */
+static void close_transient_fds_at_exec(void)
+{
+	unsigned first = 3 + listen_fds;
+	if (syscall(SYS_close_range, first, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) == 0)
+		return;
+	for (unsigned fd = first; fd < 65536; fd++)
+		set_cloexec((int)fd, true);
+}
+
 static void hand_over_fds(bool warm, bool on)
 {
+	if (on)
+		close_transient_fds_at_exec();
 	set_cloexec(rk_g.manifest_fd, !on);
 	if (!warm)
 		return;
@@ -234,6 +250,8 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 		sb_cat(decision, sizeof decision, "all checks passed");
 	}
 
+	if (warm)
+		(void)rk_allocator_freeze(50ull * 1000 * 1000); /* a lock still held: next rk_init refuses */
 	m->next_mode = warm ? RK_NEXT_WARM : RK_NEXT_COLD;
 	m->signal = sig;
 	m->si_code = si ? si->si_code : 0;

@@ -4,6 +4,7 @@
  *
  *   crashy [--objects N] [--payload BYTES] [--inflight K] [--range]
  *          [--crash GEN:KIND]... [--squat-on-restart] [--no-cleanup]
+ *          [--churn-threads N] [--listen PORT] [--fill-mb N]
  *
  * KIND: segv bus fpe ill abort restart restart-cold in-runtime hold-lock
  *       corrupt-header corrupt-manifest exit
@@ -12,7 +13,12 @@
 #include "rekindle.h"
 #include "../../runtime/src/rk_internal.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +51,63 @@ static int in_image_fn(int x)
 static uint64_t value_of(uint64_t i)
 {
 	return i * 2654435761u + 17;
+}
+
+/* --fill-mb: 1 MiB large objects holding their own index, rooted as "fill" */
+static int fill(rk_arena *a, uint64_t mb)
+{
+	uint64_t **tab = rk_calloc(a, mb, sizeof *tab);
+	if (!tab)
+		return -1;
+	for (uint64_t i = 0; i < mb; i++) {
+		tab[i] = rk_alloc(a, 1 << 20);
+		if (!tab[i])
+			return -1;
+		for (size_t k = 0; k < (1 << 20) / 8; k += 512)
+			tab[i][k] = i * 1000003 + k;
+	}
+	rk_root_set(a, "fill", tab);
+	return 0;
+}
+
+static long fill_verify(rk_arena *a, uint64_t mb)
+{
+	uint64_t **tab = rk_root_get(a, "fill");
+	long n = 0;
+	if (!tab)
+		return -1;
+	for (uint64_t i = 0; i < mb && tab[i]; i++, n++) {
+		if (rk_is_recovery() && (rk_mark(a, tab) < 0 || rk_mark(a, tab[i]) < 0))
+			return -1;
+		for (size_t k = 0; k < (1 << 20) / 8; k += 512)
+			if (tab[i][k] != i * 1000003 + k)
+				return -1;
+	}
+	return n;
+}
+
+static void *churn_main(void *arg)
+{
+	rk_arena *a = arg;
+	void *keep[64] = {0};
+	for (uint64_t i = 0;; i++) {
+		unsigned s = (unsigned)(i * 7919 % 64);
+		rk_free(a, keep[s]);
+		keep[s] = rk_alloc(a, 16 + (i * 31) % 40000);
+	}
+	return NULL;
+}
+
+static int listen_on(unsigned port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (bind(fd, (struct sockaddr *)&sin, sizeof sin) < 0 || listen(fd, 16) < 0)
+		return errno;
+	return 0;
 }
 
 static struct node *build(rk_arena *a, uint64_t n, size_t payload)
@@ -134,6 +197,8 @@ int main(int argc, char **argv)
 	const char *crash_at[16];
 	int ncrash = 0;
 	int squat = 0;
+	unsigned churn = 0, listen_port = 0;
+	uint64_t fill_mb = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--objects") && i + 1 < argc)
 			objects = strtoull(argv[++i], NULL, 0);
@@ -149,9 +214,16 @@ int main(int argc, char **argv)
 			want_range = 1;
 		else if (!strcmp(argv[i], "--no-cleanup"))
 			cleanup = 0;
+		else if (!strcmp(argv[i], "--churn-threads") && i + 1 < argc)
+			churn = (unsigned)strtoul(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--listen") && i + 1 < argc)
+			listen_port = (unsigned)strtoul(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--fill-mb") && i + 1 < argc)
+			fill_mb = strtoull(argv[++i], NULL, 0);
 		else {
 			fprintf(stderr, "usage: crashy [--objects N] [--payload B] [--inflight K] [--range] "
-					"[--crash GEN:KIND]... [--squat-on-restart] [--no-cleanup]\n");
+					"[--crash GEN:KIND]... [--squat-on-restart] [--no-cleanup] "
+					"[--churn-threads N] [--listen PORT] [--fill-mb N]\n");
 			return 2;
 		}
 	}
@@ -167,7 +239,8 @@ int main(int argc, char **argv)
 	}
 	const struct rk_restart_info *info = rk_restart_info();
 
-	rk_arena *a = rk_arena_open("data", 256u << 20);
+	int listen_errno = listen_port ? listen_on(listen_port) : 0;
+	rk_arena *a = rk_arena_open("data", (256ull << 20) + (fill_mb << 20) * 2);
 	if (!a) {
 		fprintf(stderr, "crashy: rk_arena_open: %s\n", strerror(errno));
 		return 3;
@@ -184,11 +257,13 @@ int main(int argc, char **argv)
 		else
 			range = RANGE_ADDR;
 	}
-	int range_state = 0;
+	int range_state = 0, fill_ok = 1;
 	if (rk_is_recovery()) {
 		head = rk_root_get(a, "list");
 		found = verify(a, head, objects, payload, cleanup);
 		state = found < 0 ? "corrupt" : "preserved";
+		if (fill_mb)
+			fill_ok = fill_verify(a, fill_mb) == (long)fill_mb;
 		if (want_range)
 			range_state = rk_preserve_range(range, RANGE_LEN) == 1 && !strcmp(range, "range-data") ? 1 : -1;
 		r = rk_finish_recovery(cleanup, &sw);
@@ -197,6 +272,10 @@ int main(int argc, char **argv)
 	} else {
 		head = build(a, objects, payload);
 		found = (long)objects;
+		if (fill_mb && fill(a, fill_mb) < 0)
+			return 3;
+		if (fill_mb)
+			fill_ok = fill_verify(a, fill_mb) == (long)fill_mb;
 		rk_root_set(a, "list", head);
 		static_head = head;
 		if (want_range) {
@@ -213,18 +292,27 @@ int main(int argc, char **argv)
 	printf("{\"app\":\"state\",\"pid\":%d,\"generation\":%u,\"kind\":\"%s\",\"state\":\"%s\",\"objects\":%ld,"
 	       "\"head\":\"%p\",\"arena_base\":\"0x%llx\",\"static_head_ok\":%s,\"incarnations_seen\":%llu,"
 	       "\"literal\":\"%s\",\"fn_ok\":%s,\"swept_objects\":%llu,\"swept_bytes\":%llu,\"kept_objects\":%llu,"
-	       "\"range\":%d,\"allocated_bytes\":%llu,\"reason\":\"%s\",\"decision\":\"%s\",\"statics_restored\":%u}\n",
+	       "\"range\":%d,\"allocated_bytes\":%llu,\"reason\":\"%s\",\"decision\":\"%s\",\"statics_restored\":%u,"
+	       "\"listen_errno\":%d,\"fill_ok\":%s}\n",
 	       getpid(), info->generation, kinds[info->kind], state, found, (void *)head,
 	       (unsigned long long)st.base, static_head == head ? "true" : "false",
 	       (unsigned long long)incarnations_seen, preserved_literal, preserved_fn == in_image_fn ? "true" : "false",
 	       (unsigned long long)sw.objects_freed, (unsigned long long)sw.bytes_freed,
 	       (unsigned long long)sw.objects_kept, range_state, (unsigned long long)st.allocated_bytes,
-	       info->reason, info->decision, info->statics_restored);
+	       info->reason, info->decision, info->statics_restored, listen_errno,
+	       fill_ok ? "true" : "false");
 	fflush(stdout);
 
 	/* objects of "requests in flight": allocated, reachable from nothing */
 	for (uint64_t i = 0; i < inflight; i++)
 		rk_alloc(a, 64 + (i % 7) * 100);
+
+	/* threads allocating and freeing in the arena while main dies */
+	pthread_t tids[8];
+	for (unsigned i = 0; i < churn && i < 8; i++)
+		pthread_create(&tids[i], NULL, churn_main, a);
+	if (churn)
+		nanosleep(&(struct timespec){0, 30 * 1000 * 1000}, NULL);
 
 	for (int i = 0; i < ncrash; i++) {
 		char *colon = strchr(crash_at[i], ':');

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what the build, tests and benchmarks need, only where missing.
+# Idempotent; run by `make demo`, `make test` and `make bench`.
+set -euo pipefail
+
+need_apt=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have cc || need_apt+=(gcc)
+have make || need_apt+=(make)
+have objcopy || need_apt+=(binutils)
+have python3 || need_apt+=(python3 python3-pip)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+	echo "deps: installing ${need_apt[*]} (apt)" >&2
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "deps: need root to apt-get install ${need_apt[*]}" >&2
+		exit 1
+	fi
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# Python test tooling (PyPI), pinned in tests/requirements.txt.
+if ! python3 -c 'import pytest' >/dev/null 2>&1; then
+	echo "deps: installing Python test requirements (pip)" >&2
+	python3 -m pip install -q -r "$(dirname "$0")/../tests/requirements.txt"
+fi

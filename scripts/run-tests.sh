@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs every test: the runtime's C unit tests, then the pytest system tests.
+set -uo pipefail
+BUILD=${1:-build}
+export REKINDLE_BUILD="$(cd "$BUILD" && pwd)"
+fail=0
+passed=0
+for t in "$BUILD"/tests/*; do
+	[ -x "$t" ] || continue
+	echo "== unit: $(basename "$t")"
+	start=$(date +%s%N)
+	if "$t"; then
+		passed=$((passed + 1))
+		echo "   ok ($((($(date +%s%N) - start) / 1000000)) ms)"
+	else
+		echo "   FAILED: $t" >&2
+		fail=$((fail + 1))
+	fi
+done
+echo "unit: $passed passed, $fail failed"
+python3 -m pytest -q tests
+rc=$?
+if [ "$fail" -ne 0 ]; then
+	exit 1
+fi
+exit $rc
