@@ -1,0 +1,57 @@
+"""Shared helpers for the system tests: locate the build, run programs, parse
+the runtime's JSON event lines ({"rekindle": ...} on stderr) and the test
+apps' state lines ({"app": ...} on stdout)."""
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = Path(os.environ.get("REKINDLE_BUILD", ROOT / "build"))
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    states: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+
+    def events_of(self, kind):
+        return [e for e in self.events if e["rekindle"] == kind]
+
+
+def json_lines(text, key):
+    out = []
+    for line in text.splitlines():
+        if line.startswith('{"%s"' % key):
+            out.append(json.loads(line))
+    return out
+
+
+def run_app(name, *args, env=None, timeout=60):
+    exe = BUILD / "apps" / name
+    if not exe.exists():
+        pytest.fail(f"{exe} missing: run `make` first")
+    full_env = dict(os.environ)
+    full_env.pop("REKINDLE_MANIFEST_FD", None)
+    full_env.update(env or {})
+    p = subprocess.run(
+        [str(exe), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
+    return Run(
+        p.returncode,
+        p.stdout,
+        p.stderr,
+        json_lines(p.stdout, "app"),
+        json_lines(p.stderr, "rekindle"),
+    )

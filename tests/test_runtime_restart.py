@@ -1,0 +1,170 @@
+"""End-to-end tests of warm and cold restarts: the crashy app keeps a linked
+list (and RK_PRESERVED statics, a preserved range, large objects) in an arena,
+dies in a chosen way, and reports what its next incarnation found."""
+
+import signal
+import socket
+
+import pytest
+
+from conftest import run_app
+
+NO_WINDOW = {"REKINDLE_CRASHLOOP_MS": "0"}  # crashes in quick succession stay warm
+
+
+def first_and_second(run):
+    assert len(run.states) >= 2, run.stderr
+    return run.states[0], run.states[1]
+
+
+@pytest.mark.parametrize(
+    "kind,signame",
+    [("segv", "SIGSEGV"), ("bus", "SIGBUS"), ("fpe", "SIGFPE"), ("ill", "SIGILL"), ("abort", "SIGABRT")],
+)
+def test_warm_restart_after_fatal_signal_preserves_contents_and_addresses(kind, signame):
+    run = run_app("crashy", "--objects", 3000, "--payload", 40, "--crash", f"0:{kind}")
+    assert run.returncode == 0, run.stderr
+    before, after = first_and_second(run)
+    assert before["kind"] == "fresh" and after["kind"] == "warm"
+    assert after["pid"] == before["pid"], "a warm restart keeps the pid"
+    assert after["state"] == "preserved" and after["objects"] == 3000
+    assert after["head"] == before["head"] and after["arena_base"] == before["arena_base"]
+    assert after["reason"] == f"signal {signame}"
+    # RK_PRESERVED statics: counter carried over, pointers into the arena and
+    # into the (possibly moved) load image still valid.
+    assert after["statics_restored"] == 1
+    assert after["incarnations_seen"] == 2
+    assert after["static_head_ok"] and after["fn_ok"]
+    assert after["literal"] == "literal-in-image"
+    (restart,) = run.events_of("restart")
+    assert restart["mode"] == "warm" and restart["signal"] == signame
+    starts = run.events_of("start")
+    assert [s["kind"] for s in starts] == ["fresh", "warm"]
+    assert starts[1]["decision"] == "all checks passed"
+    assert starts[1]["restart_us"] > 0
+
+
+def test_app_requested_restart_is_warm():
+    run = run_app("crashy", "--crash", "0:restart")
+    _, after = first_and_second(run)
+    assert after["kind"] == "warm" and after["state"] == "preserved"
+    assert after["reason"] == "app: rejuvenation"
+
+
+def test_app_requested_cold_restart_drops_arenas():
+    run = run_app("crashy", "--crash", "0:restart-cold")
+    _, after = first_and_second(run)
+    assert after["kind"] == "cold" and after["state"] == "rebuilt"
+    assert after["decision"] == "cold restart requested"
+    assert after["statics_restored"] == 0 and after["incarnations_seen"] == 1
+
+
+def test_sweep_frees_objects_of_requests_in_flight():
+    run = run_app("crashy", "--objects", 500, "--inflight", 300, "--crash", "0:segv")
+    before, after = first_and_second(run)
+    assert after["swept_objects"] == 300
+    assert after["kept_objects"] == 500
+    assert after["allocated_bytes"] == before["allocated_bytes"]
+    (rec,) = run.events_of("recovered")
+    assert rec["objects_freed"] == 300 and rec["bytes_freed"] == after["swept_bytes"] > 0
+
+
+def test_without_cleanup_nothing_is_swept():
+    run = run_app("crashy", "--objects", 500, "--inflight", 300, "--crash", "0:segv", "--no-cleanup")
+    _, after = first_and_second(run)
+    assert after["state"] == "preserved"
+    assert after["swept_objects"] == 0
+    assert run.events_of("recovered")[0]["cleanup"] == "none"
+
+
+def test_preserved_range_survives():
+    run = run_app("crashy", "--range", "--crash", "0:segv")
+    before, after = first_and_second(run)
+    assert before["range"] == 2  # preserved in place
+    assert after["range"] == 1  # found mapped again with its contents
+
+
+def test_large_preserved_state_and_listening_socket_reusable():
+    """64 MiB of 1 MiB objects survive; the old incarnation's listening socket
+    is closed by the restart (fds are transient) so the port binds again."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = run_app("crashy", "--fill-mb", 64, "--listen", port, "--crash", "0:segv")
+    before, after = first_and_second(run)
+    assert before["listen_errno"] == 0
+    assert after["kind"] == "warm" and after["fill_ok"] is True
+    assert after["listen_errno"] == 0, "old listening socket leaked into the new incarnation"
+
+
+def test_threads_inside_the_allocator_do_not_spoil_a_warm_restart():
+    """Two threads allocate and free in the arena while main faults: the
+    restart waits for their critical sections, so the restart stays warm
+    and the sweep frees what they held."""
+    for _ in range(5):
+        run = run_app("crashy", "--objects", 2000, "--churn-threads", 2, "--crash", "0:segv")
+        _, after = first_and_second(run)
+        assert after["kind"] == "warm", after["decision"]
+        assert after["state"] == "preserved"
+        assert after["swept_objects"] > 0
+
+
+@pytest.mark.parametrize(
+    "kind,why",
+    [
+        ("in-runtime", "fault inside the rekindle runtime"),
+        ("hold-lock", "died inside the allocator holding a lock"),
+        ("corrupt-header", "header checksum mismatch"),
+    ],
+)
+def test_unsafe_state_goes_cold_with_logged_reason(kind, why):
+    run = run_app("crashy", "--objects", 100, "--crash", f"0:{kind}")
+    assert run.returncode == 0, run.stderr
+    _, after = first_and_second(run)
+    assert after["kind"] == "cold" and after["state"] == "rebuilt"
+    assert why in after["decision"]
+    start = run.events_of("start")[1]
+    assert start["kind"] == "cold" and why in start["decision"]
+
+
+def test_address_range_taken_in_new_process_goes_cold_then_warm_again():
+    run = run_app("crashy", "--squat-on-restart", "--crash", "0:segv", "--crash", "1:segv", env=NO_WINDOW)
+    states = run.states
+    assert [s["kind"] for s in states] == ["fresh", "cold", "warm"]
+    assert "already taken" in states[1]["decision"]
+    assert run.events_of("warning")[0]["what"].startswith("arena address range taken")
+    assert states[2]["arena_base"] != states[0]["arena_base"]
+    assert states[2]["state"] == "preserved"
+
+
+def test_second_failure_within_window_goes_cold():
+    run = run_app("crashy", "--crash", "0:segv", "--crash", "1:segv")
+    assert [s["kind"] for s in run.states] == ["fresh", "warm", "cold"]
+    assert "second failure" in run.states[2]["decision"]
+    assert "after a warm restart" in run.states[2]["decision"]
+
+
+def test_crash_loop_gives_up_and_dies_of_the_signal():
+    crashes = [a for g in range(10) for a in ("--crash", f"{g}:segv")]
+    run = run_app("crashy", *crashes)
+    assert run.returncode == -signal.SIGSEGV
+    (giveup,) = run.events_of("giveup")
+    assert giveup["consecutive_fast_failures"] == 5
+    assert len(run.states) == 5
+
+
+def test_corrupt_manifest_fd_is_reported_and_starts_cold():
+    run = run_app("crashy", env={"REKINDLE_MANIFEST_FD": "999"})
+    (state,) = run.states
+    assert state["kind"] == "cold"
+    assert "not a readable manifest" in state["decision"]
+
+
+def test_restarts_repeat_with_state_intact():
+    crashes = [a for g in range(6) for a in ("--crash", f"{g}:segv")]
+    run = run_app("crashy", "--objects", 1000, *crashes, env=NO_WINDOW)
+    assert run.returncode == 0, run.stderr
+    assert [s["kind"] for s in run.states] == ["fresh"] + ["warm"] * 6
+    assert {s["head"] for s in run.states} == {run.states[0]["head"]}
+    assert run.states[-1]["incarnations_seen"] == 7
+    assert all(s["state"] == "preserved" for s in run.states[1:])
