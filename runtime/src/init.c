@@ -352,6 +352,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		rk_g.info.signal = old->signal;
 		rk_g.info.fault_addr = old->fault_addr;
 		rk_g.t_restart_ns = old->t_restart_ns;
+		rk_g.holder_pid = old->holder_pid;
 		rk_strlcpy(rk_g.info.reason, old->reason, sizeof rk_g.info.reason);
 		if (old->next_mode == RK_NEXT_WARM && try_warm(old, msize, why, sizeof why) == 0) {
 			rk_g.info.kind = RK_START_WARM;
@@ -407,6 +408,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 	if (r < 0)
 		return r;
 	rk_g.initialized = true;
+	rk_reap_teardown_holder();
 	rk_g.info.preserved_bytes = preserved_bytes();
 	if (rk_g.info.kind == RK_START_WARM && (rk_g.flags & RK_OPT_PREFAULT))
 		(void)rk_prefault(true);
@@ -545,6 +547,7 @@ int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
 	struct rk_sweep_stats total = {0};
 	if (stats)
 		*stats = total;
+	rk_reap_teardown_holder();
 	if (!rk_g.recovery)
 		return 0;
 	uint64_t t0 = rk_now_ns();
@@ -600,6 +603,7 @@ static void *prefault_all(void *unused)
 				bytes += n;
 		}
 	}
+	rk_reap_teardown_holder();
 	struct rk_ev e;
 	rk_ev_begin(&e, "prefaulted");
 	rk_ev_u64(&e, "bytes", bytes);

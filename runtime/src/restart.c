@@ -7,7 +7,7 @@
  * execve a helper process shares our mm (CLONE_VM), so exec only drops a
  * reference; the helper exits when our exec closes its pipe, and the kernel
  * unmaps the old pages in the helper's context, in parallel with our new
- * main().  The helper is orphaned on purpose and reaped by init. */
+ * main().  The next incarnation reaps it (rk_reap_teardown_holder). */
 #include "rk_internal.h"
 
 #include <errno.h>
@@ -110,10 +110,9 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 /* ---- the teardown helper ---- */
 
 static int holder_pipe[2];
-static char holder_stack1[16384] __attribute__((aligned(64)));
-static char holder_stack2[16384] __attribute__((aligned(64)));
+static char holder_stack[16384] __attribute__((aligned(64)));
 
-static int holder_grandchild(void *arg)
+static int holder_main(void *arg)
 {
 	(void)arg;
 	int rd = holder_pipe[0];
@@ -124,34 +123,32 @@ static int holder_grandchild(void *arg)
 	char c;
 	while (syscall(SYS_read, rd, &c, 1) < 0)
 		;
-	syscall(SYS_exit_group, 0);
+	syscall(SYS_exit_group, 0); /* drops the last reference to the old mm */
 	return 0;
 }
 
-static int holder_child(void *arg)
+/* Reaps the previous restart's helper once it is done (no SIGCHLD is sent:
+ * its exit signal is 0, so the app's own wait() never sees it). */
+void rk_reap_teardown_holder(void)
 {
-	(void)arg;
-	close(holder_pipe[1]);
-	clone(holder_grandchild, holder_stack2 + sizeof holder_stack2, CLONE_VM | SIGCHLD, NULL);
-	syscall(SYS_exit_group, 0);
-	return 0;
+	if (rk_g.holder_pid > 0 && waitpid(rk_g.holder_pid, NULL, WNOHANG | __WALL) != 0)
+		rk_g.holder_pid = 0;
 }
 
 /* Returns the write end of the pipe to close at exec, or -1 (then the exec
  * tears the old address space down itself, only slower). */
 static int spawn_teardown_holder(void)
 {
+	rk_g.manifest->holder_pid = 0;
 	if (sync_teardown || pipe2(holder_pipe, O_CLOEXEC) < 0)
 		return -1;
-	pid_t child = clone(holder_child, holder_stack1 + sizeof holder_stack1, CLONE_VM, NULL);
+	pid_t child = clone(holder_main, holder_stack + sizeof holder_stack, CLONE_VM, NULL);
+	close(holder_pipe[0]);
 	if (child < 0) {
-		close(holder_pipe[0]);
 		close(holder_pipe[1]);
 		return -1;
 	}
-	while (waitpid(child, NULL, __WALL) < 0 && errno == EINTR)
-		;
-	close(holder_pipe[0]);
+	rk_g.manifest->holder_pid = child;
 	return holder_pipe[1];
 }
 
@@ -266,7 +263,6 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 		rk_statics_save(m);
 	else
 		m->statics_saved = 0;
-	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
 
 	struct rk_ev e;
 	rk_ev_begin(&e, "restart");
@@ -281,7 +277,9 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 	rk_ev_u64(&e, "uptime_ms", age_ms);
 	rk_ev_end(&e);
 
+	rk_reap_teardown_holder();
 	int holder_wr = spawn_teardown_holder();
+	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
 	hand_over_fds(warm, true);
 	execve(exe_path, exec_argv, exec_envp);
 	int err = errno;

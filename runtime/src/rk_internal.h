@@ -177,7 +177,7 @@ int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
  * mapping), read and validated by the next one's rk_init.  Its fd number is
  * passed in $REKINDLE_MANIFEST_FD. */
 #define RK_MANIFEST_MAGIC 0x54534e4d4b52ull /* "RKMNST" */
-#define RK_MANIFEST_VERSION 1u
+#define RK_MANIFEST_VERSION 2u
 #define RK_MAX_STATICS 32
 #define RK_MANIFEST_FIXED 65536u /* statics data follows */
 
@@ -208,6 +208,7 @@ struct rk_manifest {
 	uint64_t reserve_base, reserve_len, next_arena_addr;
 	char reason[128];
 	char decision[160];
+	int32_t holder_pid;    /* teardown helper of the last restart, to reap */
 	uint32_t narenas, nranges, nstatics, statics_saved;
 	struct rk_manifest_arena arenas[RK_MAX_ARENAS];
 	struct rk_manifest_range ranges[RK_MAX_RANGES];
@@ -231,7 +232,9 @@ struct rk_state {
 	volatile int manifest_busy; /* arena list being rewritten: restart goes cold */
 	uint64_t start_ns;
 	uint64_t t_restart_ns;      /* the previous incarnation's rk_restart entry */
+	pid_t holder_pid;           /* teardown helper still to reap */
 };
+void rk_reap_teardown_holder(void) RK_HIDDEN;
 extern struct rk_state rk_g RK_HIDDEN;
 
 uint64_t rk_now_ns(void) RK_HIDDEN;
