@@ -15,8 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
 #endif
 
 #define DEFAULT_ARENA_BASE 0x200000000000ull /* 32 TiB: far from PIE, heap, mmap, stack */
@@ -500,11 +500,16 @@ rk_arena *rk_arena_open(const char *name, size_t max_bytes)
 		errno = EINVAL;
 		return NULL;
 	}
+	uint64_t max = RK_ALIGN_UP((uint64_t)max_bytes, 2u << 20);
+	if (max_bytes == 0 || max < max_bytes) {
+		errno = EINVAL;
+		return NULL;
+	}
 	for (unsigned i = 0; i < rk_g.narenas; i++) {
 		struct rk_arena *a = &rk_g.arenas[i];
 		if (!a->hdr || strcmp(a->name, name) != 0)
 			continue;
-		if (a->inherited && max_bytes != a->hdr->max_bytes && !a->reopened) {
+		if (a->inherited && max != a->hdr->max_bytes && !a->reopened) {
 			struct rk_ev e;
 			rk_ev_begin(&e, "warning");
 			rk_ev_str(&e, "what", "arena reopened with another max_bytes; keeping the preserved size");
@@ -517,11 +522,6 @@ rk_arena *rk_arena_open(const char *name, size_t max_bytes)
 	}
 	if (rk_g.narenas == RK_MAX_ARENAS) {
 		errno = ENOSPC;
-		return NULL;
-	}
-	uint64_t max = RK_ALIGN_UP((uint64_t)max_bytes, 2u << 20);
-	if (max_bytes == 0 || max < max_bytes) {
-		errno = EINVAL;
 		return NULL;
 	}
 	return arena_create(name, max);
@@ -599,7 +599,9 @@ static void *prefault_all(void *unused)
 		uint64_t end = a->hdr->heap_offset + a->hdr->top;
 		for (uint64_t off = 0; off < end; off += chunk) {
 			uint64_t n = end - off < chunk ? end - off : chunk;
-			if (madvise((char *)a->hdr + off, n, MADV_POPULATE_WRITE) == 0)
+			/* read faults on shmem map whole fault-around blocks, and the
+			 * shared mapping is writable once mapped */
+			if (madvise((char *)a->hdr + off, n, MADV_POPULATE_READ) == 0)
 				bytes += n;
 		}
 	}

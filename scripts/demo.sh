@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The main demo: a 1M-entry cache crashes twice and comes back warm each time,
+# then a crash inside the allocator shows the cold fallback with its reason.
+set -euo pipefail
+BUILD=${1:-build}
+events=$(mktemp)
+trap 'rm -f "$events"' EXIT
+
+echo "== warm restart: a cache of 1,000,000 x 100-byte values, crashing twice"
+"$BUILD/examples/warm_cache" --entries 1000000 --crashes 2 2>"$events"
+echo
+echo "== what the runtime logged (one JSON line per event on stderr):"
+grep '^{"rekindle"' "$events" | cut -c1-220
+echo
+echo "== cold fallback: a use-after-free corrupts the allocator's free list, the"
+echo "   next allocation faults inside the runtime, so the arenas are not trusted"
+REKINDLE_CRASHLOOP_MS=0 "$BUILD/apps/crashy" --objects 1000 --crash 0:in-runtime 2>"$events" |
+	python3 -c '
+import json, sys
+for line in sys.stdin:
+    s = json.loads(line)
+    msg = "  incarnation %d: %s start, list %s (%d objects)" % (s["generation"], s["kind"], s["state"], s["objects"])
+    print(msg + ("; decision: " + s["decision"] if s["generation"] else ""))
+'
+echo
+echo "Benchmarks: make bench (results in docs/results.md). Tests: make test."
