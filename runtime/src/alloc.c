@@ -137,6 +137,11 @@ static unsigned locks_held_by_others(uint32_t me)
 	return n;
 }
 
+void rk_allocator_thaw(void)
+{
+	atomic_store(&freezing, 0);
+}
+
 unsigned rk_allocator_freeze(uint64_t timeout_ns)
 {
 	uint32_t me = rk_gettid();

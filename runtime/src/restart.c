@@ -286,8 +286,11 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 	if (strcmp(exe_path, "/proc/self/exe") != 0)
 		execve("/proc/self/exe", exec_argv, exec_envp);
 	hand_over_fds(warm, false);
-	if (holder_wr >= 0)
-		close(holder_wr);
+	rk_allocator_thaw();
+	if (holder_wr >= 0) {
+		close(holder_wr); /* the helper exits; reap it later */
+		rk_g.holder_pid = m->holder_pid;
+	}
 	rk_ev_begin(&e, "error");
 	rk_ev_str(&e, "what", "restart failed: execve");
 	rk_ev_i64(&e, "errno", err);

@@ -162,6 +162,7 @@ void rk_lock_release(rk_lock *l) RK_HIDDEN;
 /* Stops new allocator critical sections and waits up to timeout for running
  * ones to end; returns the locks still held by other threads. */
 unsigned rk_allocator_freeze(uint64_t timeout_ns) RK_HIDDEN;
+void rk_allocator_thaw(void) RK_HIDDEN; /* the restart failed: carry on */
 void rk_tcache_flush_all(struct rk_arena *a, struct rk_tcache *tc) RK_HIDDEN;
 struct rk_tcache *rk_tcache_current(struct rk_arena *a) RK_HIDDEN;
 void rk_tcache_forget_thread(void) RK_HIDDEN;
