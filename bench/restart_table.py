@@ -20,22 +20,27 @@ def cpu_model():
 
 def main(path, command):
     rows = defaultdict(lambda: defaultdict(list))
-    for line in open(path):
-        r = json.loads(line)
+    with open(path) as f:
+        records = [json.loads(line) for line in f]
+    for r in records:
         size, variant = r["size_mb"], r["variant"]
         rows[size][variant].append(r)
         if variant != "bare" and not r.get("contents_ok", True):
             sys.exit(f"contents check failed: {r}")
     bare_all = [r["restart_us"] for s in rows.values() for r in s["bare"]]
     bare = statistics.median(bare_all)
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    nproc = subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout.strip()
     print("### Warm restart latency (rk_restart() to rk_init() return)\n")
     print(f"Command: `{command}`  ")
     print(f"Machine: {cpu_model()}, {nproc} cores, Linux {platform.release()}  ")
-    print(f"Bare fork+exec of the same binary, no state: median {bare / 1000:.2f} ms "
-          f"over {len(bare_all)} runs (same run).\n")
-    print("| preserved | warm restart (median) | ratio to bare | without teardown helper | "
-          "touch all pages after restart | pre-fault all pages (rk_prefault) | samples |")
+    print(
+        f"Bare fork+exec of the same binary, no state: median {bare / 1000:.2f} ms "
+        f"over {len(bare_all)} runs (same run).\n"
+    )
+    print(
+        "| preserved | warm restart (median) | ratio to bare | without teardown helper | "
+        "touch all pages after restart | pre-fault all pages (rk_prefault) | samples |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for size in sorted(rows):
         v = rows[size]
@@ -44,8 +49,10 @@ def main(path, command):
         touch = statistics.median(r["touch_ms"] for r in v["warm"])
         pre = statistics.median(r["prefault_ms"] for r in v["prefault"])
         label = f"{size // 1024} GiB" if size >= 1024 else f"{size} MiB"
-        print(f"| {label} | {warm / 1000:.2f} ms | {warm / bare:.2f}x | {sync / 1000:.2f} ms | "
-              f"{touch:.1f} ms | {pre:.1f} ms | {len(v['warm'])} |")
+        print(
+            f"| {label} | {warm / 1000:.2f} ms | {warm / bare:.2f}x | {sync / 1000:.2f} ms | "
+            f"{touch:.1f} ms | {pre:.1f} ms | {len(v['warm'])} |"
+        )
 
 
 if __name__ == "__main__":
