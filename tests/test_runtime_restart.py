@@ -157,7 +157,15 @@ def test_corrupt_manifest_fd_is_reported_and_starts_cold():
     run = run_app("crashy", env={"REKINDLE_MANIFEST_FD": "999"})
     (state,) = run.states
     assert state["kind"] == "cold"
-    assert "not a readable manifest" in state["decision"]
+    assert "is not a rekindle manifest" in state["decision"]
+
+
+def test_manifest_fd_pointing_elsewhere_is_refused_and_left_open():
+    """fd 0 is not ours: refused, and not closed (stdin stays usable)."""
+    run = run_app("crashy", env={"REKINDLE_MANIFEST_FD": "0"})
+    (state,) = run.states
+    assert state["kind"] == "cold"
+    assert "REKINDLE_MANIFEST_FD=0 is not a rekindle manifest" in state["decision"]
 
 
 def test_restarts_repeat_with_state_intact():

@@ -150,6 +150,17 @@ static int manifest_create(const struct rk_manifest *old)
 	return 0;
 }
 
+static int fd_is_rekindle_memfd(int fd, const char *prefix)
+{
+	char link[64], target[128];
+	snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(link, target, sizeof target - 1);
+	if (n < 0)
+		return 0;
+	target[n] = 0;
+	return strncmp(target, prefix, strlen(prefix)) == 0;
+}
+
 /* Maps the previous incarnation's manifest read-only, if one was handed on. */
 static const struct rk_manifest *manifest_inherit(uint64_t *size, char *why, size_t wl)
 {
@@ -160,8 +171,13 @@ static const struct rk_manifest *manifest_inherit(uint64_t *size, char *why, siz
 	long fd = strtol(v, &end, 10);
 	unsetenv("REKINDLE_MANIFEST_FD"); /* not for the app's own children */
 	struct stat st;
-	if (*end || fd < 0 || fd > INT_MAX || fstat((int)fd, &st) < 0 || st.st_size < (off_t)sizeof(struct rk_manifest)) {
-		snprintf(why, wl, "REKINDLE_MANIFEST_FD=%s is not a readable manifest", v);
+	if (*end || fd < 0 || fd > INT_MAX || !fd_is_rekindle_memfd((int)fd, "/memfd:rekindle:manifest")) {
+		snprintf(why, wl, "REKINDLE_MANIFEST_FD=%.40s is not a rekindle manifest", v);
+		return MAP_FAILED; /* not ours: leave that fd alone */
+	}
+	if (fstat((int)fd, &st) < 0 || st.st_size < (off_t)sizeof(struct rk_manifest)) {
+		snprintf(why, wl, "the manifest is truncated");
+		close((int)fd);
 		return MAP_FAILED;
 	}
 	const struct rk_manifest *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, (int)fd, 0);
@@ -183,17 +199,6 @@ static const struct rk_manifest *manifest_inherit(uint64_t *size, char *why, siz
 
 /* ---- reattaching inherited state ----------------------------------------- */
 
-static int fd_is_rekindle_memfd(int fd, const char *prefix)
-{
-	char link[64], target[128];
-	snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-	ssize_t n = readlink(link, target, sizeof target - 1);
-	if (n < 0)
-		return 0;
-	target[n] = 0;
-	return strncmp(target, prefix, strlen(prefix)) == 0;
-}
-
 static void close_inherited_fds(const struct rk_manifest *m)
 {
 	for (unsigned i = 0; i < m->narenas; i++)
@@ -204,8 +209,9 @@ static void close_inherited_fds(const struct rk_manifest *m)
 			close(m->ranges[i].fd);
 }
 
-/* Unmaps everything a failed warm attempt mapped, reservation included. */
-static void undo_warm(const struct rk_manifest *m)
+/* Unmaps everything a failed warm attempt mapped, reservation included;
+ * the caller closes the inherited fds. */
+static void undo_warm(void)
 {
 	munmap((void *)(uintptr_t)rk_g.reserve_base, rk_g.reserve_len);
 	memset(rk_g.arenas, 0, sizeof rk_g.arenas);
@@ -213,7 +219,6 @@ static void undo_warm(const struct rk_manifest *m)
 	for (unsigned i = 0; i < rk_nranges; i++)
 		munmap((void *)(uintptr_t)rk_ranges[i].addr, rk_ranges[i].len);
 	rk_nranges = 0;
-	close_inherited_fds(m);
 }
 
 static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
@@ -286,7 +291,7 @@ static int try_warm(const struct rk_manifest *m, uint64_t msize, char *why, size
 	if (r == 0)
 		r = attach_ranges(m, why, wl);
 	if (r < 0) {
-		undo_warm(m);
+		undo_warm();
 		return r;
 	}
 	for (unsigned i = 0; i < rk_g.narenas; i++) {

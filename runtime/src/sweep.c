@@ -67,18 +67,19 @@ static int note_free(struct rk_arena *a, unsigned cls, const struct rk_free_bloc
 	return 0;
 }
 
+/* Same order as the allocator (a class lock, then the heap lock). */
 static void lock_all(struct rk_arena *a)
 {
-	rk_lock_acquire(&a->hdr->heap_lock);
 	for (unsigned c = 0; c < RK_NCLASSES; c++)
 		rk_lock_acquire(&a->hdr->classes[c].lock);
+	rk_lock_acquire(&a->hdr->heap_lock);
 }
 
 static void unlock_all(struct rk_arena *a)
 {
+	rk_lock_release(&a->hdr->heap_lock);
 	for (unsigned c = 0; c < RK_NCLASSES; c++)
 		rk_lock_release(&a->hdr->classes[c].lock);
-	rk_lock_release(&a->hdr->heap_lock);
 }
 
 static int only_my_cache(struct rk_arena *a)
