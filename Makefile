@@ -25,7 +25,7 @@ BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
 .PHONY: all deps runtime test unit-test system-test demo bench bench-alloc bench-restart lint clean
-all: runtime $(TEST_APPS) $(BENCH_BINS) $(EXAMPLES)
+all: runtime $(TEST_APPS) $(BUILD)/apps/crashy-shared $(BENCH_BINS) $(EXAMPLES)
 runtime: $(LIB_SO) $(LIB_A) $(PC)
 
 deps:
@@ -40,7 +40,8 @@ $(BUILD)/runtime/%.o: runtime/src/%.c $(RT_HDRS)
 
 $(LIB_SO): $(RT_OBJS) runtime/librekindle.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared -pthread -Wl,-soname,librekindle.so.0 -Wl,--version-script=runtime/librekindle.map -o $@ $(RT_OBJS)
+	$(CC) -shared -pthread -Wl,-soname,librekindle.so.0 -Wl,--version-script=runtime/librekindle.map -o $@.0 $(RT_OBJS)
+	ln -sf librekindle.so.0 $@
 $(LIB_A): $(RT_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
@@ -54,6 +55,10 @@ $(BUILD)/tests/%: runtime/tests/%.c $(LIB_A) runtime/include/rekindle.h
 $(BUILD)/apps/%: tests/apps/%.c $(LIB_A) runtime/include/rekindle.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ $(LINK_RK)
+# the same test app against the shared library, to test that build too
+$(BUILD)/apps/crashy-shared: tests/apps/crashy.c $(LIB_SO) runtime/include/rekindle.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ -L$(BUILD)/lib -lrekindle -Wl,-rpath,$(abspath $(BUILD))/lib -pthread
 $(BUILD)/bench/%: bench/%.c $(LIB_A) runtime/include/rekindle.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ $(LINK_RK)

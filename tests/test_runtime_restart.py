@@ -127,6 +127,13 @@ def test_unsafe_state_goes_cold_with_logged_reason(kind, why):
     assert start["kind"] == "cold" and why in start["decision"]
 
 
+def test_shared_library_build_restarts_warm_and_detects_faults_inside_it():
+    run = run_app("crashy-shared", "--crash", "0:segv", "--crash", "1:in-runtime", env=NO_WINDOW)
+    assert [s["kind"] for s in run.states] == ["fresh", "warm", "cold"]
+    assert run.states[1]["state"] == "preserved" and run.states[1]["fn_ok"]
+    assert "fault inside the rekindle runtime" in run.states[2]["decision"]
+
+
 def test_address_range_taken_in_new_process_goes_cold_then_warm_again():
     run = run_app("crashy", "--squat-on-restart", "--crash", "0:segv", "--crash", "1:segv", env=NO_WINDOW)
     states = run.states
