@@ -130,6 +130,34 @@ int rk_restart_cold(const char *reason);
  * thread.  Returns 0 or -errno. */
 int rk_prefault(bool background);
 
+/* ---- supervision and correctness ---------------------------------------- */
+
+/* True when running under `rekindle run` (the supervisor holds the arenas'
+ * fds, so even a SIGKILL does not lose them). */
+bool rk_is_supervised(void);
+
+/* Call from the main loop at a safe point (no data structure half-changed).
+ * Under a supervisor with --hang-timeout, a heartbeat that stops marks a
+ * hang.  A restart the supervisor asked for (rekindle restart, leak) is
+ * taken here, at this safe point.  Cheap: a clock read and two stores. */
+void rk_heartbeat(void);
+
+/* The app serves again (after rk_finish_recovery on a warm start, or after
+ * its own recovery).  The supervisor times restarts up to this point. */
+int rk_ready(void);
+
+/* Unsafe regions: wrap every change of preserved state in the arena.  A
+ * failure while any region is open (in any thread) makes the restart cold,
+ * because that state may be half-changed.  Nestable, per thread, a few ns,
+ * no syscall.  Other threads' open regions are waited for (50 ms at most)
+ * before a restart decides. */
+void rk_unsafe_begin(rk_arena *arena);
+void rk_unsafe_end(rk_arena *arena);
+
+/* The app can veto warm restarts for a while (for example during a
+ * migration of its own data); failures then restart cold. */
+void rk_set_warm_allowed(bool allowed);
+
 /* ---- arenas ------------------------------------------------------------- */
 
 /* Open (warm restart: reattach) the arena called name, reserving max_bytes

@@ -111,6 +111,9 @@ static void manifest_sync_arenas(void)
 	m->next_arena_addr = rk_g.next_arena_addr;
 	atomic_signal_fence(memory_order_seq_cst);
 	rk_g.manifest_busy = 0;
+	rk_control_name_arenas();
+	if (rk_g.initialized)
+		rk_sup_send_fds(); /* the supervisor holds the new set from now on */
 }
 
 void rk_manifest_sync(void)
@@ -161,27 +164,18 @@ static int fd_is_rekindle_memfd(int fd, const char *prefix)
 	return strncmp(target, prefix, strlen(prefix)) == 0;
 }
 
-/* Maps the previous incarnation's manifest read-only, if one was handed on. */
-static const struct rk_manifest *manifest_inherit(uint64_t *size, char *why, size_t wl)
+/* Maps a manifest memfd (a private copy: writes stay ours) and checks it;
+ * closes fd. */
+static struct rk_manifest *manifest_map(int fd, uint64_t *size, char *why, size_t wl)
 {
-	const char *v = getenv("REKINDLE_MANIFEST_FD");
-	if (!v)
-		return NULL;
-	char *end;
-	long fd = strtol(v, &end, 10);
-	unsetenv("REKINDLE_MANIFEST_FD"); /* not for the app's own children */
 	struct stat st;
-	if (*end || fd < 0 || fd > INT_MAX || !fd_is_rekindle_memfd((int)fd, "/memfd:rekindle:manifest")) {
-		snprintf(why, wl, "REKINDLE_MANIFEST_FD=%.40s is not a rekindle manifest", v);
-		return MAP_FAILED; /* not ours: leave that fd alone */
-	}
-	if (fstat((int)fd, &st) < 0 || st.st_size < (off_t)sizeof(struct rk_manifest)) {
+	if (fstat(fd, &st) < 0 || st.st_size < (off_t)sizeof(struct rk_manifest)) {
 		snprintf(why, wl, "the manifest is truncated");
-		close((int)fd);
+		close(fd);
 		return MAP_FAILED;
 	}
-	const struct rk_manifest *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, (int)fd, 0);
-	close((int)fd);
+	struct rk_manifest *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+	close(fd);
 	if (m == MAP_FAILED) {
 		snprintf(why, wl, "cannot map the manifest: %s", strerror(errno));
 		return MAP_FAILED;
@@ -195,6 +189,109 @@ static const struct rk_manifest *manifest_inherit(uint64_t *size, char *why, siz
 		return MAP_FAILED;
 	}
 	return m;
+}
+
+/* Maps the previous incarnation's manifest, if an in-place restart handed
+ * one on. */
+static const struct rk_manifest *manifest_inherit(uint64_t *size, char *why, size_t wl)
+{
+	const char *v = getenv("REKINDLE_MANIFEST_FD");
+	if (!v)
+		return NULL;
+	char *end;
+	long fd = strtol(v, &end, 10);
+	unsetenv("REKINDLE_MANIFEST_FD"); /* not for the app's own children */
+	if (*end || fd < 0 || fd > INT_MAX || !fd_is_rekindle_memfd((int)fd, "/memfd:rekindle:manifest")) {
+		snprintf(why, wl, "REKINDLE_MANIFEST_FD=%.40s is not a rekindle manifest", v);
+		return MAP_FAILED; /* not ours: leave that fd alone */
+	}
+	return manifest_map((int)fd, size, why, wl);
+}
+
+/* Takes the handed-over fd whose memfd is called exactly "rekindle:<name>". */
+static int take_fd_named(struct rk_inherit *inh, bool *used, const char *name)
+{
+	char want[96], link[64], target[128];
+	size_t wn = (size_t)snprintf(want, sizeof want, "/memfd:rekindle:%s", name);
+	for (unsigned i = 1; i < inh->nfds; i++) {
+		if (used[i])
+			continue;
+		snprintf(link, sizeof link, "/proc/self/fd/%d", inh->fds[i]);
+		ssize_t n = readlink(link, target, sizeof target - 1);
+		if (n < (ssize_t)wn)
+			continue;
+		target[n] = 0;
+		if (strncmp(target, want, wn) == 0 && (target[wn] == 0 || target[wn] == ' ')) {
+			used[i] = true;
+			return inh->fds[i];
+		}
+	}
+	return -1;
+}
+
+/* The supervisor respawned us after a death and vouches for warm: take the
+ * dead incarnation's manifest and point its entries at the fds the
+ * supervisor handed over, matched by memfd name.  The rest of the warm path
+ * (mapping, header checks) is the same as after an in-place restart. */
+static const struct rk_manifest *manifest_from_supervisor(struct rk_inherit *inh, uint64_t *size, char *why,
+							  size_t wl)
+{
+	bool used[1 + 2 * RK_MAX_ARENAS] = {true};
+	struct rk_manifest *m = MAP_FAILED;
+	bool matched = false;
+	if (!fd_is_rekindle_memfd(inh->fds[0], "/memfd:rekindle:manifest"))
+		snprintf(why, wl, "the supervisor handed over a manifest fd that is not a rekindle manifest");
+	else
+		m = manifest_map(inh->fds[0], size, why, wl);
+	if (m != MAP_FAILED) {
+		matched = true;
+		for (unsigned i = 0; i < m->narenas && matched; i++)
+			matched = (m->arenas[i].fd = take_fd_named(inh, used, m->arenas[i].name)) >= 0;
+		for (unsigned i = 0; i < m->nranges && matched; i++) {
+			char name[48];
+			snprintf(name, sizeof name, "range:%llx", (unsigned long long)m->ranges[i].addr);
+			matched = (m->ranges[i].fd = take_fd_named(inh, used, name)) >= 0;
+		}
+		if (!matched)
+			snprintf(why, wl, "the fds the supervisor handed over do not match the manifest's arenas");
+	}
+	for (unsigned i = 1; i < inh->nfds; i++)
+		if (!used[i] || !matched)
+			close(inh->fds[i]);
+	if (!matched) {
+		if (m != MAP_FAILED)
+			munmap(m, *size);
+		return MAP_FAILED;
+	}
+	m->next_mode = RK_NEXT_WARM;
+	m->generation = inh->generation ? inh->generation - 1 : 0;
+	m->signal = inh->signal;
+	m->fault_addr = 0;
+	m->t_restart_ns = inh->t_detect_ns;
+	m->holder_pid = 0; /* the dead one's helper is the supervisor's to reap */
+	m->statics_saved = 0; /* no handler ran to save them */
+	rk_strlcpy(m->reason, inh->reason, sizeof m->reason);
+	rk_strlcpy(m->decision, inh->decision, sizeof m->decision);
+	return m;
+}
+
+/* Under a supervisor, a process not started by an in-place restart asks the
+ * supervisor what it inherits.  Returns a manifest (warm), NULL (fresh or
+ * cold: rk_g.info is filled in) or MAP_FAILED (why says it). */
+static const struct rk_manifest *inherit_from_supervisor(uint64_t *size, char *why, size_t wl)
+{
+	struct rk_inherit inh;
+	if (rk_sup_attach(&inh, why, wl) < 0)
+		return MAP_FAILED;
+	if (inh.mode == 0)
+		return NULL;
+	rk_g.info.kind = RK_START_COLD;
+	rk_g.info.generation = inh.generation;
+	rk_g.info.signal = inh.signal;
+	rk_g.t_restart_ns = inh.t_detect_ns;
+	rk_strlcpy(rk_g.info.reason, inh.reason, sizeof rk_g.info.reason);
+	rk_strlcpy(rk_g.info.decision, inh.decision, sizeof rk_g.info.decision);
+	return inh.mode == 1 ? manifest_from_supervisor(&inh, size, why, wl) : NULL;
 }
 
 /* ---- reattaching inherited state ----------------------------------------- */
@@ -345,11 +442,18 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 	rk_g.max_fast_failures = opts && opts->max_fast_failures ? opts->max_fast_failures : 5;
 	uint64_t base = opts && opts->arena_base ? opts->arena_base : env_u64("REKINDLE_ARENA_BASE", DEFAULT_ARENA_BASE);
 
+	int r = rk_control_open();
+	if (r < 0)
+		return r;
+	(void)rk_sup_open();
 	uint64_t msize = 0;
 	const struct rk_manifest *old = manifest_inherit(&msize, why, sizeof why);
+	if (!old && rk_sup_active())
+		old = inherit_from_supervisor(&msize, why, sizeof why);
 	if (old == MAP_FAILED) {
 		rk_g.info.kind = RK_START_COLD;
-		rk_strlcpy(rk_g.info.reason, "unknown: no valid manifest", sizeof rk_g.info.reason);
+		if (!rk_g.info.reason[0])
+			rk_strlcpy(rk_g.info.reason, "unknown: no valid manifest", sizeof rk_g.info.reason);
 		rk_strlcpy(rk_g.info.decision, why, sizeof rk_g.info.decision);
 		old = NULL;
 	} else if (old) {
@@ -403,7 +507,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 			return -e;
 		}
 	}
-	int r = manifest_create(old);
+	r = manifest_create(old);
 	if (old)
 		munmap((void *)old, msize);
 	if (r == 0)
@@ -419,7 +523,12 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		(void)rk_prefault(true);
 	if (rk_g.info.kind != RK_START_FRESH && rk_g.t_restart_ns)
 		rk_g.info.restart_ns = rk_now_ns() - rk_g.t_restart_ns;
+	rk_control_begin(rk_g.info.generation, rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);
+	atomic_store(&rk_ctl->preserved_bytes, rk_g.info.preserved_bytes);
+	rk_control_name_arenas();
 	log_start();
+	rk_sup_hello();
+	rk_sup_send_fds();
 	return 0;
 }
 
@@ -575,6 +684,7 @@ int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
 		total.bytes_kept += st.bytes_kept;
 	}
 	rk_g.recovery = false;
+	rk_control_set_state(RK_CTL_RUNNING);
 	if (stats)
 		*stats = total;
 	struct rk_ev e;

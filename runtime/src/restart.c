@@ -20,6 +20,8 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <linux/futex.h>
+#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -27,7 +29,8 @@ extern char **environ;
 
 static char **exec_argv, **exec_envp;
 static char exe_path[PATH_MAX] = "/proc/self/exe";
-static char manifest_env[48];
+static char manifest_env[48], sup_env[48], ctl_env[48];
+static int restart_signal; /* $REKINDLE_RESTART_SIGNAL: the supervisor asks for a restart */
 static _Atomic int restarting;
 static bool sync_teardown; /* $REKINDLE_SYNC_TEARDOWN=1: no helper (for measurements) */
 static unsigned listen_fds;  /* $LISTEN_FDS at init: fds 3.. kept (socket activation) */
@@ -85,7 +88,7 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 {
 	(void)argc;
 	exec_argv = copy_vector(argv, 0, NULL);
-	exec_envp = copy_vector(environ, 1, "REKINDLE_MANIFEST_FD=");
+	exec_envp = copy_vector(environ, 3, "REKINDLE_MANIFEST_FD=");
 	if (!exec_argv || !exec_envp)
 		return -ENOMEM;
 	char *p = manifest_env;
@@ -94,7 +97,23 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 	size_t n = 0;
 	while (exec_envp[n])
 		n++;
-	exec_envp[n] = manifest_env;
+	exec_envp[n++] = manifest_env;
+	/* rk_init took these out of the app's environment (its children must
+	 * not see them); our own next image needs them back. */
+	if (rk_sup_active()) {
+		rk_strlcpy(sup_env, "REKINDLE_SUPERVISOR_FD=", sizeof sup_env);
+		rk_fmt_u64(sup_env + strlen(sup_env), (uint64_t)rk_sup_fd());
+		exec_envp[n++] = sup_env;
+	}
+	if (rk_control_shared()) {
+		rk_strlcpy(ctl_env, "REKINDLE_CONTROL_FD=", sizeof ctl_env);
+		rk_fmt_u64(ctl_env + strlen(ctl_env), (uint64_t)rk_control_fd());
+		exec_envp[n++] = ctl_env;
+	}
+	const char *rs = getenv("REKINDLE_RESTART_SIGNAL");
+	restart_signal = rs ? (int)strtol(rs, NULL, 10) : 0;
+	if (restart_signal < SIGRTMIN || restart_signal > SIGRTMAX)
+		restart_signal = 0;
 	/* /proc/self/exe runs the very binary we are, even if it was replaced on
 	 * disk since; the resolved path is only a fallback if /proc is missing. */
 	ssize_t l = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
@@ -111,15 +130,19 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 
 static int holder_pipe[2];
 static char holder_stack[16384] __attribute__((aligned(64)));
+static _Atomic uint32_t holder_fds_closed; /* futex word, shared through CLONE_VM */
 
 static int holder_main(void *arg)
 {
 	(void)arg;
 	int rd = holder_pipe[0];
-	/* Hold no fd of the app (a listening socket would stay bound). */
+	/* Hold no fd of the app (a listening socket would stay bound), and say
+	 * so before the exec: the next incarnation may bind at once. */
 	if (rd > 0)
 		syscall(SYS_close_range, 0u, (unsigned)rd - 1, 0u);
 	syscall(SYS_close_range, (unsigned)rd + 1, ~0u, 0u);
+	atomic_store(&holder_fds_closed, 1);
+	syscall(SYS_futex, &holder_fds_closed, FUTEX_WAKE, 1, NULL, NULL, 0);
 	char c;
 	while (syscall(SYS_read, rd, &c, 1) < 0)
 		;
@@ -142,12 +165,18 @@ static int spawn_teardown_holder(void)
 	rk_g.manifest->holder_pid = 0;
 	if (sync_teardown || pipe2(holder_pipe, O_CLOEXEC) < 0)
 		return -1;
+	atomic_store(&holder_fds_closed, 0);
 	pid_t child = clone(holder_main, holder_stack + sizeof holder_stack, CLONE_VM, NULL);
 	close(holder_pipe[0]);
 	if (child < 0) {
 		close(holder_pipe[1]);
 		return -1;
 	}
+	/* Bounded: a helper that never runs only costs the guarantee above. */
+	struct timespec limit = {0, 20 * 1000 * 1000};
+	while (!atomic_load(&holder_fds_closed) &&
+	       (syscall(SYS_futex, &holder_fds_closed, FUTEX_WAIT, 0, &limit, NULL, 0) == 0 || errno != ETIMEDOUT))
+		;
 	rk_g.manifest->holder_pid = child;
 	return holder_pipe[1];
 }
@@ -177,6 +206,10 @@ static void hand_over_fds(bool warm, bool on)
 	if (on)
 		close_transient_fds_at_exec();
 	set_cloexec(rk_g.manifest_fd, !on);
+	if (rk_sup_fd() >= 0)
+		set_cloexec(rk_sup_fd(), !on);
+	if (rk_control_fd() >= 0)
+		set_cloexec(rk_control_fd(), !on);
 	if (!warm)
 		return;
 	for (unsigned i = 0; i < rk_g.narenas; i++)
@@ -243,12 +276,21 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 	} else if (rk_g.manifest_busy) {
 		warm = false;
 		sb_cat(decision, sizeof decision, "failure while the arena list was being updated");
+	} else if (rk_ctl && (atomic_load(&rk_ctl->flags) & RK_CTL_WARM_DISABLED)) {
+		warm = false;
+		sb_cat(decision, sizeof decision, "warm restarts disabled by the app");
 	} else {
 		sb_cat(decision, sizeof decision, "all checks passed");
 	}
 
-	if (warm)
+	if (warm) {
+		/* Let other threads finish what they are changing, then look. */
+		rk_unsafe_freeze(50ull * 1000 * 1000);
 		(void)rk_allocator_freeze(50ull * 1000 * 1000); /* a lock still held: next rk_init refuses */
+		if (rk_unsafe_open(decision, sizeof decision))
+			warm = false;
+	}
+	rk_control_set_state(RK_CTL_RESTARTING);
 	m->next_mode = warm ? RK_NEXT_WARM : RK_NEXT_COLD;
 	m->signal = sig;
 	m->si_code = si ? si->si_code : 0;
@@ -277,6 +319,7 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 	rk_ev_u64(&e, "uptime_ms", age_ms);
 	rk_ev_end(&e);
 
+	rk_sup_restarting(warm, sig, t0, m->fault_addr, reason, decision);
 	rk_reap_teardown_holder();
 	int holder_wr = spawn_teardown_holder();
 	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
@@ -287,6 +330,8 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 		execve("/proc/self/exe", exec_argv, exec_envp);
 	hand_over_fds(warm, false);
 	rk_allocator_thaw();
+	rk_unsafe_thaw();
+	rk_control_set_state(rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);
 	if (holder_wr >= 0) {
 		close(holder_wr); /* the helper exits; reap it later */
 		rk_g.holder_pid = m->holder_pid;
@@ -332,6 +377,40 @@ static void on_fatal_signal(int sig, siginfo_t *si, void *uc)
 	/* a faulting instruction faults again on return, now fatally */
 }
 
+/* The supervisor asks for a restart it could not wait for at a heartbeat
+ * (the app does not beat, or hangs): act on the request now, from wherever
+ * the app was, with the same checks as after a fault. */
+static void on_restart_signal(int sig, siginfo_t *si, void *uc)
+{
+	(void)si;
+	(void)uc;
+	int saved = errno;
+	char reason[128];
+	enum rk_request_mode m = rk_control_take_request(reason, sizeof reason);
+	if (m == RK_REQ_NONE) {
+		rk_strlcpy(reason, "supervisor: restart signal ", sizeof reason);
+		sb_cat(reason, sizeof reason, rk_signame(sig));
+	}
+	(void)do_restart(m != RK_REQ_COLD, reason, 0, NULL, NULL);
+	errno = saved; /* restart impossible: carry on */
+}
+
+static int restart_signal_install(void)
+{
+	if (!restart_signal)
+		return 0;
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_sigaction = on_restart_signal;
+	sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+	sigemptyset(&sa.sa_mask);
+	sigset_t s;
+	sigemptyset(&s);
+	sigaddset(&s, restart_signal);
+	sigprocmask(SIG_UNBLOCK, &s, NULL);
+	return sigaction(restart_signal, &sa, NULL) < 0 ? -errno : 0;
+}
+
 int rk_signals_install(void)
 {
 	const size_t altsz = 64 * 1024;
@@ -356,5 +435,5 @@ int rk_signals_install(void)
 	for (size_t i = 0; i < sizeof fatal_signals / sizeof fatal_signals[0]; i++)
 		if (sigaction(fatal_signals[i], &sa, NULL) < 0)
 			return -errno;
-	return 0;
+	return restart_signal_install();
 }

@@ -252,6 +252,82 @@ struct rk_range { int fd; uint64_t addr, len; };
 extern struct rk_range rk_ranges[RK_MAX_RANGES] RK_HIDDEN;
 extern unsigned rk_nranges RK_HIDDEN;
 
+/* ---- control.c: the control block (docs/supervisor-protocol.md) ----------
+ * Heartbeat, state, unsafe-region counters and restart requests, in memory
+ * the supervisor maps too, so it can read them after the process is gone.
+ * Without a supervisor the block is private memory with the same layout. */
+#define RK_CONTROL_MAGIC 0x314c5254434b5200ull /* "\0RKCTRL1" */
+#define RK_CONTROL_VERSION 1u
+#define RK_CONTROL_SIZE 65536u
+#define RK_CONTROL_SLOTS 256u
+#define RK_CONTROL_NAME 48u
+
+enum rk_ctl_state { RK_CTL_NONE, RK_CTL_RUNNING, RK_CTL_RECOVERING, RK_CTL_READY, RK_CTL_RESTARTING };
+#define RK_CTL_WARM_DISABLED 0x1u
+enum rk_request_mode { RK_REQ_NONE = 0, RK_REQ_WARM = 1, RK_REQ_COLD = 2 };
+
+struct rk_ctl_slot {
+	_Atomic uint32_t tid; /* owner thread, 0 = free */
+	_Atomic uint16_t depth[RK_MAX_ARENAS]; /* open unsafe regions per arena index */
+	uint8_t reserved[28];
+} __attribute__((aligned(64)));
+
+struct rk_control {
+	uint64_t magic;
+	uint32_t version, size;
+	_Atomic uint32_t pid, generation, state, flags;
+	_Atomic uint64_t heartbeat_count, heartbeat_ns, preserved_bytes;
+	_Atomic uint32_t request_mode;
+	uint32_t reserved0;
+	char request_reason[128];
+	uint32_t nslots, slot_size, narenas;
+	uint8_t reserved1[52];
+	struct rk_ctl_slot slots[RK_CONTROL_SLOTS];
+	char arena_names[RK_MAX_ARENAS][RK_CONTROL_NAME];
+};
+
+extern struct rk_control *rk_ctl RK_HIDDEN;
+/* Maps the supervisor's block ($REKINDLE_CONTROL_FD) or a private one. */
+int rk_control_open(void) RK_HIDDEN;
+bool rk_control_shared(void) RK_HIDDEN;
+int rk_control_fd(void) RK_HIDDEN;
+/* A new incarnation: resets the per-incarnation fields. */
+void rk_control_begin(unsigned generation, enum rk_ctl_state state) RK_HIDDEN;
+void rk_control_set_state(enum rk_ctl_state state) RK_HIDDEN;
+void rk_control_name_arenas(void) RK_HIDDEN;
+/* Async-signal-safe.  Stops new unsafe regions and waits up to timeout for
+ * other threads' open ones to close. */
+void rk_unsafe_freeze(uint64_t timeout_ns) RK_HIDDEN;
+void rk_unsafe_thaw(void) RK_HIDDEN;
+/* Async-signal-safe.  Returns true and describes the first open region. */
+bool rk_unsafe_open(char *why, size_t cap) RK_HIDDEN;
+void rk_unsafe_forget_thread(void) RK_HIDDEN; /* in a forked child */
+/* Takes the pending restart request, if any (async-signal-safe). */
+enum rk_request_mode rk_control_take_request(char *reason, size_t cap) RK_HIDDEN;
+
+/* ---- supervisor_link.c: messages to and from `rekindle run` ---- */
+struct rk_inherit {
+	uint32_t mode; /* 0 fresh, 1 warm, 2 cold */
+	uint32_t generation;
+	int32_t signal;
+	uint64_t t_detect_ns;
+	char reason[128];
+	char decision[160];
+	int fds[1 + 2 * RK_MAX_ARENAS]; /* with mode 1: manifest first */
+	unsigned nfds;
+};
+bool rk_sup_active(void) RK_HIDDEN;
+int rk_sup_fd(void) RK_HIDDEN;
+int rk_sup_open(void) RK_HIDDEN;
+/* ATTACH, then waits for INHERIT. */
+int rk_sup_attach(struct rk_inherit *inh, char *why, size_t wl) RK_HIDDEN;
+void rk_sup_hello(void) RK_HIDDEN;
+void rk_sup_send_fds(void) RK_HIDDEN;
+void rk_sup_ready(void) RK_HIDDEN;
+/* Async-signal-safe, non-blocking. */
+void rk_sup_restarting(bool warm, int sig, uint64_t t_ns, uint64_t fault_addr, const char *reason,
+		       const char *decision) RK_HIDDEN;
+
 /* ---- log.c: async-signal-safe JSON event lines ---- */
 struct rk_ev {
 	char buf[1024];

@@ -1,0 +1,346 @@
+/* control.c - the control block: heartbeat, state, restart requests and
+ * unsafe-region counters, in memory the supervisor can read even after the
+ * process is gone (docs/supervisor-protocol.md has the layout).  Without a
+ * supervisor the same block is private memory, so the fault handler's
+ * checks are the same either way.
+ *
+ * Unsafe regions: each thread owns one 64-byte slot and is its only writer,
+ * so rk_unsafe_begin is one locked add on a line no other thread writes, and
+ * rk_unsafe_end a plain store.  The add is a full barrier: it pairs with the
+ * restart's freeze (flag, then look at the counters), Dekker-style, so no
+ * region can open unseen while a restart decides. */
+#include "rk_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+_Static_assert(offsetof(struct rk_control, request_reason) == 64, "protocol layout");
+_Static_assert(offsetof(struct rk_control, nslots) == 192, "protocol layout");
+_Static_assert(offsetof(struct rk_control, slots) == 256, "protocol layout");
+_Static_assert(offsetof(struct rk_control, arena_names) == 16640, "protocol layout");
+_Static_assert(sizeof(struct rk_ctl_slot) == 64, "protocol layout");
+_Static_assert(sizeof(struct rk_control) <= RK_CONTROL_SIZE, "protocol layout");
+
+struct rk_control *rk_ctl;
+static int ctl_fd = -1;
+static _Atomic int unsafe_freezing;
+static __thread struct rk_ctl_slot *tls_slot;
+static pthread_key_t slot_key;
+static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
+/* the last slot is shared by threads that found no free one */
+#define OVERFLOW_SLOT (RK_CONTROL_SLOTS - 1)
+#define OVERFLOW_TID 0xffffffffu
+
+static void warn(const char *what, const char *detail)
+{
+	struct rk_ev e;
+	rk_ev_begin(&e, "warning");
+	rk_ev_str(&e, "what", what);
+	if (detail)
+		rk_ev_str(&e, "detail", detail);
+	rk_ev_end(&e);
+}
+
+static struct rk_control *map_shared_block(const char *v)
+{
+	char *end;
+	long fd = strtol(v, &end, 10);
+	struct stat st;
+	if (*end || fd < 3 || fd > INT_MAX) {
+		warn("ignoring malformed REKINDLE_CONTROL_FD", v);
+		return NULL;
+	}
+	char link[64], target[64];
+	snprintf(link, sizeof link, "/proc/self/fd/%ld", fd);
+	ssize_t n = readlink(link, target, sizeof target - 1);
+	target[n > 0 ? n : 0] = 0;
+	if (strncmp(target, "/memfd:rekindle:control", 23) != 0 || fstat((int)fd, &st) < 0 ||
+	    st.st_size < (off_t)RK_CONTROL_SIZE) {
+		warn("REKINDLE_CONTROL_FD is not a rekindle control block; running unsupervised", v);
+		return NULL;
+	}
+	struct rk_control *c = mmap(NULL, RK_CONTROL_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+	if (c == MAP_FAILED) {
+		warn("cannot map the control block; running unsupervised", strerror(errno));
+		return NULL;
+	}
+	if (c->magic != RK_CONTROL_MAGIC || c->version != RK_CONTROL_VERSION || c->size != RK_CONTROL_SIZE ||
+	    c->nslots != RK_CONTROL_SLOTS || c->slot_size != sizeof(struct rk_ctl_slot)) {
+		munmap(c, RK_CONTROL_SIZE);
+		warn("control block has a foreign magic, version or layout; running unsupervised", v);
+		return NULL;
+	}
+	/* ours to keep across in-place restarts, not for the app's children */
+	(void)fcntl((int)fd, F_SETFD, FD_CLOEXEC);
+	ctl_fd = (int)fd;
+	return c;
+}
+
+int rk_control_open(void)
+{
+	(void)pthread_atfork(NULL, NULL, rk_unsafe_forget_thread);
+	const char *v = getenv("REKINDLE_CONTROL_FD");
+	rk_ctl = v ? map_shared_block(v) : NULL;
+	unsetenv("REKINDLE_CONTROL_FD"); /* restart.c re-adds it from its copy */
+	if (rk_ctl)
+		return 0;
+	struct rk_control *c = mmap(NULL, RK_CONTROL_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (c == MAP_FAILED)
+		return -errno;
+	c->magic = RK_CONTROL_MAGIC;
+	c->version = RK_CONTROL_VERSION;
+	c->size = RK_CONTROL_SIZE;
+	c->nslots = RK_CONTROL_SLOTS;
+	c->slot_size = sizeof(struct rk_ctl_slot);
+	rk_ctl = c;
+	return 0;
+}
+
+bool rk_control_shared(void)
+{
+	return ctl_fd >= 0;
+}
+
+int rk_control_fd(void)
+{
+	return ctl_fd;
+}
+
+void rk_control_begin(unsigned generation, enum rk_ctl_state state)
+{
+	struct rk_control *c = rk_ctl;
+	for (unsigned i = 0; i < RK_CONTROL_SLOTS; i++) {
+		atomic_store(&c->slots[i].tid, 0);
+		for (unsigned k = 0; k < RK_MAX_ARENAS; k++)
+			atomic_store(&c->slots[i].depth[k], 0);
+	}
+	atomic_store(&c->slots[OVERFLOW_SLOT].tid, OVERFLOW_TID);
+	atomic_store(&c->heartbeat_ns, 0);
+	atomic_store(&c->heartbeat_count, 0);
+	atomic_store(&c->request_mode, RK_REQ_NONE);
+	atomic_store(&c->flags, 0);
+	atomic_store(&c->generation, generation);
+	atomic_store(&c->pid, (uint32_t)getpid());
+	atomic_store(&c->state, state);
+}
+
+void rk_control_set_state(enum rk_ctl_state state)
+{
+	if (rk_ctl)
+		atomic_store(&rk_ctl->state, state);
+}
+
+void rk_control_name_arenas(void)
+{
+	struct rk_control *c = rk_ctl;
+	if (!c)
+		return;
+	for (unsigned i = 0; i < rk_g.narenas; i++)
+		rk_strlcpy(c->arena_names[i], rk_g.arenas[i].hdr ? rk_g.arenas[i].name : "", RK_CONTROL_NAME);
+	c->narenas = rk_g.narenas;
+}
+
+/* ---- public: heartbeat, readiness, policy -------------------------------- */
+
+void rk_heartbeat(void)
+{
+	struct rk_control *c = rk_ctl;
+	if (!c)
+		return;
+	atomic_store_explicit(&c->heartbeat_ns, rk_now_ns(), memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->heartbeat_count, 1, memory_order_relaxed);
+	if (RK_LIKELY(atomic_load_explicit(&c->request_mode, memory_order_relaxed) == RK_REQ_NONE))
+		return;
+	/* A restart the supervisor asked for, taken here at the app's safe point. */
+	char reason[128];
+	enum rk_request_mode m = rk_control_take_request(reason, sizeof reason);
+	if (m == RK_REQ_COLD)
+		(void)rk_restart_cold(reason);
+	else if (m == RK_REQ_WARM)
+		(void)rk_restart(reason);
+}
+
+int rk_ready(void)
+{
+	if (!rk_g.initialized)
+		return -EPERM;
+	rk_control_set_state(RK_CTL_READY);
+	rk_sup_ready();
+	return 0;
+}
+
+void rk_set_warm_allowed(bool allowed)
+{
+	if (!rk_ctl)
+		return;
+	if (allowed)
+		atomic_fetch_and(&rk_ctl->flags, ~RK_CTL_WARM_DISABLED);
+	else
+		atomic_fetch_or(&rk_ctl->flags, RK_CTL_WARM_DISABLED);
+}
+
+bool rk_is_supervised(void)
+{
+	return rk_sup_active();
+}
+
+enum rk_request_mode rk_control_take_request(char *reason, size_t cap)
+{
+	struct rk_control *c = rk_ctl;
+	if (!c)
+		return RK_REQ_NONE;
+	uint32_t m = atomic_exchange(&c->request_mode, RK_REQ_NONE);
+	if (m != RK_REQ_WARM && m != RK_REQ_COLD)
+		return RK_REQ_NONE;
+	/* the supervisor wrote the reason before the mode; copy it NUL-bounded */
+	size_t n = 0;
+	while (n + 1 < cap && n < sizeof c->request_reason - 1 && c->request_reason[n]) {
+		reason[n] = c->request_reason[n];
+		n++;
+	}
+	reason[n] = 0;
+	if (n == 0)
+		rk_strlcpy(reason, "supervisor request", cap);
+	return (enum rk_request_mode)m;
+}
+
+/* ---- unsafe regions --------------------------------------------------------- */
+
+static void slot_release(void *slot)
+{
+	struct rk_ctl_slot *s = slot;
+	if (s && s != &rk_ctl->slots[OVERFLOW_SLOT])
+		atomic_store_explicit(&s->tid, 0, memory_order_release);
+}
+
+static void slot_key_create(void)
+{
+	(void)pthread_key_create(&slot_key, slot_release);
+}
+
+static struct rk_ctl_slot *slot_claim(void)
+{
+	uint32_t me = rk_gettid();
+	for (unsigned i = 0; i < OVERFLOW_SLOT; i++) {
+		uint32_t expect = 0;
+		struct rk_ctl_slot *s = &rk_ctl->slots[i];
+		if (atomic_load_explicit(&s->tid, memory_order_relaxed) == 0 &&
+		    atomic_compare_exchange_strong(&s->tid, &expect, me)) {
+			pthread_once(&slot_key_once, slot_key_create);
+			(void)pthread_setspecific(slot_key, s);
+			return s;
+		}
+	}
+	return &rk_ctl->slots[OVERFLOW_SLOT];
+}
+
+static _Noreturn void park_for_restart(void)
+{
+	for (;;)
+		pause(); /* the restart's exec ends this thread */
+}
+
+void rk_unsafe_begin(rk_arena *arena)
+{
+	if (RK_UNLIKELY(!arena || !rk_ctl))
+		return;
+	struct rk_ctl_slot *s = tls_slot;
+	if (RK_UNLIKELY(!s))
+		s = tls_slot = slot_claim();
+	atomic_fetch_add(&s->depth[arena->index], 1); /* full barrier, then look */
+	if (RK_UNLIKELY(atomic_load_explicit(&unsafe_freezing, memory_order_relaxed))) {
+		atomic_fetch_sub(&s->depth[arena->index], 1);
+		park_for_restart();
+	}
+}
+
+void rk_unsafe_end(rk_arena *arena)
+{
+	if (RK_UNLIKELY(!arena || !rk_ctl || !tls_slot))
+		return;
+	_Atomic uint16_t *d = &tls_slot->depth[arena->index];
+	uint16_t v = atomic_load_explicit(d, memory_order_relaxed);
+	if (RK_UNLIKELY(v == 0))
+		return; /* unbalanced end: ignore rather than wrap */
+	if (RK_UNLIKELY(tls_slot == &rk_ctl->slots[OVERFLOW_SLOT]))
+		atomic_fetch_sub(d, 1);
+	else
+		atomic_store_explicit(d, (uint16_t)(v - 1), memory_order_release);
+}
+
+/* A forked child has its own tid; it must not write its parent's slot. */
+void rk_unsafe_forget_thread(void)
+{
+	tls_slot = NULL;
+}
+
+static bool slot_open_other(const struct rk_ctl_slot *s, uint32_t me)
+{
+	uint32_t tid = atomic_load(&s->tid);
+	if (tid == 0 || tid == me)
+		return false;
+	for (unsigned k = 0; k < RK_MAX_ARENAS; k++)
+		if (atomic_load(&s->depth[k]))
+			return true;
+	return false;
+}
+
+void rk_unsafe_freeze(uint64_t timeout_ns)
+{
+	if (!rk_ctl)
+		return;
+	atomic_store(&unsafe_freezing, 1); /* then look at the counters */
+	uint32_t me = rk_gettid();
+	uint64_t t0 = rk_now_ns();
+	for (;;) {
+		bool busy = false;
+		for (unsigned i = 0; i < RK_CONTROL_SLOTS && !busy; i++)
+			busy = slot_open_other(&rk_ctl->slots[i], me);
+		if (!busy || rk_now_ns() - t0 >= timeout_ns)
+			return;
+		sched_yield();
+	}
+}
+
+void rk_unsafe_thaw(void)
+{
+	atomic_store(&unsafe_freezing, 0);
+}
+
+bool rk_unsafe_open(char *why, size_t cap)
+{
+	if (!rk_ctl)
+		return false;
+	for (unsigned i = 0; i < RK_CONTROL_SLOTS; i++) {
+		const struct rk_ctl_slot *s = &rk_ctl->slots[i];
+		uint32_t tid = atomic_load(&s->tid);
+		if (!tid)
+			continue;
+		for (unsigned k = 0; k < RK_MAX_ARENAS; k++) {
+			if (!atomic_load(&s->depth[k]))
+				continue;
+			char num[24];
+			rk_strlcpy(why, "unsafe region open in arena ", cap);
+			size_t n = strlen(why);
+			rk_strlcpy(why + n, k < rk_g.narenas ? rk_g.arenas[k].name : "?", cap - n);
+			n = strlen(why);
+			rk_strlcpy(why + n, " (tid ", cap - n);
+			rk_fmt_u64(num, tid == OVERFLOW_TID ? 0 : tid);
+			n = strlen(why);
+			rk_strlcpy(why + n, num, cap - n);
+			n = strlen(why);
+			rk_strlcpy(why + n, ")", cap - n);
+			return true;
+		}
+	}
+	return false;
+}
