@@ -518,6 +518,8 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		return r;
 	rk_g.initialized = true;
 	rk_reap_teardown_holder();
+	if (rk_sup_active())
+		rk_teardown_holder_stand();
 	rk_g.info.preserved_bytes = preserved_bytes();
 	if (rk_g.info.kind == RK_START_WARM && (rk_g.flags & RK_OPT_PREFAULT))
 		(void)rk_prefault(true);

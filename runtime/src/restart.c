@@ -7,7 +7,9 @@
  * execve a helper process shares our mm (CLONE_VM), so exec only drops a
  * reference; the helper exits when our exec closes its pipe, and the kernel
  * unmaps the old pages in the helper's context, in parallel with our new
- * main().  The next incarnation reaps it (rk_reap_teardown_holder). */
+ * main().  The next incarnation reaps it (rk_reap_teardown_holder).  Under
+ * a supervisor the helper is cloned at rk_init and stands for the whole
+ * incarnation, so that a SIGKILL is also reported without the teardown. */
 #include "rk_internal.h"
 
 #include <errno.h>
@@ -158,11 +160,23 @@ void rk_reap_teardown_holder(void)
 		rk_g.holder_pid = 0;
 }
 
+/* Under a supervisor the helper lives as long as the incarnation: a death
+ * that runs no handler (SIGKILL, the OOM killer) then only drops a reference
+ * to the mm too, so the supervisor hears of it without waiting for the
+ * teardown.  The write end stays with us (O_CLOEXEC): the helper exits when
+ * we exec or die, and the restart path needs no clone. */
+static int standing_holder_wr = -1;
+static pid_t standing_holder_pid;
+
 /* Returns the write end of the pipe to close at exec, or -1 (then the exec
  * tears the old address space down itself, only slower). */
 static int spawn_teardown_holder(void)
 {
 	rk_g.manifest->holder_pid = 0;
+	if (standing_holder_wr >= 0) {
+		rk_g.manifest->holder_pid = standing_holder_pid;
+		return standing_holder_wr;
+	}
 	if (sync_teardown || pipe2(holder_pipe, O_CLOEXEC) < 0)
 		return -1;
 	atomic_store(&holder_fds_closed, 0);
@@ -179,6 +193,15 @@ static int spawn_teardown_holder(void)
 		;
 	rk_g.manifest->holder_pid = child;
 	return holder_pipe[1];
+}
+
+void rk_teardown_holder_stand(void)
+{
+	if (standing_holder_wr >= 0 || !rk_g.manifest)
+		return;
+	standing_holder_wr = spawn_teardown_holder();
+	standing_holder_pid = rk_g.manifest->holder_pid;
+	rk_g.manifest->holder_pid = 0;
 }
 
 /* ---- the decision and the exec ---- */
@@ -332,7 +355,7 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 	rk_allocator_thaw();
 	rk_unsafe_thaw();
 	rk_control_set_state(rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);
-	if (holder_wr >= 0) {
+	if (holder_wr >= 0 && holder_wr != standing_holder_wr) {
 		close(holder_wr); /* the helper exits; reap it later */
 		rk_g.holder_pid = m->holder_pid;
 	}

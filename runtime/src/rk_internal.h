@@ -236,6 +236,7 @@ struct rk_state {
 	pid_t holder_pid;           /* teardown helper still to reap */
 };
 void rk_reap_teardown_holder(void) RK_HIDDEN;
+void rk_teardown_holder_stand(void) RK_HIDDEN; /* keep one for the whole incarnation */
 extern struct rk_state rk_g RK_HIDDEN;
 
 uint64_t rk_now_ns(void) RK_HIDDEN;
