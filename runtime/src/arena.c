@@ -86,20 +86,36 @@ static void why_set(char *why, size_t len, const char *arena, const char *what)
 	snprintf(why, len, "arena %s: %s", arena, what);
 }
 
-/* Each tcache chain must hold blocks of its own class, inside the heap. */
+/* True if at is the start of an object slot of class cls in a slab (the
+ * same test the sweep applies to the central lists). */
+static bool is_slab_object(struct rk_arena *a, unsigned cls, uint64_t at)
+{
+	const struct rk_arena_hdr *h = a->hdr;
+	uint64_t first_page = h->heap_offset / RK_PAGE;
+	uint64_t page = (at - h->base) / RK_PAGE, e = a->map[page];
+	if (RK_PG_KIND(e) == RK_PG_CONT) {
+		if (RK_PG_N(e) > page - first_page)
+			return false;
+		page -= RK_PG_N(e);
+		e = a->map[page];
+	}
+	if (RK_PG_KIND(e) != RK_PG_SLAB || RK_PG_CLASS(e) != cls)
+		return false;
+	const struct rk_slab *s = (const struct rk_slab *)((const char *)h + page * RK_PAGE);
+	if (s->magic != RK_SLAB_MAGIC || s->cls != cls || at < s->first)
+		return false;
+	uint64_t off = at - s->first;
+	return off % rk_class_size[cls] == 0 && off / rk_class_size[cls] < s->nobjs;
+}
+
+/* Each tcache chain must hold object starts of its own class, inside the heap. */
 static int tcache_chain_valid(struct rk_arena *a, unsigned cls, const struct rk_free_block *p)
 {
 	const struct rk_arena_hdr *h = a->hdr;
 	uint64_t lo = h->base + h->heap_offset, hi = h->base + h->heap_offset + h->top;
 	for (unsigned n = 0; p; p = p->next, n++) {
 		uint64_t at = (uint64_t)(uintptr_t)p;
-		if (n > 4 * RK_TCACHE_MAX || at < lo || at >= hi || (at & 15))
-			return 0;
-		uint64_t page = (at - h->base) / RK_PAGE;
-		uint64_t e = a->map[page];
-		if (RK_PG_KIND(e) == RK_PG_CONT)
-			e = a->map[page - RK_PG_N(e)];
-		if (RK_PG_KIND(e) != RK_PG_SLAB || RK_PG_CLASS(e) != cls)
+		if (n > 4 * RK_TCACHE_MAX || at < lo || at >= hi || (at & 15) || !is_slab_object(a, cls, at))
 			return 0;
 	}
 	return 1;
