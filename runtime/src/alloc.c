@@ -214,6 +214,45 @@ static uint64_t heap_top_page(struct rk_arena *a)
 	return (a->hdr->heap_offset + a->hdr->top) / RK_PAGE;
 }
 
+static void run_punch(struct rk_arena *a, uint64_t page, uint64_t npages)
+{
+	/* Give the memory back; a failure only costs memory, so it is not fatal. */
+	(void)fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(page * RK_PAGE),
+			(off_t)(npages * RK_PAGE));
+}
+
+/* ---- memory above the heap top (heap_lock held) ----------------------------
+ * When the top falls, the pages above it go back to the kernel, except the
+ * first TOP_SLACK_PAGES: a top that moves up and down by less than that
+ * (large objects allocated and freed at the end of the heap) then costs no
+ * fallocate, no TLB shootdown on the other cores and no page faults.
+ * top_reach[] is a process-private hint that only decides how much memory
+ * goes back: the highest page the top reached since the last punch, above
+ * which the memfd holds no memory.  0 means unknown (a new incarnation: the
+ * previous one may have left memory anywhere below the memfd size). */
+#define TOP_SLACK_PAGES 256 /* 1 MiB, as for free runs */
+static uint64_t top_reach[RK_MAX_ARENAS];
+
+static void top_rose(struct rk_arena *a)
+{
+	uint64_t *reach = &top_reach[a->index];
+	if (*reach && heap_top_page(a) > *reach)
+		*reach = heap_top_page(a);
+}
+
+/* The top just fell to its current page from old_top. */
+static void top_fell(struct rk_arena *a, uint64_t old_top)
+{
+	uint64_t *reach = &top_reach[a->index];
+	uint64_t keep = heap_top_page(a) + TOP_SLACK_PAGES;
+	uint64_t end = *reach ? *reach : a->hdr->committed / RK_PAGE;
+	if (old_top > end)
+		end = old_top;
+	if (end > keep)
+		run_punch(a, keep, end - keep);
+	*reach = keep < end ? keep : end;
+}
+
 /* Returns the first page of a run of npages, or 0 with errno = ENOMEM. */
 static uint64_t run_alloc_locked(struct rk_arena *a, uint64_t npages)
 {
@@ -241,14 +280,8 @@ static uint64_t run_alloc_locked(struct rk_arena *a, uint64_t npages)
 	}
 	uint64_t page = heap_top_page(a);
 	h->top = need;
+	top_rose(a);
 	return page;
-}
-
-static void run_punch(struct rk_arena *a, uint64_t page, uint64_t npages)
-{
-	/* Give the memory back; a failure only costs memory, so it is not fatal. */
-	(void)fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(page * RK_PAGE),
-			(off_t)(npages * RK_PAGE));
 }
 
 void rk_run_free(struct rk_arena *a, uint64_t page, uint64_t npages)
@@ -272,7 +305,7 @@ void rk_run_free(struct rk_arena *a, uint64_t page, uint64_t npages)
 		/* The run ends the heap: lower the top instead of keeping a free run. */
 		a->hdr->top = page * RK_PAGE - a->hdr->heap_offset;
 		*map_entry(a, page) = 0;
-		run_punch(a, page, npages);
+		top_fell(a, page + npages);
 		return;
 	}
 	run_list_insert(a, page, npages);
