@@ -23,6 +23,7 @@ uint32_t rk_class_size[RK_NCLASSES];
 static uint8_t class_of_16[RK_SMALL_MAX / 16 + 1];
 static uint16_t class_slab_pages[RK_NCLASSES];
 static uint16_t class_tc_limit[RK_NCLASSES];
+static uint16_t class_refill[RK_NCLASSES]; /* blocks a cache refill takes */
 
 #define TLS __attribute__((tls_model("initial-exec"))) static __thread
 TLS uint32_t tls_tid;
@@ -58,6 +59,8 @@ __attribute__((constructor)) static void classes_init(void)
 		class_slab_pages[c] = (uint16_t)want;
 		uint32_t lim = RK_TCACHE_MAX_BYTES / rk_class_size[c];
 		class_tc_limit[c] = (uint16_t)(lim > RK_TCACHE_MAX ? RK_TCACHE_MAX : (lim < 2 ? 2 : lim));
+		/* half the cache: a refill must not overflow it at the next free */
+		class_refill[c] = (uint16_t)(class_tc_limit[c] / 2 < RK_TCACHE_BATCH ? class_tc_limit[c] / 2 : RK_TCACHE_BATCH);
 	}
 }
 
@@ -557,7 +560,7 @@ static void *small_alloc_slow(struct rk_arena *a, unsigned cls)
 	}
 	struct rk_tcache_bin *bin = &tc->bins[cls];
 	if (!bin->head) {
-		struct rk_free_block *chain = central_take(a, cls, RK_TCACHE_BATCH, &got);
+		struct rk_free_block *chain = central_take(a, cls, class_refill[cls], &got);
 		if (!chain) {
 			errno = ENOMEM;
 			return NULL;
