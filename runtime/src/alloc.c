@@ -24,6 +24,11 @@ static uint8_t class_of_16[RK_SMALL_MAX / 16 + 1];
 static uint16_t class_slab_pages[RK_NCLASSES];
 static uint16_t class_tc_limit[RK_NCLASSES];
 static uint16_t class_refill[RK_NCLASSES]; /* blocks a cache refill takes */
+/* Slab geometry: the objects of a slab of class c span class_span[c] bytes
+ * after its header; class_recip[c] = ceil(2^40 / size) turns an offset in
+ * that span (< 2^19) into an object index exactly, with no division. */
+static uint32_t class_span[RK_NCLASSES];
+static uint64_t class_recip[RK_NCLASSES];
 
 #define TLS __attribute__((tls_model("initial-exec"))) static __thread
 TLS uint32_t tls_tid;
@@ -57,6 +62,11 @@ __attribute__((constructor)) static void classes_init(void)
 		if (want < RK_SLAB_MIN_PAGES)
 			want = RK_SLAB_MIN_PAGES;
 		class_slab_pages[c] = (uint16_t)want;
+		uint64_t nobjs = (want * RK_PAGE - slab_header_bytes()) / rk_class_size[c];
+		if (nobjs > RK_SLAB_BITMAP_WORDS * 64)
+			nobjs = RK_SLAB_BITMAP_WORDS * 64;
+		class_span[c] = (uint32_t)(nobjs * rk_class_size[c]);
+		class_recip[c] = ((1ull << 40) + rk_class_size[c] - 1) / rk_class_size[c];
 		uint32_t lim = RK_TCACHE_MAX_BYTES / rk_class_size[c];
 		class_tc_limit[c] = (uint16_t)(lim > RK_TCACHE_MAX ? RK_TCACHE_MAX : (lim < 2 ? 2 : lim));
 		/* half the cache: a refill must not overflow it at the next free */
@@ -347,6 +357,26 @@ static int64_t run_of(struct rk_arena *a, const void *p, uint64_t *entry)
 	return (int64_t)page;
 }
 
+/* True if p starts an object of the slab at page (of class cls). */
+static inline bool slab_object_start(struct rk_arena *a, uint64_t page, unsigned cls, const void *p)
+{
+	/* a pointer into the slab header wraps around and fails the span test */
+	uint64_t off = (uint64_t)((const char *)p - (const char *)page_addr(a, page)) - slab_header_bytes();
+	if (off >= class_span[cls])
+		return false;
+	uint64_t idx = (off * class_recip[cls]) >> 40;
+	return idx * rk_class_size[cls] == off;
+}
+
+/* True if p is what rk_alloc returned for the run at page: the start of a
+ * slab object, or the first byte of a large run. */
+static bool object_start(struct rk_arena *a, int64_t page, uint64_t e, const void *p)
+{
+	if (RK_PG_KIND(e) == RK_PG_SLAB)
+		return slab_object_start(a, (uint64_t)page, RK_PG_CLASS(e), p);
+	return p == page_addr(a, (uint64_t)page);
+}
+
 static int mark_in_run(struct rk_arena *a, int64_t page, uint64_t e, const void *p)
 {
 	if (RK_PG_KIND(e) == RK_PG_LARGE) {
@@ -401,9 +431,7 @@ static struct rk_free_block *slab_new(struct rk_arena *a, unsigned cls, struct r
 	struct rk_slab *s = page_addr(a, page);
 	uint32_t size = rk_class_size[cls];
 	uint64_t first = (uint64_t)(uintptr_t)s + slab_header_bytes();
-	uint64_t nobjs = (npages * RK_PAGE - slab_header_bytes()) / size;
-	if (nobjs > RK_SLAB_BITMAP_WORDS * 64)
-		nobjs = RK_SLAB_BITMAP_WORDS * 64;
+	uint64_t nobjs = class_span[cls] / size;
 	memset(s, 0, sizeof *s);
 	s->magic = RK_SLAB_MAGIC;
 	s->cls = cls;
@@ -650,7 +678,7 @@ void rk_free(rk_arena *a, void *p)
 	if (!p || !a || !a->hdr)
 		return;
 	int64_t page = run_of(a, p, &e);
-	if (RK_UNLIKELY(page < 0)) {
+	if (RK_UNLIKELY(page < 0 || !object_start(a, page, e, p))) {
 		bad_pointer(a, "rk_free", p);
 		return;
 	}
@@ -673,10 +701,6 @@ void rk_free(rk_arena *a, void *p)
 		tc->alloc_delta -= rk_class_size[cls];
 		return;
 	}
-	if (p != page_addr(a, (uint64_t)page)) {
-		bad_pointer(a, "rk_free", p);
-		return;
-	}
 	uint64_t npages = RK_PG_N(e);
 	rk_lock_acquire(&a->hdr->heap_lock);
 	rk_run_free(a, (uint64_t)page, npages);
@@ -690,11 +714,11 @@ size_t rk_usable_size(rk_arena *a, const void *p)
 	if (!a || !p)
 		return 0;
 	int64_t page = run_of(a, p, &e);
-	if (page < 0)
-		return 0;
+	if (page < 0 || !object_start(a, page, e, p))
+		return 0; /* not a pointer rk_alloc returned */
 	if (RK_PG_KIND(e) == RK_PG_SLAB)
 		return rk_class_size[RK_PG_CLASS(e)];
-	return RK_PG_N(e) * RK_PAGE - (size_t)((const char *)p - (const char *)page_addr(a, (uint64_t)page));
+	return RK_PG_N(e) * RK_PAGE;
 }
 
 void *rk_realloc(rk_arena *a, void *p, size_t n)
