@@ -310,6 +310,8 @@ void rk_run_free(struct rk_arena *a, uint64_t page, uint64_t npages)
 		uint64_t start = page - pn;
 		if (pn && start >= heap_first_page(a) && *map_entry(a, start) == RK_PG_MAKE(RK_PG_FREE, 0, pn)) {
 			run_list_remove(a, start, pn);
+			/* now inside a free run: a second free of it must find nothing */
+			*map_entry(a, page) = 0;
 			page = start;
 			npages += pn;
 		}
