@@ -33,6 +33,13 @@ def load(path):
     return rows
 
 
+def round_ratio_range(v):
+    """Smallest and largest rk/glibc ratio of one round (the pair ran back to back)."""
+    glibc = {r["round"]: r["ns_per_op"] for r in v["glibc"]}
+    ratios = [r["ns_per_op"] / glibc[r["round"]] for r in v["rk"] if r["round"] in glibc]
+    return min(ratios), max(ratios)
+
+
 def describe(workload):
     if workload == "mix":
         return "mix (free+alloc pair, one thread)"
@@ -56,13 +63,14 @@ def main(path, command):
     print(
         "ns/op is the wall time of the timed phase divided by the ops of one thread (mix) "
         "or one producer/consumer pair (xfer); CPU ns/op divides the process's CPU time by "
-        "all ops. Medians over the rounds; the ratio is rk median / glibc median.\n"
+        "all ops. Medians over the rounds; the ratio is rk median / glibc median; per-round "
+        "ratios compare the two backends of the same round, which ran back to back.\n"
     )
     print(
-        "| workload | threads | rk ns/op | glibc ns/op | ratio rk/glibc | "
+        "| workload | threads | rk ns/op | glibc ns/op | ratio rk/glibc | per-round ratios | "
         "rk CPU ns/op | glibc CPU ns/op | target <= 1.5x | rounds |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for workload, threads in sorted(rows):
         v = rows[(workload, threads)]
         rk = statistics.median(r["ns_per_op"] for r in v["rk"])
@@ -70,9 +78,10 @@ def main(path, command):
         rk_cpu = statistics.median(r["cpu_ns_per_op"] for r in v["rk"])
         gl_cpu = statistics.median(r["cpu_ns_per_op"] for r in v["glibc"])
         ratio = rk / gl
+        lo, hi = round_ratio_range(v)
         met = "met" if ratio <= TARGET else "MISSED"
         print(
-            f"| {describe(workload)} | {threads} | {rk:.1f} | {gl:.1f} | {ratio:.2f}x | "
+            f"| {describe(workload)} | {threads} | {rk:.1f} | {gl:.1f} | {ratio:.2f}x | {lo:.2f}-{hi:.2f}x | "
             f"{rk_cpu:.1f} | {gl_cpu:.1f} | {met} | {min(len(v['rk']), len(v['glibc']))} |"
         )
 
