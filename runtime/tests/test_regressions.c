@@ -1,23 +1,18 @@
-/* test_known_bugs - KNOWN BUGS: minimal failing tests for runtime bugs the
- * unit tests found.  Each check states the behaviour the runtime should
- * have; each case uses an arena of its own, since the bug damages it.  When
- * a bug is fixed its case passes: move it to the test file of its area.
+/* test_regressions - bugs the unit tests found, each kept as a minimal test
+ * of the behaviour the runtime now has; each case uses an arena of its own,
+ * since the bug would damage it.
  *
- * This binary runs by default and fails while the bugs are there.
- * REKINDLE_SKIP_KNOWN_BUGS=1 makes it report them as skipped instead.
- *
- * 1. rk_free takes an interior pointer of a small object as a block
- *    (alloc.c rk_free, slab branch: no check that p starts an object).
- * 2. rk_realloc takes an interior pointer of a page run: rk_usable_size
- *    answers for any pointer into a run (alloc.c rk_usable_size).
- * 3. A page run freed twice is taken back the second time once the first
- *    free merged it into the free run before it: the merge leaves the run's
- *    RK_PG_LARGE map entry (alloc.c rk_run_free), which run_of believes.
- * 4. rk_arena_validate accepts a thread-cache block that is not an object
- *    start (arena.c tcache_chain_valid checks only 16-byte alignment and
- *    class), which the sweep's own list check (sweep.c note_free) rejects:
- *    the restart goes warm and rk_finish_recovery then fails with -EIO, or,
- *    without cleanup, rk_alloc hands out memory overlapping an object. */
+ * 1. rk_free must refuse an interior pointer of a small object (it used to
+ *    put it on a free list; fixed in alloc.c rk_free).
+ * 2. rk_realloc must refuse an interior pointer of a page run
+ *    (rk_usable_size answered for any pointer into a run).
+ * 3. A page run freed twice must be refused the second time, even after the
+ *    first free merged it into the free run before it (the merge left the
+ *    run's RK_PG_LARGE map entry, which run_of believed).
+ * 4. rk_arena_validate must refuse a thread-cache block that is not an
+ *    object start, as the sweep's own list check does (the restart went
+ *    warm and rk_finish_recovery then failed with -EIO, or, without
+ *    cleanup, rk_alloc handed out memory overlapping an object). */
 #include "testlib.h"
 
 #include <stdlib.h>
@@ -92,12 +87,7 @@ static void validate_refuses_non_object_blocks(void)
 
 int main(int argc, char **argv)
 {
-	test_init(argc, argv, "test_known_bugs");
-	const char *skip = getenv("REKINDLE_SKIP_KNOWN_BUGS");
-	if (skip && strcmp(skip, "1") == 0) {
-		printf("test_known_bugs: skipped (REKINDLE_SKIP_KNOWN_BUGS=1): 4 known runtime bugs not checked\n");
-		return 0;
-	}
+	test_init(argc, argv, "test_regressions");
 	RUN(small_interior_free_ignored);
 	RUN(realloc_interior_pointer_refused);
 	RUN(large_double_free_after_merge_ignored);
