@@ -101,6 +101,12 @@ static void after_fork_child(void)
  * end and hand over arenas with no lock held. */
 static _Atomic int freezing;
 
+/* Locks this thread holds: a thread that already holds one (a class lock,
+ * on its way to the heap lock) must finish its critical section rather than
+ * park with the first lock held, which would look like a death inside the
+ * allocator to the next incarnation. */
+TLS unsigned tls_locks_held;
+
 static _Noreturn void park_forever(void)
 {
 	for (;;)
@@ -116,13 +122,14 @@ void rk_lock_acquire(rk_lock *l)
 		    atomic_compare_exchange_weak_explicit(l, &expect, me, memory_order_seq_cst,
 							  memory_order_relaxed)) {
 			/* Dekker-style with rk_allocator_freeze: lock, then look. */
-			if (RK_UNLIKELY(atomic_load(&freezing))) {
+			if (RK_UNLIKELY(atomic_load(&freezing)) && tls_locks_held == 0) {
 				atomic_store(l, 0);
 				park_forever();
 			}
+			tls_locks_held++;
 			return;
 		}
-		if (RK_UNLIKELY(atomic_load_explicit(&freezing, memory_order_relaxed)))
+		if (RK_UNLIKELY(atomic_load_explicit(&freezing, memory_order_relaxed)) && tls_locks_held == 0)
 			park_forever();
 		if (spins < 100)
 			__builtin_ia32_pause();
@@ -168,6 +175,7 @@ unsigned rk_allocator_freeze(uint64_t timeout_ns)
 
 void rk_lock_release(rk_lock *l)
 {
+	tls_locks_held--;
 	atomic_store_explicit(l, 0, memory_order_release);
 }
 
