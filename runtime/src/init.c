@@ -518,11 +518,10 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		return r;
 	rk_g.initialized = true;
 	rk_reap_teardown_holder();
-	if (rk_sup_active())
-		rk_teardown_holder_stand();
 	rk_g.info.preserved_bytes = preserved_bytes();
 	if (rk_g.info.kind == RK_START_WARM && (rk_g.flags & RK_OPT_PREFAULT))
 		(void)rk_prefault(true);
+	rk_teardown_holder_stand(); /* inside the timing below: it is part of rk_init */
 	if (rk_g.info.kind != RK_START_FRESH && rk_g.t_restart_ns)
 		rk_g.info.restart_ns = rk_now_ns() - rk_g.t_restart_ns;
 	rk_control_begin(rk_g.info.generation, rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);

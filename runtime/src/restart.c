@@ -7,9 +7,8 @@
  * execve a helper process shares our mm (CLONE_VM), so exec only drops a
  * reference; the helper exits when our exec closes its pipe, and the kernel
  * unmaps the old pages in the helper's context, in parallel with our new
- * main().  The next incarnation reaps it (rk_reap_teardown_holder).  Under
- * a supervisor the helper is cloned at rk_init and stands for the whole
- * incarnation, so that a SIGKILL is also reported without the teardown. */
+ * main().  The next incarnation reaps it (rk_reap_teardown_holder).  The
+ * helper is cloned at rk_init and stands for the whole incarnation. */
 #include "rk_internal.h"
 
 #include <errno.h>
@@ -160,23 +159,28 @@ void rk_reap_teardown_holder(void)
 		rk_g.holder_pid = 0;
 }
 
-/* Under a supervisor the helper lives as long as the incarnation: a death
- * that runs no handler (SIGKILL, the OOM killer) then only drops a reference
- * to the mm too, so the supervisor hears of it without waiting for the
- * teardown.  The write end stays with us (O_CLOEXEC): the helper exits when
- * we exec or die, and the restart path needs no clone. */
+/* The helper stands for the whole incarnation: cloned at rk_init, it costs
+ * the restart path nothing but a look at holder_fds_closed, and a death that
+ * runs no handler (SIGKILL, the OOM killer) also only drops a reference to
+ * the mm, so a supervisor hears of it without waiting for the teardown.  The
+ * write end stays with us (O_CLOEXEC): the helper exits when we exec or die.
+ * If it could not be started, the restart clones one itself. */
 static int standing_holder_wr = -1;
 static pid_t standing_holder_pid;
 
-/* Returns the write end of the pipe to close at exec, or -1 (then the exec
- * tears the old address space down itself, only slower). */
-static int spawn_teardown_holder(void)
+/* Waits (bounded) until the helper holds none of the app's fds: the next
+ * incarnation may bind a listening port at once. */
+static void holder_wait_fds_closed(void)
 {
-	rk_g.manifest->holder_pid = 0;
-	if (standing_holder_wr >= 0) {
-		rk_g.manifest->holder_pid = standing_holder_pid;
-		return standing_holder_wr;
-	}
+	struct timespec limit = {0, 20 * 1000 * 1000};
+	while (!atomic_load(&holder_fds_closed) &&
+	       (syscall(SYS_futex, &holder_fds_closed, FUTEX_WAIT, 0, &limit, NULL, 0) == 0 || errno != ETIMEDOUT))
+		;
+}
+
+/* Clones a helper; returns the pipe's write end (its pid in *pid) or -1. */
+static int holder_clone(pid_t *pid)
+{
 	if (sync_teardown || pipe2(holder_pipe, O_CLOEXEC) < 0)
 		return -1;
 	atomic_store(&holder_fds_closed, 0);
@@ -186,22 +190,26 @@ static int spawn_teardown_holder(void)
 		close(holder_pipe[1]);
 		return -1;
 	}
-	/* Bounded: a helper that never runs only costs the guarantee above. */
-	struct timespec limit = {0, 20 * 1000 * 1000};
-	while (!atomic_load(&holder_fds_closed) &&
-	       (syscall(SYS_futex, &holder_fds_closed, FUTEX_WAIT, 0, &limit, NULL, 0) == 0 || errno != ETIMEDOUT))
-		;
-	rk_g.manifest->holder_pid = child;
+	*pid = child;
 	return holder_pipe[1];
+}
+
+/* At a restart: returns the write end of the pipe to close at exec, or -1
+ * (then the exec tears the old address space down itself, only slower). */
+static int teardown_holder_for_exec(void)
+{
+	pid_t pid = 0;
+	int wr = standing_holder_wr >= 0 ? standing_holder_wr : holder_clone(&pid);
+	rk_g.manifest->holder_pid = standing_holder_wr >= 0 ? standing_holder_pid : pid;
+	if (wr >= 0)
+		holder_wait_fds_closed();
+	return wr;
 }
 
 void rk_teardown_holder_stand(void)
 {
-	if (standing_holder_wr >= 0 || !rk_g.manifest)
-		return;
-	standing_holder_wr = spawn_teardown_holder();
-	standing_holder_pid = rk_g.manifest->holder_pid;
-	rk_g.manifest->holder_pid = 0;
+	if (standing_holder_wr < 0)
+		standing_holder_wr = holder_clone(&standing_holder_pid);
 }
 
 /* ---- the decision and the exec ---- */
@@ -344,7 +352,7 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 
 	rk_sup_restarting(warm, sig, t0, m->fault_addr, reason, decision);
 	rk_reap_teardown_holder();
-	int holder_wr = spawn_teardown_holder();
+	int holder_wr = teardown_holder_for_exec();
 	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
 	hand_over_fds(warm, true);
 	execve(exe_path, exec_argv, exec_envp);
