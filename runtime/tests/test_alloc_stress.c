@@ -282,14 +282,6 @@ static void *consumer(void *unused)
 	return NULL;
 }
 
-static unsigned owned_caches(const rk_arena *a)
-{
-	unsigned n = 0;
-	for (unsigned i = 0; i < RK_MAX_TCACHES; i++)
-		n += atomic_load(&a->hdr->tcaches[i].owner) != 0;
-	return n;
-}
-
 static void cross_thread_handoff(void)
 {
 	arena = test_arena("handoff", 256u << 20);

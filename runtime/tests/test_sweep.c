@@ -235,14 +235,6 @@ static void *dying_thread(void *unused)
 	return NULL;
 }
 
-static unsigned owned_caches(const rk_arena *a)
-{
-	unsigned n = 0;
-	for (unsigned i = 0; i < RK_MAX_TCACHES; i++)
-		n += atomic_load(&a->hdr->tcaches[i].owner) != 0;
-	return n;
-}
-
 static void dead_threads_caches_are_free(void)
 {
 	dead_arena = test_arena("sweep-dead", 16u << 20);

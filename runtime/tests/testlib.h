@@ -46,6 +46,15 @@ static inline uint64_t heap_bytes(const rk_arena *a)
 }
 
 /* rk_arena_validate on a live arena, with the arguments a restart would use. */
+/* Thread-cache slots of the arena that some thread owns. */
+static inline unsigned owned_caches(const rk_arena *a)
+{
+	unsigned n = 0;
+	for (unsigned i = 0; i < RK_MAX_TCACHES; i++)
+		n += atomic_load(&a->hdr->tcaches[i].owner) != 0;
+	return n;
+}
+
 static inline int validate(rk_arena *a, char *why, size_t len)
 {
 	why[0] = 0;
