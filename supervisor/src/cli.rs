@@ -1,0 +1,255 @@
+//! Command line: `rekindle run|status|ps|restart|stop` (clap derive), and the
+//! value parsers for durations, sizes and listen addresses.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rekindle",
+    version,
+    about = "Supervise a librekindle service: restart it warm, with its preserved state, whatever the death",
+    long_about = None,
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run PROGRAM under supervision, in the foreground.
+    Run(Box<RunArgs>),
+    /// Show the state of one running supervisor, or of all.
+    Status {
+        /// Supervisor name (default: all of them).
+        name: Option<String>,
+        /// Print the JSON the supervisor answered.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the running supervisors.
+    Ps {
+        /// Print a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask a supervised app to restart (warm if it is safe, by default).
+    Restart {
+        /// Supervisor name.
+        name: String,
+        /// Restart warm if every check passes (the default).
+        #[arg(long, conflicts_with = "cold")]
+        warm: bool,
+        /// Restart cold: drop the preserved state.
+        #[arg(long)]
+        cold: bool,
+    },
+    /// Stop a supervisor and its app (SIGTERM, then SIGKILL after --stop-timeout).
+    Stop {
+        /// Supervisor name.
+        name: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Name of this supervisor (control socket NAME.sock); default: PROGRAM's basename.
+    #[arg(long)]
+    pub name: Option<String>,
+
+    /// A heartbeat (rk_heartbeat, or WATCHDOG=1) silent this long is a hang; 0 = off.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "0")]
+    pub hang_timeout: Duration,
+
+    /// After asking for a restart by signal, wait this long for the new HELLO, then SIGKILL.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1s")]
+    pub kill_timeout: Duration,
+
+    /// Private memory (RssAnon) above this is a leak: warm restart to rejuvenate. Arenas do not count.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_rss: Option<u64>,
+
+    /// How often to check the heartbeat and RSS.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "500ms")]
+    pub check_interval: Duration,
+
+    /// A failure this soon after a warm restart restarts cold; 0 = off (also passed to the runtime).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1s")]
+    pub crashloop_window: Duration,
+
+    /// Give up after this many consecutive failures.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub max_restarts: u32,
+
+    /// An incarnation that ran this long before failing resets the failure count and backoff.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    pub stable_after: Duration,
+
+    /// Delay before the second consecutive respawn; doubles with each further failure.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "100ms")]
+    pub backoff_initial: Duration,
+
+    /// Upper bound of the respawn delay.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
+    pub backoff_max: Duration,
+
+    /// On stop, how long the app has after SIGTERM before SIGKILL.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    pub stop_timeout: Duration,
+
+    /// Listening socket the supervisor holds and hands to every incarnation
+    /// as LISTEN_FDS (fd 3, 4, ...): [tcp:]HOST:PORT or unix:PATH. Repeatable.
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
+    pub listen: Vec<ListenAddr>,
+
+    /// Append the JSON event lines to FILE instead of stderr.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
+
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
+
+    /// Signal that asks the runtime to restart (REKINDLE_RESTART_SIGNAL); a real-time signal.
+    #[arg(long, value_name = "N", default_value_t = 40, value_parser = parse_rt_signal)]
+    pub restart_signal: i32,
+
+    /// The program to supervise and its arguments (after `--`).
+    #[arg(value_name = "PROGRAM", required = true, trailing_var_arg = true, allow_hyphen_values = true, num_args = 1..)]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(a) => write!(f, "tcp:{a}"),
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// `500ms`, `2s`, `1m`, `1h 30m`, or `0`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err("empty duration".into());
+    }
+    if t.bytes().all(|c| c == b'0') {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(t).map_err(|e| format!("{s:?}: {e} (examples: 500ms, 2s, 1m)"))
+}
+
+/// `512M`, `2G`, `64MiB`, `1048576`; binary units (K = 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    if digits == 0 {
+        return Err(format!("{s:?}: expected a number with an optional unit (512M, 2G)"));
+    }
+    let n: u64 = t[..digits].parse().map_err(|e| format!("{s:?}: {e}"))?;
+    let unit = t[digits..].trim().to_ascii_lowercase();
+    let unit = unit.strip_suffix("ib").or_else(|| unit.strip_suffix('b')).unwrap_or(&unit);
+    let mult: u64 = match unit {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
+        _ => return Err(format!("{s:?}: unknown unit (use K, M, G or T)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?}: too large"))
+}
+
+/// `[tcp:]HOST:PORT` or `unix:PATH`.
+pub fn parse_listen(s: &str) -> Result<ListenAddr, String> {
+    if let Some(p) = s.strip_prefix("unix:") {
+        if p.is_empty() {
+            return Err("unix: needs a path".into());
+        }
+        return Ok(ListenAddr::Unix(PathBuf::from(p)));
+    }
+    let a = s.strip_prefix("tcp:").unwrap_or(s);
+    match a.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(ListenAddr::Tcp(a.to_string())),
+        _ => Err(format!("{s:?}: expected [tcp:]HOST:PORT or unix:PATH")),
+    }
+}
+
+fn parse_rt_signal(s: &str) -> Result<i32, String> {
+    let n: i32 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    let (lo, hi) = (libc::SIGRTMIN(), libc::SIGRTMAX());
+    if n < lo || n > hi {
+        return Err(format!("{n} is not a real-time signal ({lo}..={hi})"));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0ms"), Ok(Duration::ZERO));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("64mb"), Ok(64 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1k"), Ok(1024));
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(parse_listen("127.0.0.1:80"), Ok(ListenAddr::Tcp("127.0.0.1:80".into())));
+        assert_eq!(parse_listen("tcp:[::1]:80"), Ok(ListenAddr::Tcp("[::1]:80".into())));
+        assert_eq!(parse_listen("unix:/tmp/s"), Ok(ListenAddr::Unix("/tmp/s".into())));
+        assert!(parse_listen("localhost").is_err());
+        assert!(parse_listen("h:99999").is_err());
+        assert!(parse_listen("unix:").is_err());
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from(["rekindle", "run", "--max-rss", "1G", "--", "sleep", "-x", "2"]);
+        let c = c.map_err(|e| e.to_string());
+        match c.map(|c| c.cmd) {
+            Ok(Command::Run(r)) => {
+                assert_eq!(r.max_rss, Some(1 << 30));
+                assert_eq!(r.command, vec!["sleep", "-x", "2"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["rekindle", "run"]).is_err());
+        assert!(Cli::try_parse_from(["rekindle", "restart", "x", "--warm", "--cold"]).is_err());
+        assert!(Cli::try_parse_from(["rekindle", "run", "--restart-signal", "9", "--", "x"]).is_err());
+    }
+}

@@ -1,0 +1,238 @@
+//! `rekindle status|ps|restart|stop`: talk to running supervisors through
+//! their control sockets in the runtime directory.
+
+use std::io::Read;
+use std::os::unix::fs::FileTypeExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::control_socket::call;
+use crate::runtime_dir;
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+fn socket_for(name: &str) -> Result<PathBuf> {
+    runtime_dir::check_name(name)?;
+    let p = runtime_dir::socket_path(&runtime_dir::dir(), name);
+    if !p.exists() {
+        bail!("no supervisor named {name:?} (no {})", p.display());
+    }
+    Ok(p)
+}
+
+fn ok_or_err(v: Value) -> Result<Value> {
+    if v.get("ok").and_then(Value::as_bool) == Some(true) {
+        Ok(v)
+    } else {
+        bail!("{}", v.get("error").and_then(Value::as_str).unwrap_or("the supervisor refused"))
+    }
+}
+
+/// Every live supervisor's status, by name.
+fn all_status() -> Vec<Value> {
+    let dir = runtime_dir::dir();
+    let Ok(rd) = std::fs::read_dir(&dir) else { return Vec::new() };
+    let mut out = Vec::new();
+    let mut names: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().map(|t| t.is_socket()).unwrap_or(false))
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".sock")).map(String::from))
+        .collect();
+    names.sort();
+    for n in names {
+        let p = runtime_dir::socket_path(&dir, &n);
+        if let Ok((v, _)) = call(&p, &json!({"cmd": "status"}), TIMEOUT) {
+            if v.get("ok").and_then(Value::as_bool) == Some(true) {
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v.get(k).and_then(Value::as_str).unwrap_or("-")
+}
+
+fn n(v: &Value, k: &str) -> String {
+    match v.get(k) {
+        Some(Value::Number(x)) => x.to_string(),
+        _ => "-".into(),
+    }
+}
+
+fn dur(ms: Option<u64>) -> String {
+    match ms {
+        None => "-".into(),
+        Some(ms) if ms < 10_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        Some(ms) if ms < 3_600_000 => format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60),
+        Some(ms) => format!("{}h{:02}m", ms / 3_600_000, (ms / 60_000) % 60),
+    }
+}
+
+fn bytes(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = b as f64;
+    let mut i = 0;
+    while x >= 1024.0 && i < U.len() - 1 {
+        x /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{b} B") } else { format!("{x:.1} {}", U[i]) }
+}
+
+pub fn print_status(v: &Value) {
+    let restarts = v.get("restarts").cloned().unwrap_or(Value::Null);
+    println!(
+        "{}: {}, app pid {}, generation {}, {} start, up {}",
+        s(v, "name"),
+        s(v, "state"),
+        n(v, "pid"),
+        n(v, "generation"),
+        s(v, "kind"),
+        dur(v.get("uptime_ms").and_then(Value::as_u64))
+    );
+    let args: Vec<&str> = v
+        .get("args")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    println!("  program:   {} {}", s(v, "program"), args.join(" "));
+    println!(
+        "  restarts:  {} (warm {}, cold {}); failures {}, {} in a row",
+        n(&restarts, "total"),
+        n(&restarts, "warm"),
+        n(&restarts, "cold"),
+        n(v, "failures"),
+        n(v, "consecutive_failures")
+    );
+    if let Some(f) = v.get("last_failure").filter(|f| !f.is_null()) {
+        println!("  last failure: {} ({}) at {}", s(f, "kind"), s(f, "reason"), s(f, "ts"));
+    }
+    if let Some(d) = v.get("last_decision").filter(|d| !d.is_null()) {
+        println!("  last decision: {}: {}", s(d, "mode"), s(d, "reason"));
+    }
+    let held: Vec<String> = v
+        .get("held_fds")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter(|h| s(h, "kind") != "manifest")
+                .map(|h| format!("{} {}", s(h, "kind"), s(h, "name")))
+                .collect()
+        })
+        .unwrap_or_default();
+    println!(
+        "  preserved: {} in {} fd(s){}",
+        bytes(v.get("preserved_bytes").and_then(Value::as_u64).unwrap_or(0)),
+        v.get("held_fds").and_then(Value::as_array).map_or(0, |a| a.len()),
+        if held.is_empty() { String::new() } else { format!(" ({})", held.join(", ")) }
+    );
+    if let Some(h) = v.get("heartbeat_age_ms").and_then(Value::as_u64) {
+        println!("  heartbeat: {h} ms ago");
+    }
+    println!("  supervisor pid {}, socket {}", n(v, "supervisor_pid"), s(v, "socket"));
+}
+
+pub fn status(name: Option<&str>, as_json: bool) -> Result<i32> {
+    match name {
+        Some(name) => {
+            let (v, _) = call(&socket_for(name)?, &json!({"cmd": "status"}), TIMEOUT)?;
+            let v = ok_or_err(v)?;
+            if as_json {
+                println!("{v}");
+            } else {
+                print_status(&v);
+            }
+        }
+        None => {
+            let all = all_status();
+            if as_json {
+                println!("{}", Value::Array(all));
+            } else if all.is_empty() {
+                println!("no supervisors running (in {})", runtime_dir::dir().display());
+            } else {
+                for v in &all {
+                    print_status(v);
+                }
+            }
+        }
+    }
+    Ok(0)
+}
+
+pub fn ps(as_json: bool) -> Result<i32> {
+    let all = all_status();
+    if as_json {
+        println!("{}", Value::Array(all));
+        return Ok(0);
+    }
+    println!(
+        "{:<20} {:>8} {:>8} {:>5} {:<10} {:<5} {:>9} {:>8} {:>11}",
+        "NAME", "SUP-PID", "APP-PID", "GEN", "STATE", "KIND", "UPTIME", "RESTARTS", "PRESERVED"
+    );
+    for v in &all {
+        let restarts = v.get("restarts").map(|r| n(r, "total")).unwrap_or_else(|| "-".into());
+        println!(
+            "{:<20} {:>8} {:>8} {:>5} {:<10} {:<5} {:>9} {:>8} {:>11}",
+            s(v, "name"),
+            n(v, "supervisor_pid"),
+            n(v, "pid"),
+            n(v, "generation"),
+            s(v, "state"),
+            s(v, "kind"),
+            dur(v.get("uptime_ms").and_then(Value::as_u64)),
+            restarts,
+            bytes(v.get("preserved_bytes").and_then(Value::as_u64).unwrap_or(0)),
+        );
+    }
+    Ok(0)
+}
+
+pub fn restart(name: &str, cold: bool) -> Result<i32> {
+    let mode = if cold { "cold" } else { "warm" };
+    let (v, _) = call(&socket_for(name)?, &json!({"cmd": "restart", "mode": mode}), TIMEOUT)?;
+    let v = ok_or_err(v)?;
+    println!("{name}: {mode} restart requested (pid {})", n(&v, "pid"));
+    Ok(0)
+}
+
+/// Asks for a stop and waits until the supervisor has exited (its end of the
+/// connection closes).
+pub fn stop(name: &str) -> Result<i32> {
+    let (v, mut stream) = call(&socket_for(name)?, &json!({"cmd": "stop"}), TIMEOUT)?;
+    ok_or_err(v)?;
+    let t0 = Instant::now();
+    stream.set_read_timeout(Some(Duration::from_millis(500))).context("socket timeout")?;
+    let mut b = [0u8; 256];
+    loop {
+        match stream.read(&mut b) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+        if t0.elapsed() > Duration::from_secs(120) {
+            bail!("{name}: still stopping after 120 s");
+        }
+    }
+    println!("{name}: stopped");
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formatting() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(3 << 20), "3.0 MiB");
+        assert_eq!(dur(Some(1500)), "1.5s");
+        assert_eq!(dur(Some(125_000)), "2m05s");
+        assert_eq!(dur(None), "-");
+    }
+}

@@ -1,0 +1,410 @@
+//! The control socket NAME.sock (Unix SOCK_STREAM, mode 0600 in a 0700
+//! directory): one JSON request per line, at most 64 KiB, one JSON reply
+//! line each.  Peers must be our uid or root (SO_PEERCRED).
+//!
+//!   {"cmd":"status"}
+//!   {"cmd":"restart","mode":"warm"|"cold"}     (mode defaults to warm)
+//!   {"cmd":"stop"}
+//!
+//! Replies are {"ok":true,...} or {"ok":false,"error":"..."}.  Malformed
+//! JSON, an unknown command or an overlong line get an error reply and the
+//! connection stays open.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use thiserror::Error;
+
+use crate::decide::Mode;
+
+pub const MAX_LINE: usize = 64 * 1024;
+const MAX_CLIENTS: usize = 64;
+const MAX_OUT: usize = 1 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Status,
+    Restart(Mode),
+    Stop,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RequestError {
+    #[error("request is not valid JSON: {0}")]
+    Json(String),
+    #[error("request must be a JSON object")]
+    NotObject,
+    #[error("request has no string \"cmd\"")]
+    NoCmd,
+    #[error("unknown cmd {0:?} (status, restart, stop)")]
+    UnknownCmd(String),
+    #[error("mode must be \"warm\" or \"cold\"")]
+    BadMode,
+    #[error("request longer than {MAX_LINE} bytes")]
+    TooLong,
+}
+
+/// Parses one request line (without its newline).
+pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
+    if line.len() > MAX_LINE {
+        return Err(RequestError::TooLong);
+    }
+    let v: Value = serde_json::from_slice(line).map_err(|e| RequestError::Json(e.to_string()))?;
+    let o = v.as_object().ok_or(RequestError::NotObject)?;
+    let cmd = o.get("cmd").and_then(Value::as_str).ok_or(RequestError::NoCmd)?;
+    match cmd {
+        "status" => Ok(Request::Status),
+        "stop" => Ok(Request::Stop),
+        "restart" => match o.get("mode") {
+            None | Some(Value::Null) => Ok(Request::Restart(Mode::Warm)),
+            Some(Value::String(s)) if s == "warm" => Ok(Request::Restart(Mode::Warm)),
+            Some(Value::String(s)) if s == "cold" => Ok(Request::Restart(Mode::Cold)),
+            Some(_) => Err(RequestError::BadMode),
+        },
+        other => {
+            let shown: String = other.chars().take(64).collect();
+            Err(RequestError::UnknownCmd(shown))
+        }
+    }
+}
+
+pub fn error_reply(msg: &str) -> Value {
+    json!({"ok": false, "error": msg})
+}
+
+/// Splits complete lines off a client's input buffer.  An overlong line is
+/// reported once as TooLong and skipped up to its newline.
+#[derive(Default)]
+pub struct LineReader {
+    buf: Vec<u8>,
+    discarding: bool,
+}
+
+impl LineReader {
+    pub fn push(&mut self, data: &[u8], out: &mut Vec<Result<Request, RequestError>>) {
+        for chunk in data.split_inclusive(|&c| c == b'\n') {
+            let complete = chunk.last() == Some(&b'\n');
+            let body = if complete { &chunk[..chunk.len() - 1] } else { chunk };
+            if self.discarding {
+                if complete {
+                    self.discarding = false;
+                }
+                continue;
+            }
+            if self.buf.len() + body.len() > MAX_LINE {
+                self.buf.clear();
+                out.push(Err(RequestError::TooLong));
+                self.discarding = !complete;
+                continue;
+            }
+            self.buf.extend_from_slice(body);
+            if complete {
+                let line = std::mem::take(&mut self.buf);
+                let trimmed = trim_ascii(&line);
+                if !trimmed.is_empty() {
+                    out.push(parse_request(trimmed));
+                }
+            }
+        }
+    }
+}
+
+fn trim_ascii(b: &[u8]) -> &[u8] {
+    let s = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
+    let e = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(s, |e| e + 1);
+    &b[s..e.max(s)]
+}
+
+pub struct Client {
+    pub id: u64,
+    stream: UnixStream,
+    reader: LineReader,
+    out: Vec<u8>,
+    pub closing: bool,
+    pub hold_open: bool,
+}
+
+pub struct Server {
+    listener: UnixListener,
+    path: PathBuf,
+    ino: u64,
+    pub clients: Vec<Client>,
+    next_id: u64,
+}
+
+/// Peer uid of a connected Unix socket.
+pub fn peer_uid(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    // SAFETY: zeroed ucred is valid; getsockopt writes at most its size.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: as above.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+impl Server {
+    /// Binds NAME.sock: refuses if a live supervisor answers there, removes a
+    /// stale socket file.
+    pub fn bind(path: &Path) -> Result<Self> {
+        if let Ok(md) = std::fs::symlink_metadata(path) {
+            if !md.file_type().is_socket() {
+                bail!("{} exists and is not a socket", path.display());
+            }
+            if UnixStream::connect(path).is_ok() {
+                bail!("a supervisor is already running at {}", path.display());
+            }
+            std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+        }
+        // SAFETY: umask is process-wide and we are single-threaded here.
+        let old = unsafe { libc::umask(0o177) };
+        let l = UnixListener::bind(path);
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        let listener = l.with_context(|| format!("binding {}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        let ino = std::fs::symlink_metadata(path).map(|m| m.ino()).unwrap_or(0);
+        Ok(Server {
+            listener,
+            path: path.to_path_buf(),
+            ino,
+            clients: Vec::new(),
+            next_id: 1,
+        })
+    }
+
+    pub fn listener_fd(&self) -> BorrowedFd<'_> {
+        self.listener.as_fd()
+    }
+
+    pub fn accept(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((s, _)) => {
+                    let _ = s.set_nonblocking(true);
+                    // SAFETY: geteuid cannot fail.
+                    let me = unsafe { libc::geteuid() };
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    let mut c = Client {
+                        id,
+                        stream: s,
+                        reader: LineReader::default(),
+                        out: Vec::new(),
+                        closing: false,
+                        hold_open: false,
+                    };
+                    match peer_uid(c.stream.as_fd()) {
+                        Ok(uid) if uid == me || uid == 0 => {}
+                        Ok(uid) => {
+                            c.queue(&error_reply(&format!("permission denied: peer uid {uid}")));
+                            c.closing = true;
+                        }
+                        Err(e) => {
+                            c.queue(&error_reply(&format!("cannot check peer credentials: {e}")));
+                            c.closing = true;
+                        }
+                    }
+                    if self.clients.len() >= MAX_CLIENTS {
+                        c.queue(&error_reply("too many control connections"));
+                        c.closing = true;
+                    }
+                    c.flush();
+                    if !(c.closing && c.out.is_empty()) {
+                        self.clients.push(c);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+    }
+
+    pub fn client_mut(&mut self, id: u64) -> Option<&mut Client> {
+        self.clients.iter_mut().find(|c| c.id == id)
+    }
+
+    /// Drops clients that are done.
+    pub fn sweep(&mut self) {
+        self.clients.retain(|c| !(c.closing && c.out.is_empty() && !c.hold_open));
+    }
+
+    /// Removes the socket file, if it is still ours.
+    pub fn remove_file(&self) {
+        if std::fs::symlink_metadata(&self.path).map(|m| m.ino()).ok() == Some(self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Client {
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+    pub fn wants_write(&self) -> bool {
+        !self.out.is_empty()
+    }
+    pub fn queue(&mut self, v: &Value) {
+        if self.out.len() > MAX_OUT {
+            self.closing = true; // a peer that never reads
+            return;
+        }
+        let mut s = v.to_string();
+        s.push('\n');
+        self.out.extend_from_slice(s.as_bytes());
+    }
+    pub fn flush(&mut self) {
+        while !self.out.is_empty() {
+            match self.stream.write(&self.out) {
+                Ok(0) => {
+                    self.out.clear();
+                    self.closing = true;
+                }
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    self.out.clear();
+                    self.closing = true;
+                    self.hold_open = false;
+                }
+            }
+        }
+    }
+    /// Reads what is there; returns the complete requests.
+    pub fn read(&mut self) -> Vec<Result<Request, RequestError>> {
+        let mut reqs = Vec::new();
+        let mut buf = [0u8; 16384];
+        loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => {
+                    self.closing = true;
+                    self.hold_open = false;
+                    break;
+                }
+                Ok(n) => {
+                    self.reader.push(&buf[..n], &mut reqs);
+                    if reqs.len() > 64 {
+                        break; // let others have a turn
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    self.closing = true;
+                    self.hold_open = false;
+                    break;
+                }
+            }
+        }
+        reqs
+    }
+}
+
+// ---- the client side: rekindle status / ps / restart / stop -----------------
+
+/// Sends one request to NAME.sock and reads one reply line.
+pub fn call(path: &Path, req: &Value, timeout: std::time::Duration) -> Result<(Value, UnixStream)> {
+    let mut s = UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut line = req.to_string();
+    line.push('\n');
+    s.write_all(line.as_bytes())?;
+    let mut reply = Vec::new();
+    let mut b = [0u8; 4096];
+    loop {
+        let n = s.read(&mut b).context("reading the reply")?;
+        if n == 0 {
+            bail!("the supervisor closed the connection without a reply");
+        }
+        reply.extend_from_slice(&b[..n]);
+        if let Some(pos) = reply.iter().position(|&c| c == b'\n') {
+            reply.truncate(pos);
+            break;
+        }
+        if reply.len() > 16 * MAX_LINE {
+            bail!("reply too long");
+        }
+    }
+    let v: Value = serde_json::from_slice(&reply).context("the reply is not JSON")?;
+    Ok((v, s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_requests() {
+        assert_eq!(parse_request(br#"{"cmd":"status"}"#), Ok(Request::Status));
+        assert_eq!(parse_request(br#"{"cmd":"stop"}"#), Ok(Request::Stop));
+        assert_eq!(parse_request(br#"{"cmd":"restart"}"#), Ok(Request::Restart(Mode::Warm)));
+        assert_eq!(parse_request(br#"{"cmd":"restart","mode":"cold"}"#), Ok(Request::Restart(Mode::Cold)));
+        assert_eq!(parse_request(br#" {"cmd":"restart","mode":"warm","x":1} "#), Ok(Request::Restart(Mode::Warm)));
+    }
+
+    #[test]
+    fn invalid_requests() {
+        assert!(matches!(parse_request(b"not json"), Err(RequestError::Json(_))));
+        assert!(matches!(parse_request(b"\x00\xff\xfe garbage"), Err(RequestError::Json(_))));
+        assert_eq!(parse_request(b"[1,2,3]"), Err(RequestError::NotObject));
+        assert_eq!(parse_request(b"{}"), Err(RequestError::NoCmd));
+        assert_eq!(parse_request(br#"{"cmd":5}"#), Err(RequestError::NoCmd));
+        assert_eq!(
+            parse_request(br#"{"cmd":"format-disk"}"#),
+            Err(RequestError::UnknownCmd("format-disk".into()))
+        );
+        assert_eq!(parse_request(br#"{"cmd":"restart","mode":"lukewarm"}"#), Err(RequestError::BadMode));
+        assert_eq!(parse_request(br#"{"cmd":"restart","mode":1}"#), Err(RequestError::BadMode));
+        assert_eq!(parse_request(&vec![b' '; MAX_LINE + 1]), Err(RequestError::TooLong));
+    }
+
+    #[test]
+    fn line_reader_splits_and_skips_overlong_lines() {
+        let mut r = LineReader::default();
+        let mut out = Vec::new();
+        r.push(b"{\"cmd\":\"sta", &mut out);
+        assert!(out.is_empty());
+        r.push(b"tus\"}\n\n{\"cmd\":\"stop\"}\n", &mut out);
+        assert_eq!(out, vec![Ok(Request::Status), Ok(Request::Stop)]);
+
+        out.clear();
+        let big = vec![b'x'; 70000];
+        r.push(&big[..40000], &mut out);
+        r.push(&big[40000..], &mut out);
+        r.push(b"yyy\n{\"cmd\":\"status\"}\n", &mut out);
+        assert_eq!(out, vec![Err(RequestError::TooLong), Ok(Request::Status)]);
+
+        // an overlong line in one piece, newline included
+        out.clear();
+        let mut big = vec![b'x'; 70000];
+        big.push(b'\n');
+        r.push(&big, &mut out);
+        r.push(b"{\"cmd\":\"stop\"}\n", &mut out);
+        assert_eq!(out, vec![Err(RequestError::TooLong), Ok(Request::Stop)]);
+    }
+}

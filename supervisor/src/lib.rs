@@ -1,0 +1,20 @@
+//! `rekindle`: the supervisor of librekindle apps.  See README.md and
+//! docs/supervisor-protocol.md for the contract with the runtime.
+
+pub mod app_link;
+pub mod arena;
+pub mod cli;
+pub mod client;
+pub mod clock;
+pub mod control_block;
+pub mod control_socket;
+pub mod decide;
+pub mod event;
+pub mod metrics;
+pub mod notify;
+pub mod procfs;
+pub mod proto;
+pub mod runtime_dir;
+pub mod signame;
+pub mod spawn;
+pub mod supervisor;

@@ -1,0 +1,34 @@
+use clap::Parser;
+
+use rekindle::cli::{Cli, Command};
+use rekindle::{client, supervisor};
+
+fn main() {
+    let cli = Cli::parse(); // usage errors exit 2
+    let r = match cli.cmd {
+        Command::Run(args) => match supervisor::Config::from_args(*args) {
+            Ok(cfg) => match supervisor::Supervisor::new(cfg) {
+                Ok(s) => Ok(s.run()),
+                Err(e) => {
+                    eprintln!("rekindle: {e:#}");
+                    std::process::exit(1);
+                }
+            },
+            Err(e) => {
+                eprintln!("rekindle: {e:#}");
+                std::process::exit(2);
+            }
+        },
+        Command::Status { name, json } => client::status(name.as_deref(), json),
+        Command::Ps { json } => client::ps(json),
+        Command::Restart { name, warm: _, cold } => client::restart(&name, cold),
+        Command::Stop { name } => client::stop(&name),
+    };
+    match r {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("rekindle: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
