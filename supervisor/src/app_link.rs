@@ -41,7 +41,11 @@ pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
 
 pub enum Recv {
     /// One message (maybe malformed), and the fds that came with it.
-    Msg { data: Vec<u8>, fds: Vec<OwnedFd>, truncated: bool },
+    Msg {
+        data: Vec<u8>,
+        fds: Vec<OwnedFd>,
+        truncated: bool,
+    },
     /// Nothing more to read now.
     WouldBlock,
     /// Zero bytes: the peer is gone, or sent an empty message.
@@ -69,7 +73,13 @@ pub fn recv(fd: BorrowedFd<'_>) -> io::Result<Recv> {
     mh.msg_controllen = ctl.len() * 8;
     let n = loop {
         // SAFETY: the msghdr points at live buffers of the given sizes.
-        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut mh, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
+        let n = unsafe {
+            libc::recvmsg(
+                fd.as_raw_fd(),
+                &mut mh,
+                libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+            )
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             match e.kind() {
@@ -105,7 +115,11 @@ pub fn recv(fd: BorrowedFd<'_>) -> io::Result<Recv> {
         return Ok(Recv::Empty);
     }
     buf.truncate(n.min(MSG_MAX));
-    Ok(Recv::Msg { data: buf, fds, truncated })
+    Ok(Recv::Msg {
+        data: buf,
+        fds,
+        truncated,
+    })
 }
 
 /// Sends one message with fds; Ok(false) if the socket is full.
@@ -127,7 +141,8 @@ pub fn send(fd: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Resu
             let c = libc::CMSG_FIRSTHDR(&mh);
             (*c).cmsg_level = libc::SOL_SOCKET;
             (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN((fds.len() * std::mem::size_of::<RawFd>()) as u32) as usize;
+            (*c).cmsg_len =
+                libc::CMSG_LEN((fds.len() * std::mem::size_of::<RawFd>()) as u32) as usize;
             let data = libc::CMSG_DATA(c) as *mut RawFd;
             for (i, f) in fds.iter().enumerate() {
                 std::ptr::write_unaligned(data.add(i), f.as_raw_fd());
@@ -136,7 +151,8 @@ pub fn send(fd: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Resu
     }
     loop {
         // SAFETY: the msghdr points at live buffers.
-        let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &mh, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        let n =
+            unsafe { libc::sendmsg(fd.as_raw_fd(), &mh, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
         if n < 0 {
             let e = io::Error::last_os_error();
             match e.kind() {
@@ -166,7 +182,11 @@ mod tests {
         let (x, _y) = pair().unwrap_or_else(|e| panic!("{e}"));
         assert!(send(app.as_fd(), &bytes, &[x.as_fd()]).unwrap_or(false));
         match recv(sup.as_fd()) {
-            Ok(Recv::Msg { data, fds, truncated }) => {
+            Ok(Recv::Msg {
+                data,
+                fds,
+                truncated,
+            }) => {
                 assert!(!truncated);
                 assert_eq!(fds.len(), 1);
                 assert_eq!(proto::parse_app(&data, fds.len()), Ok(m));
@@ -177,7 +197,13 @@ mod tests {
         // an oversized message is reported as truncated
         let big = vec![0u8; MSG_MAX + 100];
         assert!(send(app.as_fd(), &big, &[]).unwrap_or(false));
-        assert!(matches!(recv(sup.as_fd()), Ok(Recv::Msg { truncated: true, .. })));
+        assert!(matches!(
+            recv(sup.as_fd()),
+            Ok(Recv::Msg {
+                truncated: true,
+                ..
+            })
+        ));
         drop(app);
         assert!(matches!(recv(sup.as_fd()), Ok(Recv::Empty)));
     }

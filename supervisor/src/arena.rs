@@ -122,7 +122,10 @@ mod tests {
         let mut h = valid_header();
         h[100] ^= 0x5a; // inside the name: the checksum no longer matches
         let fd = memfd_with(&h);
-        assert_eq!(check_header_fd(fd.as_fd()), Err("header checksum mismatch".into()));
+        assert_eq!(
+            check_header_fd(fd.as_fd()),
+            Err("header checksum mismatch".into())
+        );
 
         let mut h = valid_header();
         h[0] = 0;

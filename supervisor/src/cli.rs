@@ -156,11 +156,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     if digits == 0 {
-        return Err(format!("{s:?}: expected a number with an optional unit (512M, 2G)"));
+        return Err(format!(
+            "{s:?}: expected a number with an optional unit (512M, 2G)"
+        ));
     }
     let n: u64 = t[..digits].parse().map_err(|e| format!("{s:?}: {e}"))?;
     let unit = t[digits..].trim().to_ascii_lowercase();
-    let unit = unit.strip_suffix("ib").or_else(|| unit.strip_suffix('b')).unwrap_or(&unit);
+    let unit = unit
+        .strip_suffix("ib")
+        .or_else(|| unit.strip_suffix('b'))
+        .unwrap_or(&unit);
     let mult: u64 = match unit {
         "" => 1,
         "k" => 1 << 10,
@@ -169,7 +174,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "t" => 1 << 40,
         _ => return Err(format!("{s:?}: unknown unit (use K, M, G or T)")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?}: too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?}: too large"))
 }
 
 /// `[tcp:]HOST:PORT` or `unix:PATH`.
@@ -182,7 +188,9 @@ pub fn parse_listen(s: &str) -> Result<ListenAddr, String> {
     }
     let a = s.strip_prefix("tcp:").unwrap_or(s);
     match a.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(ListenAddr::Tcp(a.to_string())),
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok(ListenAddr::Tcp(a.to_string()))
+        }
         _ => Err(format!("{s:?}: expected [tcp:]HOST:PORT or unix:PATH")),
     }
 }
@@ -228,9 +236,18 @@ mod tests {
 
     #[test]
     fn listen_addresses() {
-        assert_eq!(parse_listen("127.0.0.1:80"), Ok(ListenAddr::Tcp("127.0.0.1:80".into())));
-        assert_eq!(parse_listen("tcp:[::1]:80"), Ok(ListenAddr::Tcp("[::1]:80".into())));
-        assert_eq!(parse_listen("unix:/tmp/s"), Ok(ListenAddr::Unix("/tmp/s".into())));
+        assert_eq!(
+            parse_listen("127.0.0.1:80"),
+            Ok(ListenAddr::Tcp("127.0.0.1:80".into()))
+        );
+        assert_eq!(
+            parse_listen("tcp:[::1]:80"),
+            Ok(ListenAddr::Tcp("[::1]:80".into()))
+        );
+        assert_eq!(
+            parse_listen("unix:/tmp/s"),
+            Ok(ListenAddr::Unix("/tmp/s".into()))
+        );
         assert!(parse_listen("localhost").is_err());
         assert!(parse_listen("h:99999").is_err());
         assert!(parse_listen("unix:").is_err());
@@ -239,7 +256,16 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
-        let c = Cli::try_parse_from(["rekindle", "run", "--max-rss", "1G", "--", "sleep", "-x", "2"]);
+        let c = Cli::try_parse_from([
+            "rekindle",
+            "run",
+            "--max-rss",
+            "1G",
+            "--",
+            "sleep",
+            "-x",
+            "2",
+        ]);
         let c = c.map_err(|e| e.to_string());
         match c.map(|c| c.cmd) {
             Ok(Command::Run(r)) => {
@@ -250,6 +276,8 @@ mod tests {
         }
         assert!(Cli::try_parse_from(["rekindle", "run"]).is_err());
         assert!(Cli::try_parse_from(["rekindle", "restart", "x", "--warm", "--cold"]).is_err());
-        assert!(Cli::try_parse_from(["rekindle", "run", "--restart-signal", "9", "--", "x"]).is_err());
+        assert!(
+            Cli::try_parse_from(["rekindle", "run", "--restart-signal", "9", "--", "x"]).is_err()
+        );
     }
 }

@@ -27,27 +27,39 @@ fn ok_or_err(v: Value) -> Result<Value> {
     if v.get("ok").and_then(Value::as_bool) == Some(true) {
         Ok(v)
     } else {
-        bail!("{}", v.get("error").and_then(Value::as_str).unwrap_or("the supervisor refused"))
+        bail!(
+            "{}",
+            v.get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("the supervisor refused")
+        )
     }
 }
 
 /// Every live supervisor's status, by name.
 fn all_status() -> Vec<Value> {
     let dir = runtime_dir::dir();
-    let Ok(rd) = std::fs::read_dir(&dir) else { return Vec::new() };
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
     let mut names: Vec<String> = rd
         .filter_map(|e| e.ok())
         .filter(|e| e.file_type().map(|t| t.is_socket()).unwrap_or(false))
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".sock")).map(String::from))
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".sock"))
+                .map(String::from)
+        })
         .collect();
     names.sort();
     for n in names {
         let p = runtime_dir::socket_path(&dir, &n);
-        if let Ok((v, _)) = call(&p, &json!({"cmd": "status"}), TIMEOUT) {
-            if v.get("ok").and_then(Value::as_bool) == Some(true) {
-                out.push(v);
-            }
+        if let Ok((v, _)) = call(&p, &json!({"cmd": "status"}), TIMEOUT)
+            && v.get("ok").and_then(Value::as_bool) == Some(true)
+        {
+            out.push(v);
         }
     }
     out
@@ -81,7 +93,11 @@ fn bytes(b: u64) -> String {
         x /= 1024.0;
         i += 1;
     }
-    if i == 0 { format!("{b} B") } else { format!("{x:.1} {}", U[i]) }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{x:.1} {}", U[i])
+    }
 }
 
 pub fn print_status(v: &Value) {
@@ -110,7 +126,12 @@ pub fn print_status(v: &Value) {
         n(v, "consecutive_failures")
     );
     if let Some(f) = v.get("last_failure").filter(|f| !f.is_null()) {
-        println!("  last failure: {} ({}) at {}", s(f, "kind"), s(f, "reason"), s(f, "ts"));
+        println!(
+            "  last failure: {} ({}) at {}",
+            s(f, "kind"),
+            s(f, "reason"),
+            s(f, "ts")
+        );
     }
     if let Some(d) = v.get("last_decision").filter(|d| !d.is_null()) {
         println!("  last decision: {}: {}", s(d, "mode"), s(d, "reason"));
@@ -127,14 +148,28 @@ pub fn print_status(v: &Value) {
         .unwrap_or_default();
     println!(
         "  preserved: {} in {} fd(s){}",
-        bytes(v.get("preserved_bytes").and_then(Value::as_u64).unwrap_or(0)),
-        v.get("held_fds").and_then(Value::as_array).map_or(0, |a| a.len()),
-        if held.is_empty() { String::new() } else { format!(" ({})", held.join(", ")) }
+        bytes(
+            v.get("preserved_bytes")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        ),
+        v.get("held_fds")
+            .and_then(Value::as_array)
+            .map_or(0, |a| a.len()),
+        if held.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", held.join(", "))
+        }
     );
     if let Some(h) = v.get("heartbeat_age_ms").and_then(Value::as_u64) {
         println!("  heartbeat: {h} ms ago");
     }
-    println!("  supervisor pid {}, socket {}", n(v, "supervisor_pid"), s(v, "socket"));
+    println!(
+        "  supervisor pid {}, socket {}",
+        n(v, "supervisor_pid"),
+        s(v, "socket")
+    );
 }
 
 pub fn status(name: Option<&str>, as_json: bool) -> Result<i32> {
@@ -153,7 +188,10 @@ pub fn status(name: Option<&str>, as_json: bool) -> Result<i32> {
             if as_json {
                 println!("{}", Value::Array(all));
             } else if all.is_empty() {
-                println!("no supervisors running (in {})", runtime_dir::dir().display());
+                println!(
+                    "no supervisors running (in {})",
+                    runtime_dir::dir().display()
+                );
             } else {
                 for v in &all {
                     print_status(v);
@@ -175,7 +213,10 @@ pub fn ps(as_json: bool) -> Result<i32> {
         "NAME", "SUP-PID", "APP-PID", "GEN", "STATE", "KIND", "UPTIME", "RESTARTS", "PRESERVED"
     );
     for v in &all {
-        let restarts = v.get("restarts").map(|r| n(r, "total")).unwrap_or_else(|| "-".into());
+        let restarts = v
+            .get("restarts")
+            .map(|r| n(r, "total"))
+            .unwrap_or_else(|| "-".into());
         println!(
             "{:<20} {:>8} {:>8} {:>5} {:<10} {:<5} {:>9} {:>8} {:>11}",
             s(v, "name"),
@@ -186,7 +227,11 @@ pub fn ps(as_json: bool) -> Result<i32> {
             s(v, "kind"),
             dur(v.get("uptime_ms").and_then(Value::as_u64)),
             restarts,
-            bytes(v.get("preserved_bytes").and_then(Value::as_u64).unwrap_or(0)),
+            bytes(
+                v.get("preserved_bytes")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+            ),
         );
     }
     Ok(0)
@@ -194,7 +239,11 @@ pub fn ps(as_json: bool) -> Result<i32> {
 
 pub fn restart(name: &str, cold: bool) -> Result<i32> {
     let mode = if cold { "cold" } else { "warm" };
-    let (v, _) = call(&socket_for(name)?, &json!({"cmd": "restart", "mode": mode}), TIMEOUT)?;
+    let (v, _) = call(
+        &socket_for(name)?,
+        &json!({"cmd": "restart", "mode": mode}),
+        TIMEOUT,
+    )?;
     let v = ok_or_err(v)?;
     println!("{name}: {mode} restart requested (pid {})", n(&v, "pid"));
     Ok(0)
@@ -206,13 +255,19 @@ pub fn stop(name: &str) -> Result<i32> {
     let (v, mut stream) = call(&socket_for(name)?, &json!({"cmd": "stop"}), TIMEOUT)?;
     ok_or_err(v)?;
     let t0 = Instant::now();
-    stream.set_read_timeout(Some(Duration::from_millis(500))).context("socket timeout")?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .context("socket timeout")?;
     let mut b = [0u8; 256];
     loop {
         match stream.read(&mut b) {
             Ok(0) => break,
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => break,
         }
         if t0.elapsed() > Duration::from_secs(120) {

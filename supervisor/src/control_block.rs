@@ -124,7 +124,10 @@ pub trait Fields {
 impl OpenRegion {
     /// Same words as the runtime's rk_unsafe_open().
     pub fn describe(&self) -> String {
-        format!("unsafe region open in arena {} (tid {})", self.arena, self.tid)
+        format!(
+            "unsafe region open in arena {} (tid {})",
+            self.arena, self.tid
+        )
     }
 }
 
@@ -164,9 +167,15 @@ pub struct ControlBlock {
 impl ControlBlock {
     pub fn create() -> Result<Self> {
         // SAFETY: memfd_create with a static NUL-terminated name.
-        let raw = unsafe { libc::memfd_create(c"rekindle:control".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        let raw = unsafe {
+            libc::memfd_create(
+                c"rekindle:control".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if raw < 0 {
-            return Err(std::io::Error::last_os_error()).context("memfd_create for the control block");
+            return Err(std::io::Error::last_os_error())
+                .context("memfd_create for the control block");
         }
         // SAFETY: raw is a fresh descriptor that we own from here on.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
@@ -211,12 +220,12 @@ impl ControlBlock {
     }
 
     fn atomic_u32(&self, off: usize) -> &AtomicU32 {
-        assert!(off % 4 == 0 && off + 4 <= SIZE);
+        assert!(off.is_multiple_of(4) && off + 4 <= SIZE);
         // SAFETY: in bounds, aligned, and the mapping lives as long as self.
         unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
     }
     fn atomic_u64(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= SIZE);
+        assert!(off.is_multiple_of(8) && off + 8 <= SIZE);
         // SAFETY: as above.
         unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
     }
@@ -261,7 +270,7 @@ impl ControlBlock {
         let bytes = reason.as_bytes();
         let n = bytes.len().min(REQUEST_REASON_LEN - 1);
         for i in 0..REQUEST_REASON_LEN {
-            let c = if i < n { bytes[i] } else { 0 };
+            let c = bytes.get(i).copied().filter(|_| i < n).unwrap_or(0);
             // SAFETY: within the mapping (64 + 128 <= SIZE); single bytes.
             unsafe { std::ptr::write_volatile(self.ptr.add(OFF_REQUEST_REASON + i), c) };
         }
@@ -274,7 +283,14 @@ impl ControlBlock {
     /// never would, and a stale heartbeat would look like a hang).  Called
     /// only after the decision was made from them.
     pub fn reset_for_spawn(&self) {
-        for off in [OFF_PID, OFF_GENERATION, OFF_STATE, OFF_FLAGS, OFF_REQUEST_MODE, OFF_NARENAS] {
+        for off in [
+            OFF_PID,
+            OFF_GENERATION,
+            OFF_STATE,
+            OFF_FLAGS,
+            OFF_REQUEST_MODE,
+            OFF_NARENAS,
+        ] {
             self.store_u32(off, 0);
         }
         for off in [OFF_HEARTBEAT_COUNT, OFF_HEARTBEAT_NS, OFF_PRESERVED] {
@@ -302,7 +318,7 @@ impl Fields for ControlBlock {
         unsafe { std::ptr::read_volatile(self.ptr.add(off)) }
     }
     fn load_u16(&self, off: usize) -> u16 {
-        if off % 2 != 0 || off + 2 > SIZE {
+        if !off.is_multiple_of(2) || off + 2 > SIZE {
             return 0;
         }
         // SAFETY: in bounds and aligned.
@@ -325,7 +341,9 @@ impl Drop for ControlBlock {
 
 /// Reads a NUL-terminated name (for tests that build blocks by hand).
 pub fn cstr_field(b: &[u8]) -> Option<&str> {
-    CStr::from_bytes_until_nul(b).ok().and_then(|c| c.to_str().ok())
+    CStr::from_bytes_until_nul(b)
+        .ok()
+        .and_then(|c| c.to_str().ok())
 }
 
 #[cfg(test)]
@@ -378,7 +396,10 @@ mod tests {
         let s = OFF_SLOTS;
         b[s..s + 4].copy_from_slice(&9u32.to_le_bytes());
         b[s + 4 + 2 * 7..s + 4 + 2 * 8].copy_from_slice(&1u16.to_le_bytes());
-        assert_eq!(b.as_slice().open_region().map(|r| r.arena), Some("?".into()));
+        assert_eq!(
+            b.as_slice().open_region().map(|r| r.arena),
+            Some("?".into())
+        );
         // a name without a NUL
         let mut b = block();
         for c in &mut b[OFF_ARENA_NAMES..OFF_ARENA_NAMES + ARENA_NAME_LEN] {
@@ -394,7 +415,11 @@ mod tests {
         assert_eq!(cb.load_u32(OFF_NSLOTS), 256);
         cb.request(1, "leak: RssAnon 1 > max 0");
         assert_eq!(cb.request_mode(), 1);
-        assert_eq!(cb.cstr_at(OFF_REQUEST_REASON, REQUEST_REASON_LEN).as_deref(), Some("leak: RssAnon 1 > max 0"));
+        assert_eq!(
+            cb.cstr_at(OFF_REQUEST_REASON, REQUEST_REASON_LEN)
+                .as_deref(),
+            Some("leak: RssAnon 1 > max 0")
+        );
         cb.store_u64(OFF_HEARTBEAT_NS, 5);
         cb.reset_for_spawn();
         assert_eq!(cb.heartbeat_ns(), 0);

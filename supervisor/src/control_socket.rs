@@ -56,7 +56,10 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
     }
     let v: Value = serde_json::from_slice(line).map_err(|e| RequestError::Json(e.to_string()))?;
     let o = v.as_object().ok_or(RequestError::NotObject)?;
-    let cmd = o.get("cmd").and_then(Value::as_str).ok_or(RequestError::NoCmd)?;
+    let cmd = o
+        .get("cmd")
+        .and_then(Value::as_str)
+        .ok_or(RequestError::NoCmd)?;
     match cmd {
         "status" => Ok(Request::Status),
         "stop" => Ok(Request::Stop),
@@ -89,7 +92,11 @@ impl LineReader {
     pub fn push(&mut self, data: &[u8], out: &mut Vec<Result<Request, RequestError>>) {
         for chunk in data.split_inclusive(|&c| c == b'\n') {
             let complete = chunk.last() == Some(&b'\n');
-            let body = if complete { &chunk[..chunk.len() - 1] } else { chunk };
+            let body = if complete {
+                &chunk[..chunk.len() - 1]
+            } else {
+                chunk
+            };
             if self.discarding {
                 if complete {
                     self.discarding = false;
@@ -115,8 +122,14 @@ impl LineReader {
 }
 
 fn trim_ascii(b: &[u8]) -> &[u8] {
-    let s = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
-    let e = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(s, |e| e + 1);
+    let s = b
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(b.len());
+    let e = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(s, |e| e + 1);
     &b[s..e.max(s)]
 }
 
@@ -169,7 +182,8 @@ impl Server {
             if UnixStream::connect(path).is_ok() {
                 bail!("a supervisor is already running at {}", path.display());
             }
-            std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing stale {}", path.display()))?;
         }
         // SAFETY: umask is process-wide and we are single-threaded here.
         let old = unsafe { libc::umask(0o177) };
@@ -179,7 +193,9 @@ impl Server {
         let listener = l.with_context(|| format!("binding {}", path.display()))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         listener.set_nonblocking(true)?;
-        let ino = std::fs::symlink_metadata(path).map(|m| m.ino()).unwrap_or(0);
+        let ino = std::fs::symlink_metadata(path)
+            .map(|m| m.ino())
+            .unwrap_or(0);
         Ok(Server {
             listener,
             path: path.to_path_buf(),
@@ -243,7 +259,8 @@ impl Server {
 
     /// Drops clients that are done.
     pub fn sweep(&mut self) {
-        self.clients.retain(|c| !(c.closing && c.out.is_empty() && !c.hold_open));
+        self.clients
+            .retain(|c| !(c.closing && c.out.is_empty() && !c.hold_open));
     }
 
     /// Removes the socket file, if it is still ours.
@@ -328,7 +345,8 @@ impl Client {
 
 /// Sends one request to NAME.sock and reads one reply line.
 pub fn call(path: &Path, req: &Value, timeout: std::time::Duration) -> Result<(Value, UnixStream)> {
-    let mut s = UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
+    let mut s =
+        UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     let mut line = req.to_string();
@@ -362,15 +380,30 @@ mod tests {
     fn valid_requests() {
         assert_eq!(parse_request(br#"{"cmd":"status"}"#), Ok(Request::Status));
         assert_eq!(parse_request(br#"{"cmd":"stop"}"#), Ok(Request::Stop));
-        assert_eq!(parse_request(br#"{"cmd":"restart"}"#), Ok(Request::Restart(Mode::Warm)));
-        assert_eq!(parse_request(br#"{"cmd":"restart","mode":"cold"}"#), Ok(Request::Restart(Mode::Cold)));
-        assert_eq!(parse_request(br#" {"cmd":"restart","mode":"warm","x":1} "#), Ok(Request::Restart(Mode::Warm)));
+        assert_eq!(
+            parse_request(br#"{"cmd":"restart"}"#),
+            Ok(Request::Restart(Mode::Warm))
+        );
+        assert_eq!(
+            parse_request(br#"{"cmd":"restart","mode":"cold"}"#),
+            Ok(Request::Restart(Mode::Cold))
+        );
+        assert_eq!(
+            parse_request(br#" {"cmd":"restart","mode":"warm","x":1} "#),
+            Ok(Request::Restart(Mode::Warm))
+        );
     }
 
     #[test]
     fn invalid_requests() {
-        assert!(matches!(parse_request(b"not json"), Err(RequestError::Json(_))));
-        assert!(matches!(parse_request(b"\x00\xff\xfe garbage"), Err(RequestError::Json(_))));
+        assert!(matches!(
+            parse_request(b"not json"),
+            Err(RequestError::Json(_))
+        ));
+        assert!(matches!(
+            parse_request(b"\x00\xff\xfe garbage"),
+            Err(RequestError::Json(_))
+        ));
         assert_eq!(parse_request(b"[1,2,3]"), Err(RequestError::NotObject));
         assert_eq!(parse_request(b"{}"), Err(RequestError::NoCmd));
         assert_eq!(parse_request(br#"{"cmd":5}"#), Err(RequestError::NoCmd));
@@ -378,9 +411,18 @@ mod tests {
             parse_request(br#"{"cmd":"format-disk"}"#),
             Err(RequestError::UnknownCmd("format-disk".into()))
         );
-        assert_eq!(parse_request(br#"{"cmd":"restart","mode":"lukewarm"}"#), Err(RequestError::BadMode));
-        assert_eq!(parse_request(br#"{"cmd":"restart","mode":1}"#), Err(RequestError::BadMode));
-        assert_eq!(parse_request(&vec![b' '; MAX_LINE + 1]), Err(RequestError::TooLong));
+        assert_eq!(
+            parse_request(br#"{"cmd":"restart","mode":"lukewarm"}"#),
+            Err(RequestError::BadMode)
+        );
+        assert_eq!(
+            parse_request(br#"{"cmd":"restart","mode":1}"#),
+            Err(RequestError::BadMode)
+        );
+        assert_eq!(
+            parse_request(&vec![b' '; MAX_LINE + 1]),
+            Err(RequestError::TooLong)
+        );
     }
 
     #[test]

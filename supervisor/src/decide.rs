@@ -45,7 +45,10 @@ pub fn decide(f: &Facts) -> (Mode, String) {
         return (Mode::Cold, "cold restart requested".into());
     }
     if !f.has_manifest {
-        return (Mode::Cold, "no preserved state held (the app never handed over a manifest)".into());
+        return (
+            Mode::Cold,
+            "no preserved state held (the app never handed over a manifest)".into(),
+        );
     }
     if f.warm_disabled {
         return (Mode::Cold, "warm restarts disabled by the app".into());
@@ -74,7 +77,11 @@ pub fn decide(f: &Facts) -> (Mode, String) {
 /// The consecutive-failure count after one more failure: an incarnation
 /// that ran at least `stable_after` starts the count again.
 pub fn next_failure_count(prev: u32, uptime: Duration, stable_after: Duration) -> u32 {
-    if uptime >= stable_after { 1 } else { prev.saturating_add(1) }
+    if uptime >= stable_after {
+        1
+    } else {
+        prev.saturating_add(1)
+    }
 }
 
 /// The delay before respawning after the `n`th consecutive failure: none for
@@ -121,7 +128,10 @@ mod tests {
 
         let mut f = good();
         f.warm_disabled = true;
-        assert_eq!(decide(&f), (Mode::Cold, "warm restarts disabled by the app".into()));
+        assert_eq!(
+            decide(&f),
+            (Mode::Cold, "warm restarts disabled by the app".into())
+        );
 
         let mut f = good();
         f.unsafe_open = Some("unsafe region open in arena table (tid 7)".into());
@@ -132,11 +142,18 @@ mod tests {
         f.uptime = Duration::from_millis(300);
         let (m, why) = decide(&f);
         assert_eq!(m, Mode::Cold);
-        assert!(why.starts_with("second failure 300 ms after a warm restart"), "{why}");
+        assert!(
+            why.starts_with("second failure 300 ms after a warm restart"),
+            "{why}"
+        );
 
         let mut f = good();
-        f.arena_checks.push(("index".into(), Err("header checksum mismatch".into())));
-        assert_eq!(decide(&f), (Mode::Cold, "arena index: header checksum mismatch".into()));
+        f.arena_checks
+            .push(("index".into(), Err("header checksum mismatch".into())));
+        assert_eq!(
+            decide(&f),
+            (Mode::Cold, "arena index: header checksum mismatch".into())
+        );
 
         let mut f = good();
         f.cold_requested = true;

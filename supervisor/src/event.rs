@@ -121,8 +121,16 @@ mod tests {
     #[test]
     fn lines_are_json_with_the_common_fields_first() {
         let log = EventLog::open("svc", None).unwrap_or_else(|e| panic!("{e}"));
-        let line = log.render(&ev("spawn").u("pid", 7).s("mode", "warm\"x").opt::<u64>("none", None));
-        assert!(line.starts_with("{\"supervisor\":\"spawn\",\"name\":\"svc\""), "{line}");
+        let line = log.render(
+            &ev("spawn")
+                .u("pid", 7)
+                .s("mode", "warm\"x")
+                .opt::<u64>("none", None),
+        );
+        assert!(
+            line.starts_with("{\"supervisor\":\"spawn\",\"name\":\"svc\""),
+            "{line}"
+        );
         let v: Value = serde_json::from_str(&line).unwrap_or_default();
         assert_eq!(v["pid"], 7);
         assert_eq!(v["mode"], "warm\"x");

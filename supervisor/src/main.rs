@@ -21,7 +21,11 @@ fn main() {
         },
         Command::Status { name, json } => client::status(name.as_deref(), json),
         Command::Ps { json } => client::ps(json),
-        Command::Restart { name, warm: _, cold } => client::restart(&name, cold),
+        Command::Restart {
+            name,
+            warm: _,
+            cold,
+        } => client::restart(&name, cold),
         Command::Stop { name } => client::stop(&name),
     };
     match r {

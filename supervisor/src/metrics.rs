@@ -7,7 +7,9 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
 
 pub struct Metrics {
     registry: Registry,
@@ -22,9 +24,13 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new(name: &str) -> Result<Self> {
-        let registry = Registry::new_custom(None, Some([("name".to_string(), name.to_string())].into()))?;
+        let registry =
+            Registry::new_custom(None, Some([("name".to_string(), name.to_string())].into()))?;
         let restarts = IntCounterVec::new(
-            Opts::new("rekindle_restarts_total", "Restarts completed, by mode (warm, cold) and failure kind"),
+            Opts::new(
+                "rekindle_restarts_total",
+                "Restarts completed, by mode (warm, cold) and failure kind",
+            ),
             &["mode", "failure"],
         )?;
         let failures = IntCounterVec::new(
@@ -37,7 +43,8 @@ impl Metrics {
                 "Time from detecting a failure to the next incarnation's HELLO",
             )
             .buckets(vec![
-                0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0,
             ]),
         )?;
         let preserved_bytes = IntGauge::new(
@@ -48,8 +55,14 @@ impl Metrics {
             "rekindle_last_failure_timestamp_seconds",
             "Unix time of the last failure (0: none yet)",
         )?;
-        let up = IntGauge::new("rekindle_up", "1 while an incarnation of the app is running")?;
-        let generation = IntGauge::new("rekindle_generation", "Generation of the running incarnation")?;
+        let up = IntGauge::new(
+            "rekindle_up",
+            "1 while an incarnation of the app is running",
+        )?;
+        let generation = IntGauge::new(
+            "rekindle_generation",
+            "Generation of the running incarnation",
+        )?;
         registry.register(Box::new(restarts.clone()))?;
         registry.register(Box::new(failures.clone()))?;
         registry.register(Box::new(downtime.clone()))?;
@@ -71,7 +84,10 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        if TextEncoder::new().encode(&self.registry.gather(), &mut buf).is_err() {
+        if TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .is_err()
+        {
             return String::new();
         }
         String::from_utf8_lossy(&buf).into_owned()
@@ -95,7 +111,8 @@ const MAX_CONNS: usize = 32;
 
 impl Server {
     pub fn bind(addr: &str) -> Result<Self> {
-        let listener = TcpListener::bind(addr).with_context(|| format!("binding the metrics address {addr}"))?;
+        let listener = TcpListener::bind(addr)
+            .with_context(|| format!("binding the metrics address {addr}"))?;
         listener.set_nonblocking(true)?;
         Ok(Server {
             listener,
@@ -108,7 +125,10 @@ impl Server {
     }
 
     pub fn conn_fds(&self) -> Vec<(BorrowedFd<'_>, bool)> {
-        self.conns.iter().map(|c| (c.s.as_fd(), !c.out.is_empty())).collect()
+        self.conns
+            .iter()
+            .map(|c| (c.s.as_fd(), !c.out.is_empty()))
+            .collect()
     }
 
     pub fn accept(&mut self) {
@@ -154,7 +174,8 @@ impl Server {
                         Err(_) => break,
                     }
                 }
-                let complete = c.inbuf.windows(4).any(|w| w == b"\r\n\r\n") || c.inbuf.windows(2).any(|w| w == b"\n\n");
+                let complete = c.inbuf.windows(4).any(|w| w == b"\r\n\r\n")
+                    || c.inbuf.windows(2).any(|w| w == b"\n\n");
                 if complete || c.inbuf.len() > 16384 {
                     c.out = respond(&c.inbuf, body);
                     c.replied = true;
@@ -187,9 +208,19 @@ pub fn respond(req: &[u8], body: &dyn Fn() -> String) -> Vec<u8> {
     let target = parts.next().unwrap_or("");
     let path = target.split('?').next().unwrap_or("");
     let (status, ctype, text) = match (method, path) {
-        ("GET", "/metrics") | ("GET", "/") => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", body()),
-        ("GET", _) => ("404 Not Found", "text/plain", "not found: try /metrics\n".to_string()),
-        _ => ("405 Method Not Allowed", "text/plain", "GET only\n".to_string()),
+        ("GET", "/metrics") | ("GET", "/") => {
+            ("200 OK", "text/plain; version=0.0.4; charset=utf-8", body())
+        }
+        ("GET", _) => (
+            "404 Not Found",
+            "text/plain",
+            "not found: try /metrics\n".to_string(),
+        ),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET only\n".to_string(),
+        ),
     };
     let mut out = format!(
         "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -227,17 +258,28 @@ mod tests {
             .lines()
             .find(|l| l.starts_with("rekindle_restarts_total{"))
             .unwrap_or_default();
-        assert!(line.contains("mode=\"warm\"") && line.ends_with(" 1"), "{line}");
+        assert!(
+            line.contains("mode=\"warm\"") && line.ends_with(" 1"),
+            "{line}"
+        );
     }
 
     #[test]
     fn http_replies() {
-        let r = String::from_utf8(respond(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", &|| "m 1\n".into()))
+        let r = String::from_utf8(respond(
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+            &|| "m 1\n".into(),
+        ))
+        .unwrap_or_default();
+        assert!(
+            r.starts_with("HTTP/1.0 200 OK\r\n") && r.ends_with("\r\n\r\nm 1\n"),
+            "{r}"
+        );
+        let r = String::from_utf8(respond(b"GET /x HTTP/1.0\r\n\r\n", &|| String::new()))
             .unwrap_or_default();
-        assert!(r.starts_with("HTTP/1.0 200 OK\r\n") && r.ends_with("\r\n\r\nm 1\n"), "{r}");
-        let r = String::from_utf8(respond(b"GET /x HTTP/1.0\r\n\r\n", &|| String::new())).unwrap_or_default();
         assert!(r.starts_with("HTTP/1.0 404"));
-        let r = String::from_utf8(respond(b"\xff\xfe\r\n\r\n", &|| String::new())).unwrap_or_default();
+        let r =
+            String::from_utf8(respond(b"\xff\xfe\r\n\r\n", &|| String::new())).unwrap_or_default();
         assert!(r.starts_with("HTTP/1.0 405"));
     }
 }

@@ -86,7 +86,10 @@ pub fn fdname(kind: FdKind, name: &str) -> String {
     match kind {
         FdKind::Manifest => "rekindle-manifest".into(),
         FdKind::Arena => format!("rekindle-arena-{}", fdname_escape(name)),
-        FdKind::Range => format!("rekindle-range-{}", fdname_escape(name.strip_prefix("range:").unwrap_or(name))),
+        FdKind::Range => format!(
+            "rekindle-range-{}",
+            fdname_escape(name.strip_prefix("range:").unwrap_or(name))
+        ),
     }
 }
 
@@ -124,7 +127,10 @@ pub fn take_listen_fds() -> Inherited {
         .ok()
         .and_then(|p| p.trim().parse::<u32>().ok())
         .is_some_and(|p| p == std::process::id());
-    let n = std::env::var("LISTEN_FDS").ok().and_then(|n| n.trim().parse::<u32>().ok()).unwrap_or(0);
+    let n = std::env::var("LISTEN_FDS")
+        .ok()
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .unwrap_or(0);
     let names = std::env::var("LISTEN_FDNAMES").unwrap_or_default();
     // SAFETY: single-threaded at start-up, before anything reads the environment concurrently.
     unsafe {
@@ -167,7 +173,10 @@ impl Systemd {
     /// From $NOTIFY_SOCKET (unset afterwards, so the app does not get it).
     pub fn from_env() -> Option<Systemd> {
         let path = std::env::var_os("NOTIFY_SOCKET")?;
-        let wd = std::env::var("WATCHDOG_USEC").ok().and_then(|u| u.parse::<u64>().ok()).filter(|&u| u > 0);
+        let wd = std::env::var("WATCHDOG_USEC")
+            .ok()
+            .and_then(|u| u.parse::<u64>().ok())
+            .filter(|&u| u > 0);
         let wd_pid_ok = std::env::var("WATCHDOG_PID")
             .ok()
             .and_then(|p| p.parse::<u32>().ok())
@@ -184,7 +193,13 @@ impl Systemd {
         } else {
             UnixAddr::new(Path::new(&path)).ok()?
         };
-        let sock = socket(AddressFamily::Unix, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None).ok()?;
+        let sock = socket(
+            AddressFamily::Unix,
+            SockType::Datagram,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .ok()?;
         Some(Systemd {
             sock,
             addr,
@@ -197,9 +212,15 @@ impl Systemd {
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         let cmsg = [ControlMessage::ScmRights(&raw)];
         let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
-        sendmsg(self.sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, Some(&self.addr))
-            .map(|_| ())
-            .map_err(io::Error::from)
+        sendmsg(
+            self.sock.as_raw_fd(),
+            &iov,
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            Some(&self.addr),
+        )
+        .map(|_| ())
+        .map_err(io::Error::from)
     }
 }
 
@@ -250,12 +271,18 @@ impl AppNotify {
         unsafe { libc::umask(old) };
         r.map_err(io::Error::from)?;
         let path = if kept {
-            let ino = std::fs::symlink_metadata(path).map(|m| m.ino()).unwrap_or(0);
+            let ino = std::fs::symlink_metadata(path)
+                .map(|m| m.ino())
+                .unwrap_or(0);
             Some((path.to_path_buf(), ino))
         } else {
             None
         };
-        Ok(AppNotify { sock, env_value, path })
+        Ok(AppNotify {
+            sock,
+            env_value,
+            path,
+        })
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
@@ -278,11 +305,19 @@ impl AppNotify {
         mh.msg_controllen = ctl.len() * 8;
         // SAFETY: as above.
         let n = unsafe {
-            libc::recvmsg(self.sock.as_raw_fd(), &mut mh, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC)
+            libc::recvmsg(
+                self.sock.as_raw_fd(),
+                &mut mh,
+                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+            )
         };
         if n < 0 {
             let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
+            return if e.kind() == io::ErrorKind::WouldBlock {
+                Ok(None)
+            } else {
+                Err(e)
+            };
         }
         let (mut pid, mut uid) = (0u32, u32::MAX);
         // SAFETY: walking the kernel's control messages; fds are closed at once.
@@ -291,13 +326,15 @@ impl AppNotify {
             while !c.is_null() {
                 let data = libc::CMSG_DATA(c);
                 let len = (*c).cmsg_len as usize - (data as usize - c as usize);
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS
+                if (*c).cmsg_level == libc::SOL_SOCKET
+                    && (*c).cmsg_type == libc::SCM_CREDENTIALS
                     && len >= std::mem::size_of::<libc::ucred>()
                 {
                     let cred: libc::ucred = std::ptr::read_unaligned(data.cast());
                     pid = cred.pid as u32;
                     uid = cred.uid;
-                } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS
+                {
                     for i in 0..len / 4 {
                         let fd: RawFd = std::ptr::read_unaligned((data as *const RawFd).add(i));
                         libc::close(fd);
@@ -311,10 +348,10 @@ impl AppNotify {
     }
 
     pub fn remove_file(&self) {
-        if let Some((p, ino)) = &self.path {
-            if std::fs::symlink_metadata(p).map(|m| m.ino()).ok() == Some(*ino) {
-                let _ = std::fs::remove_file(p);
-            }
+        if let Some((p, ino)) = &self.path
+            && std::fs::symlink_metadata(p).map(|m| m.ino()).ok() == Some(*ino)
+        {
+            let _ = std::fs::remove_file(p);
         }
     }
 }
@@ -334,7 +371,10 @@ mod tests {
                 Notice::Other("X=2".into())
             ]
         );
-        assert_eq!(parse_notify(b"READY=0"), vec![Notice::Other("READY=0".into())]);
+        assert_eq!(
+            parse_notify(b"READY=0"),
+            vec![Notice::Other("READY=0".into())]
+        );
         assert!(parse_notify(b"").is_empty());
         let _ = parse_notify(&[0xff, 0xfe, b'\n', 0]);
     }

@@ -335,7 +335,9 @@ pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
     if ty != T_FDS && nfds != 0 {
         // checked after the type so an unknown type is reported as such
         match ty {
-            T_ATTACH | T_HELLO | T_RESTARTING | T_READY => return Err(ProtoError::UnexpectedFds(nfds)),
+            T_ATTACH | T_HELLO | T_RESTARTING | T_READY => {
+                return Err(ProtoError::UnexpectedFds(nfds));
+            }
             T_INHERIT | T_ERROR => return Err(ProtoError::WrongDirection(ty)),
             _ => return Err(ProtoError::BadType(ty)),
         }
@@ -352,7 +354,8 @@ pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
             let pid = r.u32();
             let generation = r.u32();
             let kind_code = r.u32();
-            let kind = StartKind::from_code(kind_code).ok_or(ProtoError::BadValue("kind", kind_code as u64))?;
+            let kind = StartKind::from_code(kind_code)
+                .ok_or(ProtoError::BadValue("kind", kind_code as u64))?;
             let narenas = r.u32();
             let restart_ns = r.u64();
             let preserved_bytes = r.u64();
@@ -384,7 +387,10 @@ pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
             }
             want_len("FDS", p, FDS_HDR_LEN + FDS_ENTRY_LEN * count as usize)?;
             if nfds != count as usize {
-                return Err(ProtoError::FdCount { declared: count, got: nfds });
+                return Err(ProtoError::FdCount {
+                    declared: count,
+                    got: nfds,
+                });
             }
             let mut entries = Vec::with_capacity(count as usize);
             for _ in 0..count {
@@ -622,10 +628,16 @@ mod tests {
         // the five messages of tests/apps/liar.py
         assert_eq!(parse_app(&[0, 0, 0], 0), Err(ProtoError::Short(3)));
         let rksm: Vec<u8> = b"RKSM".repeat(100);
-        assert!(matches!(parse_app(&rksm, 0), Err(ProtoError::BadVersion(_))));
+        assert!(matches!(
+            parse_app(&rksm, 0),
+            Err(ProtoError::BadVersion(_))
+        ));
         let mut h = Vec::new();
         header(&mut h, T_HELLO, 999);
-        assert!(matches!(parse_app(&h, 0), Err(ProtoError::HeaderLength { .. })));
+        assert!(matches!(
+            parse_app(&h, 0),
+            Err(ProtoError::HeaderLength { .. })
+        ));
         let mut u = Vec::new();
         header(&mut u, 77, 0);
         assert_eq!(parse_app(&u, 0), Err(ProtoError::BadType(77)));
@@ -666,7 +678,10 @@ mod tests {
         let mut z = Vec::new();
         header(&mut z, T_FDS, 8);
         z.extend_from_slice(&[0; 8]);
-        assert!(matches!(parse_app(&z, 0), Err(ProtoError::BadValue("count", 0))));
+        assert!(matches!(
+            parse_app(&z, 0),
+            Err(ProtoError::BadValue("count", 0))
+        ));
     }
 
     #[test]
@@ -685,7 +700,10 @@ mod tests {
             decision: String::new(),
         }));
         // the supervisor's own types are refused from the app
-        assert_eq!(parse_app(&inh, 0), Err(ProtoError::WrongDirection(T_INHERIT)));
+        assert_eq!(
+            parse_app(&inh, 0),
+            Err(ProtoError::WrongDirection(T_INHERIT))
+        );
     }
 
     #[test]

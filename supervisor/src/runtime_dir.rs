@@ -34,7 +34,11 @@ pub fn ensure(d: &Path) -> Result<()> {
     // SAFETY: geteuid cannot fail.
     let me = unsafe { libc::geteuid() };
     if md.uid() != me {
-        bail!("{} belongs to uid {}, not to us (uid {me})", d.display(), md.uid());
+        bail!(
+            "{} belongs to uid {}, not to us (uid {me})",
+            d.display(),
+            md.uid()
+        );
     }
     if md.mode() & 0o777 != 0o700 {
         fs::set_permissions(d, fs::Permissions::from_mode(0o700))
@@ -49,19 +53,31 @@ pub fn check_name(n: &str) -> Result<()> {
     let ok = !n.is_empty()
         && n.len() <= 64
         && !n.starts_with('.')
-        && n.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-@".contains(&c));
+        && n.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"._-@".contains(&c));
     if !ok {
-        bail!("invalid name {n:?}: use up to 64 letters, digits, '.', '_', '-', '@' (not starting with '.')");
+        bail!(
+            "invalid name {n:?}: use up to 64 letters, digits, '.', '_', '-', '@' (not starting with '.')"
+        );
     }
     Ok(())
 }
 
 /// A name derived from the program's basename, made valid.
 pub fn name_from_program(prog: &str) -> String {
-    let base = Path::new(prog).file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let base = Path::new(prog)
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let mut n: String = base
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "._-@".contains(c) { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-@".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
         .take(64)
         .collect();
     while n.starts_with('.') {

@@ -26,9 +26,14 @@ pub fn resolve_program(prog: &OsStr) -> Result<PathBuf> {
     if prog.is_empty() {
         return Err(anyhow!("empty program name"));
     }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"));
+    let path =
+        std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"));
     for dir in std::env::split_paths(&path) {
-        let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
         let cand = dir.join(p);
         if is_executable(&cand) {
             return Ok(cand);
@@ -98,7 +103,12 @@ pub fn base_env(drop: &[&str]) -> Vec<CString> {
 /// Forks and execs; returns the child's pid.  `env` must not contain
 /// LISTEN_PID: with `listen_pid`, the child writes its own pid into a
 /// buffer prepared here.
-pub fn spawn(prog: &Program, env: &[CString], fds: &ChildFds<'_>, listen_pid: bool) -> io::Result<libc::pid_t> {
+pub fn spawn(
+    prog: &Program,
+    env: &[CString],
+    fds: &ChildFds<'_>,
+    listen_pid: bool,
+) -> io::Result<libc::pid_t> {
     let nl = fds.listen.len();
     let mut src: Vec<RawFd> = fds.listen.iter().map(|f| f.as_raw_fd()).collect();
     src.push(fds.app_sock.as_raw_fd());
@@ -155,9 +165,17 @@ pub fn spawn(prog: &Program, env: &[CString], fds: &ChildFds<'_>, listen_pid: bo
             }
         }
         // 3. everything else above them goes
-        if libc::syscall(libc::SYS_close_range, first_free as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint) < 0 {
+        if libc::syscall(
+            libc::SYS_close_range,
+            first_free as libc::c_uint,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        ) < 0
+        {
             let mut rl: libc::rlimit = std::mem::zeroed();
-            let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur != libc::RLIM_INFINITY {
+            let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0
+                && rl.rlim_cur != libc::RLIM_INFINITY
+            {
                 rl.rlim_cur.min(1 << 20) as RawFd
             } else {
                 65536

@@ -220,7 +220,12 @@ impl Supervisor {
         // SAFETY: prctl with constant arguments.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
         let mut mask = SigSet::empty();
-        for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        for s in [
+            Signal::SIGCHLD,
+            Signal::SIGTERM,
+            Signal::SIGINT,
+            Signal::SIGHUP,
+        ] {
             mask.add(s);
         }
         mask.thread_block().context("blocking signals")?;
@@ -300,7 +305,8 @@ impl Supervisor {
             metrics,
             metrics_server,
             started_ns: now,
-            started_wall: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            started_wall: humantime::format_rfc3339_millis(std::time::SystemTime::now())
+                .to_string(),
             restarts_warm: 0,
             restarts_cold: 0,
             failures: 0,
@@ -323,7 +329,12 @@ impl Supervisor {
 
     pub fn run(mut self) -> i32 {
         let c = &self.cfg;
-        let args: Vec<String> = c.args.iter().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+        let args: Vec<String> = c
+            .args
+            .iter()
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
         let opts = json!({
             "hang_timeout_ms": c.hang_timeout.as_millis() as u64,
             "kill_timeout_ms": c.kill_timeout.as_millis() as u64,
@@ -375,7 +386,11 @@ impl Supervisor {
                 self.drop_held();
             }
             Plan {
-                mode: if mode == Mode::Warm { StartKind::Warm } else { StartKind::Cold },
+                mode: if mode == Mode::Warm {
+                    StartKind::Warm
+                } else {
+                    StartKind::Cold
+                },
                 generation: 1,
                 signal: 0,
                 t_detect_ns: now_ns(),
@@ -389,10 +404,10 @@ impl Supervisor {
         let code = loop {
             self.reap();
             self.run_due();
-            if let Some(code) = self.exit {
-                if self.app.is_none() {
-                    break code;
-                }
+            if let Some(code) = self.exit
+                && self.app.is_none()
+            {
+                break code;
             }
             self.poll_once();
         };
@@ -412,19 +427,19 @@ impl Supervisor {
         if self.app.is_some() {
             next = next.min(self.next_check_ns);
         }
-        if let Some(a) = &self.app {
-            if let Some(ask) = &a.ask {
-                for t in [ask.signal_at_ns, ask.kill_at_ns].into_iter().flatten() {
-                    next = next.min(t);
-                }
+        if let Some(ask) = self.app.as_ref().and_then(|a| a.ask.as_ref()) {
+            for t in [ask.signal_at_ns, ask.kill_at_ns].into_iter().flatten() {
+                next = next.min(t);
             }
         }
-        if let Some(s) = &self.stopping {
-            if !s.killed {
-                next = next.min(s.deadline_ns);
-            }
+        if let Some(s) = self.stopping.as_ref().filter(|s| !s.killed) {
+            next = next.min(s.deadline_ns);
         }
-        if self.systemd.as_ref().is_some_and(|s| s.watchdog_usec.is_some()) {
+        if self
+            .systemd
+            .as_ref()
+            .is_some_and(|s| s.watchdog_usec.is_some())
+        {
             next = next.min(self.sd_watchdog_next_ns);
         }
         let ms = next.saturating_sub(now).div_ceil(1_000_000);
@@ -461,13 +476,25 @@ impl Supervisor {
         }
         add(self.control.listener_fd(), libc::POLLIN, Src::CtlListen);
         for c in &self.control.clients {
-            let ev = if c.wants_write() { libc::POLLIN | libc::POLLOUT } else { libc::POLLIN };
+            let ev = if c.wants_write() {
+                libc::POLLIN | libc::POLLOUT
+            } else {
+                libc::POLLIN
+            };
             add(c.fd(), ev, Src::Ctl(c.id));
         }
         if let Some(m) = &self.metrics_server {
             add(m.listener_fd(), libc::POLLIN, Src::MetListen);
             for (fd, w) in m.conn_fds() {
-                add(fd, if w { libc::POLLIN | libc::POLLOUT } else { libc::POLLIN }, Src::MetConn);
+                add(
+                    fd,
+                    if w {
+                        libc::POLLIN | libc::POLLOUT
+                    } else {
+                        libc::POLLIN
+                    },
+                    Src::MetConn,
+                );
             }
         }
         let timeout = self.poll_timeout_ms();
@@ -521,9 +548,15 @@ impl Supervisor {
                     } else if sig == libc::SIGTERM || sig == libc::SIGINT {
                         self.begin_stop(&sig_name(sig), 0);
                     } else if sig == libc::SIGHUP {
-                        let r = self.ask_restart(Mode::Warm, "supervisor: SIGHUP".into(), "request", false);
+                        let r = self.ask_restart(
+                            Mode::Warm,
+                            "supervisor: SIGHUP".into(),
+                            "request",
+                            false,
+                        );
                         if let Err(e) = r {
-                            self.events.emit(ev("error").s("what", format!("SIGHUP: {e}")));
+                            self.events
+                                .emit(ev("error").s("what", format!("SIGHUP: {e}")));
                         }
                     }
                 }
@@ -552,23 +585,28 @@ impl Supervisor {
     fn run_due(&mut self) {
         let now = now_ns();
         // backoff over: spawn
-        if self.app.is_none() && self.stopping.is_none() && self.exit.is_none() {
-            if let Some((t, _)) = &self.next_spawn {
-                if *t <= now {
-                    if let Some((_, plan)) = self.next_spawn.take() {
-                        self.spawn(plan);
-                    }
-                }
-            }
+        let due = self.next_spawn.as_ref().is_some_and(|(t, _)| *t <= now);
+        if due
+            && self.app.is_none()
+            && self.stopping.is_none()
+            && self.exit.is_none()
+            && let Some((_, plan)) = self.next_spawn.take()
+        {
+            self.spawn(plan);
         }
         // stop deadline
-        if let (Some(s), Some(a)) = (&mut self.stopping, &self.app) {
-            if !s.killed && now >= s.deadline_ns {
-                s.killed = true;
-                send_signal(a.pid, libc::SIGKILL);
-                send_signal(-a.pid, libc::SIGKILL);
-                self.events.emit(ev("kill").i("pid", a.pid as i64).s("reason", "stop timeout"));
-            }
+        if let (Some(s), Some(a)) = (&mut self.stopping, &self.app)
+            && !s.killed
+            && now >= s.deadline_ns
+        {
+            s.killed = true;
+            send_signal(a.pid, libc::SIGKILL);
+            send_signal(-a.pid, libc::SIGKILL);
+            self.events.emit(
+                ev("kill")
+                    .i("pid", a.pid as i64)
+                    .s("reason", "stop timeout"),
+            );
         }
         self.request_deadlines(now);
         if self.app.is_some() && now >= self.next_check_ns {
@@ -582,7 +620,9 @@ impl Supervisor {
     fn check_step(&self) -> Duration {
         let mut d = self.cfg.check_interval;
         if !self.cfg.hang_timeout.is_zero() {
-            d = d.min(self.cfg.hang_timeout / 4).max(Duration::from_millis(10));
+            d = d
+                .min(self.cfg.hang_timeout / 4)
+                .max(Duration::from_millis(10));
         }
         d
     }
@@ -594,30 +634,29 @@ impl Supervisor {
         let linked = a.hello;
         let pid = a.pid;
         let Some(ask) = &mut a.ask else { return };
-        if let Some(t) = ask.signal_at_ns {
-            if now >= t {
-                ask.signal_at_ns = None;
-                ask.kill_at_ns = Some(now + kill_ns);
-                let s = if linked { sig } else { libc::SIGTERM };
-                send_signal(pid, s);
-                self.events.emit(
-                    ev("signal")
-                        .i("pid", pid as i64)
-                        .s("signal", sig_name(s))
-                        .s("reason", "restart request not taken at a heartbeat"),
-                );
-            }
+        if let Some(t) = ask.signal_at_ns
+            && now >= t
+        {
+            ask.signal_at_ns = None;
+            ask.kill_at_ns = Some(now + kill_ns);
+            let s = if linked { sig } else { libc::SIGTERM };
+            send_signal(pid, s);
+            self.events.emit(
+                ev("signal")
+                    .i("pid", pid as i64)
+                    .s("signal", sig_name(s))
+                    .s("reason", "restart request not taken at a heartbeat"),
+            );
         }
-        if let Some(t) = ask.kill_at_ns {
-            if now >= t {
-                ask.kill_at_ns = None;
-                send_signal(pid, libc::SIGKILL);
-                self.events.emit(
-                    ev("kill")
-                        .i("pid", pid as i64)
-                        .s("reason", format!("no HELLO within {} ms", self.cfg.kill_timeout.as_millis())),
-                );
-            }
+        if let Some(t) = ask.kill_at_ns
+            && now >= t
+        {
+            ask.kill_at_ns = None;
+            send_signal(pid, libc::SIGKILL);
+            self.events.emit(ev("kill").i("pid", pid as i64).s(
+                "reason",
+                format!("no HELLO within {} ms", self.cfg.kill_timeout.as_millis()),
+            ));
         }
     }
 
@@ -642,7 +681,8 @@ impl Supervisor {
         if silent > dur_ns(self.cfg.hang_timeout) {
             let reason = format!("hang: no heartbeat for {} ms", clock::ms(silent));
             if let Err(e) = self.ask_restart(Mode::Warm, reason, "hang", true) {
-                self.events.emit(ev("error").s("what", format!("hang restart: {e}")));
+                self.events
+                    .emit(ev("error").s("what", format!("hang restart: {e}")));
             }
         }
     }
@@ -656,11 +696,18 @@ impl Supervisor {
         if a.ask.is_some() || a.in_place || a.noted.is_some() {
             return;
         }
-        let Some(rss) = procfs::rss_anon(a.pid) else { return };
+        let Some(rss) = procfs::rss_anon(a.pid) else {
+            return;
+        };
         if rss > max {
-            let reason = format!("leak: RssAnon {} > max {}", human_bytes(rss), human_bytes(max));
+            let reason = format!(
+                "leak: RssAnon {} > max {}",
+                human_bytes(rss),
+                human_bytes(max)
+            );
             if let Err(e) = self.ask_restart(Mode::Warm, reason, "leak", true) {
-                self.events.emit(ev("error").s("what", format!("leak restart: {e}")));
+                self.events
+                    .emit(ev("error").s("what", format!("leak restart: {e}")));
             }
         }
     }
@@ -673,7 +720,10 @@ impl Supervisor {
         }
         self.sd_watchdog_next_ns = now + usec * 1000 / 2;
         // healthy: no hang being handled
-        let hung = self.app.as_ref().is_some_and(|a| a.noted.as_ref().is_some_and(|n| n.kind == "hang"));
+        let hung = self
+            .app
+            .as_ref()
+            .is_some_and(|a| a.noted.as_ref().is_some_and(|n| n.kind == "hang"));
         if !hung {
             let _ = sd.send("WATCHDOG=1", &[]);
         }
@@ -693,9 +743,15 @@ impl Supervisor {
         self.ctl.reset_for_spawn();
         let l = self.listen.len();
         let mut env = self.base_env.clone();
-        env.push(spawn::env_entry("REKINDLE_SUPERVISOR_FD", (3 + l).to_string()));
+        env.push(spawn::env_entry(
+            "REKINDLE_SUPERVISOR_FD",
+            (3 + l).to_string(),
+        ));
         env.push(spawn::env_entry("REKINDLE_CONTROL_FD", (4 + l).to_string()));
-        env.push(spawn::env_entry("REKINDLE_RESTART_SIGNAL", self.cfg.restart_signal.to_string()));
+        env.push(spawn::env_entry(
+            "REKINDLE_RESTART_SIGNAL",
+            self.cfg.restart_signal.to_string(),
+        ));
         env.push(spawn::env_entry(
             "REKINDLE_CRASHLOOP_MS",
             self.cfg.crashloop_window.as_millis().to_string(),
@@ -731,7 +787,14 @@ impl Supervisor {
                 .u("generation", plan.generation as u64)
                 .s("mode", plan.mode.as_str())
                 .u("backoff_ms", plan.backoff_ms)
-                .u("fds", if plan.mode == StartKind::Warm { self.held.len() as u64 } else { 0 }),
+                .u(
+                    "fds",
+                    if plan.mode == StartKind::Warm {
+                        self.held.len() as u64
+                    } else {
+                        0
+                    },
+                ),
         );
         self.metrics.up.set(1);
         self.metrics.generation.set(plan.generation as i64);
@@ -753,15 +816,24 @@ impl Supervisor {
         });
         self.next_check_ns = now + dur_ns(self.check_step());
         // An app without the runtime never says HELLO: its restart is done now.
-        if !self.ever_linked {
-            if let Some(p) = self.pending.take() {
-                self.emit_restart(p, self.app.as_ref().map(|a| a.start_kind).unwrap_or(StartKind::Cold), now, 0);
-            }
+        if !self.ever_linked
+            && let Some(p) = self.pending.take()
+        {
+            self.emit_restart(
+                p,
+                self.app
+                    .as_ref()
+                    .map(|a| a.start_kind)
+                    .unwrap_or(StartKind::Cold),
+                now,
+                0,
+            );
         }
     }
 
     fn spawn_failed(&mut self, plan: Plan, what: &str) {
-        self.events.emit(ev("error").s("what", format!("cannot start the app: {what}")));
+        self.events
+            .emit(ev("error").s("what", format!("cannot start the app: {what}")));
         let n = decide::next_failure_count(self.consecutive, Duration::ZERO, self.cfg.stable_after);
         self.consecutive = n;
         if decide::gives_up(n, self.cfg.max_restarts) {
@@ -799,8 +871,11 @@ impl Supervisor {
         let (pid, generation) = (a.pid, a.generation);
         self.failures += 1;
         if counts {
-            self.consecutive =
-                decide::next_failure_count(self.consecutive, Duration::from_nanos(uptime), self.cfg.stable_after);
+            self.consecutive = decide::next_failure_count(
+                self.consecutive,
+                Duration::from_nanos(uptime),
+                self.cfg.stable_after,
+            );
         }
         let mut e = ev("failure")
             .s("kind", kind)
@@ -876,7 +951,10 @@ impl Supervisor {
 
     fn emit_restart(&mut self, p: Pending, kind: StartKind, now: u64, preserved: u64) {
         let spawn_ns = now.saturating_sub(p.t_detect_ns);
-        let detect_ns = p.t_failure_ns.map(|t| p.t_detect_ns.saturating_sub(t)).unwrap_or(0);
+        let detect_ns = p
+            .t_failure_ns
+            .map(|t| p.t_detect_ns.saturating_sub(t))
+            .unwrap_or(0);
         let mode = match kind {
             StartKind::Warm => "warm",
             StartKind::Cold => "cold",
@@ -898,12 +976,18 @@ impl Supervisor {
         } else {
             self.restarts_cold += 1;
         }
-        self.metrics.restarts.with_label_values(&[mode, p.failure]).inc();
+        self.metrics
+            .restarts
+            .with_label_values(&[mode, p.failure])
+            .inc();
         self.metrics.downtime.observe(spawn_ns as f64 / 1e9);
         self.ready_wait = Some(p.t_detect_ns);
         if let Some(sd) = &self.systemd {
             let _ = sd.send(
-                &format!("STATUS=restarted {mode} ({}), generation {}", p.failure, self.generation),
+                &format!(
+                    "STATUS=restarted {mode} ({}), generation {}",
+                    p.failure, self.generation
+                ),
                 &[],
             );
         }
@@ -925,7 +1009,9 @@ impl Supervisor {
             .opt("exit_code", code)
             .u(
                 "uptime_ms",
-                clock::ms(now.saturating_sub(self.app.as_ref().map(|a| a.started_ns).unwrap_or(now))),
+                clock::ms(
+                    now.saturating_sub(self.app.as_ref().map(|a| a.started_ns).unwrap_or(now)),
+                ),
             );
         self.events.emit(exited);
 
@@ -995,11 +1081,19 @@ impl Supervisor {
         let backoff = if noted.kind == "request" && ask_mode.is_some() {
             Duration::ZERO
         } else {
-            decide::backoff(self.consecutive, self.cfg.backoff_initial, self.cfg.backoff_max)
+            decide::backoff(
+                self.consecutive,
+                self.cfg.backoff_initial,
+                self.cfg.backoff_max,
+            )
         };
         let sig_for_inherit = if signal != 0 { signal } else { noted.signal };
         let plan = Plan {
-            mode: if mode == Mode::Warm { StartKind::Warm } else { StartKind::Cold },
+            mode: if mode == Mode::Warm {
+                StartKind::Warm
+            } else {
+                StartKind::Cold
+            },
             generation: self.generation.wrapping_add(1),
             signal: sig_for_inherit,
             t_detect_ns: noted.t_detect_ns.min(now),
@@ -1028,16 +1122,29 @@ impl Supervisor {
     /// Asks the running app to restart: control-block request, then the
     /// restart signal (at once for a hang or an app that does not beat),
     /// then SIGKILL after --kill-timeout.
-    fn ask_restart(&mut self, mode: Mode, reason: String, kind: &'static str, counts: bool) -> Result<(), String> {
+    fn ask_restart(
+        &mut self,
+        mode: Mode,
+        reason: String,
+        kind: &'static str,
+        counts: bool,
+    ) -> Result<(), String> {
         if self.stopping.is_some() {
             return Err("the supervisor is stopping".into());
         }
         let now = now_ns();
         let (pid, linked, busy) = match &self.app {
-            Some(a) => (a.pid, a.hello, a.ask.is_some() || a.in_place || a.noted.is_some()),
+            Some(a) => (
+                a.pid,
+                a.hello,
+                a.ask.is_some() || a.in_place || a.noted.is_some(),
+            ),
             None => {
                 return Err(match &self.next_spawn {
-                    Some((t, _)) => format!("no app running; next start in {} ms", clock::ms(t.saturating_sub(now))),
+                    Some((t, _)) => format!(
+                        "no app running; next start in {} ms",
+                        clock::ms(t.saturating_sub(now))
+                    ),
                     None => "no app running".into(),
                 });
             }
@@ -1049,7 +1156,8 @@ impl Supervisor {
             return Ok(()); // gave up: the app is being stopped
         }
         let beats = self.ctl.pid() == pid as u32 && self.ctl.heartbeat_ns() != 0;
-        self.ctl.request(if mode == Mode::Cold { 2 } else { 1 }, &reason);
+        self.ctl
+            .request(if mode == Mode::Cold { 2 } else { 1 }, &reason);
         let kill_ns = dur_ns(self.cfg.kill_timeout);
         let ask = if kind != "hang" && beats && linked {
             Ask {
@@ -1058,7 +1166,11 @@ impl Supervisor {
                 kill_at_ns: None,
             }
         } else {
-            let s = if linked { self.cfg.restart_signal } else { libc::SIGTERM };
+            let s = if linked {
+                self.cfg.restart_signal
+            } else {
+                libc::SIGTERM
+            };
             send_signal(pid, s);
             self.events.emit(
                 ev("signal")
@@ -1082,12 +1194,12 @@ impl Supervisor {
         let now = now_ns();
         if let Some(s) = &mut self.stopping {
             // asked again: no more waiting
-            if let Some(a) = &self.app {
-                if !s.killed {
-                    s.killed = true;
-                    send_signal(a.pid, libc::SIGKILL);
-                    send_signal(-a.pid, libc::SIGKILL);
-                }
+            if let Some(a) = &self.app
+                && !s.killed
+            {
+                s.killed = true;
+                send_signal(a.pid, libc::SIGKILL);
+                send_signal(-a.pid, libc::SIGKILL);
             }
             return;
         }
@@ -1122,9 +1234,15 @@ impl Supervisor {
 
     fn on_app_readable(&mut self, hup: bool) {
         for _ in 0..256 {
-            let Some(sock) = self.app.as_ref().and_then(|a| a.sock.as_ref()) else { return };
+            let Some(sock) = self.app.as_ref().and_then(|a| a.sock.as_ref()) else {
+                return;
+            };
             match app_link::recv(sock.as_fd()) {
-                Ok(Recv::Msg { data, fds, truncated }) => self.on_app_message(&data, fds, truncated),
+                Ok(Recv::Msg {
+                    data,
+                    fds,
+                    truncated,
+                }) => self.on_app_message(&data, fds, truncated),
                 Ok(Recv::WouldBlock) => {
                     if hup {
                         self.close_app_sock();
@@ -1149,9 +1267,15 @@ impl Supervisor {
     /// Reads what the app sent before it died.
     fn drain_app(&mut self) {
         for _ in 0..256 {
-            let Some(sock) = self.app.as_ref().and_then(|a| a.sock.as_ref()) else { return };
+            let Some(sock) = self.app.as_ref().and_then(|a| a.sock.as_ref()) else {
+                return;
+            };
             match app_link::recv(sock.as_fd()) {
-                Ok(Recv::Msg { data, fds, truncated }) => self.on_app_message(&data, fds, truncated),
+                Ok(Recv::Msg {
+                    data,
+                    fds,
+                    truncated,
+                }) => self.on_app_message(&data, fds, truncated),
                 _ => return,
             }
         }
@@ -1168,18 +1292,32 @@ impl Supervisor {
         a.bad_messages += 1;
         let n = a.bad_messages;
         if let Some(sock) = &a.sock {
-            let _ = app_link::send(sock.as_fd(), &proto::encode_sup(&SupMsg::Error(what.to_string())), &[]);
+            let _ = app_link::send(
+                sock.as_fd(),
+                &proto::encode_sup(&SupMsg::Error(what.to_string())),
+                &[],
+            );
         }
         if n <= 20 {
-            self.events.emit(ev("error").s("what", "malformed message from the app").s("error", what));
+            self.events.emit(
+                ev("error")
+                    .s("what", "malformed message from the app")
+                    .s("error", what),
+            );
         } else if n == 21 {
-            self.events.emit(ev("error").s("what", "more malformed messages from the app; no longer logged"));
+            self.events.emit(ev("error").s(
+                "what",
+                "more malformed messages from the app; no longer logged",
+            ));
         }
     }
 
     fn on_app_message(&mut self, data: &[u8], fds: Vec<OwnedFd>, truncated: bool) {
         if truncated {
-            self.reply_error(&format!("message longer than {} bytes or with too many fds", proto::MSG_MAX));
+            self.reply_error(&format!(
+                "message longer than {} bytes or with too many fds",
+                proto::MSG_MAX
+            ));
             return; // fds dropped: closed
         }
         let msg = match proto::parse_app(data, fds.len()) {
@@ -1208,8 +1346,10 @@ impl Supervisor {
         a.attach_answered = true;
         if pid != a.pid as u32 {
             let apid = a.pid;
-            self.events
-                .emit(ev("error").s("what", format!("ATTACH from pid {pid}, the app is pid {apid}")));
+            self.events.emit(ev("error").s(
+                "what",
+                format!("ATTACH from pid {pid}, the app is pid {apid}"),
+            ));
         }
         let Some(a) = &self.app else { return };
         let p = &a.plan;
@@ -1240,8 +1380,12 @@ impl Supervisor {
                     .u("generation", self.generation as u64)
                     .u("fds", nfds as u64),
             ),
-            Ok(false) => self.events.emit(ev("error").s("what", "INHERIT not sent: socket full")),
-            Err(e) => self.events.emit(ev("error").s("what", format!("INHERIT not sent: {e}"))),
+            Ok(false) => self
+                .events
+                .emit(ev("error").s("what", "INHERIT not sent: socket full")),
+            Err(e) => self
+                .events
+                .emit(ev("error").s("what", format!("INHERIT not sent: {e}"))),
         }
     }
 
@@ -1251,13 +1395,19 @@ impl Supervisor {
         let second = a.hello;
         if h.pid != a.pid as u32 {
             let apid = a.pid;
-            self.events
-                .emit(ev("error").s("what", format!("HELLO from pid {}, the app is pid {apid}", h.pid)));
+            self.events.emit(ev("error").s(
+                "what",
+                format!("HELLO from pid {}, the app is pid {apid}", h.pid),
+            ));
         }
         let Some(a) = &mut self.app else { return };
         if second && !a.in_place {
             // an in-place restart whose RESTARTING was lost
-            let kind = if h.reason.starts_with("signal ") { "signal" } else { "request" };
+            let kind = if h.reason.starts_with("signal ") {
+                "signal"
+            } else {
+                "request"
+            };
             let gave_up = if a.noted.is_none() {
                 self.note_failure(kind, 0, None, &h.reason, true)
             } else {
@@ -1266,14 +1416,23 @@ impl Supervisor {
             if gave_up {
                 return;
             }
-            let t_detect = self.app.as_ref().and_then(|a| a.noted.as_ref()).map(|n| n.t_detect_ns).unwrap_or(now);
+            let t_detect = self
+                .app
+                .as_ref()
+                .and_then(|a| a.noted.as_ref())
+                .map(|n| n.t_detect_ns)
+                .unwrap_or(now);
             self.emit_decision(h.kind.as_str(), &h.decision, "in-place", kind);
             self.pending = Some(Pending {
                 path: "in-place",
                 failure: kind,
                 t_failure_ns: None,
                 t_detect_ns: t_detect,
-                decided: if h.kind == StartKind::Warm { Mode::Warm } else { Mode::Cold },
+                decided: if h.kind == StartKind::Warm {
+                    Mode::Warm
+                } else {
+                    Mode::Cold
+                },
             });
         }
         let Some(a) = &mut self.app else { return };
@@ -1330,7 +1489,12 @@ impl Supervisor {
             .collect();
         self.held = new; // the old set is closed here
         self.sort_held();
-        let arenas: Vec<&str> = self.held.iter().filter(|h| h.kind == FdKind::Arena).map(|h| h.name.as_str()).collect();
+        let arenas: Vec<&str> = self
+            .held
+            .iter()
+            .filter(|h| h.kind == FdKind::Arena)
+            .map(|h| h.name.as_str())
+            .collect();
         let ranges = self.held.iter().filter(|h| h.kind == FdKind::Range).count();
         self.events.emit(
             ev("fds")
@@ -1382,7 +1546,10 @@ impl Supervisor {
         }
         a.ready = true;
         let (pid, generation) = (a.pid, a.generation);
-        let ready_us = self.ready_wait.take().map(|t| clock::us(now.saturating_sub(t)));
+        let ready_us = self
+            .ready_wait
+            .take()
+            .map(|t| clock::us(now.saturating_sub(t)));
         self.events.emit(
             ev("ready")
                 .i("pid", pid as i64)
@@ -1441,7 +1608,10 @@ impl Supervisor {
         }
         for h in &self.held {
             let name = notify::fdname(h.kind, &h.name);
-            if sd.send(&format!("FDSTORE=1\nFDNAME={name}"), &[h.fd.as_fd()]).is_ok() {
+            if sd
+                .send(&format!("FDSTORE=1\nFDNAME={name}"), &[h.fd.as_fd()])
+                .is_ok()
+            {
                 self.sd_stored.push(name);
             }
         }
@@ -1512,7 +1682,11 @@ impl Supervisor {
             "exited"
         };
         let hb = self.app.as_ref().and_then(|a| {
-            let h = if self.ctl.pid() == a.pid as u32 { self.ctl.heartbeat_ns() } else { 0 };
+            let h = if self.ctl.pid() == a.pid as u32 {
+                self.ctl.heartbeat_ns()
+            } else {
+                0
+            };
             let h = h.max(a.last_watchdog_ns);
             (h != 0).then(|| clock::ms(now.saturating_sub(h)))
         });
@@ -1521,7 +1695,13 @@ impl Supervisor {
             .iter()
             .map(|h| json!({"kind": h.kind.as_str(), "name": h.name}))
             .collect();
-        let args: Vec<String> = self.cfg.args.iter().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+        let args: Vec<String> = self
+            .cfg
+            .args
+            .iter()
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
         json!({
             "ok": true,
             "name": self.cfg.name,
@@ -1572,17 +1752,19 @@ fn ensure_stdio() {
 fn bind_listen(a: &ListenAddr) -> Result<OwnedFd> {
     match a {
         ListenAddr::Tcp(addr) => {
-            let l = std::net::TcpListener::bind(addr).with_context(|| format!("--listen {addr}"))?;
+            let l =
+                std::net::TcpListener::bind(addr).with_context(|| format!("--listen {addr}"))?;
             Ok(OwnedFd::from(l))
         }
         ListenAddr::Unix(p) => {
             use std::os::unix::fs::FileTypeExt;
-            if let Ok(md) = std::fs::symlink_metadata(p) {
-                if md.file_type().is_socket() {
-                    let _ = std::fs::remove_file(p);
-                }
+            if let Ok(md) = std::fs::symlink_metadata(p)
+                && md.file_type().is_socket()
+            {
+                let _ = std::fs::remove_file(p);
             }
-            let l = std::os::unix::net::UnixListener::bind(p).with_context(|| format!("--listen unix:{}", p.display()))?;
+            let l = std::os::unix::net::UnixListener::bind(p)
+                .with_context(|| format!("--listen unix:{}", p.display()))?;
             Ok(OwnedFd::from(l))
         }
     }
