@@ -1,6 +1,8 @@
 # Rekindle - top-level build.  `make demo` and `make test` are all a fresh
 # clone needs; both install missing dependencies first (scripts/deps.sh).
 SHELL := /bin/bash
+# rustup installs cargo here; a non-login shell (CI) may not have it on PATH
+export PATH := $(HOME)/.cargo/bin:$(PATH)
 BUILD ?= build
 CC ?= cc
 CFLAGS ?= -O2 -g
@@ -23,13 +25,21 @@ UNIT_TESTS := $(patsubst runtime/tests/%.c,$(BUILD)/tests/%,$(wildcard runtime/t
 TEST_APPS := $(patsubst tests/apps/%.c,$(BUILD)/apps/%,$(wildcard tests/apps/*.c))
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+# The supervisor (Rust): cargo decides what to rebuild; its outputs stay in build/.
+SUPERVISOR := $(BUILD)/bin/rekindle
+CARGO_FLAGS := --release --locked --manifest-path supervisor/Cargo.toml --target-dir $(abspath $(BUILD))/cargo
 
-.PHONY: all deps runtime test unit-test system-test demo bench bench-alloc bench-restart lint clean
-all: runtime $(TEST_APPS) $(BUILD)/apps/crashy-shared $(BENCH_BINS) $(EXAMPLES)
+.PHONY: all deps runtime supervisor test unit-test system-test demo bench bench-alloc bench-restart lint clean
+all: runtime supervisor $(TEST_APPS) $(BUILD)/apps/crashy-shared $(BENCH_BINS) $(EXAMPLES)
 runtime: $(LIB_SO) $(LIB_A) $(PC)
 
 deps:
 	@bash scripts/deps.sh
+
+supervisor:
+	cargo build $(CARGO_FLAGS)
+	@mkdir -p $(BUILD)/bin
+	install -m 0755 $(BUILD)/cargo/release/rekindle $(SUPERVISOR)
 
 $(BUILD)/runtime/%.o: runtime/src/%.c $(RT_HDRS)
 	@mkdir -p $(dir $@)
@@ -49,7 +59,7 @@ $(PC): runtime/rekindle.pc.in
 	@mkdir -p $(dir $@)
 	sed -e 's|@PREFIX@|$(abspath $(BUILD))|' -e 's|@INCLUDEDIR@|$(abspath runtime/include)|' $< > $@
 
-$(BUILD)/tests/%: runtime/tests/%.c $(LIB_A) runtime/include/rekindle.h
+$(BUILD)/tests/%: runtime/tests/%.c $(LIB_A) runtime/include/rekindle.h $(wildcard runtime/tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RK_CFLAGS) -Iruntime/src $< -o $@ $(LINK_RK)
 $(BUILD)/apps/%: tests/apps/%.c $(LIB_A) runtime/include/rekindle.h
@@ -80,6 +90,8 @@ bench-restart: deps all
 
 lint:
 	ruff check tests bench scripts
+	cargo fmt --manifest-path supervisor/Cargo.toml -- --check
+	cargo clippy $(CARGO_FLAGS) --all-targets -- -D warnings
 
 clean:
 	rm -rf $(BUILD)

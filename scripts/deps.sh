@@ -9,6 +9,9 @@ have cc || need_apt+=(gcc)
 have make || need_apt+=(make)
 have objcopy || need_apt+=(binutils)
 have python3 || need_apt+=(python3 python3-pip)
+# The supervisor is Rust (crates.io).  The image has rustup's toolchain;
+# Debian's cargo is the fallback where it is missing.
+have cargo || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(cargo)
 if [ "${#need_apt[@]}" -gt 0 ]; then
 	echo "deps: installing ${need_apt[*]} (apt)" >&2
 	if [ "$(id -u)" -ne 0 ]; then

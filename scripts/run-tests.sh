@@ -18,6 +18,11 @@ for t in "$BUILD"/tests/*; do
 	fi
 done
 echo "unit: $passed passed, $fail failed"
+echo "== supervisor: cargo test"
+if ! cargo test --release --locked --quiet --manifest-path supervisor/Cargo.toml --target-dir "$REKINDLE_BUILD/cargo"; then
+	echo "   FAILED: cargo test" >&2
+	fail=$((fail + 1))
+fi
 python3 -m pytest -q tests
 rc=$?
 if [ "$fail" -ne 0 ]; then

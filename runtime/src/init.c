@@ -109,6 +109,9 @@ static void manifest_sync_arenas(void)
 	}
 	m->nranges = n;
 	m->next_arena_addr = rk_g.next_arena_addr;
+	/* Valid at every moment but mid-update: after a death that runs no
+	 * handler (SIGKILL) the supervisor hands this manifest on as it is. */
+	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
 	atomic_signal_fence(memory_order_seq_cst);
 	rk_g.manifest_busy = 0;
 	rk_control_name_arenas();

@@ -49,6 +49,7 @@ static struct table *tab;
 static int verified = 1; /* contents as expected after a warm start */
 static int beating = 1;
 static volatile int *volatile null_ptr;
+static void *volatile leaked;
 
 static uint64_t initial_value(uint64_t i)
 {
@@ -141,6 +142,7 @@ static void command(char *line, char *out, size_t cap)
 		char *p = malloc(a << 20);
 		if (p)
 			memset(p, 1, a << 20);
+		leaked = p; /* kept, or the compiler drops the malloc */
 	} else if (!strcmp(line, "unsafe-kill")) {
 		rk_unsafe_begin(arena);
 		tab->v[0]++;

@@ -1,0 +1,317 @@
+"""System tests of `rekindle run`: a real supervisor around the real service
+app, killed and faulted in each way the supervisor must handle.  Each test
+asserts the decision, its reason and the preserved data afterwards."""
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from supervisor_harness import SERVICE, Supervisor, free_port
+
+# Crashes in quick succession stay warm unless a test is about the window.
+NO_WINDOW = ("--crashloop-window", "0ms")
+
+
+@pytest.fixture
+def supervise(tmp_path):
+    started = []
+
+    def start(*options, **kw):
+        sub = tmp_path / f"s{len(started)}"
+        sub.mkdir()
+        s = Supervisor(sub, *options, **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.close()
+
+
+def up_and_set(sup):
+    """Waits for the first incarnation, changes preserved state, returns it."""
+    sup.wait_up(0)
+    assert sup.command("set 5 777")["ok"]
+    before = sup.state()
+    assert before["generation"] == 0 and before["kind"] == "fresh" and before["supervised"]
+    assert before["sets"] == 1
+    return before
+
+
+def assert_preserved(before, after):
+    assert after["kind"] == "warm", after
+    assert after["verified"], after
+    assert after["table"] == before["table"], "same address after a warm restart"
+    assert after["sets"] == before["sets"] and after["sum"] == before["sum"]
+
+
+# ---- deaths the app cannot handle: the supervisor's held fds keep the state ---
+
+
+def test_sigkill_restarts_warm_from_the_fds_the_supervisor_holds(supervise):
+    sup = supervise(*NO_WINDOW)
+    before = up_and_set(sup)
+    sup.command("kill", expect_reply=False)
+    up = sup.wait_up(1)
+    after = sup.state()
+    assert after["pid"] != before["pid"], "a respawn is a new process"
+    assert_preserved(before, after)
+    failure = sup.wait_event("failure")
+    assert failure["kind"] == "signal" and failure["signal"] == "SIGKILL"
+    decision = sup.wait_event("decision")
+    assert decision["mode"] == "warm", decision
+    restart = sup.wait_event("restart")
+    assert restart["path"] == "respawn" and restart["mode"] == "warm"
+    assert restart["preserved_bytes"] > 0
+    assert up["kind"] == "warm"
+
+
+def test_fault_with_no_handler_running_restarts_warm(supervise):
+    sup = supervise(*NO_WINDOW)
+    before = up_and_set(sup)
+    sup.command("segv-nohandler", expect_reply=False)
+    sup.wait_up(1)
+    assert_preserved(before, sup.state())
+    assert sup.wait_event("failure")["signal"] == "SIGSEGV"
+
+
+@pytest.mark.parametrize("fault,signame", [("segv", "SIGSEGV"), ("abort", "SIGABRT")])
+def test_fault_restarts_in_place_and_the_supervisor_observes(supervise, fault, signame):
+    sup = supervise(*NO_WINDOW)
+    before = up_and_set(sup)
+    sup.command(fault, expect_reply=False)
+    sup.wait_up(1)
+    after = sup.state()
+    assert after["pid"] == before["pid"], "an in-place restart keeps the pid"
+    assert_preserved(before, after)
+    assert after["reason"] == f"signal {signame}"
+    restart = sup.wait_event("restart")
+    assert restart["path"] == "in-place" and restart["mode"] == "warm"
+    assert sup.wait_event("failure")["signal"] == signame
+
+
+def test_non_zero_exit_restarts(supervise):
+    sup = supervise(*NO_WINDOW)
+    before = up_and_set(sup)
+    sup.command("exit 3", expect_reply=False)
+    sup.wait_up(1)
+    failure = sup.wait_event("failure")
+    assert failure["kind"] == "exit" and failure["exit_code"] == 3
+    assert_preserved(before, sup.state())
+
+
+# ---- failures only the supervisor can see -----------------------------------------
+
+
+def test_hang_is_detected_and_restarted(supervise):
+    sup = supervise("--hang-timeout", "300ms", *NO_WINDOW)
+    before = up_and_set(sup)
+    sup.command("hang")
+    sup.wait_up(1, timeout=15)
+    failure = sup.wait_event("failure")
+    assert failure["kind"] == "hang"
+    after = sup.state()
+    assert after["reason"].startswith("hang"), after
+    assert_preserved(before, after)
+
+
+def test_leak_triggers_a_warm_rejuvenation(supervise):
+    sup = supervise("--max-rss", "64M", "--check-interval", "100ms", *NO_WINDOW)
+    before = up_and_set(sup)
+    sup.command("leak 128")
+    sup.wait_up(1, timeout=15)
+    assert sup.wait_event("failure")["kind"] == "leak"
+    after = sup.state()
+    assert after["reason"].startswith("leak"), after
+    assert_preserved(before, after)
+
+
+def test_app_requested_restart_is_warm(supervise):
+    sup = supervise(*NO_WINDOW)
+    before = up_and_set(sup)
+    sup.command("restart", expect_reply=False)
+    sup.wait_up(1)
+    after = sup.state()
+    assert after["reason"] == "app: rejuvenation"
+    assert_preserved(before, after)
+    assert sup.wait_event("failure")["kind"] == "request"
+
+
+# ---- when warm is not safe ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["unsafe-kill", "unsafe-segv"])
+def test_death_inside_an_unsafe_region_goes_cold(supervise, how):
+    sup = supervise(*NO_WINDOW)
+    up_and_set(sup)
+    sup.command(how, expect_reply=False)
+    sup.wait_up(1)
+    after = sup.state()
+    assert after["kind"] == "cold" and after["sets"] == 0, "state dropped, app's own recovery ran"
+    assert "unsafe region open in arena table" in after["decision"], after
+
+
+def test_corrupt_arena_header_goes_cold(supervise):
+    sup = supervise(*NO_WINDOW)
+    up_and_set(sup)
+    sup.command("corrupt-kill", expect_reply=False)
+    sup.wait_up(1)
+    decision = sup.wait_event("decision")
+    assert decision["mode"] == "cold" and "header" in decision["reason"], decision
+    after = sup.state()
+    assert after["kind"] == "cold" and after["sets"] == 0
+
+
+def test_warm_disabled_by_the_app_goes_cold(supervise):
+    sup = supervise(*NO_WINDOW)
+    up_and_set(sup)
+    sup.command("nowarm-kill", expect_reply=False)
+    sup.wait_up(1)
+    decision = sup.wait_event("decision")
+    assert decision["mode"] == "cold" and "disabled by the app" in decision["reason"], decision
+    assert sup.state()["kind"] == "cold"
+
+
+def test_second_failure_within_the_window_after_a_warm_restart_goes_cold(supervise):
+    sup = supervise("--crashloop-window", "5s")
+    before = up_and_set(sup)
+    sup.command("kill", expect_reply=False)
+    sup.wait_up(1)
+    assert_preserved(before, sup.state())
+    sup.command("kill", expect_reply=False)
+    sup.wait_up(2)
+    decision = sup.wait_event("decision", count=2)
+    assert decision["mode"] == "cold" and "second failure" in decision["reason"], decision
+    assert sup.state()["kind"] == "cold"
+
+
+def test_crash_loop_backs_off_and_gives_up(supervise):
+    sup = supervise(
+        "--max-restarts",
+        "3",
+        "--backoff-initial",
+        "50ms",
+        "--backoff-max",
+        "1s",
+        app=["/bin/sh", "-c", "kill -SEGV $$"],
+    )
+    assert sup.proc.wait(timeout=30) == 1
+    spawns = sup.events("spawn")
+    assert len(spawns) == 4, spawns  # the first start and 3 restarts
+    backoffs = [s["backoff_ms"] for s in spawns[1:]]
+    assert backoffs == sorted(backoffs) and backoffs[-1] > backoffs[0], backoffs
+    giveup = sup.wait_event("giveup")
+    assert "3" in json.dumps(giveup)
+
+
+# ---- sockets and control ----------------------------------------------------------
+
+
+def test_listening_socket_is_held_across_a_respawn(supervise):
+    """The supervisor owns the listening socket: a client that connects while
+    the app is dead is queued, not refused, and is served by the next one."""
+    sup = supervise(*NO_WINDOW)
+    up_and_set(sup)
+    sup.command("kill", expect_reply=False)
+    sup.wait_event("failure")
+    with socket.create_connection(("127.0.0.1", sup.port), timeout=10) as s:
+        s.sendall(b"state\n")
+        reply = json.loads(s.makefile().readline())
+    assert reply["generation"] == 1 and reply["kind"] == "warm"
+
+
+def test_control_socket_status_ps_restart_and_stop(supervise, tmp_path):
+    sup = supervise(*NO_WINDOW, name="ctl")
+    before = up_and_set(sup)
+    sock = sup.runtime_dir / "ctl.sock"
+    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(sup.runtime_dir).st_mode) == 0o700
+    status = json.loads(sup.cli("status", "ctl", "--json").stdout)
+    assert status["name"] == "ctl" and status["pid"] == before["pid"]
+    ps = sup.cli("ps", "--json").stdout
+    assert "ctl" in ps
+    sup.cli("restart", "ctl", "--warm")
+    sup.wait_up(1)
+    assert_preserved(before, sup.state())
+    sup.cli("restart", "ctl", "--cold")
+    sup.wait_up(2)
+    assert sup.state()["kind"] == "cold"
+    sup.cli("stop", "ctl")
+    assert sup.proc.wait(timeout=20) == 0
+    sup.wait_event("stop")
+
+
+def test_garbage_on_the_control_socket_gets_errors_and_changes_nothing(supervise):
+    sup = supervise(name="junk")
+    sup.wait_up(0)
+    sock = str(sup.runtime_dir / "junk.sock")
+    for payload in [
+        b"not json\n",
+        b'{"cmd":"format-disk"}\n',
+        b"\x00\xff\xfe garbage\n",
+        b'{"cmd":"restart","mode":"lukewarm"}\n',
+        b"[1,2,3]\n",
+        b"x" * 70000 + b"\n",
+    ]:
+        with socket.socket(socket.AF_UNIX) as c:
+            c.settimeout(5)
+            c.connect(sock)
+            c.sendall(payload)
+            reply = json.loads(c.makefile().readline())
+            assert reply["ok"] is False and reply["error"], reply
+    assert sup.proc.poll() is None
+    assert json.loads(sup.cli("status", "junk", "--json").stdout)["generation"] == 0
+    assert sup.events("failure") == []
+
+
+def test_garbage_from_the_app_side_gets_an_error_and_changes_nothing(supervise):
+    """A process speaking nonsense on REKINDLE_SUPERVISOR_FD cannot confuse
+    the supervisor: each bad message gets an ERROR reply."""
+    liar = Path(__file__).parent / "apps" / "liar.py"
+    sup = supervise(app=[sys.executable, str(liar)])
+    assert sup.proc.wait(timeout=20) == 0, sup.stderr()
+    sup.out.flush()
+    assert "errors 5" in Path(sup.out.name).read_text()
+
+
+def test_metrics_endpoint_counts_restarts(supervise):
+    port = free_port()
+    sup = supervise("--metrics", f"127.0.0.1:{port}", *NO_WINDOW)
+    up_and_set(sup)
+    sup.command("kill", expect_reply=False)
+    sup.wait_up(1)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "rekindle_preserved_bytes" in text
+    restarts = [line for line in text.splitlines() if line.startswith("rekindle_restarts_total{")]
+    assert any('mode="warm"' in line and line.endswith(" 1") for line in restarts), restarts
+    assert "rekindle_downtime_seconds_bucket" in text
+
+
+def test_run_without_a_program_is_a_usage_error():
+    from supervisor_harness import REKINDLE
+
+    p = subprocess.run([str(REKINDLE), "run"], capture_output=True, text=True, check=False)
+    assert p.returncode == 2 and "PROGRAM" in (p.stderr + p.stdout).upper()
+
+
+def test_service_app_is_built():
+    assert SERVICE.exists()
+
+
+def test_restart_timing_is_reported(supervise):
+    sup = supervise(*NO_WINDOW)
+    up_and_set(sup)
+    t0 = time.monotonic()
+    sup.command("kill", expect_reply=False)
+    sup.wait_up(1)
+    restart = sup.wait_event("restart")
+    for key in ("detect_us", "spawn_us"):
+        assert isinstance(restart[key], int) and restart[key] >= 0, restart
+    assert restart["spawn_us"] < (time.monotonic() - t0) * 1e6
