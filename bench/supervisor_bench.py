@@ -161,7 +161,8 @@ def table(rows, command):
         f"Command: `{command}`  ",
         f"Machine: {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores, Linux {platform.release()}  ",
-        f"Medians over {len({r['round'] for r in rows})} rounds; ms from the failure (in place: rk_restart() entry; SIGKILL: the reap).",
+        f"Medians over {len({r['round'] for r in rows})} rounds; ms from the failure "
+        "(in place: rk_restart() entry; SIGKILL: the reap).",
         "",
         "| preserved | SIGKILL → respawn warm: up / ready | fault → in place warm: up / ready "
         "| supervisor overhead (respawn − in place, ready) | cold restart: ready | warm speed-up |",
