@@ -4,10 +4,12 @@ asserts the decision, its reason and the preserved data afterwards."""
 
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -315,3 +317,59 @@ def test_restart_timing_is_reported(supervise):
     for key in ("detect_us", "spawn_us"):
         assert isinstance(restart[key], int) and restart[key] >= 0, restart
     assert restart["spawn_us"] < (time.monotonic() - t0) * 1e6
+
+
+NOBODY_CONNECT = """
+import json, socket, sys
+c = socket.socket(socket.AF_UNIX)
+c.settimeout(5)
+try:
+    c.connect(sys.argv[1])
+except PermissionError:
+    print("EACCES")
+    sys.exit(0)
+c.sendall(b'{"cmd":"stop"}\\n')
+print(c.makefile().readline().strip() or "closed")
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv"
+)
+def test_control_socket_refuses_other_users(supervise):
+    """File modes keep other users out; behind them the supervisor checks the
+    peer's uid itself (tested by loosening the modes, as a mistake would)."""
+    shared = Path(tempfile.mkdtemp(prefix="rekindle-priv-"))
+    try:
+        shared.chmod(0o755)
+        sup = supervise(name="priv", env={"REKINDLE_RUNTIME_DIR": str(shared / "run")})
+        sup.wait_up(0)
+        sock = shared / "run" / "priv.sock"
+
+        def as_nobody():
+            p = subprocess.run(
+                [
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    "/usr/bin/python3",
+                    "-c",
+                    NOBODY_CONNECT,
+                    str(sock),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            )
+            return p.stdout.strip()
+
+        assert as_nobody() == "EACCES"
+        (shared / "run").chmod(0o755)
+        sock.chmod(0o666)
+        reply = as_nobody()
+        assert reply == "closed" or json.loads(reply)["ok"] is False, reply
+        assert sup.proc.poll() is None, "a stranger's stop was obeyed"
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
