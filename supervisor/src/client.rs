@@ -16,11 +16,18 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 
 fn socket_for(name: &str) -> Result<PathBuf> {
     runtime_dir::check_name(name)?;
-    let p = runtime_dir::socket_path(&runtime_dir::dir(), name);
-    if !p.exists() {
-        bail!("no supervisor named {name:?} (no {})", p.display());
+    let dirs = runtime_dir::search_dirs();
+    for d in &dirs {
+        let p = runtime_dir::socket_path(d, name);
+        if p.exists() {
+            return Ok(p);
+        }
     }
-    Ok(p)
+    let shown: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    bail!(
+        "no supervisor named {name:?} (looked in {})",
+        shown.join(", ")
+    )
 }
 
 fn ok_or_err(v: Value) -> Result<Value> {
@@ -38,8 +45,15 @@ fn ok_or_err(v: Value) -> Result<Value> {
 
 /// Every live supervisor's status, by name.
 fn all_status() -> Vec<Value> {
-    let dir = runtime_dir::dir();
-    let Ok(rd) = std::fs::read_dir(&dir) else {
+    let mut out = Vec::new();
+    for dir in runtime_dir::search_dirs() {
+        out.extend(status_in(&dir));
+    }
+    out
+}
+
+fn status_in(dir: &std::path::Path) -> Vec<Value> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut out = Vec::new();
@@ -55,7 +69,7 @@ fn all_status() -> Vec<Value> {
         .collect();
     names.sort();
     for n in names {
-        let p = runtime_dir::socket_path(&dir, &n);
+        let p = runtime_dir::socket_path(dir, &n);
         if let Ok((v, _)) = call(&p, &json!({"cmd": "status"}), TIMEOUT)
             && v.get("ok").and_then(Value::as_bool) == Some(true)
         {
@@ -188,10 +202,11 @@ pub fn status(name: Option<&str>, as_json: bool) -> Result<i32> {
             if as_json {
                 println!("{}", Value::Array(all));
             } else if all.is_empty() {
-                println!(
-                    "no supervisors running (in {})",
-                    runtime_dir::dir().display()
-                );
+                let shown: Vec<String> = runtime_dir::search_dirs()
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect();
+                println!("no supervisors running (in {})", shown.join(", "));
             } else {
                 for v in &all {
                     print_status(v);

@@ -17,6 +17,20 @@ pub fn dir() -> PathBuf {
     PathBuf::from("/run/rekindle")
 }
 
+/// Where clients look: $REKINDLE_RUNTIME_DIR alone if set, else
+/// $XDG_RUNTIME_DIR/rekindle and /run/rekindle (a root shell may have
+/// XDG_RUNTIME_DIR set while system services use /run/rekindle).
+pub fn search_dirs() -> Vec<PathBuf> {
+    let first = dir();
+    let mut v = vec![first.clone()];
+    let overridden = std::env::var_os("REKINDLE_RUNTIME_DIR").is_some_and(|d| !d.is_empty());
+    let system = PathBuf::from("/run/rekindle");
+    if !overridden && first != system {
+        v.push(system);
+    }
+    v
+}
+
 /// Creates the directory 0700 if needed; refuses one owned by someone else
 /// (other than root for root) or open to others.
 pub fn ensure(d: &Path) -> Result<()> {

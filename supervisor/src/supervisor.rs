@@ -113,6 +113,8 @@ struct Noted {
     reason: String,
     signal: i32,
     t_detect_ns: u64,
+    /// When the failure happened, if known (a hang: the last heartbeat).
+    t_failure_ns: Option<u64>,
 }
 
 /// A restart the supervisor asked for (hang, leak, `rekindle restart`).
@@ -684,6 +686,9 @@ impl Supervisor {
                 self.events
                     .emit(ev("error").s("what", format!("hang restart: {e}")));
             }
+            if let Some(n) = self.app.as_mut().and_then(|a| a.noted.as_mut()) {
+                n.t_failure_ns = Some(hb);
+            }
         }
     }
 
@@ -867,6 +872,7 @@ impl Supervisor {
             reason: reason.to_string(),
             signal,
             t_detect_ns: now,
+            t_failure_ns: None,
         });
         let (pid, generation) = (a.pid, a.generation);
         self.failures += 1;
@@ -1019,6 +1025,7 @@ impl Supervisor {
             let (by, code_out) = (s.by.clone(), s.code);
             self.app = None;
             if code_out == 0 {
+                self.emit_decision("stop", &format!("stopped by {by}"), "", "");
                 self.events.emit(
                     ev("stop")
                         .s("by", by)
@@ -1104,7 +1111,7 @@ impl Supervisor {
         self.pending = Some(Pending {
             path: "respawn",
             failure: noted.kind,
-            t_failure_ns: None,
+            t_failure_ns: noted.t_failure_ns,
             t_detect_ns: plan.t_detect_ns,
             decided: mode,
         });
@@ -1523,7 +1530,8 @@ impl Supervisor {
                 kind
             }
         };
-        let t_detect = noted.map(|n| n.t_detect_ns).unwrap_or(now);
+        let t_detect = noted.as_ref().map(|n| n.t_detect_ns).unwrap_or(now);
+        let t_failure = noted.and_then(|n| n.t_failure_ns).unwrap_or(r.t_ns);
         let mode = if r.warm { Mode::Warm } else { Mode::Cold };
         self.emit_decision(mode.as_str(), &r.decision, "in-place", kind);
         if let Some(a) = &mut self.app {
@@ -1532,7 +1540,7 @@ impl Supervisor {
         self.pending = Some(Pending {
             path: "in-place",
             failure: kind,
-            t_failure_ns: Some(r.t_ns.min(t_detect)),
+            t_failure_ns: Some(t_failure.min(t_detect)),
             t_detect_ns: t_detect,
             decided: mode,
         });
