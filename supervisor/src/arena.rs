@@ -47,9 +47,28 @@ pub fn check_header_bytes(b: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether fd is one of the runtime's memfds ("/memfd:rekindle:..." and a
+/// regular file): only those are held, and only those are ever read.
+pub fn is_rekindle_memfd(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: fstat into a zeroed struct we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0
+        || st.st_mode & libc::S_IFMT != libc::S_IFREG
+    {
+        return false;
+    }
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|t| t.to_string_lossy().starts_with("/memfd:rekindle:"))
+        .unwrap_or(false)
+}
+
 /// Reads the header prefix from an arena memfd with pread (no mapping, so a
 /// memfd that was truncated cannot SIGBUS the supervisor).
 pub fn check_header_fd(fd: BorrowedFd<'_>) -> Result<(), String> {
+    if !is_rekindle_memfd(fd) {
+        return Err("not a rekindle memfd".into());
+    }
     let mut buf = [0u8; HDR_PREFIX];
     let mut got = 0usize;
     while got < HDR_PREFIX {
@@ -103,6 +122,19 @@ mod tests {
         let mut f = std::fs::File::from(owned);
         f.write_all(bytes).unwrap_or_else(|e| panic!("{e}"));
         OwnedFd::from(f)
+    }
+
+    #[test]
+    fn only_rekindle_memfds_are_accepted() {
+        let fd = memfd_with(&valid_header()); // "rekindle:test"
+        assert!(is_rekindle_memfd(fd.as_fd()));
+        let f = std::fs::File::open("/proc/self/status").unwrap_or_else(|e| panic!("{e}"));
+        assert!(!is_rekindle_memfd(f.as_fd()));
+        // SAFETY: memfd_create with a static name.
+        let raw = unsafe { libc::memfd_create(c"other".as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: fresh fd, ours.
+        let other = unsafe { OwnedFd::from_raw_fd(raw) };
+        assert!(!is_rekindle_memfd(other.as_fd()));
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run PROGRAM under supervision, in the foreground.
+    #[command(override_usage = "rekindle run [OPTIONS] [--] PROGRAM [ARGS]...")]
     Run(Box<RunArgs>),
     /// Show the state of one running supervisor, or of all.
     Status {
@@ -82,7 +83,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1s")]
     pub crashloop_window: Duration,
 
-    /// Give up after this many consecutive failures.
+    /// Restart at most N times in a row; the next consecutive failure gives up (exit 1).
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub max_restarts: u32,
 

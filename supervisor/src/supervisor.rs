@@ -257,6 +257,7 @@ impl Supervisor {
         let held = inherited
             .held
             .into_iter()
+            .filter(|(_, _, fd)| crate::arena::is_rekindle_memfd(fd.as_fd()))
             .map(|(kind, name, fd)| Held { kind, name, fd })
             .collect::<Vec<_>>();
 
@@ -1484,6 +1485,16 @@ impl Supervisor {
         if !entries.iter().any(|e| e.kind == FdKind::Manifest) {
             self.reply_error("FDS without a manifest entry");
             return;
+        }
+        if let Some(i) = fds
+            .iter()
+            .position(|f| !crate::arena::is_rekindle_memfd(f.as_fd()))
+        {
+            self.reply_error(&format!(
+                "FDS: fd {i} ({}) is not a rekindle memfd",
+                entries[i].name
+            ));
+            return; // the set held so far stays
         }
         let new: Vec<Held> = entries
             .into_iter()
