@@ -51,11 +51,13 @@ class Run:
             "bench",
             "--events",
             str(self.events_path),
-            # latency, not the crash-loop policy: every restart warm, no backoff
+            # latency, not the crash-loop policy: every restart warm, no backoff, no giving up
             "--crashloop-window",
             "0ms",
             "--backoff-initial",
             "0ms",
+            "--max-restarts",
+            "1000",
             "--listen",
             f"127.0.0.1:{self.port}",
             "--",
