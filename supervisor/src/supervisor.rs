@@ -1411,10 +1411,10 @@ impl Supervisor {
         let Some(a) = &mut self.app else { return };
         if second && !a.in_place {
             // an in-place restart whose RESTARTING was lost
-            let kind = if h.reason.starts_with("signal ") {
-                "signal"
-            } else {
-                "request"
+            let kind = match &a.noted {
+                Some(n) => n.kind,
+                None if h.reason.starts_with("signal ") => "signal",
+                None => "request",
             };
             let gave_up = if a.noted.is_none() {
                 self.note_failure(kind, 0, None, &h.reason, true)
@@ -1547,6 +1547,12 @@ impl Supervisor {
         self.emit_decision(mode.as_str(), &r.decision, "in-place", kind);
         if let Some(a) = &mut self.app {
             a.in_place = true;
+            // our request was taken: no signal now, but a deadline for the HELLO
+            let kill_at = now + dur_ns(self.cfg.kill_timeout);
+            if let Some(ask) = &mut a.ask {
+                ask.signal_at_ns = None;
+                ask.kill_at_ns = Some(ask.kill_at_ns.map_or(kill_at, |t| t.min(kill_at)));
+            }
         }
         self.pending = Some(Pending {
             path: "in-place",
