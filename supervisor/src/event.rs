@@ -99,8 +99,11 @@ impl EventLog {
         if r.is_err() && self.file.is_some() {
             // the events file went away (disk full, ...): say so on stderr once
             self.file = None;
-            eprintln!("rekindle: cannot write the events file; events go to stderr from now on");
-            let _ = std::io::stderr().write_all(line.as_bytes());
+            let mut err = std::io::stderr().lock();
+            let _ = err.write_all(
+                b"rekindle: cannot write the events file; events go to stderr from now on\n",
+            );
+            let _ = err.write_all(line.as_bytes());
         }
     }
 }

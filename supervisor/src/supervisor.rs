@@ -164,6 +164,8 @@ pub struct Supervisor {
     program: Program,
     base_env: Vec<CString>,
     listen: Vec<(String, OwnedFd)>,
+    /// `--listen unix:PATH` files we created, removed at exit.
+    unix_listen: Vec<std::path::PathBuf>,
     held: Vec<Held>,
     app: Option<App>,
     next_spawn: Option<(u64, Plan)>,
@@ -287,6 +289,14 @@ impl Supervisor {
             events,
             program,
             base_env,
+            unix_listen: cfg
+                .listen
+                .iter()
+                .filter_map(|l| match l {
+                    ListenAddr::Unix(p) => Some(p.clone()),
+                    ListenAddr::Tcp(_) => None,
+                })
+                .collect(),
             listen,
             held,
             app: None,
@@ -417,6 +427,9 @@ impl Supervisor {
         self.control.remove_file();
         if let Some(n) = &self.app_notify {
             n.remove_file();
+        }
+        for p in &self.unix_listen {
+            let _ = std::fs::remove_file(p);
         }
         code
     }
