@@ -140,6 +140,10 @@ pub struct Client {
     out: Vec<u8>,
     pub closing: bool,
     pub hold_open: bool,
+    /// Refused (uid, too many clients): told so once; its input is read and
+    /// dropped, never acted on, and it is closed after that or after 5 s.
+    refused: bool,
+    since: std::time::Instant,
 }
 
 pub struct Server {
@@ -225,26 +229,29 @@ impl Server {
                         out: Vec::new(),
                         closing: false,
                         hold_open: false,
+                        refused: false,
+                        since: std::time::Instant::now(),
                     };
                     match peer_uid(c.stream.as_fd()) {
                         Ok(uid) if uid == me || uid == 0 => {}
                         Ok(uid) => {
                             c.queue(&error_reply(&format!("permission denied: peer uid {uid}")));
-                            c.closing = true;
+                            c.refused = true;
                         }
                         Err(e) => {
                             c.queue(&error_reply(&format!("cannot check peer credentials: {e}")));
-                            c.closing = true;
+                            c.refused = true;
                         }
                     }
-                    if self.clients.len() >= MAX_CLIENTS {
+                    if !c.refused && self.clients.len() >= MAX_CLIENTS {
                         c.queue(&error_reply("too many control connections"));
-                        c.closing = true;
+                        c.refused = true;
                     }
                     c.flush();
-                    if !(c.closing && c.out.is_empty()) {
-                        self.clients.push(c);
+                    if c.refused && self.clients.len() >= 2 * MAX_CLIENTS {
+                        continue; // flooded: dropped at once
                     }
+                    self.clients.push(c);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -259,8 +266,11 @@ impl Server {
 
     /// Drops clients that are done.
     pub fn sweep(&mut self) {
-        self.clients
-            .retain(|c| !(c.closing && c.out.is_empty() && !c.hold_open));
+        self.clients.retain(|c| {
+            let expired = c.refused && c.since.elapsed() > std::time::Duration::from_secs(5);
+            let done = c.closing && c.out.is_empty() && !c.hold_open;
+            !(expired || done)
+        });
     }
 
     /// Removes the socket file, if it is still ours.
@@ -315,6 +325,22 @@ impl Client {
     pub fn read(&mut self) -> Vec<Result<Request, RequestError>> {
         let mut reqs = Vec::new();
         let mut buf = [0u8; 16384];
+        if self.refused {
+            // a refused peer's input is dropped unread, and then it goes
+            loop {
+                match self.stream.read(&mut buf) {
+                    Ok(n) if n > 0 => self.closing = true, // dropped unread
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    _ => {
+                        self.closing = true; // EOF or error
+                        break;
+                    }
+                }
+            }
+            self.hold_open = false;
+            return reqs;
+        }
         loop {
             match self.stream.read(&mut buf) {
                 Ok(0) => {
