@@ -1,13 +1,8 @@
-#!/usr/bin/env python3
-"""Plays systemd for `rekindle run` to check the fd store round trip without
-systemd: a NOTIFY_SOCKET that keeps the fds sent with FDSTORE=1 (and drops
-them on FDSTOREREMOVE=1), then a second supervisor started the way systemd
-restarts a service, with the stored fds in LISTEN_FDS / LISTEN_FDNAMES.
-The app's preserved state must survive the supervisor's own death.
-
-    python3 supervisor/systemd/fake_systemd_check.py [BUILD_DIR]
-
-Exits 0 and prints "fdstore round trip: ok" on success."""
+"""`rekindle run` under systemd, played by the test: a NOTIFY_SOCKET that keeps
+the fds sent with FDSTORE=1 (and drops them on FDSTOREREMOVE=1), then a
+second supervisor started the way systemd restarts a service, with the
+stored fds in LISTEN_FDS / LISTEN_FDNAMES.  The app's preserved state must
+survive the death of the supervisor itself."""
 
 import array
 import json
@@ -15,14 +10,9 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-BUILD = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "build")
-REKINDLE = BUILD / "bin" / "rekindle"
-SERVICE = BUILD / "apps" / "service"
+from supervisor_harness import REKINDLE, SERVICE, free_port
 
 
 class FakeSystemd:
@@ -38,7 +28,7 @@ class FakeSystemd:
         while True:
             try:
                 data, anc, _flags, _addr = self.sock.recvmsg(4096, socket.CMSG_SPACE(64 * 4))
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 return
             fds = array.array("i")
             for level, kind, cdata in anc:
@@ -65,7 +55,7 @@ class FakeSystemd:
         return False
 
 
-def command(port, line):
+def service_command(port, line):
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -76,31 +66,37 @@ def command(port, line):
                     return json.loads(r)
         except OSError:
             pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"no reply to {line!r}")
+        assert time.monotonic() < deadline, f"no reply to {line!r}"
         time.sleep(0.05)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def main():
-    tmp = Path(tempfile.mkdtemp(prefix="rk-fake-systemd-"))
+def test_fd_store_keeps_preserved_state_across_a_supervisor_restart(tmp_path):
+    tmp = tmp_path
     sd = FakeSystemd(str(tmp / "notify"))
     env = dict(os.environ, NOTIFY_SOCKET=sd.path, REKINDLE_RUNTIME_DIR=str(tmp / "run"))
     port = free_port()
-    args = ["run", "--name", "fdstore", "--events", str(tmp / "events.jsonl"), "--listen", f"127.0.0.1:{port}",
-            "--", str(SERVICE), "--entries", "1000"]
+    args = [
+        "run",
+        "--name",
+        "fdstore",
+        "--events",
+        str(tmp / "events.jsonl"),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--",
+        str(SERVICE),
+        "--entries",
+        "1000",
+    ]
 
     # 1. first supervisor: READY=1 and the held fds parked in the store
     first = subprocess.Popen([str(REKINDLE), *args], env=env, start_new_session=True)
     assert sd.wait_for(lambda: any(m.get("READY") == "1" for m in sd.messages)), sd.messages
-    assert command(port, "set 3 333")["ok"]
-    before = command(port, "state")
-    assert sd.wait_for(lambda: "rekindle-manifest" in sd.store and "rekindle-arena-table" in sd.store), sd.store
+    assert service_command(port, "set 3 333")["ok"]
+    before = service_command(port, "state")
+    assert sd.wait_for(lambda: "rekindle-manifest" in sd.store and "rekindle-arena-table" in sd.store), (
+        sd.store
+    )
     # 2. the supervisor dies hard; systemd (KillMode=control-group) kills the app too
     os.killpg(first.pid, signal.SIGKILL)
     os.kill(before["pid"], signal.SIGKILL)
@@ -114,27 +110,26 @@ def main():
             names.append(name)
             fds.append(fd)
 
-    def hand_over():
-        for i, fd in enumerate(fds):
-            os.dup2(fd, 100 + i)
-        for i in range(len(fds)):
-            os.dup2(100 + i, 3 + i)
-            os.close(100 + i)
-
+    # The shell puts them at 3.. as systemd does, from copies at 200.. so
+    # that no source is overwritten before it is used.
+    high = [200 + i for i in range(len(fds))]
+    for fd, h in zip(fds, high, strict=True):
+        os.dup2(fd, h, inheritable=True)
+    moves = " ".join(f"{3 + i}<&{h} {h}<&-" for i, h in enumerate(high))
     env2 = dict(env, LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=":".join(names))
     second = subprocess.Popen(
-        ["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$0" "$@"', str(REKINDLE), *args],
-        env=env2, preexec_fn=hand_over, pass_fds=[3 + i for i in range(len(fds))], start_new_session=True,
+        ["/bin/bash", "-c", f'LISTEN_PID=$$ exec "$0" "$@" {moves}', str(REKINDLE), *args],
+        env=env2,
+        pass_fds=high,
+        start_new_session=True,
     )
-    after = command(port, "state")
+    for h in high:
+        os.close(h)
+    after = service_command(port, "state")
     ok = after["kind"] == "warm" and after["sets"] == before["sets"] and after["sum"] == before["sum"]
     os.killpg(second.pid, signal.SIGTERM)
     second.wait(timeout=20)
-    if not ok:
-        print("events:", (tmp / "events.jsonl").read_text())
-        raise SystemExit(f"state not preserved across a supervisor restart: {before} -> {after}")
-    print("fdstore round trip: ok", after["kind"], "generation", after["generation"])
-
-
-if __name__ == "__main__":
-    main()
+    assert ok, (
+        f"state not preserved across a supervisor restart: {before} -> {after}\n"
+        + (tmp / "events.jsonl").read_text()
+    )
