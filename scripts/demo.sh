@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main demo: a 1M-entry cache crashes twice and comes back warm each time,
-# then a crash inside the allocator shows the cold fallback with its reason.
+# then a crash inside the allocator shows the cold fallback with its reason,
+# then the supervisor brings a SIGKILLed server back warm.
 set -euo pipefail
 BUILD=${1:-build}
 events=$(mktemp)
@@ -22,5 +23,9 @@ for line in sys.stdin:
     msg = "  incarnation %d: %s start, list %s (%d objects)" % (s["generation"], s["kind"], s["state"], s["objects"])
     print(msg + ("; decision: " + s["decision"] if s["generation"] else ""))
 '
+echo
+echo "== under the supervisor: SIGKILL (no handler can run) and the state still comes back"
+echo "   warm, from the arena fds that 'rekindle run' held"
+python3 scripts/demo_supervisor.py "$BUILD"
 echo
 echo "Benchmarks: make bench (results in docs/results.md). Tests: make test."
