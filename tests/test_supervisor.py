@@ -124,6 +124,20 @@ def test_hang_is_detected_and_restarted(supervise):
     assert_preserved(before, after)
 
 
+def test_hang_that_ignores_the_restart_signal_is_killed_and_respawned(supervise):
+    sup = supervise("--hang-timeout", "300ms", "--kill-timeout", "300ms", *NO_WINDOW)
+    before = up_and_set(sup)
+    sup.command("hang-masked")
+    sup.wait_up(1, timeout=15)
+    assert sup.wait_event("failure")["kind"] == "hang"
+    assert sup.wait_event("kill")["pid"] == before["pid"]
+    restart = sup.wait_event("restart")
+    assert restart["path"] == "respawn" and restart["mode"] == "warm", restart
+    after = sup.state()
+    assert after["pid"] != before["pid"]
+    assert_preserved(before, after)
+
+
 def test_leak_triggers_a_warm_rejuvenation(supervise):
     sup = supervise("--max-rss", "64M", "--check-interval", "100ms", *NO_WINDOW)
     before = up_and_set(sup)

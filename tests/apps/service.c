@@ -13,6 +13,7 @@
  *   segv-nohandler   die of SIGSEGV with no handler running
  *   exit N           exit with status N
  *   hang             stop beating and spin
+ *   hang-masked      the same with every signal blocked
  *   leak MB          malloc and touch MB of private memory
  *   unsafe-kill      SIGKILL inside an unsafe region
  *   unsafe-segv      SIGSEGV inside an unsafe region
@@ -137,6 +138,12 @@ static void command(char *line, char *out, size_t cap)
 	} else if (sscanf(line, "exit %llu", &a) == 1) {
 		exit((int)a);
 	} else if (!strcmp(line, "hang")) {
+		beating = 0;
+	} else if (!strcmp(line, "hang-masked")) {
+		/* a hang the restart signal cannot reach: only SIGKILL ends it */
+		sigset_t all;
+		sigfillset(&all);
+		sigprocmask(SIG_BLOCK, &all, NULL);
 		beating = 0;
 	} else if (sscanf(line, "leak %llu", &a) == 1) {
 		char *p = malloc(a << 20);
