@@ -57,10 +57,28 @@ fn cmsg_space(n: usize) -> usize {
     unsafe { libc::CMSG_SPACE((n * std::mem::size_of::<RawFd>()) as u32) as usize }
 }
 
-pub fn recv(fd: BorrowedFd<'_>) -> io::Result<Recv> {
-    let mut buf = vec![0u8; MSG_MAX + 1];
+/// What one `recvmsg` brought.
+pub struct RawMsg {
+    /// Bytes received (at most the buffer's length).
+    pub len: usize,
+    /// The kernel set MSG_TRUNC or MSG_CTRUNC.
+    pub truncated: bool,
+    /// Every SCM_RIGHTS fd that arrived, owned (closed when dropped).
+    pub fds: Vec<OwnedFd>,
+    /// SCM_CREDENTIALS, if any: (pid, uid).
+    pub cred: Option<(u32, u32)>,
+}
+
+/// One non-blocking `recvmsg` into `buf` with a control buffer of
+/// `ctl_words` u64s, MSG_CMSG_CLOEXEC, retried on EINTR; None if nothing
+/// is there to read.
+pub fn recv_raw(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    ctl_words: usize,
+) -> io::Result<Option<RawMsg>> {
     // u64 storage keeps the control buffer aligned for cmsghdr
-    let mut ctl = vec![0u64; cmsg_space(CMSG_FDS).div_ceil(8)];
+    let mut ctl = vec![0u64; ctl_words];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -84,40 +102,60 @@ pub fn recv(fd: BorrowedFd<'_>) -> io::Result<Recv> {
             let e = io::Error::last_os_error();
             match e.kind() {
                 io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(Recv::WouldBlock),
+                io::ErrorKind::WouldBlock => return Ok(None),
                 _ => return Err(e),
             }
         }
         break n as usize;
     };
     let mut fds = Vec::new();
+    let mut cred = None;
     // SAFETY: walking the control messages the kernel wrote into ctl, with
     // the libc macros, and taking ownership of each SCM_RIGHTS fd once.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&mh);
         while !c.is_null() {
+            let data = libc::CMSG_DATA(c);
+            let len = (*c).cmsg_len as usize - (data as usize - c as usize);
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c);
-                let len = (*c).cmsg_len as usize - (data as usize - c as usize);
-                let k = len / std::mem::size_of::<RawFd>();
-                for i in 0..k {
+                for i in 0..len / std::mem::size_of::<RawFd>() {
                     let raw = std::ptr::read_unaligned((data as *const RawFd).add(i));
                     if raw >= 0 {
                         fds.push(OwnedFd::from_raw_fd(raw));
                     }
                 }
+            } else if (*c).cmsg_level == libc::SOL_SOCKET
+                && (*c).cmsg_type == libc::SCM_CREDENTIALS
+                && len >= std::mem::size_of::<libc::ucred>()
+            {
+                let uc: libc::ucred = std::ptr::read_unaligned(data.cast());
+                cred = Some((uc.pid as u32, uc.uid));
             }
             c = libc::CMSG_NXTHDR(&mh, c);
         }
     }
-    let truncated = mh.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 || n > MSG_MAX;
-    if n == 0 && fds.is_empty() && !truncated {
+    Ok(Some(RawMsg {
+        len: n,
+        truncated: mh.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
+        fds,
+        cred,
+    }))
+}
+
+pub fn recv(fd: BorrowedFd<'_>) -> io::Result<Recv> {
+    let mut buf = vec![0u8; MSG_MAX + 1];
+    let Some(m) = recv_raw(fd, &mut buf, cmsg_space(CMSG_FDS).div_ceil(8))? else {
+        return Ok(Recv::WouldBlock);
+    };
+    let n = m.len;
+    let truncated = m.truncated || n > MSG_MAX;
+    if n == 0 && m.fds.is_empty() && !truncated {
         return Ok(Recv::Empty);
     }
     buf.truncate(n.min(MSG_MAX));
     Ok(Recv::Msg {
         data: buf,
-        fds,
+        fds: m.fds,
         truncated,
     })
 }

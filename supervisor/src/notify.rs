@@ -292,58 +292,12 @@ impl AppNotify {
     /// Reads one datagram: (sender pid, sender uid, text), or None when empty.
     pub fn recv(&self) -> io::Result<Option<(u32, u32, Vec<u8>)>> {
         let mut buf = vec![0u8; 4096];
-        let mut ctl = vec![0u64; 64];
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
+        // any fds that came along are closed when `m` drops
+        let Some(m) = crate::app_link::recv_raw(self.sock.as_fd(), &mut buf, 64)? else {
+            return Ok(None);
         };
-        // SAFETY: zeroed msghdr is valid; buffers outlive the call.
-        let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
-        mh.msg_iov = &mut iov;
-        mh.msg_iovlen = 1;
-        mh.msg_control = ctl.as_mut_ptr().cast();
-        mh.msg_controllen = ctl.len() * 8;
-        // SAFETY: as above.
-        let n = unsafe {
-            libc::recvmsg(
-                self.sock.as_raw_fd(),
-                &mut mh,
-                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock {
-                Ok(None)
-            } else {
-                Err(e)
-            };
-        }
-        let (mut pid, mut uid) = (0u32, u32::MAX);
-        // SAFETY: walking the kernel's control messages; fds are closed at once.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&mh);
-            while !c.is_null() {
-                let data = libc::CMSG_DATA(c);
-                let len = (*c).cmsg_len as usize - (data as usize - c as usize);
-                if (*c).cmsg_level == libc::SOL_SOCKET
-                    && (*c).cmsg_type == libc::SCM_CREDENTIALS
-                    && len >= std::mem::size_of::<libc::ucred>()
-                {
-                    let cred: libc::ucred = std::ptr::read_unaligned(data.cast());
-                    pid = cred.pid as u32;
-                    uid = cred.uid;
-                } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS
-                {
-                    for i in 0..len / 4 {
-                        let fd: RawFd = std::ptr::read_unaligned((data as *const RawFd).add(i));
-                        libc::close(fd);
-                    }
-                }
-                c = libc::CMSG_NXTHDR(&mh, c);
-            }
-        }
-        buf.truncate(n as usize);
+        let (pid, uid) = m.cred.unwrap_or((0, u32::MAX));
+        buf.truncate(m.len);
         Ok(Some((pid, uid, buf)))
     }
 

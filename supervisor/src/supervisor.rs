@@ -1254,39 +1254,36 @@ impl Supervisor {
     // ---- the app's socket ------------------------------------------------------
 
     fn on_app_readable(&mut self, hup: bool) {
-        for _ in 0..256 {
-            let Some(sock) = self.app.as_ref().and_then(|a| a.sock.as_ref()) else {
-                return;
-            };
-            match app_link::recv(sock.as_fd()) {
-                Ok(Recv::Msg {
-                    data,
-                    fds,
-                    truncated,
-                }) => self.on_app_message(&data, fds, truncated),
-                Ok(Recv::WouldBlock) => {
-                    if hup {
-                        self.close_app_sock();
-                    }
-                    return;
+        self.read_app(|me, r| match r {
+            Ok(Recv::WouldBlock) => {
+                if hup {
+                    me.close_app_sock();
                 }
-                Ok(Recv::Empty) => {
-                    if hup {
-                        self.close_app_sock();
-                        return;
-                    }
-                    self.reply_error("empty message");
-                }
-                Err(_) => {
-                    self.close_app_sock();
-                    return;
-                }
+                false
             }
-        }
+            Ok(Recv::Empty) => {
+                if hup {
+                    me.close_app_sock();
+                    return false;
+                }
+                me.reply_error("empty message");
+                true
+            }
+            _ => {
+                me.close_app_sock();
+                false
+            }
+        });
     }
 
     /// Reads what the app sent before it died.
     fn drain_app(&mut self) {
+        self.read_app(|_, _| false);
+    }
+
+    /// Up to 256 receives from the app's socket: messages go to
+    /// on_app_message; anything else to `other`, which says whether to go on.
+    fn read_app(&mut self, mut other: impl FnMut(&mut Self, std::io::Result<Recv>) -> bool) {
         for _ in 0..256 {
             let Some(sock) = self.app.as_ref().and_then(|a| a.sock.as_ref()) else {
                 return;
@@ -1297,7 +1294,11 @@ impl Supervisor {
                     fds,
                     truncated,
                 }) => self.on_app_message(&data, fds, truncated),
-                _ => return,
+                r => {
+                    if !other(self, r) {
+                        return;
+                    }
+                }
             }
         }
     }
