@@ -144,6 +144,11 @@ static int holder_main(void *arg)
 	syscall(SYS_close_range, (unsigned)rd + 1, ~0u, 0u);
 	atomic_store(&holder_fds_closed, 1);
 	syscall(SYS_futex, &holder_fds_closed, FUTEX_WAKE, 1, NULL, NULL, 0);
+	/* The exec that wakes us would place us on its own CPU, where the
+	 * unmapping would share the core with the new incarnation.  Idle
+	 * priority: the teardown takes only time nobody else wants. */
+	struct sched_param idle = {0};
+	syscall(SYS_sched_setscheduler, 0, SCHED_IDLE, &idle);
 	char c;
 	while (syscall(SYS_read, rd, &c, 1) < 0)
 		;
