@@ -155,7 +155,8 @@ void rk_unsafe_begin(rk_arena *arena);
 void rk_unsafe_end(rk_arena *arena);
 
 /* The app can veto warm restarts for a while (for example during a
- * migration of its own data); failures then restart cold. */
+ * migration of its own data); failures then restart cold.  The veto lasts
+ * until rk_set_warm_allowed(true) or the end of this incarnation. */
 void rk_set_warm_allowed(bool allowed);
 
 /* ---- arenas ------------------------------------------------------------- */
