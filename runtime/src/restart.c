@@ -144,11 +144,6 @@ static int holder_main(void *arg)
 	syscall(SYS_close_range, (unsigned)rd + 1, ~0u, 0u);
 	atomic_store(&holder_fds_closed, 1);
 	syscall(SYS_futex, &holder_fds_closed, FUTEX_WAKE, 1, NULL, NULL, 0);
-	/* The exec that wakes us would place us on its own CPU, where the
-	 * unmapping would share the core with the new incarnation.  Idle
-	 * priority: the teardown takes only time nobody else wants. */
-	struct sched_param idle = {0};
-	syscall(SYS_sched_setscheduler, 0, SCHED_IDLE, &idle);
 	char c;
 	while (syscall(SYS_read, rd, &c, 1) < 0)
 		;
@@ -199,6 +194,22 @@ static int holder_clone(pid_t *pid)
 	return holder_pipe[1];
 }
 
+/* The exec wakes the helper by closing its pipe, and a woken task lands on
+ * the waker's CPU: its unmapping would then share the core with the new
+ * incarnation until the idle core pulls one of them away.  Send it to the
+ * other CPUs instead.  (Idle priority would also keep it out of the way, but
+ * a helper preempted inside the kernel's unmapping, holding the memfd's
+ * locks, stalled the next incarnation for 200 ms.)  Async-signal-safe. */
+static void holder_move_off_this_cpu(pid_t pid)
+{
+	cpu_set_t set;
+	int cpu = sched_getcpu();
+	if (pid <= 0 || cpu < 0 || sched_getaffinity(0, sizeof set, &set) < 0 || CPU_COUNT(&set) < 2)
+		return;
+	CPU_CLR(cpu, &set);
+	(void)sched_setaffinity(pid, sizeof set, &set);
+}
+
 /* At a restart: returns the write end of the pipe to close at exec, or -1
  * (then the exec tears the old address space down itself, only slower). */
 static int teardown_holder_for_exec(void)
@@ -206,8 +217,10 @@ static int teardown_holder_for_exec(void)
 	pid_t pid = 0;
 	int wr = standing_holder_wr >= 0 ? standing_holder_wr : holder_clone(&pid);
 	rk_g.manifest->holder_pid = standing_holder_wr >= 0 ? standing_holder_pid : pid;
-	if (wr >= 0)
+	if (wr >= 0) {
 		holder_wait_fds_closed();
+		holder_move_off_this_cpu(rk_g.manifest->holder_pid);
+	}
 	return wr;
 }
 
