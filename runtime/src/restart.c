@@ -197,9 +197,9 @@ static int holder_clone(pid_t *pid)
 /* The exec wakes the helper by closing its pipe, and a woken task lands on
  * the waker's CPU: its unmapping would then share the core with the new
  * incarnation until the idle core pulls one of them away.  Send it to the
- * other CPUs instead.  (Idle priority would also keep it out of the way, but
- * a helper preempted inside the kernel's unmapping, holding the memfd's
- * locks, stalled the next incarnation for 200 ms.)  Async-signal-safe. */
+ * other CPUs instead.  (Idle priority measured the same, but an idle task
+ * preempted inside the kernel's unmapping, holding the memfd's locks, could
+ * stall the next incarnation.)  Async-signal-safe. */
 static void holder_move_off_this_cpu(pid_t pid)
 {
 	cpu_set_t set;
