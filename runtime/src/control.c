@@ -59,11 +59,7 @@ static struct rk_control *map_shared_block(const char *v)
 		warn("ignoring malformed REKINDLE_CONTROL_FD", v);
 		return NULL;
 	}
-	char link[64], target[64];
-	snprintf(link, sizeof link, "/proc/self/fd/%ld", fd);
-	ssize_t n = readlink(link, target, sizeof target - 1);
-	target[n > 0 ? n : 0] = 0;
-	if (strncmp(target, "/memfd:rekindle:control", 23) != 0 || fstat((int)fd, &st) < 0 ||
+	if (!rk_fd_is_memfd((int)fd, "/memfd:rekindle:control", true) || fstat((int)fd, &st) < 0 ||
 	    st.st_size < (off_t)RK_CONTROL_SIZE) {
 		warn("REKINDLE_CONTROL_FD is not a rekindle control block; running unsupervised", v);
 		return NULL;
@@ -329,16 +325,12 @@ bool rk_unsafe_open(char *why, size_t cap)
 			if (!atomic_load(&s->depth[k]))
 				continue;
 			char num[24];
-			rk_strlcpy(why, "unsafe region open in arena ", cap);
-			size_t n = strlen(why);
-			rk_strlcpy(why + n, k < rk_g.narenas ? rk_g.arenas[k].name : "?", cap - n);
-			n = strlen(why);
-			rk_strlcpy(why + n, " (tid ", cap - n);
 			rk_fmt_u64(num, tid == OVERFLOW_TID ? 0 : tid);
-			n = strlen(why);
-			rk_strlcpy(why + n, num, cap - n);
-			n = strlen(why);
-			rk_strlcpy(why + n, ")", cap - n);
+			rk_strlcpy(why, "unsafe region open in arena ", cap);
+			rk_strlcat(why, k < rk_g.narenas ? rk_g.arenas[k].name : "?", cap);
+			rk_strlcat(why, " (tid ", cap);
+			rk_strlcat(why, num, cap);
+			rk_strlcat(why, ")", cap);
 			return true;
 		}
 	}

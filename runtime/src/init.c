@@ -156,15 +156,17 @@ static int manifest_create(const struct rk_manifest *old)
 	return 0;
 }
 
-static int fd_is_rekindle_memfd(int fd, const char *prefix)
+bool rk_fd_is_memfd(int fd, const char *want, bool exact)
 {
 	char link[64], target[128];
+	size_t wn = strlen(want);
 	snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
 	ssize_t n = readlink(link, target, sizeof target - 1);
-	if (n < 0)
-		return 0;
+	if (n < (ssize_t)wn)
+		return false;
 	target[n] = 0;
-	return strncmp(target, prefix, strlen(prefix)) == 0;
+	/* a memfd's link is "/memfd:NAME (deleted)" */
+	return strncmp(target, want, wn) == 0 && (!exact || target[wn] == 0 || target[wn] == ' ');
 }
 
 /* Maps a manifest memfd (a private copy: writes stay ours) and checks it;
@@ -204,7 +206,7 @@ static const struct rk_manifest *manifest_inherit(uint64_t *size, char *why, siz
 	char *end;
 	long fd = strtol(v, &end, 10);
 	unsetenv("REKINDLE_MANIFEST_FD"); /* not for the app's own children */
-	if (*end || fd < 0 || fd > INT_MAX || !fd_is_rekindle_memfd((int)fd, "/memfd:rekindle:manifest")) {
+	if (*end || fd < 0 || fd > INT_MAX || !rk_fd_is_memfd((int)fd, "/memfd:rekindle:manifest", false)) {
 		snprintf(why, wl, "REKINDLE_MANIFEST_FD=%.40s is not a rekindle manifest", v);
 		return MAP_FAILED; /* not ours: leave that fd alone */
 	}
@@ -214,17 +216,10 @@ static const struct rk_manifest *manifest_inherit(uint64_t *size, char *why, siz
 /* Takes the handed-over fd whose memfd is called exactly "rekindle:<name>". */
 static int take_fd_named(struct rk_inherit *inh, bool *used, const char *name)
 {
-	char want[96], link[64], target[128];
-	size_t wn = (size_t)snprintf(want, sizeof want, "/memfd:rekindle:%s", name);
+	char want[96];
+	snprintf(want, sizeof want, "/memfd:rekindle:%s", name);
 	for (unsigned i = 1; i < inh->nfds; i++) {
-		if (used[i])
-			continue;
-		snprintf(link, sizeof link, "/proc/self/fd/%d", inh->fds[i]);
-		ssize_t n = readlink(link, target, sizeof target - 1);
-		if (n < (ssize_t)wn)
-			continue;
-		target[n] = 0;
-		if (strncmp(target, want, wn) == 0 && (target[wn] == 0 || target[wn] == ' ')) {
+		if (!used[i] && rk_fd_is_memfd(inh->fds[i], want, true)) {
 			used[i] = true;
 			return inh->fds[i];
 		}
@@ -242,7 +237,7 @@ static const struct rk_manifest *manifest_from_supervisor(struct rk_inherit *inh
 	bool used[1 + 2 * RK_MAX_ARENAS] = {true};
 	struct rk_manifest *m = MAP_FAILED;
 	bool matched = false;
-	if (!fd_is_rekindle_memfd(inh->fds[0], "/memfd:rekindle:manifest"))
+	if (!rk_fd_is_memfd(inh->fds[0], "/memfd:rekindle:manifest", false))
 		snprintf(why, wl, "the supervisor handed over a manifest fd that is not a rekindle manifest");
 	else
 		m = manifest_map(inh->fds[0], size, why, wl);
@@ -302,10 +297,10 @@ static const struct rk_manifest *inherit_from_supervisor(uint64_t *size, char *w
 static void close_inherited_fds(const struct rk_manifest *m)
 {
 	for (unsigned i = 0; i < m->narenas; i++)
-		if (fd_is_rekindle_memfd(m->arenas[i].fd, "/memfd:rekindle:"))
+		if (rk_fd_is_memfd(m->arenas[i].fd, "/memfd:rekindle:", false))
 			close(m->arenas[i].fd);
 	for (unsigned i = 0; i < m->nranges; i++)
-		if (fd_is_rekindle_memfd(m->ranges[i].fd, "/memfd:rekindle:"))
+		if (rk_fd_is_memfd(m->ranges[i].fd, "/memfd:rekindle:", false))
 			close(m->ranges[i].fd);
 }
 
@@ -327,7 +322,7 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 		const struct rk_manifest_arena *d = &m->arenas[i];
 		struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
 		if (d->base < rk_g.reserve_base || d->base + d->max > rk_g.reserve_base + rk_g.reserve_len ||
-		    !fd_is_rekindle_memfd(d->fd, "/memfd:rekindle:")) {
+		    !rk_fd_is_memfd(d->fd, "/memfd:rekindle:", false)) {
 			snprintf(why, wl, "arena %.47s: foreign fd or address outside the reserved range", d->name);
 			return -EINVAL;
 		}
@@ -356,7 +351,7 @@ static int attach_ranges(const struct rk_manifest *m, char *why, size_t wl)
 {
 	for (unsigned i = 0; i < m->nranges; i++) {
 		const struct rk_manifest_range *d = &m->ranges[i];
-		if (!fd_is_rekindle_memfd(d->fd, "/memfd:rekindle:range")) {
+		if (!rk_fd_is_memfd(d->fd, "/memfd:rekindle:range", false)) {
 			snprintf(why, wl, "preserved range 0x%llx: foreign fd", (unsigned long long)d->addr);
 			return -EINVAL;
 		}
@@ -529,7 +524,6 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		rk_g.info.restart_ns = rk_now_ns() - rk_g.t_restart_ns;
 	rk_control_begin(rk_g.info.generation, rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);
 	atomic_store(&rk_ctl->preserved_bytes, rk_g.info.preserved_bytes);
-	rk_control_name_arenas();
 	log_start();
 	rk_sup_hello();
 	rk_sup_send_fds();

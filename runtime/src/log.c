@@ -19,6 +19,12 @@ size_t rk_strlcpy(char *dst, const char *src, size_t cap)
 	return n;
 }
 
+size_t rk_strlcat(char *dst, const char *src, size_t cap)
+{
+	size_t n = strnlen(dst, cap);
+	return n + rk_strlcpy(dst + n, src, cap - n);
+}
+
 size_t rk_fmt_u64(char *dst, uint64_t v)
 {
 	char tmp[24];

@@ -40,17 +40,11 @@ static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
 /* ---- small signal-safe string building ---- */
 
-static void sb_cat(char *buf, size_t cap, const char *s)
-{
-	size_t n = strlen(buf);
-	rk_strlcpy(buf + n, s, cap - n);
-}
-
 static void sb_u64(char *buf, size_t cap, uint64_t v)
 {
 	char num[24];
 	rk_fmt_u64(num, v);
-	sb_cat(buf, cap, num);
+	rk_strlcat(buf, num, cap);
 }
 
 static void sb_hex(char *buf, size_t cap, uint64_t v)
@@ -62,7 +56,7 @@ static void sb_hex(char *buf, size_t cap, uint64_t v)
 		if ((v >> sh) || sh == 0)
 			s[n++] = hex[(v >> sh) & 15];
 	s[n] = 0;
-	sb_cat(buf, cap, s);
+	rk_strlcat(buf, s, cap);
 }
 
 /* ---- setup (from rk_init; may allocate) ---- */
@@ -308,28 +302,28 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 		return -ELOOP;
 	}
 	if (!want_warm) {
-		sb_cat(decision, sizeof decision, "cold restart requested");
+		rk_strlcat(decision, "cold restart requested", sizeof decision);
 	} else if (pc_in_runtime(uc)) {
 		warm = false;
-		sb_cat(decision, sizeof decision, "fault inside the rekindle runtime at pc ");
+		rk_strlcat(decision, "fault inside the rekindle runtime at pc ", sizeof decision);
 #if defined(__x86_64__)
 		sb_hex(decision, sizeof decision, (uint64_t)((const ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP]);
 #endif
 	} else if (rk_g.info.kind == RK_START_WARM && fast) {
 		warm = false;
-		sb_cat(decision, sizeof decision, "second failure ");
+		rk_strlcat(decision, "second failure ", sizeof decision);
 		sb_u64(decision, sizeof decision, age_ms);
-		sb_cat(decision, sizeof decision, " ms after a warm restart (window ");
+		rk_strlcat(decision, " ms after a warm restart (window ", sizeof decision);
 		sb_u64(decision, sizeof decision, rk_g.crashloop_ms);
-		sb_cat(decision, sizeof decision, " ms)");
+		rk_strlcat(decision, " ms)", sizeof decision);
 	} else if (rk_g.manifest_busy) {
 		warm = false;
-		sb_cat(decision, sizeof decision, "failure while the arena list was being updated");
+		rk_strlcat(decision, "failure while the arena list was being updated", sizeof decision);
 	} else if (rk_ctl && (atomic_load(&rk_ctl->flags) & RK_CTL_WARM_DISABLED)) {
 		warm = false;
-		sb_cat(decision, sizeof decision, "warm restarts disabled by the app");
+		rk_strlcat(decision, "warm restarts disabled by the app", sizeof decision);
 	} else {
-		sb_cat(decision, sizeof decision, "all checks passed");
+		rk_strlcat(decision, "all checks passed", sizeof decision);
 	}
 
 	if (warm) {
@@ -408,7 +402,7 @@ int rk_restart_cold(const char *reason)
 static void on_fatal_signal(int sig, siginfo_t *si, void *uc)
 {
 	char reason[64] = "signal ";
-	sb_cat(reason, sizeof reason, rk_signame(sig));
+	rk_strlcat(reason, rk_signame(sig), sizeof reason);
 	int saved = errno;
 	(void)do_restart(true, reason, sig, si, uc);
 	/* Restart impossible or given up: die of the signal as if unhandled. */
@@ -438,7 +432,7 @@ static void on_restart_signal(int sig, siginfo_t *si, void *uc)
 	enum rk_request_mode m = rk_control_take_request(reason, sizeof reason);
 	if (m == RK_REQ_NONE) {
 		rk_strlcpy(reason, "supervisor: restart signal ", sizeof reason);
-		sb_cat(reason, sizeof reason, rk_signame(sig));
+		rk_strlcat(reason, rk_signame(sig), sizeof reason);
 	}
 	(void)do_restart(m != RK_REQ_COLD, reason, 0, NULL, NULL);
 	errno = saved; /* restart impossible: carry on */

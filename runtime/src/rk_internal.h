@@ -341,6 +341,10 @@ void rk_ev_i64(struct rk_ev *e, const char *key, int64_t v) RK_HIDDEN;
 void rk_ev_hex(struct rk_ev *e, const char *key, uint64_t v) RK_HIDDEN;
 void rk_ev_end(struct rk_ev *e) RK_HIDDEN; /* writes the line to stderr */
 size_t rk_strlcpy(char *dst, const char *src, size_t cap) RK_HIDDEN;
+size_t rk_strlcat(char *dst, const char *src, size_t cap) RK_HIDDEN;
+/* True if fd is a memfd whose /proc/self/fd link starts with want ("/memfd:
+ * rekindle:..."); with exact, the name must end there too. */
+bool rk_fd_is_memfd(int fd, const char *want, bool exact) RK_HIDDEN;
 size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
 const char *rk_signame(int sig) RK_HIDDEN;
 
