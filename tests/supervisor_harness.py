@@ -24,6 +24,25 @@ def free_port():
         return s.getsockname()[1]
 
 
+def service_command(port, line, timeout=10.0, expect_reply=True):
+    """Sends one command to the service app; retries the connect while it restarts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+                s.sendall(line.encode() + b"\n")
+                if not expect_reply:
+                    return None
+                reply = s.makefile().readline()
+                if reply:
+                    return json.loads(reply)
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no reply to {line!r}")
+        time.sleep(0.02)
+
+
 class Supervisor:
     """One `rekindle run` in the background; stopped by close()."""
 
@@ -93,22 +112,10 @@ class Supervisor:
 
     # ---- the service app ------------------------------------------------------
     def command(self, line, timeout=10.0, expect_reply=True):
-        """Sends one command; retries the connect while the app restarts."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
-                    s.sendall(line.encode() + b"\n")
-                    if not expect_reply:
-                        return None
-                    reply = s.makefile().readline()
-                    if reply:
-                        return json.loads(reply)
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no reply to {line!r}; stderr: {self.stderr()[-2000:]}")
-            time.sleep(0.02)
+        try:
+            return service_command(self.port, line, timeout, expect_reply)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; stderr: {self.stderr()[-2000:]}") from None
 
     def state(self):
         return self.command("state")

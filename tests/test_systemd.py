@@ -5,14 +5,13 @@ stored fds in LISTEN_FDS / LISTEN_FDNAMES.  The app's preserved state must
 survive the death of the supervisor itself."""
 
 import array
-import json
 import os
 import signal
 import socket
 import subprocess
 import time
 
-from supervisor_harness import REKINDLE, SERVICE, free_port
+from supervisor_harness import REKINDLE, SERVICE, free_port, service_command
 
 
 class FakeSystemd:
@@ -53,21 +52,6 @@ class FakeSystemd:
             if pred():
                 return True
         return False
-
-
-def service_command(port, line):
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-                s.sendall(line.encode() + b"\n")
-                r = s.makefile().readline()
-                if r:
-                    return json.loads(r)
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, f"no reply to {line!r}"
-        time.sleep(0.05)
 
 
 def test_fd_store_keeps_preserved_state_across_a_supervisor_restart(tmp_path):
