@@ -14,7 +14,7 @@ RT_CFLAGS := $(RK_CFLAGS) -fPIC -fno-reorder-blocks-and-partition -fno-reorder-f
 
 RT_SRCS := $(wildcard runtime/src/*.c)
 RT_OBJS := $(patsubst runtime/src/%.c,$(BUILD)/runtime/%.o,$(RT_SRCS))
-RT_HDRS := runtime/include/rekindle.h runtime/src/rk_internal.h
+RT_HDRS := $(wildcard runtime/include/*.h) runtime/src/rk_internal.h
 LIB_SO := $(BUILD)/lib/librekindle.so
 LIB_A := $(BUILD)/lib/librekindle.a
 PC := $(BUILD)/lib/pkgconfig/rekindle.pc
@@ -25,12 +25,16 @@ UNIT_TESTS := $(patsubst runtime/tests/%.c,$(BUILD)/tests/%,$(wildcard runtime/t
 TEST_APPS := $(patsubst tests/apps/%.c,$(BUILD)/apps/%,$(wildcard tests/apps/*.c))
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+# Multi-file examples live in examples/NAME/ with a build.mk fragment that
+# adds its programs to EXAMPLE_BINS (and its tests' helpers, if any).
+EXAMPLE_BINS :=
+include $(wildcard examples/*/build.mk)
 # The supervisor (Rust): cargo decides what to rebuild; its outputs stay in build/.
 SUPERVISOR := $(BUILD)/bin/rekindle
 CARGO_FLAGS := --release --locked --manifest-path supervisor/Cargo.toml --target-dir $(abspath $(BUILD))/cargo
 
-.PHONY: all deps runtime supervisor test unit-test system-test demo bench bench-alloc bench-restart lint clean
-all: runtime supervisor $(TEST_APPS) $(BUILD)/apps/crashy-shared $(BENCH_BINS) $(EXAMPLES)
+.PHONY: all deps runtime supervisor test unit-test system-test demo bench bench-alloc bench-restart bench-supervisor bench-rkv bench-availability bench-stages lint clean
+all: runtime supervisor $(TEST_APPS) $(BUILD)/apps/crashy-shared $(BENCH_BINS) $(EXAMPLES) $(EXAMPLE_BINS)
 runtime: $(LIB_SO) $(LIB_A) $(PC)
 
 deps:
@@ -59,20 +63,20 @@ $(PC): runtime/rekindle.pc.in
 	@mkdir -p $(dir $@)
 	sed -e 's|@PREFIX@|$(abspath $(BUILD))|' -e 's|@INCLUDEDIR@|$(abspath runtime/include)|' $< > $@
 
-$(BUILD)/tests/%: runtime/tests/%.c $(LIB_A) runtime/include/rekindle.h $(wildcard runtime/tests/*.h)
+$(BUILD)/tests/%: runtime/tests/%.c $(LIB_A) $(RT_HDRS) $(wildcard runtime/tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RK_CFLAGS) -Iruntime/src $< -o $@ $(LINK_RK)
-$(BUILD)/apps/%: tests/apps/%.c $(LIB_A) runtime/include/rekindle.h
+$(BUILD)/apps/%: tests/apps/%.c $(LIB_A) $(RT_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ $(LINK_RK)
 # the same test app against the shared library, to test that build too
-$(BUILD)/apps/crashy-shared: tests/apps/crashy.c $(LIB_SO) runtime/include/rekindle.h
+$(BUILD)/apps/crashy-shared: tests/apps/crashy.c $(LIB_SO) $(RT_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ -L$(BUILD)/lib -lrekindle -Wl,-rpath,$(abspath $(BUILD))/lib -pthread
-$(BUILD)/bench/%: bench/%.c $(LIB_A) runtime/include/rekindle.h
+$(BUILD)/bench/%: bench/%.c $(LIB_A) $(RT_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ $(LINK_RK)
-$(BUILD)/examples/%: examples/%.c $(LIB_A) runtime/include/rekindle.h
+$(BUILD)/examples/%: examples/%.c $(LIB_A) $(RT_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ $(LINK_RK)
 
@@ -82,11 +86,22 @@ test: deps all $(UNIT_TESTS)
 demo: deps all
 	@bash scripts/demo.sh $(BUILD)
 
-bench: bench-alloc bench-restart
+bench: bench-alloc bench-restart bench-supervisor bench-rkv bench-availability bench-stages
 bench-alloc: deps all
 	@bash bench/run_alloc.sh $(BUILD)
 bench-restart: deps all
 	@bash bench/run_restart.sh $(BUILD)
+bench-supervisor: deps all
+	python3 bench/supervisor_bench.py $(BUILD) --sizes 1024 8192 --rounds 7
+# rkv against real Redis 7, same run: redis-benchmark GET/SET, 50 clients
+bench-rkv: deps all
+	python3 bench/rkv_throughput.py $(BUILD)
+# crash mid-run, four ways back; table and PNG timeline in bench/results/
+bench-availability: deps all
+	python3 bench/availability.py $(BUILD)
+# the stage example: mid-run crash vs from scratch vs periodic checkpoint
+bench-stages: deps all
+	python3 bench/stages_bench.py $(BUILD)
 
 lint:
 	ruff check tests bench scripts

@@ -12,6 +12,9 @@ have python3 || need_apt+=(python3 python3-pip)
 # The supervisor is Rust (crates.io).  The image has rustup's toolchain;
 # Debian's cargo is the fallback where it is missing.
 have cargo || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(cargo)
+# Real Redis 7 and its clients: rkv's tests and benchmarks drive both.
+have redis-server || need_apt+=(redis-server)
+have redis-cli && have redis-benchmark || need_apt+=(redis-tools)
 if [ "${#need_apt[@]}" -gt 0 ]; then
 	echo "deps: installing ${need_apt[*]} (apt)" >&2
 	if [ "$(id -u)" -ne 0 ]; then
@@ -23,7 +26,7 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
 fi
 
 # Python test tooling (PyPI), pinned in tests/requirements.txt.
-if ! python3 -c 'import pytest' >/dev/null 2>&1; then
+if ! python3 -c 'import pytest, redis, matplotlib' >/dev/null 2>&1; then
 	echo "deps: installing Python test requirements (pip)" >&2
 	python3 -m pip install -q -r "$(dirname "$0")/../tests/requirements.txt"
 fi

@@ -215,4 +215,6 @@ __attribute__((constructor, used)) static void rk__register_module_statics(void)
 #ifdef __cplusplus
 }
 #endif
+
+#include "rekindle_stages.h"
 #endif /* REKINDLE_H */
