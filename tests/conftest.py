@@ -56,3 +56,23 @@ def run_app(name, *args, env=None, timeout=60):
         json_lines(p.stdout, "app"),
         json_lines(p.stderr, "rekindle"),
     )
+
+
+@pytest.fixture
+def supervise(tmp_path):
+    """Starts `rekindle run`s for a test (supervisor_harness.Supervisor's
+    arguments); stops them after."""
+    from supervisor_harness import Supervisor
+
+    started = []
+
+    def start(*options, **kw):
+        sub = tmp_path / f"s{len(started)}"
+        sub.mkdir()
+        s = Supervisor(sub, *options, **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.close()

@@ -143,3 +143,4 @@ class Supervisor:
                 self.proc.wait()
         self.out.close()
         self.err.close()
+

@@ -15,26 +15,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from supervisor_harness import SERVICE, Supervisor, free_port
+from supervisor_harness import SERVICE, free_port
 
 # Crashes in quick succession stay warm unless a test is about the window.
 NO_WINDOW = ("--crashloop-window", "0ms")
-
-
-@pytest.fixture
-def supervise(tmp_path):
-    started = []
-
-    def start(*options, **kw):
-        sub = tmp_path / f"s{len(started)}"
-        sub.mkdir()
-        s = Supervisor(sub, *options, **kw)
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.close()
 
 
 def up_and_set(sup):

@@ -82,6 +82,7 @@ struct rk_restart_info {
 	uint64_t restart_ns;   /* previous rk_restart() entry to our rk_init() return */
 	uint64_t preserved_bytes; /* bytes in use in the arenas we inherited */
 	unsigned statics_restored; /* RK_PRESERVED sections restored */
+	unsigned arenas_dropped;   /* half-changed arenas not reused (independent ones) */
 };
 
 /* Sweep statistics from rk_finish_recovery(true, ...). */
@@ -146,13 +147,33 @@ void rk_heartbeat(void);
  * its own recovery).  The supervisor times restarts up to this point. */
 int rk_ready(void);
 
-/* Unsafe regions: wrap every change of preserved state in the arena.  A
- * failure while any region is open (in any thread) makes the restart cold,
- * because that state may be half-changed.  Nestable, per thread, a few ns,
- * no syscall.  Other threads' open regions are waited for (50 ms at most)
- * before a restart decides. */
+/* Unsafe regions: wrap every change of preserved state in the arena (the
+ * arena is the component).  A failure while a region of an arena is open (in
+ * any thread) means that arena may be half-changed: it is not reused.  If the
+ * arena was opened RK_ARENA_INDEPENDENT only it is dropped (the next
+ * incarnation gets it back empty, rk_arena_preserved() false) and the other
+ * arenas stay warm; otherwise the whole restart goes cold.  The allocator's
+ * own critical sections count as unsafe regions of their arena.  Nestable,
+ * per thread, a few ns, no syscall.  Other threads' open regions are waited
+ * for (50 ms at most) before a restart decides. */
 void rk_unsafe_begin(rk_arena *arena);
 void rk_unsafe_end(rk_arena *arena);
+
+/* True when no thread has an unsafe region of the arena open right now.
+ * Async-signal-safe: meant for the app's failure hook. */
+bool rk_component_is_safe(const rk_arena *arena);
+
+/* The app's own say at a failure.  Runs inside the fault handler (so only
+ * async-signal-safe code), after the other threads were stopped at their
+ * next unsafe-region entry and before the runtime decides.  It may inspect
+ * components with rk_component_is_safe() and drop some with
+ * rk_component_drop(); returning false makes the whole restart cold.  Not
+ * called when the process died without running a handler (SIGKILL under
+ * `rekindle run`): the supervisor then applies the default policy above. */
+typedef bool (*rk_failure_hook)(int sig, void *ctx);
+void rk_set_failure_hook(rk_failure_hook hook, void *ctx);
+/* From the failure hook: do not reuse this arena, keep the others warm. */
+int rk_component_drop(rk_arena *arena);
 
 /* The app can veto warm restarts for a while (for example during a
  * migration of its own data); failures then restart cold.  The veto lasts
@@ -164,6 +185,26 @@ void rk_set_warm_allowed(bool allowed);
 /* Open (warm restart: reattach) the arena called name, reserving max_bytes
  * of address space.  Returns NULL with errno set on failure. */
 rk_arena *rk_arena_open(const char *name, size_t max_bytes);
+
+/* rk_arena_open_flags() flags */
+/* A component of its own: no other arena points into it and it points into
+ * no other, so a failure that finds it half-changed drops only it. */
+#define RK_ARENA_INDEPENDENT 0x1u
+/* Write-protect the arena with a memory protection key: a thread may write
+ * it only inside its unsafe regions (and through rk_* calls), so a stray
+ * write from transient code faults at once instead of corrupting preserved
+ * state.  Every write to the arena must then be inside rk_unsafe_begin/end,
+ * including the initialisation of new objects.  Threads started before the
+ * arena was opened can neither read nor write it outside unsafe regions:
+ * open protected arenas before starting threads.  Without pkeys (CPU or
+ * kernel) the arena is unprotected, and a warning says so once. */
+#define RK_ARENA_WRITE_PROTECT 0x2u
+rk_arena *rk_arena_open_flags(const char *name, size_t max_bytes, unsigned flags);
+/* True when the arena's contents come from the previous incarnation; false
+ * for a new arena or one dropped at the failure (it starts empty). */
+bool rk_arena_preserved(const rk_arena *arena);
+/* True when the arena really is write-protected (pkeys available). */
+bool rk_arena_write_protected(const rk_arena *arena);
 int rk_arena_stats(const rk_arena *arena, struct rk_arena_stats *out);
 /* True if ptr points into the arena's reserved range. */
 bool rk_arena_contains(const rk_arena *arena, const void *ptr);

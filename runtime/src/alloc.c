@@ -113,9 +113,10 @@ static _Noreturn void park_forever(void)
 		pause(); /* the restart's exec ends this thread */
 }
 
-void rk_lock_acquire(rk_lock *l)
+void rk_lock_acquire(struct rk_arena *a, rk_lock *l)
 {
 	uint32_t me = rk_gettid();
+	rk_unsafe_note_enter(a->index); /* before the lock: held implies counted */
 	for (unsigned spins = 0;; spins++) {
 		uint32_t expect = 0;
 		if (atomic_load_explicit(l, memory_order_relaxed) == 0 &&
@@ -124,13 +125,16 @@ void rk_lock_acquire(rk_lock *l)
 			/* Dekker-style with rk_allocator_freeze: lock, then look. */
 			if (RK_UNLIKELY(atomic_load(&freezing)) && tls_locks_held == 0) {
 				atomic_store(l, 0);
+				rk_unsafe_note_leave(a->index);
 				park_forever();
 			}
 			tls_locks_held++;
 			return;
 		}
-		if (RK_UNLIKELY(atomic_load_explicit(&freezing, memory_order_relaxed)) && tls_locks_held == 0)
+		if (RK_UNLIKELY(atomic_load_explicit(&freezing, memory_order_relaxed)) && tls_locks_held == 0) {
+			rk_unsafe_note_leave(a->index);
 			park_forever();
+		}
 		if (spins < 100)
 			__builtin_ia32_pause();
 		else
@@ -173,10 +177,11 @@ unsigned rk_allocator_freeze(uint64_t timeout_ns)
 	return held;
 }
 
-void rk_lock_release(rk_lock *l)
+void rk_lock_release(struct rk_arena *a, rk_lock *l)
 {
 	tls_locks_held--;
 	atomic_store_explicit(l, 0, memory_order_release);
+	rk_unsafe_note_leave(a->index);
 }
 
 static inline uint64_t *map_entry(struct rk_arena *a, uint64_t page)
@@ -414,7 +419,10 @@ int rk_mark(rk_arena *a, const void *p)
 	int64_t page = run_of(a, p, &e);
 	if (page < 0)
 		return -EINVAL;
-	return mark_in_run(a, page, e, p);
+	uint32_t wp = rk_wp_write_begin(a);
+	int r = mark_in_run(a, page, e, p);
+	rk_wp_write_end(a, wp);
+	return r;
 }
 
 static void born_marked(struct rk_arena *a, void *p)
@@ -431,11 +439,11 @@ static struct rk_free_block *slab_new(struct rk_arena *a, unsigned cls, struct r
 				      uint64_t *n)
 {
 	uint64_t npages = class_slab_pages[cls];
-	rk_lock_acquire(&a->hdr->heap_lock);
+	rk_lock_acquire(a, &a->hdr->heap_lock);
 	uint64_t page = run_alloc_locked(a, npages);
 	if (page)
 		run_set_used(a, page, npages, RK_PG_MAKE(RK_PG_SLAB, cls, npages));
-	rk_lock_release(&a->hdr->heap_lock);
+	rk_lock_release(a, &a->hdr->heap_lock);
 	if (!page)
 		return NULL;
 	struct rk_slab *s = page_addr(a, page);
@@ -462,13 +470,13 @@ static struct rk_free_block *slab_new(struct rk_arena *a, unsigned cls, struct r
 static struct rk_free_block *central_take(struct rk_arena *a, unsigned cls, uint32_t want, uint32_t *got)
 {
 	struct rk_class_state *c = &a->hdr->classes[cls];
-	rk_lock_acquire(&c->lock);
+	rk_lock_acquire(a, &c->lock);
 	if (!c->head) {
 		struct rk_free_block *tail;
 		uint64_t n;
 		struct rk_free_block *chain = slab_new(a, cls, &tail, &n);
 		if (!chain) {
-			rk_lock_release(&c->lock);
+			rk_lock_release(a, &c->lock);
 			*got = 0;
 			return NULL;
 		}
@@ -484,7 +492,7 @@ static struct rk_free_block *central_take(struct rk_arena *a, unsigned cls, uint
 	c->head = last->next;
 	c->count -= k;
 	last->next = NULL;
-	rk_lock_release(&c->lock);
+	rk_lock_release(a, &c->lock);
 	*got = k;
 	return first;
 }
@@ -493,11 +501,11 @@ static void central_put(struct rk_arena *a, unsigned cls, struct rk_free_block *
 			struct rk_free_block *last, uint32_t k)
 {
 	struct rk_class_state *c = &a->hdr->classes[cls];
-	rk_lock_acquire(&c->lock);
+	rk_lock_acquire(a, &c->lock);
 	last->next = c->head;
 	c->head = first;
 	c->count += k;
-	rk_lock_release(&c->lock);
+	rk_lock_release(a, &c->lock);
 }
 
 /* ---- thread caches --------------------------------------------------------- */
@@ -513,8 +521,10 @@ static void tcache_thread_exit(void *unused)
 		tls_tc[i] = NULL;
 		if (!a->hdr)
 			continue;
+		uint32_t wp = rk_wp_write_begin(a);
 		rk_tcache_flush_all(a, tc);
 		atomic_store_explicit(&tc->owner, 0, memory_order_release);
+		rk_wp_write_end(a, wp);
 	}
 }
 
@@ -620,24 +630,20 @@ static void *large_alloc(struct rk_arena *a, size_t n)
 		errno = ENOMEM;
 		return NULL;
 	}
-	rk_lock_acquire(&a->hdr->heap_lock);
+	rk_lock_acquire(a, &a->hdr->heap_lock);
 	uint64_t page = run_alloc_locked(a, npages);
 	if (page)
 		run_set_used(a, page, npages, RK_PG_MAKE(RK_PG_LARGE, 0, npages));
-	rk_lock_release(&a->hdr->heap_lock);
+	rk_lock_release(a, &a->hdr->heap_lock);
 	if (!page)
 		return NULL;
 	atomic_fetch_add_explicit(&a->hdr->allocated_bytes, npages * RK_PAGE, memory_order_relaxed);
 	return page_addr(a, page);
 }
 
-void *rk_alloc(rk_arena *a, size_t n)
+static inline void *alloc_body(rk_arena *a, size_t n)
 {
 	void *p;
-	if (RK_UNLIKELY(!a || !a->hdr)) {
-		errno = EINVAL;
-		return NULL;
-	}
 	if (RK_LIKELY(n <= RK_SMALL_MAX)) {
 		unsigned cls = class_of_16[(n + 15) >> 4];
 		struct rk_tcache *tc = tls_tc[a->index];
@@ -658,6 +664,18 @@ void *rk_alloc(rk_arena *a, size_t n)
 	return p;
 }
 
+void *rk_alloc(rk_arena *a, size_t n)
+{
+	if (RK_UNLIKELY(!a || !a->hdr)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	uint32_t wp = rk_wp_write_begin(a);
+	void *p = alloc_body(a, n);
+	rk_wp_write_end(a, wp);
+	return p;
+}
+
 void *rk_calloc(rk_arena *a, size_t nmemb, size_t size)
 {
 	size_t n;
@@ -666,8 +684,11 @@ void *rk_calloc(rk_arena *a, size_t nmemb, size_t size)
 		return NULL;
 	}
 	void *p = rk_alloc(a, n);
-	if (p)
+	if (p) {
+		uint32_t wp = rk_wp_write_begin(a);
 		memset(p, 0, n);
+		rk_wp_write_end(a, wp);
+	}
 	return p;
 }
 
@@ -682,11 +703,9 @@ static void bad_pointer(struct rk_arena *a, const char *op, const void *p)
 	rk_ev_end(&e);
 }
 
-void rk_free(rk_arena *a, void *p)
+static inline void free_body(rk_arena *a, void *p)
 {
 	uint64_t e;
-	if (!p || !a || !a->hdr)
-		return;
 	int64_t page = run_of(a, p, &e);
 	if (RK_UNLIKELY(page < 0 || !object_start(a, page, e, p))) {
 		bad_pointer(a, "rk_free", p);
@@ -712,10 +731,19 @@ void rk_free(rk_arena *a, void *p)
 		return;
 	}
 	uint64_t npages = RK_PG_N(e);
-	rk_lock_acquire(&a->hdr->heap_lock);
+	rk_lock_acquire(a, &a->hdr->heap_lock);
 	rk_run_free(a, (uint64_t)page, npages);
-	rk_lock_release(&a->hdr->heap_lock);
+	rk_lock_release(a, &a->hdr->heap_lock);
 	atomic_fetch_sub_explicit(&a->hdr->allocated_bytes, npages * RK_PAGE, memory_order_relaxed);
+}
+
+void rk_free(rk_arena *a, void *p)
+{
+	if (!p || !a || !a->hdr)
+		return;
+	uint32_t wp = rk_wp_write_begin(a);
+	free_body(a, p);
+	rk_wp_write_end(a, wp);
 }
 
 size_t rk_usable_size(rk_arena *a, const void *p)
@@ -751,7 +779,9 @@ void *rk_realloc(rk_arena *a, void *p, size_t n)
 	void *q = rk_alloc(a, n);
 	if (!q)
 		return NULL;
+	uint32_t wp = rk_wp_write_begin(a);
 	memcpy(q, p, n < have ? n : have);
+	rk_wp_write_end(a, wp);
 	rk_free(a, p);
 	return q;
 }

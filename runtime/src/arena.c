@@ -207,7 +207,8 @@ int rk_root_set(rk_arena *a, const char *name, void *ptr)
 		return -EFAULT; /* a root must point into its arena to survive */
 	struct rk_arena_hdr *h = a->hdr;
 	int ret = -ENOSPC;
-	rk_lock_acquire(&h->root_lock);
+	uint32_t wp = rk_wp_write_begin(a);
+	rk_lock_acquire(a, &h->root_lock);
 	struct rk_root *slot = NULL, *empty = NULL;
 	for (unsigned i = 0; i < RK_MAX_ROOTS; i++) {
 		if (h->roots[i].name[0] == 0) {
@@ -232,7 +233,8 @@ int rk_root_set(rk_arena *a, const char *name, void *ptr)
 	} else if (!ptr) {
 		ret = 0;
 	}
-	rk_lock_release(&h->root_lock);
+	rk_lock_release(a, &h->root_lock);
+	rk_wp_write_end(a, wp);
 	return ret;
 }
 
@@ -242,12 +244,14 @@ void *rk_root_get(rk_arena *a, const char *name)
 		return NULL;
 	struct rk_arena_hdr *h = a->hdr;
 	void *p = NULL;
-	rk_lock_acquire(&h->root_lock);
+	uint32_t wp = rk_wp_write_begin(a); /* the lock word is in the arena */
+	rk_lock_acquire(a, &h->root_lock);
 	for (unsigned i = 0; i < RK_MAX_ROOTS; i++)
 		if (h->roots[i].name[0] && strncmp(h->roots[i].name, name, sizeof h->roots[i].name) == 0) {
 			p = (void *)(uintptr_t)h->roots[i].ptr;
 			break;
 		}
-	rk_lock_release(&h->root_lock);
+	rk_lock_release(a, &h->root_lock);
+	rk_wp_write_end(a, wp);
 	return p;
 }

@@ -26,6 +26,7 @@
 _Static_assert(offsetof(struct rk_control, request_reason) == 64, "protocol layout");
 _Static_assert(offsetof(struct rk_control, nslots) == 192, "protocol layout");
 _Static_assert(offsetof(struct rk_control, slots) == 256, "protocol layout");
+_Static_assert(offsetof(struct rk_control, independent_mask) == 204, "protocol layout");
 _Static_assert(offsetof(struct rk_control, arena_names) == 16640, "protocol layout");
 _Static_assert(sizeof(struct rk_ctl_slot) == 64, "protocol layout");
 _Static_assert(sizeof(struct rk_control) <= RK_CONTROL_SIZE, "protocol layout");
@@ -140,9 +141,14 @@ void rk_control_name_arenas(void)
 	struct rk_control *c = rk_ctl;
 	if (!c)
 		return;
-	for (unsigned i = 0; i < rk_g.narenas; i++)
+	uint32_t independent = 0;
+	for (unsigned i = 0; i < rk_g.narenas; i++) {
 		rk_strlcpy(c->arena_names[i], rk_g.arenas[i].hdr ? rk_g.arenas[i].name : "", RK_CONTROL_NAME);
+		if (rk_g.arenas[i].hdr && (rk_g.arenas[i].flags & RK_ARENA_INDEPENDENT))
+			independent |= 1u << i;
+	}
 	c->narenas = rk_g.narenas;
+	atomic_store(&c->independent_mask, independent);
 }
 
 /* ---- public: heartbeat, readiness, policy -------------------------------- */
@@ -245,32 +251,74 @@ static _Noreturn void park_for_restart(void)
 		pause(); /* the restart's exec ends this thread */
 }
 
+static inline struct rk_ctl_slot *my_slot(void)
+{
+	struct rk_ctl_slot *s = tls_slot;
+	if (RK_UNLIKELY(!s))
+		s = tls_slot = slot_claim();
+	return s;
+}
+
+/* Write protection follows this thread's outermost region of the arena. */
+static __thread uint16_t wp_depth[RK_MAX_ARENAS];
+
+static void wp_region_enter(const rk_arena *a)
+{
+	if (wp_depth[a->index]++ == 0)
+		rk_pkru_write(rk_pkru_read() & ~(RK_PKRU_WD(a->pkey) | RK_PKRU_AD(a->pkey)));
+}
+
+static void wp_region_leave(const rk_arena *a)
+{
+	if (wp_depth[a->index] && --wp_depth[a->index] == 0)
+		rk_pkru_write((rk_pkru_read() & ~RK_PKRU_AD(a->pkey)) | RK_PKRU_WD(a->pkey));
+}
+
 void rk_unsafe_begin(rk_arena *arena)
 {
 	if (RK_UNLIKELY(!arena || !rk_ctl))
 		return;
-	struct rk_ctl_slot *s = tls_slot;
-	if (RK_UNLIKELY(!s))
-		s = tls_slot = slot_claim();
+	struct rk_ctl_slot *s = my_slot();
 	atomic_fetch_add(&s->depth[arena->index], 1); /* full barrier, then look */
 	if (RK_UNLIKELY(atomic_load_explicit(&unsafe_freezing, memory_order_relaxed))) {
 		atomic_fetch_sub(&s->depth[arena->index], 1);
 		park_for_restart();
 	}
+	if (RK_UNLIKELY(arena->pkey > 0))
+		wp_region_enter(arena);
+}
+
+static void depth_down(struct rk_ctl_slot *s, unsigned k)
+{
+	_Atomic uint16_t *d = &s->depth[k];
+	uint16_t v = atomic_load_explicit(d, memory_order_relaxed);
+	if (RK_UNLIKELY(v == 0))
+		return; /* unbalanced end: ignore rather than wrap */
+	if (RK_UNLIKELY(s == &rk_ctl->slots[OVERFLOW_SLOT]))
+		atomic_fetch_sub(d, 1);
+	else
+		atomic_store_explicit(d, (uint16_t)(v - 1), memory_order_release);
 }
 
 void rk_unsafe_end(rk_arena *arena)
 {
 	if (RK_UNLIKELY(!arena || !rk_ctl || !tls_slot))
 		return;
-	_Atomic uint16_t *d = &tls_slot->depth[arena->index];
-	uint16_t v = atomic_load_explicit(d, memory_order_relaxed);
-	if (RK_UNLIKELY(v == 0))
-		return; /* unbalanced end: ignore rather than wrap */
-	if (RK_UNLIKELY(tls_slot == &rk_ctl->slots[OVERFLOW_SLOT]))
-		atomic_fetch_sub(d, 1);
-	else
-		atomic_store_explicit(d, (uint16_t)(v - 1), memory_order_release);
+	if (RK_UNLIKELY(arena->pkey > 0))
+		wp_region_leave(arena);
+	depth_down(tls_slot, arena->index);
+}
+
+void rk_unsafe_note_enter(unsigned k)
+{
+	if (RK_LIKELY(rk_ctl != NULL))
+		atomic_fetch_add(&my_slot()->depth[k], 1); /* full barrier before the lock */
+}
+
+void rk_unsafe_note_leave(unsigned k)
+{
+	if (RK_LIKELY(rk_ctl != NULL && tls_slot != NULL))
+		depth_down(tls_slot, k);
 }
 
 /* A forked child has its own tid; it must not write its parent's slot. */
@@ -312,27 +360,47 @@ void rk_unsafe_thaw(void)
 	atomic_store(&unsafe_freezing, 0);
 }
 
-bool rk_unsafe_open(char *why, size_t cap)
+bool rk_component_is_safe(const rk_arena *arena)
 {
-	if (!rk_ctl)
-		return false;
+	if (!arena || !rk_ctl)
+		return true;
 	for (unsigned i = 0; i < RK_CONTROL_SLOTS; i++) {
 		const struct rk_ctl_slot *s = &rk_ctl->slots[i];
-		uint32_t tid = atomic_load(&s->tid);
-		if (!tid)
-			continue;
-		for (unsigned k = 0; k < RK_MAX_ARENAS; k++) {
-			if (!atomic_load(&s->depth[k]))
-				continue;
-			char num[24];
-			rk_fmt_u64(num, tid == OVERFLOW_TID ? 0 : tid);
-			rk_strlcpy(why, "unsafe region open in arena ", cap);
-			rk_strlcat(why, k < rk_g.narenas ? rk_g.arenas[k].name : "?", cap);
-			rk_strlcat(why, " (tid ", cap);
-			rk_strlcat(why, num, cap);
-			rk_strlcat(why, ")", cap);
-			return true;
-		}
+		if (atomic_load(&s->tid) && atomic_load(&s->depth[arena->index]))
+			return false;
 	}
-	return false;
+	return true;
+}
+
+uint32_t rk_unsafe_open_mask(void)
+{
+	uint32_t mask = 0;
+	if (!rk_ctl)
+		return 0;
+	for (unsigned i = 0; i < RK_CONTROL_SLOTS; i++) {
+		const struct rk_ctl_slot *s = &rk_ctl->slots[i];
+		if (!atomic_load(&s->tid))
+			continue;
+		for (unsigned k = 0; k < RK_MAX_ARENAS; k++)
+			if (atomic_load(&s->depth[k]))
+				mask |= 1u << k;
+	}
+	return mask;
+}
+
+void rk_unsafe_describe(unsigned k, char *why, size_t cap)
+{
+	uint32_t tid = 0;
+	for (unsigned i = 0; rk_ctl && i < RK_CONTROL_SLOTS && !tid; i++) {
+		const struct rk_ctl_slot *s = &rk_ctl->slots[i];
+		if (k < RK_MAX_ARENAS && atomic_load(&s->depth[k]))
+			tid = atomic_load(&s->tid);
+	}
+	char num[24];
+	rk_fmt_u64(num, tid == OVERFLOW_TID ? 0 : tid);
+	rk_strlcpy(why, "unsafe region open in arena ", cap);
+	rk_strlcat(why, k < rk_g.narenas ? rk_g.arenas[k].name : "?", cap);
+	rk_strlcat(why, " (tid ", cap);
+	rk_strlcat(why, num, cap);
+	rk_strlcat(why, ")", cap);
 }

@@ -96,6 +96,7 @@ static void manifest_sync_arenas(void)
 		memset(d, 0, sizeof *d);
 		rk_strlcpy(d->name, a->name, sizeof d->name);
 		d->fd = a->fd;
+		d->flags = a->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT);
 		d->base = a->hdr->base;
 		d->max = a->hdr->max_bytes;
 	}
@@ -243,8 +244,15 @@ static const struct rk_manifest *manifest_from_supervisor(struct rk_inherit *inh
 		m = manifest_map(inh->fds[0], size, why, wl);
 	if (m != MAP_FAILED) {
 		matched = true;
-		for (unsigned i = 0; i < m->narenas && matched; i++)
-			matched = (m->arenas[i].fd = take_fd_named(inh, used, m->arenas[i].name)) >= 0;
+		/* The supervisor keeps back the arenas it found half-changed
+		 * (independent ones) and says how many: exactly those lack an fd. */
+		unsigned missing = 0;
+		for (unsigned i = 0; i < m->narenas; i++)
+			if ((m->arenas[i].fd = take_fd_named(inh, used, m->arenas[i].name)) < 0) {
+				m->arenas[i].flags |= RK_MARENA_DROPPED;
+				missing++;
+			}
+		matched = missing == inh->dropped;
 		for (unsigned i = 0; i < m->nranges && matched; i++) {
 			char name[48];
 			snprintf(name, sizeof name, "range:%llx", (unsigned long long)m->ranges[i].addr);
@@ -297,7 +305,7 @@ static const struct rk_manifest *inherit_from_supervisor(uint64_t *size, char *w
 static void close_inherited_fds(const struct rk_manifest *m)
 {
 	for (unsigned i = 0; i < m->narenas; i++)
-		if (rk_fd_is_memfd(m->arenas[i].fd, "/memfd:rekindle:", false))
+		if (!(m->arenas[i].flags & RK_MARENA_DROPPED) && rk_fd_is_memfd(m->arenas[i].fd, "/memfd:rekindle:", false))
 			close(m->arenas[i].fd);
 	for (unsigned i = 0; i < m->nranges; i++)
 		if (rk_fd_is_memfd(m->ranges[i].fd, "/memfd:rekindle:", false))
@@ -316,11 +324,43 @@ static void undo_warm(void)
 	rk_nranges = 0;
 }
 
+static void log_arena_dropped(const char *name, const char *why)
+{
+	struct rk_ev e;
+	rk_ev_begin(&e, "arena_dropped");
+	rk_ev_str(&e, "arena", name);
+	rk_ev_str(&e, "why", why);
+	rk_ev_end(&e);
+	rk_g.info.arenas_dropped++;
+}
+
+/* An independent arena that fails its checks is dropped alone: the others
+ * stay warm.  Returns true if it was dropped. */
+static bool drop_independent(const struct rk_manifest_arena *d, struct rk_arena *a, const char *why)
+{
+	if (!(d->flags & RK_ARENA_INDEPENDENT))
+		return false;
+	char msg[240];
+	snprintf(msg, sizeof msg, "independent arena failed its checks: %s", why);
+	log_arena_dropped(d->name, msg);
+	unreserve_to_none(d->base, d->max);
+	close(d->fd);
+	memset(a, 0, sizeof *a);
+	rk_g.narenas--;
+	return true;
+}
+
 static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 {
 	for (unsigned i = 0; i < m->narenas; i++) {
 		const struct rk_manifest_arena *d = &m->arenas[i];
 		struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
+		if (d->flags & RK_MARENA_DROPPED) {
+			char msg[240];
+			snprintf(msg, sizeof msg, "half-changed at the failure: %s", m->decision);
+			log_arena_dropped(d->name, msg);
+			continue;
+		}
 		if (d->base < rk_g.reserve_base || d->base + d->max > rk_g.reserve_base + rk_g.reserve_len ||
 		    !rk_fd_is_memfd(d->fd, "/memfd:rekindle:", false)) {
 			snprintf(why, wl, "arena %.47s: foreign fd or address outside the reserved range", d->name);
@@ -339,9 +379,10 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 		a->fd = d->fd;
 		a->index = rk_g.narenas++;
 		a->inherited = true;
+		a->flags = d->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT);
 		rk_strlcpy(a->name, d->name, sizeof a->name);
 		int r = rk_arena_validate(a, d->base, d->max, why, wl);
-		if (r < 0)
+		if (r < 0 && !drop_independent(d, a, why))
 			return r;
 	}
 	return 0;
@@ -425,6 +466,8 @@ static void log_start(void)
 	rk_ev_u64(&e, "arenas", rk_g.narenas);
 	rk_ev_u64(&e, "preserved_bytes", in->preserved_bytes);
 	rk_ev_u64(&e, "statics_restored", in->statics_restored);
+	if (in->arenas_dropped)
+		rk_ev_u64(&e, "arenas_dropped", in->arenas_dropped);
 	rk_ev_end(&e);
 }
 
@@ -556,7 +599,7 @@ static int arena_name_ok(const char *name)
 	return 1;
 }
 
-static rk_arena *arena_create(const char *name, uint64_t max)
+static rk_arena *arena_create(const char *name, uint64_t max, unsigned flags)
 {
 	uint64_t base = rk_g.next_arena_addr, slot = arena_slot_bytes(max);
 	if (base + slot > rk_g.reserve_base + rk_g.reserve_len) {
@@ -596,19 +639,28 @@ static rk_arena *arena_create(const char *name, uint64_t max)
 	a->hdr_max = max;
 	a->index = rk_g.narenas++;
 	a->reopened = true;
+	a->flags = flags;
 	rk_strlcpy(a->name, name, sizeof a->name);
 	rk_g.next_arena_addr = base + slot;
 	manifest_sync_arenas();
 	return a;
 }
 
-rk_arena *rk_arena_open(const char *name, size_t max_bytes)
+/* The protection follows what this incarnation asked for. */
+static rk_arena *arena_protect(rk_arena *a)
+{
+	if ((a->flags & RK_ARENA_WRITE_PROTECT) && a->pkey == 0)
+		(void)rk_wp_protect(a); /* without pkeys: warned once, unprotected */
+	return a;
+}
+
+rk_arena *rk_arena_open_flags(const char *name, size_t max_bytes, unsigned flags)
 {
 	if (!rk_g.initialized) {
 		errno = EPERM; /* rk_init first */
 		return NULL;
 	}
-	if (!arena_name_ok(name)) {
+	if (!arena_name_ok(name) || (flags & ~(RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT))) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -630,13 +682,33 @@ rk_arena *rk_arena_open(const char *name, size_t max_bytes)
 			rk_ev_end(&e);
 		}
 		a->reopened = true;
-		return a;
+		if (a->flags != flags) {
+			a->flags = flags;
+			manifest_sync_arenas();
+		}
+		return arena_protect(a);
 	}
 	if (rk_g.narenas == RK_MAX_ARENAS) {
 		errno = ENOSPC;
 		return NULL;
 	}
-	return arena_create(name, max);
+	rk_arena *a = arena_create(name, max, flags);
+	return a ? arena_protect(a) : NULL;
+}
+
+rk_arena *rk_arena_open(const char *name, size_t max_bytes)
+{
+	return rk_arena_open_flags(name, max_bytes, 0);
+}
+
+bool rk_arena_preserved(const rk_arena *a)
+{
+	return a && a->hdr && a->inherited;
+}
+
+bool rk_arena_write_protected(const rk_arena *a)
+{
+	return a && a->pkey > 0;
 }
 
 static void arena_drop(struct rk_arena *a)
@@ -672,7 +744,9 @@ int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
 			continue;
 		}
 		struct rk_sweep_stats st = {0};
+		uint32_t wp = rk_wp_write_begin(a);
 		int r = cleanup ? rk_arena_sweep(a, &st) : rk_arena_clear_marks(a);
+		rk_wp_write_end(a, wp);
 		if (r < 0)
 			return r;
 		a->sweep_pending = false;

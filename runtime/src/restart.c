@@ -244,7 +244,7 @@ static void close_transient_fds_at_exec(void)
 		set_cloexec((int)fd, true);
 }
 
-static void hand_over_fds(bool warm, bool on)
+static void hand_over_fds(bool warm, uint32_t drop, bool on)
 {
 	if (on)
 		close_transient_fds_at_exec();
@@ -256,7 +256,7 @@ static void hand_over_fds(bool warm, bool on)
 	if (!warm)
 		return;
 	for (unsigned i = 0; i < rk_g.narenas; i++)
-		if (rk_g.arenas[i].hdr)
+		if (rk_g.arenas[i].hdr && !(drop & (1u << i)))
 			set_cloexec(rk_g.arenas[i].fd, !on);
 	for (unsigned i = 0; i < rk_nranges; i++)
 		set_cloexec(rk_ranges[i].fd, !on);
@@ -273,6 +273,88 @@ static bool pc_in_runtime(const void *uc)
 	(void)uc;
 	return false;
 #endif
+}
+
+/* ---- components: which arenas a failure leaves half-changed ---- */
+
+static rk_failure_hook failure_hook;
+static void *failure_hook_ctx;
+static bool in_failure_hook;
+static uint32_t hook_drop_mask;
+
+void rk_set_failure_hook(rk_failure_hook hook, void *ctx)
+{
+	failure_hook = hook;
+	failure_hook_ctx = ctx;
+}
+
+int rk_component_drop(rk_arena *arena)
+{
+	if (!in_failure_hook)
+		return -EPERM; /* only a failure decides what to drop */
+	if (!arena || !arena->hdr)
+		return -EINVAL;
+	hook_drop_mask |= 1u << arena->index;
+	return 0;
+}
+
+static uint32_t independent_arenas(void)
+{
+	uint32_t m = 0;
+	for (unsigned i = 0; i < rk_g.narenas; i++)
+		if (rk_g.arenas[i].hdr && (rk_g.arenas[i].flags & RK_ARENA_INDEPENDENT))
+			m |= 1u << i;
+	return m;
+}
+
+/* With the other threads frozen: warm (dropping *drop) or cold?  An arena
+ * with an open unsafe region is not reused; if it is independent it alone
+ * is dropped.  Async-signal-safe. */
+static bool decide_components(int sig, char *decision, size_t cap, uint32_t *drop)
+{
+	uint32_t open = rk_unsafe_open_mask();
+	if (failure_hook) {
+		in_failure_hook = true;
+		hook_drop_mask = 0;
+		bool go_on = failure_hook(sig, failure_hook_ctx);
+		in_failure_hook = false;
+		if (!go_on) {
+			rk_strlcpy(decision, "the app's failure hook chose a cold restart", cap);
+			return false;
+		}
+	}
+	uint32_t unsafe_dependent = open & ~independent_arenas();
+	if (unsafe_dependent) {
+		rk_unsafe_describe((unsigned)__builtin_ctz(unsafe_dependent), decision, cap);
+		return false;
+	}
+	*drop = open | hook_drop_mask;
+	if (open) {
+		rk_unsafe_describe((unsigned)__builtin_ctz(open), decision, cap);
+		rk_strlcat(decision, ": independent, dropped alone; the rest warm", cap);
+	} else if (*drop) {
+		rk_strlcpy(decision, "the app's failure hook dropped a component; the rest warm", cap);
+	}
+	return true;
+}
+
+/* Marks the dropped arenas in the manifest (their fds stay close-on-exec);
+ * undone if the exec fails.  Async-signal-safe. */
+static void manifest_mark_dropped(uint32_t drop, bool on)
+{
+	struct rk_manifest *m = rk_g.manifest;
+	for (unsigned k = 0; k < rk_g.narenas && drop; k++) {
+		if (!(drop & (1u << k)) || !rk_g.arenas[k].hdr)
+			continue;
+		for (unsigned i = 0; i < m->narenas; i++) {
+			if (strcmp(m->arenas[i].name, rk_g.arenas[k].name) != 0)
+				continue;
+			if (on)
+				m->arenas[i].flags |= RK_MARENA_DROPPED;
+			else
+				m->arenas[i].flags &= ~RK_MARENA_DROPPED;
+		}
+	}
 }
 
 static int do_restart(bool want_warm, const char *reason, int sig, const siginfo_t *si, const void *uc)
@@ -326,12 +408,15 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 		rk_strlcat(decision, "all checks passed", sizeof decision);
 	}
 
+	uint32_t drop = 0;
 	if (warm) {
 		/* Let other threads finish what they are changing, then look. */
 		rk_unsafe_freeze(50ull * 1000 * 1000);
-		(void)rk_allocator_freeze(50ull * 1000 * 1000); /* a lock still held: next rk_init refuses */
-		if (rk_unsafe_open(decision, sizeof decision))
-			warm = false;
+		(void)rk_allocator_freeze(50ull * 1000 * 1000);
+		/* A thread may have counted itself into an allocator critical
+		 * section just before the allocator froze; it leaves at once. */
+		rk_unsafe_freeze(50ull * 1000 * 1000);
+		warm = decide_components(sig, decision, sizeof decision, &drop);
 	}
 	rk_control_set_state(RK_CTL_RESTARTING);
 	m->next_mode = warm ? RK_NEXT_WARM : RK_NEXT_COLD;
@@ -360,18 +445,30 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 	}
 	rk_ev_u64(&e, "generation", rk_g.info.generation);
 	rk_ev_u64(&e, "uptime_ms", age_ms);
+	if (warm && drop) {
+		char names[160] = "";
+		for (unsigned k = 0; k < rk_g.narenas; k++)
+			if (drop & (1u << k)) {
+				rk_strlcat(names, names[0] ? "," : "", sizeof names);
+				rk_strlcat(names, rk_g.arenas[k].name, sizeof names);
+			}
+		rk_ev_str(&e, "dropped", names);
+	}
 	rk_ev_end(&e);
 
 	rk_sup_restarting(warm, sig, t0, m->fault_addr, reason, decision);
 	rk_reap_teardown_holder();
 	int holder_wr = teardown_holder_for_exec();
+	manifest_mark_dropped(drop, true);
 	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
-	hand_over_fds(warm, true);
+	hand_over_fds(warm, drop, true);
 	execve(exe_path, exec_argv, exec_envp);
 	int err = errno;
 	if (strcmp(exe_path, "/proc/self/exe") != 0)
 		execve("/proc/self/exe", exec_argv, exec_envp);
-	hand_over_fds(warm, false);
+	hand_over_fds(warm, drop, false);
+	manifest_mark_dropped(drop, false);
+	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
 	rk_allocator_thaw();
 	rk_unsafe_thaw();
 	rk_control_set_state(rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);
@@ -401,6 +498,7 @@ int rk_restart_cold(const char *reason)
 
 static void on_fatal_signal(int sig, siginfo_t *si, void *uc)
 {
+	rk_wp_signal_entry();
 	char reason[64] = "signal ";
 	rk_strlcat(reason, rk_signame(sig), sizeof reason);
 	int saved = errno;
@@ -428,6 +526,7 @@ static void on_restart_signal(int sig, siginfo_t *si, void *uc)
 	(void)si;
 	(void)uc;
 	int saved = errno;
+	rk_wp_signal_entry(); /* the kernel puts the interrupted PKRU back at return */
 	char reason[128];
 	enum rk_request_mode m = rk_control_take_request(reason, sizeof reason);
 	if (m == RK_REQ_NONE) {

@@ -138,6 +138,8 @@ struct rk_arena {
 	bool inherited;   /* mapped from the previous incarnation */
 	bool reopened;    /* rk_arena_open called on it in this incarnation */
 	bool sweep_pending; /* recovery: objects allocated now are born marked */
+	unsigned flags;     /* RK_ARENA_* the app opened it with */
+	int pkey;           /* protection key (RK_ARENA_WRITE_PROTECT), 0 = none */
 	uint64_t hdr_max;   /* mapped length, kept apart from the header it maps */
 	char name[RK_NAME_MAX + 1];
 };
@@ -157,8 +159,10 @@ uint64_t rk_arena_roots_checksum(const struct rk_arena_hdr *h) RK_HIDDEN;
 uint64_t rk_fnv1a(const void *p, size_t n, uint64_t h) RK_HIDDEN;
 
 /* ---- alloc.c ---- */
-void rk_lock_acquire(rk_lock *l) RK_HIDDEN;
-void rk_lock_release(rk_lock *l) RK_HIDDEN;
+/* Allocator locks live in the arena; holding one counts as an open unsafe
+ * region of that arena (a death there leaves its metadata half-changed). */
+void rk_lock_acquire(struct rk_arena *a, rk_lock *l) RK_HIDDEN;
+void rk_lock_release(struct rk_arena *a, rk_lock *l) RK_HIDDEN;
 /* Stops new allocator critical sections and waits up to timeout for running
  * ones to end; returns the locks still held by other threads. */
 unsigned rk_allocator_freeze(uint64_t timeout_ns) RK_HIDDEN;
@@ -178,13 +182,15 @@ int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
  * mapping), read and validated by the next one's rk_init.  Its fd number is
  * passed in $REKINDLE_MANIFEST_FD. */
 #define RK_MANIFEST_MAGIC 0x54534e4d4b52ull /* "RKMNST" */
-#define RK_MANIFEST_VERSION 2u
+#define RK_MANIFEST_VERSION 3u
 #define RK_MAX_STATICS 32
 #define RK_MANIFEST_FIXED 65536u /* statics data follows */
 
 enum rk_next_mode { RK_NEXT_NONE = 0, RK_NEXT_WARM = 1, RK_NEXT_COLD = 2 };
 
-struct rk_manifest_arena { char name[RK_NAME_MAX + 1]; int32_t fd; uint32_t pad_; uint64_t base, max; };
+/* rk_manifest_arena.flags: the app's RK_ARENA_* flags, and: */
+#define RK_MARENA_DROPPED 0x80000000u /* half-changed at the failure: not handed on */
+struct rk_manifest_arena { char name[RK_NAME_MAX + 1]; int32_t fd; uint32_t flags; uint64_t base, max; };
 struct rk_manifest_range { int32_t fd; uint32_t pad_; uint64_t addr, len; };
 struct rk_manifest_static {
 	uint64_t addr;        /* section start in the old incarnation */
@@ -282,7 +288,8 @@ struct rk_control {
 	uint32_t reserved0;
 	char request_reason[128];
 	uint32_t nslots, slot_size, narenas;
-	uint8_t reserved1[52];
+	_Atomic uint32_t independent_mask; /* arena indexes opened RK_ARENA_INDEPENDENT */
+	uint8_t reserved1[48];
 	struct rk_ctl_slot slots[RK_CONTROL_SLOTS];
 	char arena_names[RK_MAX_ARENAS][RK_CONTROL_NAME];
 };
@@ -295,13 +302,21 @@ int rk_control_fd(void) RK_HIDDEN;
 /* A new incarnation: resets the per-incarnation fields. */
 void rk_control_begin(unsigned generation, enum rk_ctl_state state) RK_HIDDEN;
 void rk_control_set_state(enum rk_ctl_state state) RK_HIDDEN;
-void rk_control_name_arenas(void) RK_HIDDEN;
+void rk_control_name_arenas(void) RK_HIDDEN; /* and the independent mask */
 /* Async-signal-safe.  Stops new unsafe regions and waits up to timeout for
  * other threads' open ones to close. */
 void rk_unsafe_freeze(uint64_t timeout_ns) RK_HIDDEN;
 void rk_unsafe_thaw(void) RK_HIDDEN;
-/* Async-signal-safe.  Returns true and describes the first open region. */
-bool rk_unsafe_open(char *why, size_t cap) RK_HIDDEN;
+/* Async-signal-safe.  The arena indexes with an open unsafe region (or a
+ * held allocator lock) in any thread. */
+uint32_t rk_unsafe_open_mask(void) RK_HIDDEN;
+/* "unsafe region open in arena NAME (tid N)": the words the supervisor uses too. */
+void rk_unsafe_describe(unsigned k, char *why, size_t cap) RK_HIDDEN;
+/* An allocator critical section of arena index k begins / ends in this
+ * thread: counted like an unsafe region, without the freeze check. */
+void rk_unsafe_note_enter(unsigned k) RK_HIDDEN;
+void rk_unsafe_note_leave(unsigned k) RK_HIDDEN;
+
 void rk_unsafe_forget_thread(void) RK_HIDDEN; /* in a forked child */
 /* Takes the pending restart request, if any (async-signal-safe). */
 enum rk_request_mode rk_control_take_request(char *reason, size_t cap) RK_HIDDEN;
@@ -311,6 +326,7 @@ struct rk_inherit {
 	uint32_t mode; /* 0 fresh, 1 warm, 2 cold */
 	uint32_t generation;
 	int32_t signal;
+	uint32_t dropped; /* with mode 1: arenas of the manifest not handed on (half-changed) */
 	uint64_t t_detect_ns;
 	char reason[128];
 	char decision[160];
@@ -347,6 +363,44 @@ size_t rk_strlcat(char *dst, const char *src, size_t cap) RK_HIDDEN;
 bool rk_fd_is_memfd(int fd, const char *want, bool exact) RK_HIDDEN;
 size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
 const char *rk_signame(int sig) RK_HIDDEN;
+
+/* ---- pkeys.c: write protection of arenas (memory protection keys) -------
+ * An arena opened RK_ARENA_WRITE_PROTECT gets a key whose write access is off
+ * in every thread outside its unsafe regions; the runtime's own writes (the
+ * allocator, roots, marks, the sweep) open it for their duration. */
+int rk_wp_protect(struct rk_arena *a) RK_HIDDEN; /* sets a->pkey; -ENOTSUP without pkeys */
+void rk_wp_signal_entry(void) RK_HIDDEN; /* our handlers: the kernel reset PKRU */
+#if defined(__x86_64__)
+static inline uint32_t rk_pkru_read(void)
+{
+	uint32_t eax, edx, ecx = 0;
+	__asm__ volatile(".byte 0x0f,0x01,0xee" : "=a"(eax), "=d"(edx) : "c"(ecx)); /* rdpkru */
+	return eax;
+}
+static inline void rk_pkru_write(uint32_t v)
+{
+	__asm__ volatile(".byte 0x0f,0x01,0xef" : : "a"(v), "c"(0), "d"(0) : "memory"); /* wrpkru */
+}
+#else
+static inline uint32_t rk_pkru_read(void) { return 0; }
+static inline void rk_pkru_write(uint32_t v) { (void)v; }
+#endif
+#define RK_PKRU_WD(key) (2u << (2 * (key))) /* write-disable bit of a key */
+#define RK_PKRU_AD(key) (1u << (2 * (key))) /* access-disable bit */
+/* Opens the arena for writing in this thread; returns what to restore. */
+static inline uint32_t rk_wp_write_begin(const struct rk_arena *a)
+{
+	if (RK_LIKELY(a->pkey <= 0))
+		return 0;
+	uint32_t old = rk_pkru_read();
+	rk_pkru_write(old & ~(RK_PKRU_WD(a->pkey) | RK_PKRU_AD(a->pkey)));
+	return old;
+}
+static inline void rk_wp_write_end(const struct rk_arena *a, uint32_t old)
+{
+	if (RK_UNLIKELY(a->pkey > 0))
+		rk_pkru_write(old);
+}
 
 /* text range of the runtime itself (objcopy renames .text to rk_text) */
 extern char __start_rk_text[] __attribute__((weak)) RK_HIDDEN;

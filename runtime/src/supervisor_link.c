@@ -66,7 +66,7 @@ struct msg_restarting {
 struct msg_inherit {
 	uint32_t mode, generation;
 	int32_t signal;
-	uint32_t reserved;
+	uint32_t dropped; /* arenas of the manifest deliberately not handed over */
 	uint64_t t_detect_ns;
 	char reason[128];
 	char decision[160];
@@ -329,6 +329,7 @@ int rk_sup_attach(struct rk_inherit *inh, char *why, size_t wl)
 		inh->mode = body.in.mode;
 		inh->generation = body.in.generation;
 		inh->signal = body.in.signal;
+		inh->dropped = body.in.dropped;
 		inh->t_detect_ns = body.in.t_detect_ns;
 		rk_strlcpy(inh->reason, body.in.reason, sizeof inh->reason);
 		rk_strlcpy(inh->decision, body.in.decision, sizeof inh->decision);

@@ -71,15 +71,15 @@ static int note_free(struct rk_arena *a, unsigned cls, const struct rk_free_bloc
 static void lock_all(struct rk_arena *a)
 {
 	for (unsigned c = 0; c < RK_NCLASSES; c++)
-		rk_lock_acquire(&a->hdr->classes[c].lock);
-	rk_lock_acquire(&a->hdr->heap_lock);
+		rk_lock_acquire(a, &a->hdr->classes[c].lock);
+	rk_lock_acquire(a, &a->hdr->heap_lock);
 }
 
 static void unlock_all(struct rk_arena *a)
 {
-	rk_lock_release(&a->hdr->heap_lock);
+	rk_lock_release(a, &a->hdr->heap_lock);
 	for (unsigned c = 0; c < RK_NCLASSES; c++)
-		rk_lock_release(&a->hdr->classes[c].lock);
+		rk_lock_release(a, &a->hdr->classes[c].lock);
 }
 
 static int only_my_cache(struct rk_arena *a)

@@ -37,6 +37,7 @@ pub const REQUEST_REASON_LEN: usize = 128;
 pub const OFF_NSLOTS: usize = 192;
 pub const OFF_SLOT_SIZE: usize = 196;
 pub const OFF_NARENAS: usize = 200;
+pub const OFF_INDEPENDENT: usize = 204;
 pub const OFF_SLOTS: usize = 256;
 pub const OFF_ARENA_NAMES: usize = 16640;
 
@@ -99,6 +100,13 @@ pub trait Fields {
 
     /// "Unsafe at death": the first slot with tid != 0 and a nonzero depth.
     fn open_region(&self) -> Option<OpenRegion> {
+        self.open_regions().into_iter().next()
+    }
+
+    /// Every arena with an open region (or a held allocator lock) at death:
+    /// the first slot found for each, in arena-index order.
+    fn open_regions(&self) -> Vec<OpenRegion> {
+        let mut found: Vec<OpenRegion> = Vec::new();
         for i in 0..NSLOTS {
             let base = OFF_SLOTS + i * SLOT_SIZE;
             let tid = self.load_u32(base);
@@ -107,8 +115,8 @@ pub trait Fields {
             }
             for k in 0..MAX_ARENAS {
                 let depth = self.load_u16(base + 4 + 2 * k);
-                if depth != 0 {
-                    return Some(OpenRegion {
+                if depth != 0 && !found.iter().any(|r| r.arena_index == k) {
+                    found.push(OpenRegion {
                         arena_index: k,
                         arena: self.arena_name(k),
                         tid: if tid == OVERFLOW_TID { 0 } else { tid },
@@ -117,7 +125,19 @@ pub trait Fields {
                 }
             }
         }
-        None
+        found.sort_by_key(|r| r.arena_index);
+        found
+    }
+
+    /// Arena indexes the app opened RK_ARENA_INDEPENDENT.
+    fn independent_mask(&self) -> u32 {
+        self.load_u32(OFF_INDEPENDENT)
+    }
+
+    /// The control-block index of the arena called `name`, if listed.
+    fn arena_index(&self, name: &str) -> Option<usize> {
+        let n = (self.load_u32(OFF_NARENAS) as usize).min(MAX_ARENAS);
+        (0..n).find(|&k| self.arena_name(k) == name)
     }
 }
 
@@ -290,6 +310,7 @@ impl ControlBlock {
             OFF_FLAGS,
             OFF_REQUEST_MODE,
             OFF_NARENAS,
+            OFF_INDEPENDENT,
         ] {
             self.store_u32(off, 0);
         }

@@ -18,6 +18,29 @@ impl Mode {
     }
 }
 
+/// An arena at the death: its name, whether the app declared it independent
+/// (a failure that finds it half-changed drops only it), and its checks.
+#[derive(Debug, Clone)]
+pub struct ArenaFacts {
+    pub name: String,
+    pub independent: bool,
+    /// An unsafe region (or allocator lock) open in it, as the runtime words it.
+    pub unsafe_open: Option<String>,
+    /// The result of its header check.
+    pub check: Result<(), String>,
+}
+
+impl ArenaFacts {
+    pub fn ok(name: &str) -> Self {
+        ArenaFacts {
+            name: name.into(),
+            independent: false,
+            unsafe_open: None,
+            check: Ok(()),
+        }
+    }
+}
+
 /// What the supervisor knows when the app is gone.
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
@@ -25,53 +48,94 @@ pub struct Facts {
     pub has_manifest: bool,
     /// Control block flags bit 0.
     pub warm_disabled: bool,
-    /// An unsafe region open at death, as the runtime words it.
-    pub unsafe_open: Option<String>,
+    /// An unsafe region open at death in an arena the supervisor holds no fd
+    /// for (so cannot drop alone), as the runtime words it.
+    pub unsafe_elsewhere: Option<String>,
     /// The incarnation that died started warm.
     pub last_start_warm: bool,
     /// How long it ran.
     pub uptime: Duration,
     /// `--crashloop-window` (0 = off).
     pub crashloop_window: Duration,
-    /// Per held arena: its name and the result of its header check.
-    pub arena_checks: Vec<(String, Result<(), String>)>,
+    /// Per held arena.
+    pub arenas: Vec<ArenaFacts>,
     /// `rekindle restart --cold` asked for this restart.
     pub cold_requested: bool,
 }
 
-/// Warm only when every check passes; the reason names the first that failed.
-pub fn decide(f: &Facts) -> (Mode, String) {
+/// The decision: the mode, why, and with Warm the arenas not handed on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub mode: Mode,
+    pub why: String,
+    pub dropped: Vec<String>,
+}
+
+fn cold(why: impl Into<String>) -> Decision {
+    Decision {
+        mode: Mode::Cold,
+        why: why.into(),
+        dropped: Vec::new(),
+    }
+}
+
+/// Warm only when every check passes; the reason names the first that
+/// failed.  An independent arena that is half-changed or fails its header
+/// check is dropped alone and the rest stays warm.
+pub fn decide(f: &Facts) -> Decision {
     if f.cold_requested {
-        return (Mode::Cold, "cold restart requested".into());
+        return cold("cold restart requested");
     }
     if !f.has_manifest {
-        return (
-            Mode::Cold,
-            "no preserved state held (the app never handed over a manifest)".into(),
-        );
+        return cold("no preserved state held (the app never handed over a manifest)");
     }
     if f.warm_disabled {
-        return (Mode::Cold, "warm restarts disabled by the app".into());
+        return cold("warm restarts disabled by the app");
     }
-    if let Some(u) = &f.unsafe_open {
-        return (Mode::Cold, u.clone());
+    if let Some(u) = &f.unsafe_elsewhere {
+        return cold(u.clone());
+    }
+    if let Some(u) = f
+        .arenas
+        .iter()
+        .filter(|a| !a.independent)
+        .find_map(|a| a.unsafe_open.as_ref())
+    {
+        return cold(u.clone());
     }
     if f.last_start_warm && !f.crashloop_window.is_zero() && f.uptime < f.crashloop_window {
-        return (
-            Mode::Cold,
-            format!(
-                "second failure {} ms after a warm restart (window {} ms)",
-                f.uptime.as_millis(),
-                f.crashloop_window.as_millis()
-            ),
-        );
+        return cold(format!(
+            "second failure {} ms after a warm restart (window {} ms)",
+            f.uptime.as_millis(),
+            f.crashloop_window.as_millis()
+        ));
     }
-    for (name, r) in &f.arena_checks {
-        if let Err(why) = r {
-            return (Mode::Cold, format!("arena {name}: {why}"));
+    for a in f.arenas.iter().filter(|a| !a.independent) {
+        if let Err(why) = &a.check {
+            return cold(format!("arena {}: {why}", a.name));
         }
     }
-    (Mode::Warm, "all checks passed".into())
+    let mut why = String::new();
+    let mut dropped = Vec::new();
+    for a in f.arenas.iter().filter(|a| a.independent) {
+        let reason = match (&a.unsafe_open, &a.check) {
+            (Some(u), _) => u.clone(),
+            (None, Err(e)) => format!("arena {}: {e}", a.name),
+            (None, Ok(())) => continue,
+        };
+        if why.is_empty() {
+            why = format!("{reason}: independent, dropped alone; the rest warm");
+        }
+        dropped.push(a.name.clone());
+    }
+    if why.is_empty() {
+        why = "all checks passed".into();
+    }
+    Decision {
+        mode: Mode::Warm,
+        why,
+        dropped,
+    }
 }
 
 /// The consecutive-failure count after one more failure: an incarnation
@@ -110,37 +174,52 @@ mod tests {
             has_manifest: true,
             uptime: Duration::from_secs(60),
             crashloop_window: Duration::from_secs(1),
-            arena_checks: vec![("table".into(), Ok(()))],
+            arenas: vec![ArenaFacts::ok("table")],
             ..Facts::default()
         }
     }
 
+    fn mode_why(d: Decision) -> (Mode, String) {
+        (d.mode, d.why)
+    }
+
     #[test]
     fn all_checks_pass_is_warm() {
-        assert_eq!(decide(&good()), (Mode::Warm, "all checks passed".into()));
+        assert_eq!(
+            decide(&good()),
+            Decision {
+                mode: Mode::Warm,
+                why: "all checks passed".into(),
+                dropped: vec![]
+            }
+        );
     }
 
     #[test]
     fn each_failed_check_goes_cold_with_its_reason() {
         let mut f = good();
         f.has_manifest = false;
-        assert_eq!(decide(&f).0, Mode::Cold);
+        assert_eq!(decide(&f).mode, Mode::Cold);
 
         let mut f = good();
         f.warm_disabled = true;
         assert_eq!(
-            decide(&f),
+            mode_why(decide(&f)),
             (Mode::Cold, "warm restarts disabled by the app".into())
         );
 
         let mut f = good();
-        f.unsafe_open = Some("unsafe region open in arena table (tid 7)".into());
-        assert_eq!(decide(&f).1, "unsafe region open in arena table (tid 7)");
+        f.arenas[0].unsafe_open = Some("unsafe region open in arena table (tid 7)".into());
+        assert_eq!(decide(&f).why, "unsafe region open in arena table (tid 7)");
+
+        let mut f = good();
+        f.unsafe_elsewhere = Some("unsafe region open in arena ? (tid 7)".into());
+        assert_eq!(decide(&f).mode, Mode::Cold);
 
         let mut f = good();
         f.last_start_warm = true;
         f.uptime = Duration::from_millis(300);
-        let (m, why) = decide(&f);
+        let (m, why) = mode_why(decide(&f));
         assert_eq!(m, Mode::Cold);
         assert!(
             why.starts_with("second failure 300 ms after a warm restart"),
@@ -148,27 +227,67 @@ mod tests {
         );
 
         let mut f = good();
-        f.arena_checks
-            .push(("index".into(), Err("header checksum mismatch".into())));
+        let mut bad = ArenaFacts::ok("index");
+        bad.check = Err("header checksum mismatch".into());
+        f.arenas.push(bad);
         assert_eq!(
-            decide(&f),
+            mode_why(decide(&f)),
             (Mode::Cold, "arena index: header checksum mismatch".into())
         );
 
         let mut f = good();
         f.cold_requested = true;
-        assert_eq!(decide(&f), (Mode::Cold, "cold restart requested".into()));
+        assert_eq!(
+            mode_why(decide(&f)),
+            (Mode::Cold, "cold restart requested".into())
+        );
+    }
+
+    #[test]
+    fn an_independent_arena_is_dropped_alone() {
+        let mut f = good();
+        let mut sessions = ArenaFacts::ok("sessions");
+        sessions.independent = true;
+        sessions.unsafe_open = Some("unsafe region open in arena sessions (tid 9)".into());
+        f.arenas.push(sessions);
+        let d = decide(&f);
+        assert_eq!(d.mode, Mode::Warm);
+        assert_eq!(d.dropped, vec!["sessions".to_string()]);
+        assert_eq!(
+            d.why,
+            "unsafe region open in arena sessions (tid 9): independent, dropped alone; the rest warm"
+        );
+
+        // a corrupt independent arena too
+        let mut f = good();
+        let mut c = ArenaFacts::ok("cache");
+        c.independent = true;
+        c.check = Err("bad magic".into());
+        f.arenas.push(c);
+        let d = decide(&f);
+        assert_eq!((d.mode, d.dropped), (Mode::Warm, vec!["cache".to_string()]));
+
+        // but a half-changed dependent arena still makes it all cold
+        let mut f = good();
+        let mut s = ArenaFacts::ok("sessions");
+        s.independent = true;
+        s.unsafe_open = Some("x".into());
+        f.arenas.push(s);
+        f.arenas[0].unsafe_open = Some("unsafe region open in arena table (tid 3)".into());
+        let d = decide(&f);
+        assert_eq!(d.mode, Mode::Cold);
+        assert!(d.dropped.is_empty());
     }
 
     #[test]
     fn crashloop_window_only_after_a_warm_start_and_zero_turns_it_off() {
         let mut f = good();
         f.uptime = Duration::from_millis(10);
-        assert_eq!(decide(&f).0, Mode::Warm, "the last start was not warm");
+        assert_eq!(decide(&f).mode, Mode::Warm, "the last start was not warm");
         f.last_start_warm = true;
-        assert_eq!(decide(&f).0, Mode::Cold);
+        assert_eq!(decide(&f).mode, Mode::Cold);
         f.crashloop_window = Duration::ZERO;
-        assert_eq!(decide(&f).0, Mode::Warm);
+        assert_eq!(decide(&f).mode, Mode::Warm);
     }
 
     #[test]

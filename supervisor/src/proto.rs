@@ -170,6 +170,9 @@ pub struct Inherit {
     pub t_detect_ns: u64,
     pub reason: String,
     pub decision: String,
+    /// With Warm: arenas of the manifest deliberately not handed over
+    /// (half-changed independent ones).
+    pub dropped: u32,
 }
 
 /// A message from the supervisor.
@@ -499,7 +502,7 @@ pub fn encode_sup(m: &SupMsg) -> Vec<u8> {
             p.extend_from_slice(&i.mode.code().to_le_bytes());
             p.extend_from_slice(&i.generation.to_le_bytes());
             p.extend_from_slice(&i.signal.to_le_bytes());
-            p.extend_from_slice(&0u32.to_le_bytes());
+            p.extend_from_slice(&i.dropped.to_le_bytes());
             p.extend_from_slice(&i.t_detect_ns.to_le_bytes());
             put_cstr(&mut p, &i.reason, REASON_LEN);
             put_cstr(&mut p, &i.decision, DECISION_LEN);
@@ -527,7 +530,7 @@ pub fn parse_sup(buf: &[u8]) -> Result<SupMsg, ProtoError> {
             let mode = StartKind::from_code(m).ok_or(ProtoError::BadValue("mode", m as u64))?;
             let generation = r.u32();
             let signal = r.i32();
-            let _reserved = r.u32();
+            let dropped = r.u32();
             let t_detect_ns = r.u64();
             let reason = r.cstr(REASON_LEN, "reason")?;
             let decision = r.cstr(DECISION_LEN, "decision")?;
@@ -538,6 +541,7 @@ pub fn parse_sup(buf: &[u8]) -> Result<SupMsg, ProtoError> {
                 t_detect_ns,
                 reason,
                 decision,
+                dropped,
             }))
         }
         T_ERROR => {
@@ -598,6 +602,7 @@ mod tests {
             t_detect_ns: 7,
             reason: "signal SIGKILL".into(),
             decision: "x".into(),
+            dropped: 0,
         });
         assert_eq!(encode_sup(&inh).len(), HDR_LEN + 312);
         assert_eq!(encode_sup(&SupMsg::Error("e".into())).len(), HDR_LEN + 256);
@@ -698,6 +703,7 @@ mod tests {
             t_detect_ns: 0,
             reason: String::new(),
             decision: String::new(),
+            dropped: 1,
         }));
         // the supervisor's own types are refused from the app
         assert_eq!(

@@ -104,6 +104,8 @@ struct Plan {
     reason: String,
     decision: String,
     backoff_ms: u64,
+    /// With Warm: arenas found half-changed (independent ones), not handed on.
+    dropped: u32,
 }
 
 /// A failure noted for the running incarnation, not yet restarted from.
@@ -384,20 +386,21 @@ impl Supervisor {
                 reason: String::new(),
                 decision: String::new(),
                 backoff_ms: 0,
+                dropped: 0,
             }
         } else {
+            // A new control block: nothing known of regions or independence.
             let facts = Facts {
                 has_manifest: self.held.iter().any(|h| h.kind == FdKind::Manifest),
-                arena_checks: self.arena_checks(),
+                arenas: self.arena_facts(false),
                 uptime: Duration::MAX,
                 crashloop_window: self.cfg.crashloop_window,
                 ..Facts::default()
             };
-            let (mode, why) = decide::decide(&facts);
+            let d = decide::decide(&facts);
+            let (mode, why) = (d.mode, d.why.clone());
             self.emit_decision(mode.as_str(), &why, "respawn", "supervisor-restart");
-            if mode == Mode::Cold {
-                self.drop_held();
-            }
+            let dropped = self.apply_decision(&d);
             Plan {
                 mode: if mode == Mode::Warm {
                     StartKind::Warm
@@ -410,6 +413,7 @@ impl Supervisor {
                 reason: "supervisor restarted".into(),
                 decision: why,
                 backoff_ms: 0,
+                dropped,
             }
         };
         self.next_spawn = Some((now_ns(), first));
@@ -1084,21 +1088,27 @@ impl Supervisor {
             }
         };
         self.app = None;
+        let arenas = self.arena_facts(true);
+        let unsafe_elsewhere = self
+            .ctl
+            .open_regions()
+            .into_iter()
+            .find(|r| !arenas.iter().any(|a| a.name == r.arena))
+            .map(|r| r.describe());
         let facts = Facts {
             has_manifest: self.held.iter().any(|h| h.kind == FdKind::Manifest),
             warm_disabled: self.ctl.warm_disabled(),
-            unsafe_open: self.ctl.open_region().map(|r| r.describe()),
+            unsafe_elsewhere,
             last_start_warm: start_kind == StartKind::Warm,
             uptime: Duration::from_nanos(uptime),
             crashloop_window: self.cfg.crashloop_window,
-            arena_checks: self.arena_checks(),
+            arenas,
             cold_requested: ask_mode == Some(Mode::Cold),
         };
-        let (mode, why) = decide::decide(&facts);
+        let d = decide::decide(&facts);
+        let (mode, why) = (d.mode, d.why.clone());
         self.emit_decision(mode.as_str(), &why, "respawn", noted.kind);
-        if mode == Mode::Cold {
-            self.drop_held();
-        }
+        let dropped = self.apply_decision(&d);
         let backoff = if noted.kind == "request" && ask_mode.is_some() {
             Duration::ZERO
         } else {
@@ -1121,6 +1131,7 @@ impl Supervisor {
             reason: noted.reason.clone(),
             decision: why,
             backoff_ms: backoff.as_millis() as u64,
+            dropped,
         };
         self.pending = Some(Pending {
             path: "respawn",
@@ -1132,12 +1143,59 @@ impl Supervisor {
         self.next_spawn = Some((now + dur_ns(backoff), plan));
     }
 
-    fn arena_checks(&self) -> Vec<(String, Result<(), String>)> {
+    /// Per held arena: independence and open regions from the control block
+    /// (`with_ctl`: it belongs to the incarnation that died), and the header check.
+    fn arena_facts(&self, with_ctl: bool) -> Vec<decide::ArenaFacts> {
+        let regions = if with_ctl {
+            self.ctl.open_regions()
+        } else {
+            Vec::new()
+        };
+        let independent = if with_ctl {
+            self.ctl.independent_mask()
+        } else {
+            0
+        };
         self.held
             .iter()
             .filter(|h| h.kind == FdKind::Arena)
-            .map(|h| (h.name.clone(), crate::arena::check_header_fd(h.fd.as_fd())))
+            .map(|h| {
+                let index = if with_ctl {
+                    self.ctl.arena_index(&h.name)
+                } else {
+                    None
+                };
+                decide::ArenaFacts {
+                    name: h.name.clone(),
+                    independent: index.is_some_and(|k| independent & (1u32 << k) != 0),
+                    unsafe_open: regions
+                        .iter()
+                        .find(|r| r.arena == h.name)
+                        .map(|r| r.describe()),
+                    check: crate::arena::check_header_fd(h.fd.as_fd()),
+                }
+            })
             .collect()
+    }
+
+    /// Cold drops every held fd; warm drops the arenas the decision names.
+    /// Returns how many arenas the next incarnation will not get.
+    fn apply_decision(&mut self, d: &decide::Decision) -> u32 {
+        if d.mode == Mode::Cold {
+            self.drop_held();
+            return 0;
+        }
+        let before = self.held.len();
+        self.held
+            .retain(|h| !(h.kind == FdKind::Arena && d.dropped.contains(&h.name)));
+        if !d.dropped.is_empty() {
+            self.events.emit(
+                ev("arena_dropped")
+                    .s("arenas", d.dropped.join(","))
+                    .s("why", d.why.clone()),
+            );
+        }
+        (before - self.held.len()) as u32
     }
 
     /// Asks the running app to restart: control-block request, then the
@@ -1382,6 +1440,7 @@ impl Supervisor {
             t_detect_ns: p.t_detect_ns,
             reason: p.reason.clone(),
             decision: p.decision.clone(),
+            dropped: p.dropped,
         };
         let bytes = proto::encode_sup(&SupMsg::Inherit(inh));
         let fds: Vec<BorrowedFd<'_>> = if p.mode == StartKind::Warm {

@@ -188,10 +188,11 @@ fn sup_msg() -> impl Strategy<Value = SupMsg> {
             any::<i32>(),
             any::<u64>(),
             text(REASON_LEN - 1),
-            text(DECISION_LEN - 1)
+            text(DECISION_LEN - 1),
+            0u32..16
         )
             .prop_map(
-                |(mode, generation, signal, t_detect_ns, reason, decision)| {
+                |(mode, generation, signal, t_detect_ns, reason, decision, dropped)| {
                     SupMsg::Inherit(Inherit {
                         mode,
                         generation,
@@ -199,6 +200,7 @@ fn sup_msg() -> impl Strategy<Value = SupMsg> {
                         t_detect_ns,
                         reason,
                         decision,
+                        dropped,
                     })
                 }
             ),

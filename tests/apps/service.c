@@ -20,6 +20,13 @@
  *   corrupt-kill     flip a byte of the arena header, then SIGKILL
  *   nowarm-kill      rk_set_warm_allowed(false), then SIGKILL
  *   restart          rk_restart("app: rejuvenation")
+ *   sess N           sessions.logins = N, inside an unsafe region of the
+ *                    "sessions" arena (opened RK_ARENA_INDEPENDENT)
+ *   sess-unsafe-kill SIGKILL inside an unsafe region of "sessions"
+ *   sess-unsafe-segv SIGSEGV inside an unsafe region of "sessions"
+ *   hook-drop-segv   a failure hook that drops "sessions" (safe as it is)
+ *                    and reports what rk_component_is_safe said; then SIGSEGV
+ *   hook-cold-segv   a failure hook that returns false; then SIGSEGV
  * On start it prints the same state line on stdout ({"app":"state",...}). */
 #include "rekindle.h"
 #include "../../runtime/src/rk_internal.h"
@@ -47,6 +54,13 @@ struct table {
 
 static rk_arena *arena;
 static struct table *tab;
+/* A second, independent component: dropping it never touches the table. */
+struct sessions {
+	uint64_t logins;
+};
+static rk_arena *sess_arena;
+static struct sessions *sess;
+static bool sess_preserved;
 static int verified = 1; /* contents as expected after a warm start */
 static int beating = 1;
 static volatile int *volatile null_ptr;
@@ -100,18 +114,37 @@ static int state_json(char *buf, size_t cap)
 	return snprintf(buf, cap,
 			"{\"app\":\"state\",\"pid\":%d,\"generation\":%u,\"kind\":\"%s\",\"verified\":%s,"
 			"\"entries\":%llu,\"sets\":%llu,\"sum\":%llu,\"table\":\"%p\",\"reason\":\"%s\","
-			"\"decision\":\"%s\",\"restart_us\":%llu,\"preserved_bytes\":%llu,\"supervised\":%s}\n",
+			"\"decision\":\"%s\",\"restart_us\":%llu,\"preserved_bytes\":%llu,\"supervised\":%s,"
+			"\"sessions_preserved\":%s,\"logins\":%llu,\"arenas_dropped\":%u}\n",
 			getpid(), in->generation, kinds[in->kind], verified ? "true" : "false",
 			(unsigned long long)(tab ? tab->n : 0), (unsigned long long)(tab ? tab->sets : 0),
 			(unsigned long long)sum, (void *)tab, in->reason, in->decision,
 			(unsigned long long)(in->restart_ns / 1000), (unsigned long long)in->preserved_bytes,
-			rk_is_supervised() ? "true" : "false");
+			rk_is_supervised() ? "true" : "false", sess_preserved ? "true" : "false",
+			(unsigned long long)(sess ? sess->logins : 0), in->arenas_dropped);
 }
 
 static void die_by_sigkill(void)
 {
 	fflush(stdout);
 	raise(SIGKILL);
+}
+
+static bool hook_drop_sessions(int sig, void *ctx)
+{
+	(void)sig;
+	(void)ctx;
+	/* sessions is safe here (no region open): drop it anyway, by choice */
+	if (rk_component_is_safe(sess_arena) && rk_component_is_safe(arena))
+		rk_component_drop(sess_arena);
+	return true;
+}
+
+static bool hook_go_cold(int sig, void *ctx)
+{
+	(void)sig;
+	(void)ctx;
+	return false;
 }
 
 /* Runs one command; writes the reply into out. */
@@ -166,6 +199,24 @@ static void command(char *line, char *out, size_t cap)
 		die_by_sigkill();
 	} else if (!strcmp(line, "restart")) {
 		rk_restart("app: rejuvenation");
+	} else if (sscanf(line, "sess %llu", &a) == 1) {
+		rk_unsafe_begin(sess_arena);
+		sess->logins = a;
+		rk_unsafe_end(sess_arena);
+	} else if (!strcmp(line, "sess-unsafe-kill")) {
+		rk_unsafe_begin(sess_arena);
+		sess->logins++;
+		die_by_sigkill();
+	} else if (!strcmp(line, "sess-unsafe-segv")) {
+		rk_unsafe_begin(sess_arena);
+		sess->logins++;
+		*null_ptr = 1;
+	} else if (!strcmp(line, "hook-drop-segv")) {
+		rk_set_failure_hook(hook_drop_sessions, NULL);
+		*null_ptr = 1;
+	} else if (!strcmp(line, "hook-cold-segv")) {
+		rk_set_failure_hook(hook_go_cold, NULL);
+		*null_ptr = 1;
 	} else {
 		snprintf(out, cap, "{\"ok\":false,\"error\":\"unknown command\"}\n");
 	}
@@ -268,6 +319,19 @@ int main(int argc, char **argv)
 	if (!arena) {
 		fprintf(stderr, "service: rk_arena_open: %s\n", strerror(errno));
 		return 3;
+	}
+	sess_arena = rk_arena_open_flags("sessions", 4ull << 20, RK_ARENA_INDEPENDENT);
+	if (!sess_arena) {
+		fprintf(stderr, "service: rk_arena_open_flags: %s\n", strerror(errno));
+		return 3;
+	}
+	sess_preserved = rk_arena_preserved(sess_arena);
+	if (sess_preserved) {
+		sess = rk_root_get(sess_arena, "sessions");
+		rk_mark(sess_arena, sess);
+	} else {
+		sess = rk_calloc(sess_arena, 1, sizeof *sess);
+		rk_root_set(sess_arena, "sessions", sess);
 	}
 	if (rk_is_recovery()) {
 		tab = rk_root_get(arena, "table");
