@@ -180,6 +180,52 @@ int rk_component_drop(rk_arena *arena);
  * until rk_set_warm_allowed(true) or the end of this incarnation. */
 void rk_set_warm_allowed(bool allowed);
 
+/* ---- cross-check validation --------------------------------------------- */
+
+/* After a warm restart the app serves at once from the preserved state S_i,
+ * while a validator process runs the app's default (cold) recovery into
+ * separate memory (S_r) and compares the two.  Match: the validator exits and
+ * this incarnation goes on, now validated.  Mismatch: a hot switch, i.e. a
+ * warm restart onto S_r (the speculative incarnation and everything it
+ * changed in S_i are discarded; RK_PRESERVED statics are not restored).
+ * Both outcomes are "crosscheck" events.
+ *
+ * The validator sees S_i as it was at rk_crosscheck_start, whatever this
+ * incarnation writes meanwhile: the arena is write-protected with
+ * userfaultfd, and the first write to each page copies the page's old
+ * contents into the validator before it proceeds (one fault, one 4 KiB copy
+ * per page written during validation; nothing for pages not written). */
+struct rk_crosscheck {
+	/* The root (rk_root_set name) of the checked state, in both copies. */
+	const char *root;
+	/* In the validator: build S_r with the app's default recovery, in
+	 * scratch, a fresh arena of its own; return its root (NULL: failed).
+	 * It must reproduce the state at the failure, not later. */
+	void *(*recover)(rk_arena *scratch, void *ctx);
+	/* In the validator: true when S_i (preserved) and S_r (recovered) are
+	 * equivalent (the app decides what may differ); otherwise false with a
+	 * short description in why. */
+	bool (*compare)(const void *preserved, const void *recovered, char *why, size_t cap, void *ctx);
+	void *ctx;
+	/* Address space for the scratch arena; 0 = the checked arena's size. */
+	size_t scratch_bytes;
+};
+
+enum rk_crosscheck_state {
+	RK_CC_NONE = 0,     /* not started (not a warm start, or already validated) */
+	RK_CC_RUNNING = 1,  /* the validator is working */
+	RK_CC_MATCH = 2,    /* S_i equals S_r: validated */
+	RK_CC_MISMATCH = 3, /* a hot switch onto S_r is under way */
+	RK_CC_FAILED = 4,   /* no verdict (the validator failed); S_i stays in use */
+};
+
+/* Call after recovery (rk_finish_recovery) of a warm start, before serving.
+ * Returns 0 (also when there is nothing to check: a fresh or cold start, or
+ * a start from an already validated state) or -errno; the validation then
+ * runs in the background. */
+int rk_crosscheck_start(rk_arena *arena, const struct rk_crosscheck *cc);
+enum rk_crosscheck_state rk_crosscheck_state(void);
+
 /* ---- arenas ------------------------------------------------------------- */
 
 /* Open (warm restart: reattach) the arena called name, reserving max_bytes

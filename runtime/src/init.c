@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,7 @@
 #define RESERVE_BYTES 0x100000000000ull      /* 16 TiB of address space, PROT_NONE */
 #define ARENA_SLOT_ALIGN (1ull << 30)
 
-struct rk_state rk_g = {.manifest_fd = -1};
+struct rk_state rk_g = {.manifest_fd = -1, .switch_fd = -1};
 
 /* restart.c */
 int rk_restart_setup(int argc, char **argv, int manifest_fd) RK_HIDDEN;
@@ -83,7 +84,7 @@ static uint64_t arena_slot_bytes(uint64_t max)
 static void manifest_sync_arenas(void)
 {
 	struct rk_manifest *m = rk_g.manifest;
-	if (!m)
+	if (!m || rk_g.validator)
 		return;
 	rk_g.manifest_busy = 1;
 	atomic_signal_fence(memory_order_seq_cst);
@@ -503,9 +504,11 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		rk_g.info.fault_addr = old->fault_addr;
 		rk_g.t_restart_ns = old->t_restart_ns;
 		rk_g.holder_pid = old->holder_pid;
+		rk_g.validator_reap = old->validator_pid;
 		rk_strlcpy(rk_g.info.reason, old->reason, sizeof rk_g.info.reason);
 		if (old->next_mode == RK_NEXT_WARM && try_warm(old, msize, why, sizeof why) == 0) {
 			rk_g.info.kind = RK_START_WARM;
+			rk_g.validated = (old->flags & RK_MANIFEST_VALIDATED) != 0;
 			rk_strlcpy(rk_g.info.decision, old->decision, sizeof rk_g.info.decision);
 			rk_g.recovery = true;
 		} else {
@@ -573,6 +576,25 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 	return 0;
 }
 
+void rk_validator_detach(void)
+{
+	rk_g.validator = true;
+	rk_g.manifest = NULL; /* the shared one belongs to the serving process */
+	rk_sup_forget();
+	/* our own copy of the control block: our unsafe regions are not the app's */
+	void *c = mmap(NULL, RK_CONTROL_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (c != MAP_FAILED) {
+		memcpy(c, rk_ctl, RK_CONTROL_SIZE);
+		rk_ctl = c;
+	}
+	rk_unsafe_forget_thread();
+	rk_tcache_forget_thread();
+	/* a fault here ends the validation, not the app */
+	for (int sig = 1; sig < 32; sig++)
+		if (sig != SIGKILL && sig != SIGSTOP)
+			signal(sig, SIG_DFL);
+}
+
 bool rk_is_recovery(void)
 {
 	return rk_g.recovery;
@@ -599,18 +621,24 @@ static int arena_name_ok(const char *name)
 	return 1;
 }
 
-static rk_arena *arena_create(const char *name, uint64_t max, unsigned flags)
+uint64_t rk_arena_reserve_slot(uint64_t max)
 {
 	uint64_t base = rk_g.next_arena_addr, slot = arena_slot_bytes(max);
-	if (base + slot > rk_g.reserve_base + rk_g.reserve_len) {
-		errno = ENOSPC;
-		return NULL;
-	}
-	char fdname[64];
-	snprintf(fdname, sizeof fdname, "rekindle:%s", name);
-	int fd = memfd_create(fdname, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return NULL;
+	if (base + slot > rk_g.reserve_base + rk_g.reserve_len)
+		return 0;
+	rk_g.next_arena_addr = base + slot;
+	return base;
+}
+
+void rk_arena_unreserve(uint64_t base, uint64_t max)
+{
+	unreserve_to_none(base, max);
+}
+
+/* Formats a new arena on fd at base and registers it; the caller owns the
+ * address slot.  NULL with errno on failure (fd left open). */
+static rk_arena *arena_format_at(const char *name, int fd, uint64_t base, uint64_t max, unsigned flags)
+{
 	struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
 	memset(a, 0, sizeof *a);
 	a->fd = fd;
@@ -630,7 +658,6 @@ static rk_arena *arena_create(const char *name, uint64_t max, unsigned flags)
 	if (r < 0) {
 		if (a->hdr)
 			unreserve_to_none(base, max);
-		close(fd);
 		memset(a, 0, sizeof *a);
 		errno = -r;
 		return NULL;
@@ -641,6 +668,37 @@ static rk_arena *arena_create(const char *name, uint64_t max, unsigned flags)
 	a->reopened = true;
 	a->flags = flags;
 	rk_strlcpy(a->name, name, sizeof a->name);
+	return a;
+}
+
+struct rk_arena *rk_arena_create_at(const char *name, int fd, uint64_t base, uint64_t max)
+{
+	if (rk_g.narenas == RK_MAX_ARENAS) {
+		errno = ENOSPC;
+		return NULL;
+	}
+	return arena_format_at(name, fd, base, max, 0);
+}
+
+static rk_arena *arena_create(const char *name, uint64_t max, unsigned flags)
+{
+	uint64_t base = rk_g.next_arena_addr, slot = arena_slot_bytes(max);
+	if (base + slot > rk_g.reserve_base + rk_g.reserve_len) {
+		errno = ENOSPC;
+		return NULL;
+	}
+	char fdname[64];
+	snprintf(fdname, sizeof fdname, "rekindle:%s", name);
+	int fd = memfd_create(fdname, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return NULL;
+	rk_arena *a = arena_format_at(name, fd, base, max, flags);
+	if (!a) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return NULL;
+	}
 	rk_g.next_arena_addr = base + slot;
 	manifest_sync_arenas();
 	return a;

@@ -151,6 +151,8 @@ void rk_reap_teardown_holder(void)
 {
 	if (rk_g.holder_pid > 0 && waitpid(rk_g.holder_pid, NULL, WNOHANG | __WALL) != 0)
 		rk_g.holder_pid = 0;
+	if (rk_g.validator_reap > 0 && waitpid(rk_g.validator_reap, NULL, WNOHANG) != 0)
+		rk_g.validator_reap = 0;
 }
 
 /* The helper stands for the whole incarnation: cloned at rk_init, it costs
@@ -257,7 +259,8 @@ static void hand_over_fds(bool warm, uint32_t drop, bool on)
 		return;
 	for (unsigned i = 0; i < rk_g.narenas; i++)
 		if (rk_g.arenas[i].hdr && !(drop & (1u << i)))
-			set_cloexec(rk_g.arenas[i].fd, !on);
+			set_cloexec(rk_g.switch_fd > 0 && (int)i == rk_g.switch_index ? rk_g.switch_fd : rk_g.arenas[i].fd,
+				    !on);
 	for (unsigned i = 0; i < rk_nranges; i++)
 		set_cloexec(rk_ranges[i].fd, !on);
 }
@@ -310,10 +313,10 @@ static uint32_t independent_arenas(void)
 /* With the other threads frozen: warm (dropping *drop) or cold?  An arena
  * with an open unsafe region is not reused; if it is independent it alone
  * is dropped.  Async-signal-safe. */
-static bool decide_components(int sig, char *decision, size_t cap, uint32_t *drop)
+static bool decide_components(int sig, uint32_t ignore, char *decision, size_t cap, uint32_t *drop)
 {
-	uint32_t open = rk_unsafe_open_mask();
-	if (failure_hook) {
+	uint32_t open = rk_unsafe_open_mask() & ~ignore;
+	if (failure_hook && !ignore) {
 		in_failure_hook = true;
 		hook_drop_mask = 0;
 		bool go_on = failure_hook(sig, failure_hook_ctx);
@@ -357,7 +360,26 @@ static void manifest_mark_dropped(uint32_t drop, bool on)
 	}
 }
 
-static int do_restart(bool want_warm, const char *reason, int sig, const siginfo_t *si, const void *uc)
+/* A hot switch: the manifest entry of the checked arena points at the
+ * validated arena instead (and back, if the exec fails). */
+static void manifest_switch_arena(bool on)
+{
+	struct rk_manifest *m = rk_g.manifest;
+	const struct rk_arena *a = &rk_g.arenas[rk_g.switch_index];
+	for (unsigned i = 0; i < m->narenas; i++) {
+		if (strcmp(m->arenas[i].name, a->name) != 0)
+			continue;
+		m->arenas[i].fd = on ? rk_g.switch_fd : a->fd;
+		m->arenas[i].base = on ? rk_g.switch_base : a->hdr->base;
+		m->arenas[i].max = on ? rk_g.switch_max : a->hdr->max_bytes;
+	}
+}
+
+/* do_restart's hot_switch: a cross-check found the preserved state wrong;
+ * not a failure of the app, so no crash-loop count, and whatever was open in
+ * the replaced arena does not matter (it is discarded). */
+static int do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, const siginfo_t *si,
+		      const void *uc)
 {
 	struct rk_manifest *m = rk_g.manifest;
 	if (!m)
@@ -368,8 +390,8 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 	}
 	uint64_t t0 = rk_now_ns();
 	uint64_t age_ms = (t0 - rk_g.start_ns) / 1000000;
-	bool fast = age_ms < rk_g.crashloop_ms;
-	uint32_t fast_failures = fast ? m->fast_failures + 1 : 0;
+	bool fast = age_ms < rk_g.crashloop_ms && !hot_switch;
+	uint32_t fast_failures = fast ? m->fast_failures + 1 : (hot_switch ? m->fast_failures : 0);
 	char decision[160] = "";
 	bool warm = want_warm;
 
@@ -385,6 +407,8 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 	}
 	if (!want_warm) {
 		rk_strlcat(decision, "cold restart requested", sizeof decision);
+	} else if (hot_switch) {
+		rk_strlcpy(decision, reason, sizeof decision);
 	} else if (pc_in_runtime(uc)) {
 		warm = false;
 		rk_strlcat(decision, "fault inside the rekindle runtime at pc ", sizeof decision);
@@ -416,7 +440,8 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 		/* A thread may have counted itself into an allocator critical
 		 * section just before the allocator froze; it leaves at once. */
 		rk_unsafe_freeze(50ull * 1000 * 1000);
-		warm = decide_components(sig, decision, sizeof decision, &drop);
+		uint32_t ignore = hot_switch ? 1u << rk_g.switch_index : 0;
+		warm = decide_components(sig, ignore, decision, sizeof decision, &drop);
 	}
 	rk_control_set_state(RK_CTL_RESTARTING);
 	m->next_mode = warm ? RK_NEXT_WARM : RK_NEXT_COLD;
@@ -427,12 +452,18 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 	m->generation = rk_g.info.generation;
 	m->last_kind = rk_g.info.kind;
 	m->fast_failures = fast_failures;
-	rk_strlcpy(m->reason, reason, sizeof m->reason);
+	rk_strlcpy(m->reason, hot_switch ? "cross-check mismatch" : reason, sizeof m->reason);
 	rk_strlcpy(m->decision, decision, sizeof m->decision);
-	if (warm)
+	/* statics may point into the replaced arena: not after a hot switch */
+	if (warm && !hot_switch)
 		rk_statics_save(m);
 	else
 		m->statics_saved = 0;
+	m->flags = hot_switch && warm ? RK_MANIFEST_VALIDATED : 0;
+	pid_t validator = atomic_exchange(&rk_g.validator_pid, 0);
+	if (validator > 0)
+		kill(validator, SIGKILL); /* its result would come too late */
+	m->validator_pid = validator;
 
 	struct rk_ev e;
 	rk_ev_begin(&e, "restart");
@@ -460,6 +491,8 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 	rk_reap_teardown_holder();
 	int holder_wr = teardown_holder_for_exec();
 	manifest_mark_dropped(drop, true);
+	if (hot_switch && warm)
+		manifest_switch_arena(true);
 	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
 	hand_over_fds(warm, drop, true);
 	execve(exe_path, exec_argv, exec_envp);
@@ -468,6 +501,8 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 		execve("/proc/self/exe", exec_argv, exec_envp);
 	hand_over_fds(warm, drop, false);
 	manifest_mark_dropped(drop, false);
+	if (hot_switch && warm)
+		manifest_switch_arena(false);
 	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
 	rk_allocator_thaw();
 	rk_unsafe_thaw();
@@ -486,12 +521,19 @@ static int do_restart(bool want_warm, const char *reason, int sig, const siginfo
 
 int rk_restart(const char *reason)
 {
-	return do_restart(true, reason ? reason : "app request", 0, NULL, NULL);
+	return do_restart(true, false, reason ? reason : "app request", 0, NULL, NULL);
+}
+
+int rk_restart_hot_switch(const char *why)
+{
+	int r = do_restart(true, true, why, 0, NULL, NULL);
+	rk_g.switch_fd = -1;
+	return r;
 }
 
 int rk_restart_cold(const char *reason)
 {
-	return do_restart(false, reason ? reason : "app request", 0, NULL, NULL);
+	return do_restart(false, false, reason ? reason : "app request", 0, NULL, NULL);
 }
 
 /* ---- fatal signals ---- */
@@ -502,7 +544,7 @@ static void on_fatal_signal(int sig, siginfo_t *si, void *uc)
 	char reason[64] = "signal ";
 	rk_strlcat(reason, rk_signame(sig), sizeof reason);
 	int saved = errno;
-	(void)do_restart(true, reason, sig, si, uc);
+	(void)do_restart(true, false, reason, sig, si, uc);
 	/* Restart impossible or given up: die of the signal as if unhandled. */
 	struct sigaction dfl;
 	memset(&dfl, 0, sizeof dfl);
@@ -533,7 +575,7 @@ static void on_restart_signal(int sig, siginfo_t *si, void *uc)
 		rk_strlcpy(reason, "supervisor: restart signal ", sizeof reason);
 		rk_strlcat(reason, rk_signame(sig), sizeof reason);
 	}
-	(void)do_restart(m != RK_REQ_COLD, reason, 0, NULL, NULL);
+	(void)do_restart(m != RK_REQ_COLD, false, reason, 0, NULL, NULL);
 	errno = saved; /* restart impossible: carry on */
 }
 

@@ -170,6 +170,7 @@ void rk_allocator_thaw(void) RK_HIDDEN; /* the restart failed: carry on */
 void rk_tcache_flush_all(struct rk_arena *a, struct rk_tcache *tc) RK_HIDDEN;
 struct rk_tcache *rk_tcache_current(struct rk_arena *a) RK_HIDDEN;
 void rk_tcache_forget_thread(void) RK_HIDDEN;
+void rk_tcache_release(struct rk_arena *a) RK_HIDDEN; /* flush this thread's cache, give it up */
 void rk_run_free(struct rk_arena *a, uint64_t page, uint64_t npages) RK_HIDDEN;
 uint32_t rk_gettid(void) RK_HIDDEN;
 
@@ -187,6 +188,7 @@ int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
 #define RK_MANIFEST_FIXED 65536u /* statics data follows */
 
 enum rk_next_mode { RK_NEXT_NONE = 0, RK_NEXT_WARM = 1, RK_NEXT_COLD = 2 };
+#define RK_MANIFEST_VALIDATED 0x1u /* a cross-check hot switch: the state is the validated one */
 
 /* rk_manifest_arena.flags: the app's RK_ARENA_* flags, and: */
 #define RK_MARENA_DROPPED 0x80000000u /* half-changed at the failure: not handed on */
@@ -209,13 +211,14 @@ struct rk_manifest {
 	uint32_t fast_failures;
 	uint32_t last_kind;    /* start kind of the writer */
 	int32_t signal, si_code;
-	uint32_t pad_;
+	uint32_t flags;        /* RK_MANIFEST_* */
 	uint64_t fault_addr;
 	uint64_t t_restart_ns; /* CLOCK_MONOTONIC at rk_restart entry */
 	uint64_t reserve_base, reserve_len, next_arena_addr;
 	char reason[128];
 	char decision[160];
 	int32_t holder_pid;    /* teardown helper of the last restart, to reap */
+	int32_t validator_pid; /* cross-check validator killed by the restart, to reap */
 	uint32_t narenas, nranges, nstatics, statics_saved;
 	struct rk_manifest_arena arenas[RK_MAX_ARENAS];
 	struct rk_manifest_range ranges[RK_MAX_RANGES];
@@ -240,8 +243,28 @@ struct rk_state {
 	uint64_t start_ns;
 	uint64_t t_restart_ns;      /* the previous incarnation's rk_restart entry */
 	pid_t holder_pid;           /* teardown helper still to reap */
+	bool validated;             /* started from a cross-check's validated state */
+	bool validator;             /* this process is a cross-check validator */
+	_Atomic bool no_punch;      /* a cross-check runs: keep freed pages in the memfd */
+	_Atomic pid_t validator_pid; /* running validator, killed by a restart */
+	pid_t validator_reap;       /* previous incarnation's validator, to reap */
+	/* a cross-check hot switch: this arena index is replaced at the exec */
+	int switch_index, switch_fd;
+	uint64_t switch_base, switch_max;
 };
-void rk_reap_teardown_holder(void) RK_HIDDEN;
+void rk_reap_teardown_holder(void) RK_HIDDEN; /* and a killed validator */
+/* A formatted arena on fd at base, registered in this process only (the
+ * cross-check validator's scratch arena). */
+struct rk_arena *rk_arena_create_at(const char *name, int fd, uint64_t base, uint64_t max) RK_HIDDEN;
+/* Reserves address space for an arena of max bytes; returns its base or 0. */
+uint64_t rk_arena_reserve_slot(uint64_t max) RK_HIDDEN;
+void rk_arena_unreserve(uint64_t base, uint64_t max) RK_HIDDEN;
+/* In a forked validator: write nothing the serving process or the
+ * supervisor can see (manifest, control block, supervisor socket). */
+void rk_validator_detach(void) RK_HIDDEN;
+/* restart.c: the warm restart of a cross-check mismatch, onto the
+ * validated arena (switch_* above).  Returns only on failure. */
+int rk_restart_hot_switch(const char *why) RK_HIDDEN;
 void rk_teardown_holder_stand(void) RK_HIDDEN; /* keep one for the whole incarnation */
 extern struct rk_state rk_g RK_HIDDEN;
 
@@ -341,6 +364,7 @@ int rk_sup_attach(struct rk_inherit *inh, char *why, size_t wl) RK_HIDDEN;
 void rk_sup_hello(void) RK_HIDDEN;
 void rk_sup_send_fds(void) RK_HIDDEN;
 void rk_sup_ready(void) RK_HIDDEN;
+void rk_sup_forget(void) RK_HIDDEN; /* a validator child: never speak for the app */
 /* Async-signal-safe, non-blocking. */
 void rk_sup_restarting(bool warm, int sig, uint64_t t_ns, uint64_t fault_addr, const char *reason,
 		       const char *decision) RK_HIDDEN;

@@ -93,6 +93,13 @@ int rk_sup_fd(void)
 	return sup_fd;
 }
 
+void rk_sup_forget(void)
+{
+	if (sup_fd >= 0)
+		close(sup_fd); /* our copy only: the app's stays open */
+	sup_fd = -1;
+}
+
 static void log_lost(const char *what, int err)
 {
 	if (atomic_exchange(&sup_lost, 1))
