@@ -7,6 +7,8 @@ the state as it was at the restart even while clients write during the check
 (userfaultfd write protection, one page copy per first write)."""
 
 import json
+import os
+import signal
 import subprocess
 import time
 
@@ -83,10 +85,11 @@ def ledger(tmp_path):
 
 def fill(app, n=50, stride=997):
     """Writes spread over many pages of the arena; returns what was written."""
+    send = app.cmd if hasattr(app, "cmd") else app.command
     want = {}
     for k in range(n):
         i, v = (k * stride) % 100000, 1000 + k
-        assert app.cmd(f"set {i} {v}")["ok"]
+        assert send(f"set {i} {v}")["ok"]
         want[i] = v
     return want
 
@@ -176,3 +179,27 @@ def test_a_failing_validator_leaves_the_warm_state_in_use(ledger, tmp_path):
     state = app.cmd("state")
     assert state["crosscheck"] == "failed" and state["generation"] == 1
     assert all(app.get(i) == v for i, v in want.items())
+
+
+def test_hot_switch_under_the_supervisor_then_respawn_from_the_validated_arena(supervise, tmp_path):
+    """SIGKILL under `rekindle run`: respawned warm, the check finds the
+    corruption and hot-switches in place; the supervisor then holds the
+    validated arena, so the next SIGKILL comes back warm from it."""
+    journal = tmp_path / "journal"
+    app = [LEDGER, "--journal", journal, "--crosscheck", "--check-delay-ms", 300]
+    sup = supervise("--crashloop-window", "0ms", app=app)
+    sup.wait_up(0)
+    want = fill(sup, n=10)
+    assert sup.command("corrupt 7 999")["ok"]
+    os.kill(sup.command("state")["pid"], signal.SIGKILL)
+    sup.wait_up(1)
+    sup.wait_up(2)  # the hot switch: an in-place restart the supervisor watches
+    after = sup.command("state")
+    assert after["reason"] == "cross-check mismatch" and after["kind"] == "warm", after
+    assert sup.command("get 7")["v"] == 0
+    os.kill(after["pid"], signal.SIGKILL)
+    sup.wait_up(3)
+    again = sup.command("state")
+    assert again["kind"] == "warm" and again["ledger"] == after["ledger"], again
+    assert sup.command("get 7")["v"] == 0
+    assert all(sup.command(f"get {i}")["v"] == v for i, v in want.items())

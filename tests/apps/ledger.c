@@ -4,7 +4,7 @@
  * cold start (and the cross-check's validator) rebuilds the same state by
  * replaying the journal.
  *
- *   ledger --port N --journal PATH [--entries N] [--crosscheck]
+ *   ledger --port N|LISTEN_FDS --journal PATH [--entries N] [--crosscheck]
  *          [--check-delay-ms N]
  *
  * Commands (one per line, one line back):
@@ -154,6 +154,9 @@ static void command(char *line, char *out, size_t cap)
 
 static int listen_on(unsigned port)
 {
+	const char *lf = getenv("LISTEN_FDS"), *lp = getenv("LISTEN_PID");
+	if (lf && atoi(lf) >= 1 && lp && atoi(lp) == getpid())
+		return 3; /* the supervisor's listening socket */
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
 	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
 	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -235,8 +238,8 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (!port || !journal_path) {
-		fprintf(stderr, "ledger: --port and --journal are required\n");
+	if ((!port && !getenv("LISTEN_FDS")) || !journal_path) {
+		fprintf(stderr, "ledger: --port (or LISTEN_FDS) and --journal are required\n");
 		return 2;
 	}
 	int r = rk_init(argc, argv, NULL);
