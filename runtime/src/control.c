@@ -264,8 +264,12 @@ static __thread uint16_t wp_depth[RK_MAX_ARENAS];
 
 static void wp_region_enter(const rk_arena *a)
 {
-	if (wp_depth[a->index]++ == 0)
-		rk_pkru_write(rk_pkru_read() & ~(RK_PKRU_WD(a->pkey) | RK_PKRU_AD(a->pkey)));
+	wp_depth[a->index]++;
+	/* Open it even when nested: a signal handler that interrupted a region
+	 * runs with the kernel's init PKRU, which denies the key. */
+	uint32_t bits = RK_PKRU_WD(a->pkey) | RK_PKRU_AD(a->pkey), v = rk_pkru_read();
+	if (v & bits)
+		rk_pkru_write(v & ~bits);
 }
 
 static void wp_region_leave(const rk_arena *a)
@@ -302,11 +306,12 @@ static void depth_down(struct rk_ctl_slot *s, unsigned k)
 
 void rk_unsafe_end(rk_arena *arena)
 {
-	if (RK_UNLIKELY(!arena || !rk_ctl || !tls_slot))
+	if (RK_UNLIKELY(!arena || !rk_ctl))
 		return;
 	if (RK_UNLIKELY(arena->pkey > 0))
-		wp_region_leave(arena);
-	depth_down(tls_slot, arena->index);
+		wp_region_leave(arena); /* also in a child forked inside the region (no slot yet) */
+	if (RK_LIKELY(tls_slot != NULL))
+		depth_down(tls_slot, arena->index);
 }
 
 void rk_unsafe_note_enter(unsigned k)

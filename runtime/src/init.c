@@ -859,6 +859,13 @@ static void *prefault_all(void *unused)
 	return NULL;
 }
 
+/* Started in rk_init, before the app reopens (and protects) its arenas. */
+static void *prefault_thread(void *unused)
+{
+	rk_wp_reader_thread();
+	return prefault_all(unused);
+}
+
 int rk_prefault(bool background)
 {
 	if (!background) {
@@ -869,7 +876,7 @@ int rk_prefault(bool background)
 	pthread_attr_t at;
 	pthread_attr_init(&at);
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-	int r = pthread_create(&t, &at, prefault_all, NULL);
+	int r = pthread_create(&t, &at, prefault_thread, NULL);
 	pthread_attr_destroy(&at);
 	return -r;
 }

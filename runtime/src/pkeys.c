@@ -11,6 +11,9 @@
 
 #include <errno.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <sys/mman.h>
 
 static _Atomic uint32_t our_key_bits; /* AD|WD bits of the keys we hold */
@@ -65,4 +68,18 @@ void rk_wp_signal_entry(void)
 	uint32_t bits = atomic_load_explicit(&our_key_bits, memory_order_relaxed);
 	if (bits)
 		rk_pkru_write(rk_pkru_read() & ~bits);
+}
+
+/* A thread the runtime starts (the pre-fault thread) gets the kernel's init
+ * PKRU from a creator that had no key yet, which denies every key but 0: an
+ * arena protected while it runs would fault it inside the runtime.  Give it
+ * read access to every key (and write access to none but 0) up front, so no
+ * key allocated later can race it. */
+void rk_wp_reader_thread(void)
+{
+#if defined(__x86_64__)
+	unsigned a, b, c, d;
+	if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 4))) /* OSPKE: rdpkru/wrpkru usable */
+		rk_pkru_write((rk_pkru_read() & ~0x55555554u) | 0xaaaaaaa8u);
+#endif
 }

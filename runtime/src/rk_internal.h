@@ -394,6 +394,7 @@ const char *rk_signame(int sig) RK_HIDDEN;
  * allocator, roots, marks, the sweep) open it for their duration. */
 int rk_wp_protect(struct rk_arena *a) RK_HIDDEN; /* sets a->pkey; -ENOTSUP without pkeys */
 void rk_wp_signal_entry(void) RK_HIDDEN; /* our handlers: the kernel reset PKRU */
+void rk_wp_reader_thread(void) RK_HIDDEN; /* a runtime thread that only reads arenas */
 #if defined(__x86_64__)
 static inline uint32_t rk_pkru_read(void)
 {
