@@ -30,3 +30,6 @@ if ! python3 -c 'import pytest, redis, matplotlib' >/dev/null 2>&1; then
 	echo "deps: installing Python test requirements (pip)" >&2
 	python3 -m pip install -q -r "$(dirname "$0")/../tests/requirements.txt"
 fi
+
+# QEMU and a kernel image for the pkeys emulation test (tests/test_pkeys.py).
+bash "$(dirname "$0")/../tests/pkeys/deps.sh"
