@@ -5,10 +5,11 @@
  * checks are the same either way.
  *
  * Unsafe regions: each thread owns one 64-byte slot and is its only writer,
- * so rk_unsafe_begin is one locked add on a line no other thread writes, and
- * rk_unsafe_end a plain store.  The add is a full barrier: it pairs with the
- * restart's freeze (flag, then look at the counters), Dekker-style, so no
- * region can open unseen while a restart decides. */
+ * so rk_unsafe_begin is a load and a store on a line no other thread writes
+ * (a locked add where membarrier is missing), and rk_unsafe_end a plain
+ * store.  It pairs with the restart's freeze (flag, membarrier, then look at
+ * the counters), Dekker-style, so no region can open unseen while a restart
+ * decides. */
 #include "rk_internal.h"
 
 #include <errno.h>
@@ -21,6 +22,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <linux/membarrier.h>
 #include <unistd.h>
 
 _Static_assert(offsetof(struct rk_control, request_reason) == 64, "protocol layout");
@@ -34,6 +37,7 @@ _Static_assert(sizeof(struct rk_control) <= RK_CONTROL_SIZE, "protocol layout");
 struct rk_control *rk_ctl;
 static int ctl_fd = -1;
 static _Atomic int unsafe_freezing;
+static bool asym_barrier; /* membarrier private expedited is registered */
 static __thread struct rk_ctl_slot *tls_slot;
 static pthread_key_t slot_key;
 static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
@@ -85,6 +89,7 @@ static struct rk_control *map_shared_block(const char *v)
 int rk_control_open(void)
 {
 	(void)pthread_atfork(NULL, NULL, rk_unsafe_forget_thread);
+	asym_barrier = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
 	const char *v = getenv("REKINDLE_CONTROL_FD");
 	rk_ctl = v ? map_shared_block(v) : NULL;
 	unsetenv("REKINDLE_CONTROL_FD"); /* restart.c re-adds it from its copy */
@@ -278,12 +283,30 @@ static void wp_region_leave(const rk_arena *a)
 		rk_pkru_write((rk_pkru_read() & ~RK_PKRU_AD(a->pkey)) | RK_PKRU_WD(a->pkey));
 }
 
+/* Counts this thread into a region of arena k.  With membarrier the freeze
+ * pays for the barrier: here a plain load and store on our own line, and the
+ * freezer's MEMBARRIER_CMD_PRIVATE_EXPEDITED makes every running thread
+ * either show its store or see the freeze flag (an asymmetric Dekker).
+ * Without it, a locked add is the full barrier.  The shared overflow slot
+ * always needs the locked add. */
+static inline void depth_up(struct rk_ctl_slot *s, unsigned k)
+{
+	_Atomic uint16_t *d = &s->depth[k];
+	if (RK_LIKELY(asym_barrier && s != &rk_ctl->slots[OVERFLOW_SLOT])) {
+		atomic_store_explicit(d, (uint16_t)(atomic_load_explicit(d, memory_order_relaxed) + 1),
+				      memory_order_relaxed);
+		atomic_signal_fence(memory_order_seq_cst); /* the compiler keeps store, then look */
+	} else {
+		atomic_fetch_add(d, 1);
+	}
+}
+
 void rk_unsafe_begin(rk_arena *arena)
 {
 	if (RK_UNLIKELY(!arena || !rk_ctl))
 		return;
 	struct rk_ctl_slot *s = my_slot();
-	atomic_fetch_add(&s->depth[arena->index], 1); /* full barrier, then look */
+	depth_up(s, arena->index); /* then look */
 	if (RK_UNLIKELY(atomic_load_explicit(&unsafe_freezing, memory_order_relaxed))) {
 		atomic_fetch_sub(&s->depth[arena->index], 1);
 		park_for_restart();
@@ -317,7 +340,7 @@ void rk_unsafe_end(rk_arena *arena)
 void rk_unsafe_note_enter(unsigned k)
 {
 	if (RK_LIKELY(rk_ctl != NULL))
-		atomic_fetch_add(&my_slot()->depth[k], 1); /* full barrier before the lock */
+		depth_up(my_slot(), k); /* the lock's CAS that follows is a full barrier */
 }
 
 void rk_unsafe_note_leave(unsigned k)
@@ -348,6 +371,8 @@ void rk_unsafe_freeze(uint64_t timeout_ns)
 	if (!rk_ctl)
 		return;
 	atomic_store(&unsafe_freezing, 1); /* then look at the counters */
+	if (asym_barrier) /* every running thread: its depth store is visible, or it sees the flag */
+		(void)syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
 	uint32_t me = rk_gettid();
 	uint64_t t0 = rk_now_ns();
 	for (;;) {
