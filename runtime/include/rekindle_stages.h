@@ -132,8 +132,9 @@ int rk_progress_end_iteration(rk_progress *p);
  * returns -EALREADY) until rk_progress_reset(). */
 int rk_progress_done(rk_progress *p);
 
-/* Forgets all progress: the next iteration is 0. */
-int rk_progress_reset(rk_progress *p);
+/* Forgets the progress: the next iteration is `iteration` (0 to start
+ * over; another value after the app loaded a checkpoint of its own). */
+int rk_progress_reset(rk_progress *p, uint64_t iteration);
 
 /* A save area for preserve/restore hooks, kept in the arena with the
  * record: the buffer called name, of at least size bytes, created on first

@@ -233,7 +233,7 @@ static void describe_resume(rk_progress *p, const struct prog_slot *s)
 	rk_strlcpy(p->st.stage_name, s->name, sizeof p->st.stage_name);
 	static const char *const what[] = {
 		"at a stage boundary", "in the preserve hook: preserve again, then run",
-		"in the stage: restore, then run again", "the job was finished"};
+		"in the stage: restore (if it has a hook), then run again", "the job was finished"};
 	snprintf(p->st.reason, sizeof p->st.reason, "resumed at iteration %" PRIu64 ", stage %u%s%s%s, %s",
 		 s->iteration, s->stage, s->name[0] ? " (" : "", s->name, s->name[0] ? ")" : "", what[s->phase]);
 }
@@ -416,13 +416,13 @@ int rk_progress_done(rk_progress *p)
 	return 0;
 }
 
-int rk_progress_reset(rk_progress *p)
+int rk_progress_reset(rk_progress *p, uint64_t iteration)
 {
 	if (!p)
 		return -EINVAL;
 	p->in_iter = false;
 	p->checking = false;
-	publish(p, 0, 0, RK_PHASE_IDLE, PREFIX0, NULL);
+	publish(p, iteration, 0, RK_PHASE_IDLE, PREFIX0, NULL);
 	return 0;
 }
 
