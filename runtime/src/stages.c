@@ -333,10 +333,11 @@ int rk_progress_begin_iteration(rk_progress *p, uint64_t *iteration)
  * checks that it is the same stage as recorded. */
 static int check_resumed(rk_progress *p, const struct prog_slot *s, const char *name)
 {
-	if (!p->checking)
-		return 0;
+	bool same_prefix = !p->checking || s->prefix == p->prefix;
 	p->checking = false;
-	if (s->prefix != p->prefix || (s->phase != RK_PHASE_IDLE && strcmp(s->name, name) != 0)) {
+	/* the name of an interrupted stage is checked after a failed hook in
+	 * this incarnation too: only that stage may repair its data */
+	if (!same_prefix || (s->phase != RK_PHASE_IDLE && strcmp(s->name, name) != 0)) {
 		snprintf(p->st.reason, sizeof p->st.reason,
 			 "stage %u of iteration %" PRIu64 " is \"%s\" here but \"%s\" in the record, or earlier "
 			 "stages differ: the program changed", p->index, p->iteration, name, s->name);
@@ -394,10 +395,12 @@ int rk_progress_end_iteration(rk_progress *p)
 	if (!p)
 		return -EINVAL;
 	const struct prog_slot *s = cur(p);
-	if (!p->in_iter || s->phase != RK_PHASE_IDLE)
+	if (!p->in_iter)
 		return -EPROTO;
 	if (s->stage != p->index || (p->checking && s->prefix != p->prefix))
 		return -ESTALE; /* the record has stages this incarnation did not reach */
+	if (s->phase != RK_PHASE_IDLE)
+		return -EPROTO; /* the last stage failed and was not run again */
 	p->checking = false;
 	p->in_iter = false;
 	publish(p, p->iteration + 1, 0, RK_PHASE_IDLE, PREFIX0, NULL);
