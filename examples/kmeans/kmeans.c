@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -101,6 +102,16 @@ static double now_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* CPU time of the process, all incarnations: exec keeps the counters. */
+static double cpu_s(void)
+{
+	struct rusage ru;
+	if (getrusage(RUSAGE_SELF, &ru) < 0)
+		return 0;
+	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
 static uint64_t mix(uint64_t z)
@@ -633,10 +644,10 @@ int main(int argc, char **argv)
 	double t_end = now_s();
 	printf("{\"kmeans\":\"result\",\"mode\":\"%s\",\"points\":%" PRIu64 ",\"dims\":%" PRIu64 ",\"k\":%" PRIu64
 	       ",\"seed\":%" PRIu64 ",\"iterations\":%" PRIu64 ",\"inertia\":%.17g,\"hash\":\"%016" PRIx64
-	       "\",\"total_s\":%.3f,\"incarnation_s\":%.3f,\"setup_s\":%.3f,\"restarts\":%u,\"resumed\":%s"
+	       "\",\"total_s\":%.3f,\"cpu_s\":%.3f,\"incarnation_s\":%.3f,\"setup_s\":%.3f,\"restarts\":%u,\"resumed\":%s"
 	       ",\"stages_run\":%" PRIu64 ",\"stages_skipped\":%" PRIu64 ",\"restores\":%" PRIu64 "}\n",
 	       o.mode == MODE_STAGES ? "stages" : o.mode == MODE_SCRATCH ? "scratch" : "checkpoint", o.prm.n,
-	       o.prm.d, o.prm.k, o.prm.seed, it, st->inertia, centroids_hash(st), t_end - t0, t_end - t_start,
+	       o.prm.d, o.prm.k, o.prm.seed, it, st->inertia, centroids_hash(st), t_end - t0, cpu_s(), t_end - t_start,
 	       setup_s, info->generation, ps.resumed ? "true" : "false", ps.stages_run, ps.stages_skipped,
 	       ps.restores);
 	rk_progress_close(prog);
