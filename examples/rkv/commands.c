@@ -90,6 +90,24 @@ static void reply_oom(struct conn *c)
 	reply_error(c, "OOM command not allowed when used memory > 'maxmemory'.");
 }
 
+/* Redis 7's replies for a container command (CONFIG, CLIENT, ...): a
+ * known subcommand with the wrong arity, or an unknown subcommand. */
+static void reply_sub_arity(struct conn *c, const char *cmd)
+{
+	char sub[64];
+	size_t n = A(1).n < sizeof sub - 1 ? A(1).n : sizeof sub - 1;
+	for (size_t i = 0; i < n; i++)
+		sub[i] = (char)tolower((unsigned char)A(1).p[i]);
+	sub[n] = 0;
+	reply_errorf(c, "ERR wrong number of arguments for '%s|%s' command", cmd, sub);
+}
+
+static void reply_sub_unknown(struct conn *c, const char *cmd)
+{
+	reply_errorf(c, "ERR unknown subcommand '%.*s'. Try %s HELP.", (int)(A(1).n > 128 ? 128 : A(1).n), A(1).p,
+		     cmd);
+}
+
 /* ---- connection, server --------------------------------------------- */
 
 static void cmd_ping(struct conn *c)
@@ -219,9 +237,10 @@ static void cmd_client(struct conn *c)
 		reply_int(c, (long long)c->id);
 	} else if (eq(A(1), "setinfo") && ARGC == 4) {
 		reply_ok(c); /* redis-py sends LIB-NAME and LIB-VER on connect */
+	} else if (eq(A(1), "setname") || eq(A(1), "getname") || eq(A(1), "id") || eq(A(1), "setinfo")) {
+		reply_sub_arity(c, "client");
 	} else {
-		reply_errorf(c, "ERR unknown subcommand or wrong number of arguments for '%.128s'. Try CLIENT HELP.",
-			     A(1).p);
+		reply_sub_unknown(c, "CLIENT");
 	}
 }
 
@@ -849,15 +868,16 @@ static void cmd_config(struct conn *c)
 				     (int)A(2).n, A(2).p);
 		else
 			reply_ok(c);
-	} else if (eq(A(1), "set")) {
+	} else if (eq(A(1), "set") && ARGC >= 4 && ARGC % 2 == 0) {
 		reply_errorf(c, "ERR Unknown option or number of arguments for CONFIG SET - '%.*s'",
-			     ARGC > 2 ? (int)A(2).n : 0, ARGC > 2 ? A(2).p : "");
+			     (int)(A(2).n > 128 ? 128 : A(2).n), A(2).p);
 	} else if (eq(A(1), "resetstat") && ARGC == 2) {
 		memset(&srv.db->st, 0, sizeof srv.db->st);
 		reply_ok(c);
+	} else if (eq(A(1), "get") || eq(A(1), "set") || eq(A(1), "resetstat")) {
+		reply_sub_arity(c, "config");
 	} else {
-		reply_errorf(c, "ERR unknown subcommand or wrong number of arguments for '%.*s'. Try CONFIG HELP.",
-			     (int)(A(1).n > 128 ? 128 : A(1).n), A(1).p);
+		reply_sub_unknown(c, "CONFIG");
 	}
 }
 
@@ -867,8 +887,8 @@ static void cmd_debug(struct conn *c)
 {
 	if (!srv.cfg.enable_debug) {
 		reply_error(c, "ERR DEBUG command not allowed. If the enable-debug-command option is set to \"local\", "
-			       "you can run it from a local connection, otherwise you need to fix the "
-			       "enable-debug-command option in your configuration file so it can be used.");
+			       "you can run it from a local connection, otherwise you need to set this "
+			       "option in the configuration file, and then restart the server.");
 		return;
 	}
 	if (eq(A(1), "segfault")) {
@@ -892,8 +912,7 @@ static void cmd_debug(struct conn *c)
 		}
 		reply_ok(c);
 	} else {
-		reply_errorf(c, "ERR unknown subcommand '%.*s'. Try DEBUG HELP.", (int)(A(1).n > 128 ? 128 : A(1).n),
-			     A(1).p);
+		reply_sub_unknown(c, "DEBUG");
 	}
 }
 
@@ -984,8 +1003,10 @@ static const struct command *find_command(struct arg name)
 
 static void cmd_command(struct conn *c)
 {
-	if (ARGC >= 2 && eq(A(1), "count"))
+	if (ARGC == 2 && eq(A(1), "count"))
 		reply_int(c, (long long)NCOMMANDS);
+	else if (ARGC > 2 && eq(A(1), "count"))
+		reply_sub_arity(c, "command");
 	else
 		reply_array(c, 0); /* COMMAND and COMMAND DOCS: no docs, redis-cli copes */
 }
