@@ -232,7 +232,7 @@ def test_redis_cli_and_inline_commands(rkv):
     assert cli("GET", "greeting") == "hello world"
     assert cli("DBSIZE") == "1"
     # inline commands, as typed into telnet, with Redis's quoting
-    out, closed = rkv.raw(b'PING\r\nECHO "a b\\x41"\r\n\r\nGET greeting\n')
+    out, closed = rkv.raw(b'PING\r\nECHO "a b\\x41"\r\n\r\nGET greeting\n', timeout=0.3)
     assert out == b"+PONG\r\n$4\r\na bA\r\n$11\r\nhello world\r\n" and not closed
 
 
