@@ -355,6 +355,37 @@ def test_warm_restart_after_segfault_keeps_keys_and_ttls(rkv):
     assert c.get("after") == b"restart"
 
 
+def test_warm_restart_checks_the_table_in_the_background(rkv):
+    """By default a warm start serves at once (recovery ends in O(1)) and
+    checks the table in slices from the event loop; the check finishes and
+    says so."""
+    c = rkv.client()
+    fill(c, 3000)
+    with pytest.raises(redis.ConnectionError):
+        c.execute_command("DEBUG", "SEGFAULT")
+    ready = rkv.ready(2)
+    assert ready["start"] == "warm"
+    assert rkv.log("recovered")[-1]["swept_objects"] == 0, "no sweep by default"
+    verified = rkv.wait_log("verified")
+    assert verified["keys"] == 3000
+    check_all(rkv.wait_serving(), 3000)
+
+
+def test_recovery_sweep_yes_marks_and_sweeps_before_serving(tmp_path):
+    s = Rkv(tmp_path, *NO_SAVE, "--enable-debug", "yes", "--recovery-sweep", "yes")
+    try:
+        c = s.client()
+        fill(c, 2000)
+        with pytest.raises(redis.ConnectionError):
+            c.execute_command("DEBUG", "SEGFAULT")
+        assert s.ready(2)["start"] == "warm"
+        assert s.runtime_events("recovered")[-1]["cleanup"] == "sweep"
+        assert not s.log("verified"), "the mark pass already checked everything"
+        check_all(s.wait_serving(), 2000)
+    finally:
+        s.close()
+
+
 def test_warm_restart_under_supervisor_after_sigkill(tmp_path):
     s = Rkv(tmp_path, *NO_SAVE, supervised=True)
     try:

@@ -2,9 +2,11 @@
  * macros of store.h around each change of the keyspace.
  *
  * Start:      rk_init, then the arena "keyspace"
- * Warm start: the root "db", a traversal that rk_mark()s the table, every
- *             entry (key and value share it) and checks the counts on the
- *             way, then rk_finish_recovery sweeps what nothing reaches (the
+ * Warm start: the root "db"; by default rk_finish_recovery(false) at once
+ *             and a check of the table in slices while serving; with
+ *             --recovery-sweep yes first a traversal that rk_mark()s the
+ *             table, every entry (key and value share it) and checks the
+ *             counts on the way, then a sweep of what nothing reaches (the
  *             objects of the request that was in flight)
  * Any start:  rk_ready once serving, rk_heartbeat each loop iteration
  * Under -DRKV_PLAIN_MALLOC all of this is compiled out. */
@@ -47,23 +49,67 @@ static bool mark_db(struct db *db)
 	return n == db->count && x == 0;
 }
 
-struct db *glue_recover(uint64_t *freed_objects, uint64_t *freed_bytes)
+static void cold_restart(const char *why)
+{
+	rkv_log("recovery_check_failed", "\"why\":%s,\"action\":\"cold restart\"", js(why));
+	rk_restart_cold("rkv: keyspace cross-check failed");
+	abort(); /* rk_restart_cold returns only if it could not exec */
+}
+
+/* With --recovery-sweep yes: mark and check everything, sweep, then serve.
+ * Otherwise serve at once (recovery ends in O(1); the objects of the
+ * request in flight at the crash leak) and check the table in slices from
+ * the event loop (glue_verify_step). */
+static uint64_t verify_cursor = UINT64_MAX; /* next bucket to check; MAX: none pending */
+static double verify_started_ms;
+
+struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_bytes)
 {
 	struct rk_sweep_stats st = {0};
 	if (!rk_is_recovery())
 		return NULL;
 	struct db *db = rk_root_get(rkv_arena, "db");
-	if (db && !mark_db(db)) {
-		rkv_log("recovery_check_failed", "\"action\":\"cold restart\"");
-		rk_restart_cold("rkv: keyspace cross-check failed");
-		abort(); /* rk_restart_cold returns only if it could not exec */
-	}
-	int r = rk_finish_recovery(true, &st);
+	if (db && sweep && !mark_db(db))
+		cold_restart("mark pass: the table is inconsistent");
+	if (db && !sweep && (db->magic != RKV_DB_MAGIC || !rk_arena_contains(rkv_arena, db->buckets)))
+		cold_restart("the db header is not an rkv keyspace");
+	int r = rk_finish_recovery(sweep, &st);
 	if (r < 0)
 		rkv_log("warning", "\"what\":\"rk_finish_recovery\",\"error\":%s", js(strerror(-r)));
 	*freed_objects = st.objects_freed;
 	*freed_bytes = st.bytes_freed;
+	if (db && !sweep) {
+		verify_cursor = 0;
+		verify_started_ms = mono_ms();
+	}
 	return db; /* NULL if the last incarnation died before publishing one */
+}
+
+/* Checks up to budget buckets: each entry inside the arena, in the bucket
+ * its hash names, its TTL links consistent both ways.  Local checks only,
+ * so clients may change the table between two slices. */
+bool glue_verify_step(struct db *db, uint64_t budget)
+{
+	if (verify_cursor == UINT64_MAX || !db)
+		return false;
+	uint64_t b = verify_cursor, end = b + budget;
+	for (; b <= db->mask && b < end; b++) {
+		uint64_t chain = 0;
+		for (struct entry *e = db->buckets[b]; e; e = e->next) {
+			if (!rk_arena_contains(rkv_arena, e) || (e->hash & db->mask) != b || ++chain > db->count + 1)
+				cold_restart("an entry outside the arena, in the wrong bucket, or a cycle");
+			if (e->expire_ms && ((e->xprev ? e->xprev->xnext : db->xhead) != e ||
+					     (e->xnext && e->xnext->xprev != e)))
+				cold_restart("a broken TTL list link");
+		}
+	}
+	verify_cursor = b;
+	if (b > db->mask) {
+		verify_cursor = UINT64_MAX;
+		rkv_log("verified", "\"keys\":%llu,\"verify_ms\":%.1f", (unsigned long long)db->count,
+			mono_ms() - verify_started_ms);
+	}
+	return verify_cursor != UINT64_MAX;
 }
 
 void glue_publish(struct db *db) { rk_root_set(rkv_arena, "db", db); }
@@ -102,10 +148,16 @@ int glue_init(int argc, char **argv, uint64_t arena_size)
 	(void)argc, (void)argv, (void)arena_size;
 	return 0;
 }
-struct db *glue_recover(uint64_t *freed_objects, uint64_t *freed_bytes)
+struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_bytes)
 {
+	(void)sweep;
 	*freed_objects = *freed_bytes = 0;
 	return NULL;
+}
+bool glue_verify_step(struct db *db, uint64_t budget)
+{
+	(void)db, (void)budget;
+	return false;
 }
 void glue_publish(struct db *db) { (void)db; }
 void glue_ready(void) {}

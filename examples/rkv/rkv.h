@@ -149,6 +149,7 @@ struct config {
 	uint64_t maxmemory;
 	int enable_debug;               /* 0 no, 1 yes, 2 local (loopback clients) */
 	uint64_t arena_size;
+	bool recovery_sweep;            /* mark and sweep before serving after a warm restart */
 };
 
 struct server {
@@ -185,12 +186,18 @@ void snapshot_reap(struct db *db);    /* collects a finished child */
 int snapshot_load(struct db *db, uint64_t *keys, const char **why);
 void snapshot_path(char *out, size_t n);
 
+/* main.c */
+double mono_ms(void); /* CLOCK_MONOTONIC in ms */
+
 /* rekindle_glue.c */
 /* rk_init and the arena; returns 0 or -errno. */
 int glue_init(int argc, char **argv, uint64_t arena_size);
-/* The preserved db after a warm restart (marked and swept), or NULL: then
- * the caller builds one and passes it to glue_publish. */
-struct db *glue_recover(uint64_t *freed_objects, uint64_t *freed_bytes);
+/* The preserved db after a warm restart, or NULL: then the caller builds
+ * one and passes it to glue_publish.  sweep: mark, check and sweep before
+ * returning; else return at once and let glue_verify_step check the table
+ * in slices from the event loop. */
+struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_bytes);
+bool glue_verify_step(struct db *db, uint64_t budget); /* true: more to check */
 void glue_publish(struct db *db);
 const char *glue_start_kind(void);
 const char *glue_reason(void);

@@ -118,7 +118,9 @@ const struct rk_restart_info *rk_restart_info(void);
 /* End recovery.  With cleanup, every arena object not reached by rk_mark()
  * since rk_init is freed (objects of requests that were in flight); arenas
  * the new incarnation did not reopen are dropped.  Must run before other
- * threads allocate in the arenas (-EBUSY otherwise).  stats may be NULL. */
+ * threads allocate in the arenas (-EBUSY otherwise).  stats may be NULL.
+ * Without cleanup, called before any rk_mark or allocation, it costs O(1)
+ * whatever the arenas' size: the objects in flight at the failure leak. */
 int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats);
 
 /* Restart now, warm if every check passes, cold otherwise.  Safe to call

@@ -413,6 +413,14 @@ static int mark_in_run(struct rk_arena *a, int64_t page, uint64_t e, const void 
 	return (old & bit) ? 0 : 1;
 }
 
+/* Marks must be cleared before the next recovery; the flag in the header
+ * survives a death in the middle of this one. */
+static void note_marks_set(struct rk_arena *a)
+{
+	a->marks_set = true;
+	a->hdr->marks_dirty = 1;
+}
+
 int rk_mark(rk_arena *a, const void *p)
 {
 	uint64_t e;
@@ -425,6 +433,8 @@ int rk_mark(rk_arena *a, const void *p)
 		return -EINVAL;
 	uint32_t wp = rk_wp_write_begin(a);
 	int r = mark_in_run(a, page, e, p);
+	if (r == 1 && !a->marks_set)
+		note_marks_set(a);
 	rk_wp_write_end(a, wp);
 	return r;
 }
@@ -433,8 +443,8 @@ static void born_marked(struct rk_arena *a, void *p)
 {
 	uint64_t e;
 	int64_t page = run_of(a, p, &e);
-	if (page >= 0)
-		(void)mark_in_run(a, page, e, p);
+	if (page >= 0 && mark_in_run(a, page, e, p) == 1 && !a->marks_set)
+		note_marks_set(a);
 }
 
 /* ---- slabs and central lists (class lock held) ---------------------------- */

@@ -803,8 +803,14 @@ int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
 		}
 		struct rk_sweep_stats st = {0};
 		uint32_t wp = rk_wp_write_begin(a);
-		int r = cleanup ? rk_arena_sweep(a, &st) : rk_arena_clear_marks(a);
+		/* without cleanup and with no mark set there is nothing to walk:
+		 * recovery ends in O(1), whatever the arena's size */
+		bool marks = a->marks_set || a->hdr->marks_dirty;
+		int r = cleanup ? rk_arena_sweep(a, &st) : marks ? rk_arena_clear_marks(a) : 0;
+		if (r == 0)
+			a->hdr->marks_dirty = 0;
 		rk_wp_write_end(a, wp);
+		a->marks_set = false;
 		if (r < 0)
 			return r;
 		a->sweep_pending = false;

@@ -98,7 +98,7 @@ struct rk_arena_hdr {
 
 	/* page-run allocator, under heap_lock */
 	rk_lock heap_lock __attribute__((aligned(64)));
-	uint32_t pad1_;
+	uint32_t marks_dirty;   /* marks were set and not yet cleared (survives a death mid-recovery) */
 	uint64_t top;           /* heap bytes carved so far (from heap_offset) */
 	uint64_t committed;     /* memfd size */
 	_Atomic uint64_t allocated_bytes;
@@ -138,6 +138,7 @@ struct rk_arena {
 	bool inherited;   /* mapped from the previous incarnation */
 	bool reopened;    /* rk_arena_open called on it in this incarnation */
 	bool sweep_pending; /* recovery: objects allocated now are born marked */
+	bool marks_set;     /* a mark was set this recovery: they must be cleared */
 	unsigned flags;     /* RK_ARENA_* the app opened it with */
 	int pkey;           /* protection key (RK_ARENA_WRITE_PROTECT), 0 = none */
 	uint64_t hdr_max;   /* mapped length, kept apart from the header it maps */
