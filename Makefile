@@ -66,7 +66,7 @@ $(PC): runtime/rekindle.pc.in
 $(BUILD)/tests/%: runtime/tests/%.c $(LIB_A) $(RT_HDRS) $(wildcard runtime/tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RK_CFLAGS) -Iruntime/src $< -o $@ $(LINK_RK)
-$(BUILD)/apps/%: tests/apps/%.c $(LIB_A) $(RT_HDRS)
+$(BUILD)/apps/%: tests/apps/%.c $(LIB_A) $(RT_HDRS) $(wildcard tests/apps/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ $(LINK_RK)
 # the same test app against the shared library, to test that build too

@@ -43,6 +43,21 @@ def service_command(port, line, timeout=10.0, expect_reply=True):
         time.sleep(0.02)
 
 
+def wait_generation(port, generation, stderr_path, timeout=10.0):
+    """Polls a test app's `state` command until that generation answers;
+    returns its state.  The app's stderr goes into the failure message."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            s = service_command(port, "state", timeout=2.0)
+            if s["generation"] == generation:
+                return s
+        except (AssertionError, json.JSONDecodeError):
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"generation {generation} never came up: {Path(stderr_path).read_text()}")
+
+
 class Supervisor:
     """One `rekindle run` in the background; stopped by close()."""
 

@@ -6,10 +6,9 @@ restart paths: in place (the runtime decides in its fault handler) and respawn
 app keeps a "table" arena (dependent) and a "sessions" arena (independent)."""
 
 import subprocess
-import time
 
 import pytest
-from supervisor_harness import SERVICE, free_port, service_command
+from supervisor_harness import SERVICE, free_port, service_command, wait_generation
 
 NO_WINDOW = ("--crashloop-window", "0ms")
 
@@ -35,17 +34,8 @@ class Standalone:
     def state(self):
         return self.command("state")
 
-    def wait_generation(self, generation, timeout=10.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                s = self.state()
-                if s["generation"] == generation:
-                    return s
-            except AssertionError:
-                pass
-            time.sleep(0.02)
-        raise AssertionError(f"generation {generation} never came up: {self.err_path.read_text()}")
+    def wait_generation(self, generation):
+        return wait_generation(self.port, generation, self.err_path)
 
     def close(self):
         self.proc.kill()

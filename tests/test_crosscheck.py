@@ -6,14 +6,13 @@ which a client sees as the right value coming back.  The validator must see
 the state as it was at the restart even while clients write during the check
 (userfaultfd write protection, one page copy per first write)."""
 
-import json
 import os
 import signal
 import subprocess
 import time
 
 import pytest
-from supervisor_harness import free_port, service_command
+from supervisor_harness import free_port, service_command, wait_generation
 
 from conftest import BUILD, json_lines
 
@@ -51,17 +50,8 @@ class Ledger:
             time.sleep(0.02)
         raise AssertionError(f"no crosscheck {result}: {self.err_path.read_text()}")
 
-    def wait_generation(self, generation, timeout=10.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                s = self.cmd("state", expect_reply=True)
-                if s["generation"] == generation:
-                    return s
-            except (AssertionError, json.JSONDecodeError):
-                pass
-            time.sleep(0.02)
-        raise AssertionError(f"generation {generation} never came up: {self.err_path.read_text()}")
+    def wait_generation(self, generation):
+        return wait_generation(self.port, generation, self.err_path)
 
     def close(self):
         self.proc.kill()

@@ -16,6 +16,7 @@
  * --check-delay-ms makes the validator's recovery slow, so that tests can
  * write while a check runs. */
 #include "rekindle.h"
+#include "line_server.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -29,8 +30,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#define MAX_CLIENTS 16
 
 struct ledger {
 	uint64_t n;
@@ -168,52 +167,9 @@ static int listen_on(unsigned port)
 	return fd;
 }
 
-static void serve(int lfd)
+static void tick(void)
 {
-	struct pollfd p[1 + MAX_CLIENTS];
-	char buf[MAX_CLIENTS][256];
-	size_t have[MAX_CLIENTS] = {0};
-	int n = 1;
-	p[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
-	for (;;) {
-		rk_heartbeat();
-		if (poll(p, (nfds_t)n, 10) <= 0)
-			continue;
-		if ((p[0].revents & POLLIN) && n < 1 + MAX_CLIENTS) {
-			int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-			if (c >= 0) {
-				have[n - 1] = 0;
-				p[n++] = (struct pollfd){.fd = c, .events = POLLIN};
-			}
-		}
-		for (int k = 1; k < n; k++) {
-			if (!p[k].revents)
-				continue;
-			ssize_t r = read(p[k].fd, buf[k - 1] + have[k - 1], sizeof buf[0] - 1 - have[k - 1]);
-			if (r <= 0) {
-				close(p[k].fd);
-				p[k] = p[--n];
-				have[k - 1] = have[n - 1];
-				memcpy(buf[k - 1], buf[n - 1], have[k - 1]);
-				k--;
-				continue;
-			}
-			have[k - 1] += (size_t)r;
-			char *nl;
-			while ((nl = memchr(buf[k - 1], '\n', have[k - 1]))) {
-				char out[512];
-				*nl = 0;
-				command(buf[k - 1], out, sizeof out);
-				if (write(p[k].fd, out, strlen(out)) < 0)
-					break;
-				size_t used = (size_t)(nl + 1 - buf[k - 1]);
-				memmove(buf[k - 1], nl + 1, have[k - 1] - used);
-				have[k - 1] -= used;
-			}
-			if (have[k - 1] == sizeof buf[0] - 1)
-				have[k - 1] = 0;
-		}
-	}
+	rk_heartbeat();
 }
 
 int main(int argc, char **argv)
@@ -277,5 +233,5 @@ int main(int argc, char **argv)
 	}
 	int lfd = listen_on(port);
 	rk_ready();
-	serve(lfd);
+	line_server_run(lfd, command, tick);
 }

@@ -30,6 +30,7 @@
  * On start it prints the same state line on stdout ({"app":"state",...}). */
 #include "rekindle.h"
 #include "../../runtime/src/rk_internal.h"
+#include "line_server.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -41,8 +42,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#define MAX_CLIENTS 16
 
 struct table {
 	uint64_t n;
@@ -240,55 +239,13 @@ static int listen_socket(unsigned port)
 	return fd;
 }
 
-static void serve(int lfd)
+static void tick(void)
 {
-	struct pollfd p[1 + MAX_CLIENTS];
-	char buf[MAX_CLIENTS][256];
-	size_t have[MAX_CLIENTS] = {0};
-	int n = 1;
-	p[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
-	for (;;) {
-		if (beating)
-			rk_heartbeat();
-		if (poll(p, (nfds_t)n, 10) <= 0)
-			continue;
-		if ((p[0].revents & POLLIN) && n < 1 + MAX_CLIENTS) {
-			int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-			if (c >= 0) {
-				have[n - 1] = 0;
-				p[n++] = (struct pollfd){.fd = c, .events = POLLIN};
-			}
-		}
-		for (int i = 1; i < n; i++) {
-			if (!p[i].revents)
-				continue;
-			ssize_t r = read(p[i].fd, buf[i - 1] + have[i - 1], sizeof buf[0] - 1 - have[i - 1]);
-			if (r <= 0) {
-				close(p[i].fd);
-				p[i] = p[--n];
-				have[i - 1] = have[n - 1];
-				memcpy(buf[i - 1], buf[n - 1], have[i - 1]);
-				i--;
-				continue;
-			}
-			have[i - 1] += (size_t)r;
-			char *nl;
-			while ((nl = memchr(buf[i - 1], '\n', have[i - 1]))) {
-				char out[1024];
-				*nl = 0;
-				command(buf[i - 1], out, sizeof out);
-				if (write(p[i].fd, out, strlen(out)) < 0)
-					break;
-				size_t used = (size_t)(nl + 1 - buf[i - 1]);
-				memmove(buf[i - 1], nl + 1, have[i - 1] - used);
-				have[i - 1] -= used;
-			}
-			if (have[i - 1] == sizeof buf[0] - 1)
-				have[i - 1] = 0; /* overlong line: drop it */
-		}
-		while (!beating) /* "hang": a busy loop that never beats */
+	if (beating)
+		rk_heartbeat();
+	else
+		for (;;) /* "hang": a busy loop that never beats */
 			;
-	}
 }
 
 int main(int argc, char **argv)
@@ -360,5 +317,5 @@ int main(int argc, char **argv)
 			usleep(10000);
 		}
 	}
-	serve(lfd);
+	line_server_run(lfd, command, tick);
 }
