@@ -31,7 +31,9 @@
  *       uncertain one).  A miss or another value counts as a lost
  *       acknowledged write (once; the key is then repaired with its value,
  *       like a cache-aside fill).  At the end (SIGINT/SIGTERM or
- *       --duration) every such key is read back once more (verify).  A value
+ *       --duration) every such key is read back once more (verify).
+ *       SIGUSR1 and SIGUSR2 mark the snapshot and the crash: the summary
+ *       counts the keys given a fresh acknowledged value between the two.  A value
  *       that names another key, or a fresh value never sent, is "corrupt".
  *
  *       Every --bucket-ms the reporter prints, on stdout, one line for the
@@ -88,6 +90,7 @@ static struct cfg C = {
 	.write_pct = 5, .duration = 600, .bucket_ms = 100, .verify = true, .seed = 1,
 };
 static atomic_bool stop_flag;
+static atomic_int epoch; /* SIGUSR1: 1 (snapshot taken), SIGUSR2: 2 (crash sent) */
 static uint64_t t0_ns;
 static uint32_t nbuckets, nslots;
 
@@ -100,8 +103,12 @@ static uint64_t now_ns(void)
 
 static void on_signal(int sig)
 {
-	(void)sig;
-	atomic_store(&stop_flag, true);
+	if (sig == SIGUSR1)
+		atomic_store(&epoch, 1);
+	else if (sig == SIGUSR2)
+		atomic_store(&epoch, 2);
+	else
+		atomic_store(&stop_flag, true);
 }
 
 struct cmd {
@@ -116,6 +123,7 @@ struct thr {
 	uint32_t nkeys; /* keys owned: t, t+conns, ... */
 	uint32_t *acked; /* last acknowledged fresh seq per owned key, 0 = canonical */
 	uint32_t *alt;   /* an in-flight (uncertain) fresh seq, 0 = none */
+	uint8_t *marked; /* a fresh write was acknowledged between SIGUSR1 and SIGUSR2 */
 	uint32_t seq;
 	uint64_t rng;
 	_Atomic uint64_t *buckets; /* nbuckets * B_N */
@@ -459,6 +467,8 @@ static void *run_thread(void *arg)
 						d[B_WR]++;
 						t->acked[c->j] = c->seq;
 						t->alt[c->j] = 0;
+						if (atomic_load_explicit(&epoch, memory_order_relaxed) == 1)
+							t->marked[c->j] = 1;
 					}
 				}
 			}
@@ -582,6 +592,7 @@ static int do_run(void)
 		t->nkeys = (C.keys - (uint32_t)i + (uint32_t)C.conns - 1) / (uint32_t)C.conns;
 		t->acked = calloc(t->nkeys, sizeof *t->acked);
 		t->alt = calloc(t->nkeys, sizeof *t->alt);
+		t->marked = calloc(t->nkeys, 1);
 		t->rng = C.seed * 0x9E3779B97F4A7C15ull + (uint64_t)i * 0xD1B54A32D192ED03ull + 1;
 		t->buckets = calloc((size_t)nbuckets * B_N, sizeof *t->buckets);
 		t->slot_first = calloc(nslots, sizeof *t->slot_first);
@@ -589,7 +600,7 @@ static int do_run(void)
 		t->wbuf = malloc((size_t)3 * MAX_DEPTH * (64 + (size_t)C.vsize));
 		t->rcap = 1 << 16;
 		t->rbuf = malloc(t->rcap);
-		if (!t->acked || !t->alt || !t->buckets || !t->slot_first || !t->slot_last || !t->wbuf ||
+		if (!t->acked || !t->alt || !t->marked || !t->buckets || !t->slot_first || !t->slot_last || !t->wbuf ||
 		    !t->rbuf) {
 			fprintf(stderr, "respload: out of memory\n");
 			return 1;
@@ -620,7 +631,7 @@ static int do_run(void)
 			pthread_join(ts[i].th, NULL);
 	}
 	uint64_t lost_run = 0, corrupt = 0, reconn = 0, stalls = 0, vc = 0, vl = 0, vu = 0, uncertain = 0,
-		 written = 0;
+		 written = 0, marked = 0;
 	for (int i = 0; i < C.conns; i++) {
 		struct thr *t = &ts[i];
 		lost_run += t->lost_run;
@@ -633,14 +644,16 @@ static int do_run(void)
 		for (uint32_t j = 0; j < t->nkeys; j++) {
 			uncertain += t->alt[j] != 0;
 			written += t->acked[j] != 0;
+			marked += t->marked[j];
 		}
 	}
 	printf("{\"respload\":\"summary\",\"t0_ns\":%lu,\"t_end_ns\":%lu,\"bucket_ms\":%d,\"keys\":%u,"
 	       "\"conns\":%d,\"pipeline\":%d,\"write_pct\":%d,\"reconnects\":%lu,\"stalls\":%lu,"
 	       "\"lost_run\":%lu,\"corrupt\":%lu,\"verify\":{\"done\":%s,\"checked\":%lu,\"lost\":%lu,"
-	       "\"uncertain_applied\":%lu,\"uncertain_left\":%lu,\"keys_fresh\":%lu},\"buckets\":[",
+	       "\"uncertain_applied\":%lu,\"uncertain_left\":%lu,\"keys_fresh\":%lu},"
+	       "\"keys_written_between_marks\":%lu,\"buckets\":[",
 	       t0_ns, t_end, C.bucket_ms, C.keys, C.conns, C.depth, C.write_pct, reconn, stalls, lost_run,
-	       corrupt, C.verify ? "true" : "false", vc, vl, vu, uncertain, written);
+	       corrupt, C.verify ? "true" : "false", vc, vl, vu, uncertain, written, marked);
 	for (uint32_t b = 0; b <= last_b; b++) {
 		uint64_t sum[B_N] = {0};
 		for (int i = 0; i < C.conns; i++)
@@ -784,6 +797,8 @@ int main(int argc, char **argv)
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGUSR1, &sa, NULL);
+	sigaction(SIGUSR2, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	if (!strcmp(mode, "load"))
 		return do_load();
