@@ -1,0 +1,619 @@
+/* main.c - rkv's options, listening socket, epoll loop, connections and
+ * cron (active expiry, periodic BGSAVE, reaping the save child).
+ *
+ *   rkv [--port N] [--bind ADDR] [--dir PATH] [--dbfilename NAME]
+ *       [--save "SECONDS CHANGES ..."] [--maxmemory BYTES]
+ *       [--enable-debug yes|no|local] [--arena-size BYTES]
+ *
+ * Connections and their buffers are transient: plain malloc, gone with the
+ * process.  Only the keyspace is preserved (keyspace.c, rekindle_glue.c). */
+#include "rkv.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define READ_CHUNK (16 * 1024)
+#define OUT_PAUSE (4u << 20)        /* stop reading a client whose replies pile up */
+#define MAX_QUERY (1024ull << 20)   /* Redis: client-query-buffer-limit */
+#define CRON_MS 100                 /* Redis hz 10 */
+
+struct server srv;
+static volatile sig_atomic_t stop_signal;
+static int epfd;
+static char listen_tag; /* epoll data.ptr of the listening socket */
+static uint64_t next_client_id = 1;
+
+/* ---- time, log ---------------------------------------------------------- */
+
+int64_t now_realtime_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ts.tv_sec * 1000ll + ts.tv_nsec / 1000000;
+}
+
+static double mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+const char *js(const char *s)
+{
+	static char bufs[4][512];
+	static int k;
+	char *out = bufs[k++ & 3];
+	size_t n = 0;
+	out[n++] = '"';
+	for (; *s && n < sizeof bufs[0] - 8; s++) {
+		unsigned char ch = (unsigned char)*s;
+		if (ch == '"' || ch == '\\')
+			n += (size_t)snprintf(out + n, 8, "\\%c", ch);
+		else if (ch < 0x20)
+			n += (size_t)snprintf(out + n, 8, "\\u%04x", ch);
+		else
+			out[n++] = (char)ch;
+	}
+	out[n++] = '"';
+	out[n] = 0;
+	return out;
+}
+
+void rkv_log(const char *event, const char *fmt, ...)
+{
+	char line[2048];
+	int n = snprintf(line, sizeof line, "{\"rkv\":\"%s\",\"pid\":%d,\"t_ms\":%lld", event, (int)getpid(),
+			 (long long)now_realtime_ms());
+	if (fmt && *fmt && n < (int)sizeof line - 2) {
+		line[n++] = ',';
+		va_list ap;
+		va_start(ap, fmt);
+		int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+		va_end(ap);
+		n = m < 0 ? n : n + m;
+	}
+	if (n > (int)sizeof line - 3)
+		n = (int)sizeof line - 3;
+	line[n++] = '}';
+	line[n++] = '\n';
+	/* one write per line: lines of concurrent writers do not interleave */
+	if (write(STDERR_FILENO, line, (size_t)n) < 0)
+		return;
+}
+
+/* ---- options ------------------------------------------------------------ */
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: rkv [options]\n"
+		   "  --port N                 TCP port (default 6379)\n"
+		   "  --bind ADDR              address to listen on (default 127.0.0.1)\n"
+		   "  --dir PATH               snapshot directory (default .)\n"
+		   "  --dbfilename NAME        snapshot file name (default rkv.snap)\n"
+		   "  --save \"SEC CHANGES ...\" BGSAVE after SEC seconds and CHANGES changes;\n"
+		   "                           --save SEC means one change; --save \"\" disables\n"
+		   "                           (default \"3600 1 300 100 60 10000\")\n"
+		   "  --maxmemory BYTES        refuse writes above this (100mb, 1gb; 0 = no limit)\n"
+		   "  --enable-debug yes|no|local  allow DEBUG (default no)\n"
+		   "  --arena-size BYTES       address space reserved for the keyspace (default 16gb)\n"
+		   "  --help, --version\n"
+		   "Under `rekindle run --listen`, the socket in $LISTEN_FDS is used instead of --port.\n");
+}
+
+/* Redis's memtoull: k=1000, kb=1024, m, mb, g, gb. */
+int parse_bytes(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	if (!*s || *s == '-')
+		return -EINVAL;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	static const struct {
+		const char *suffix;
+		unsigned long long mul;
+	} units[] = {{"", 1},     {"b", 1},      {"k", 1000},     {"kb", 1024},
+		     {"m", 1000000}, {"mb", 1 << 20}, {"g", 1000000000}, {"gb", 1 << 30}};
+	for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+		if (!strcasecmp(end, units[i].suffix)) {
+			if (v > ULLONG_MAX / units[i].mul)
+				return -ERANGE;
+			*out = v * units[i].mul;
+			return 0;
+		}
+	return -EINVAL;
+}
+
+int parse_save(const char *s, struct config *cf)
+{
+	struct config tmp = *cf;
+	tmp.nsave = 0;
+	while (*s) {
+		char *end;
+		while (*s == ' ')
+			s++;
+		if (!*s)
+			break;
+		if (tmp.nsave == (int)(sizeof tmp.save / sizeof tmp.save[0]))
+			return -E2BIG;
+		long sec = strtol(s, &end, 10), ch = 1;
+		if (end == s || sec < 0 || (*end && *end != ' '))
+			return -EINVAL;
+		s = end;
+		while (*s == ' ')
+			s++;
+		if (*s) {
+			ch = strtol(s, &end, 10);
+			if (end == s || ch < 0 || (*end && *end != ' '))
+				return -EINVAL;
+			s = end;
+		}
+		tmp.save[tmp.nsave].seconds = sec;
+		tmp.save[tmp.nsave++].changes = ch;
+	}
+	*cf = tmp;
+	return 0;
+}
+
+static void die_usage(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "rkv: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, " (try --help)\n");
+	exit(1);
+}
+
+static void parse_options(int argc, char **argv, struct config *cf)
+{
+	*cf = (struct config){.port = 6379, .bind = "127.0.0.1", .dir = ".", .dbfilename = "rkv.snap",
+			      .arena_size = 16ull << 30};
+	parse_save("3600 1 300 100 60 10000", cf);
+	for (int i = 1; i < argc; i++) {
+		const char *o = argv[i];
+		if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+			usage(stdout);
+			exit(0);
+		}
+		if (!strcmp(o, "--version") || !strcmp(o, "-v")) {
+			printf("rkv v=%s\n", RKV_VERSION);
+			exit(0);
+		}
+		static const char *const with_value[] = {"--port",      "--bind",       "--dir",
+							 "--dbfilename", "--save",      "--maxmemory",
+							 "--enable-debug", "--arena-size"};
+		bool known = false;
+		for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
+			known |= !strcmp(o, with_value[k]);
+		if (!known)
+			die_usage("unknown option '%s'", o);
+		if (i + 1 >= argc)
+			die_usage("option '%s' needs a value", o);
+		const char *v = argv[++i];
+		char *end;
+		if (!strcmp(o, "--port")) {
+			long p = strtol(v, &end, 10);
+			if (*end || end == v || p < 1 || p > 65535)
+				die_usage("bad --port '%s': expected 1..65535", v);
+			cf->port = (int)p;
+		} else if (!strcmp(o, "--bind")) {
+			if (strlen(v) >= sizeof cf->bind)
+				die_usage("bad --bind '%s'", v);
+			strcpy(cf->bind, v);
+		} else if (!strcmp(o, "--dir")) {
+			struct stat st;
+			if (strlen(v) >= sizeof cf->dir || stat(v, &st) < 0 || !S_ISDIR(st.st_mode))
+				die_usage("bad --dir '%s': not a directory", v);
+			strcpy(cf->dir, v);
+		} else if (!strcmp(o, "--dbfilename")) {
+			if (!*v || strchr(v, '/') || strlen(v) >= sizeof cf->dbfilename)
+				die_usage("bad --dbfilename '%s': a file name, without '/'", v);
+			strcpy(cf->dbfilename, v);
+		} else if (!strcmp(o, "--save")) {
+			if (parse_save(v, cf) < 0)
+				die_usage("bad --save '%s': expected \"SECONDS [CHANGES] ...\" or \"\"", v);
+		} else if (!strcmp(o, "--maxmemory")) {
+			if (parse_bytes(v, &cf->maxmemory) < 0)
+				die_usage("bad --maxmemory '%s': expected bytes like 100mb or 1gb", v);
+		} else if (!strcmp(o, "--arena-size")) {
+			if (parse_bytes(v, &cf->arena_size) < 0 || cf->arena_size < (1u << 20))
+				die_usage("bad --arena-size '%s': expected at least 1mb", v);
+		} else if (!strcmp(o, "--enable-debug")) {
+			if (!strcmp(v, "yes"))
+				cf->enable_debug = 1;
+			else if (!strcmp(v, "local"))
+				cf->enable_debug = 2;
+			else if (!strcmp(v, "no"))
+				cf->enable_debug = 0;
+			else
+				die_usage("bad --enable-debug '%s': expected yes, no or local", v);
+		}
+	}
+}
+
+/* ---- listening socket --------------------------------------------------- */
+
+/* The supervisor's socket (systemd convention: fd 3), or our own bind. */
+static int open_listener(void)
+{
+	const char *lf = getenv("LISTEN_FDS"), *lp = getenv("LISTEN_PID");
+	if (lf && lp && atoi(lf) >= 1 && atoi(lp) == getpid()) {
+		srv.listen_inherited = true;
+		int fl = fcntl(3, F_GETFL);
+		if (fl < 0 || fcntl(3, F_SETFL, fl | O_NONBLOCK) < 0)
+			return -errno;
+		return 3;
+	}
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+				 .ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV};
+	struct addrinfo *ai;
+	char port[8];
+	snprintf(port, sizeof port, "%d", srv.cfg.port);
+	int r = getaddrinfo(srv.cfg.bind, port, &hints, &ai);
+	if (r != 0) {
+		rkv_log("error", "\"what\":\"bind address\",\"error\":%s", js(gai_strerror(r)));
+		return -EINVAL;
+	}
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
+	if (fd < 0) {
+		freeaddrinfo(ai);
+		return -errno;
+	}
+	/* SO_REUSEADDR: a warm restart binds again at once, whatever state the
+	 * previous incarnation's connections are in. */
+	if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+		goto fail;
+	/* The old incarnation's socket is closed by the exec; allow a moment in
+	 * case a straggler (a forked child) still holds it. */
+	for (int tries = 0; bind(fd, ai->ai_addr, ai->ai_addrlen) < 0; tries++) {
+		struct timespec ts = {0, 10 * 1000 * 1000};
+		if (errno != EADDRINUSE || tries == 100)
+			goto fail;
+		nanosleep(&ts, NULL);
+	}
+	if (listen(fd, 511) < 0)
+		goto fail;
+	freeaddrinfo(ai);
+	return fd;
+fail:;
+	int err = errno;
+	freeaddrinfo(ai);
+	close(fd);
+	return -err;
+}
+
+/* ---- connections -------------------------------------------------------- */
+
+static void conn_events(struct conn *c)
+{
+	uint32_t ev = (c->reading ? EPOLLIN : 0) | (c->olen > c->opos ? EPOLLOUT : 0);
+	struct epoll_event e = {.events = ev, .data.ptr = c};
+	if (epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &e) < 0)
+		c->closing = true;
+}
+
+static void conn_free(struct conn *c)
+{
+	close(c->fd); /* also removes it from the epoll set */
+	free(c->ibuf);
+	free(c->obuf);
+	free(c->argoff);
+	free(c->arglen);
+	free(c->argv);
+	free(c->name);
+	free(c);
+	srv.clients--;
+}
+
+static void accept_clients(int lfd)
+{
+	for (;;) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+				rkv_log("accept_failed", "\"error\":%s", js(strerror(errno)));
+			return;
+		}
+		int one = 1;
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails harmlessly on unix sockets */
+		struct conn *c = calloc(1, sizeof *c);
+		struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
+		if (!c || epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
+			free(c);
+			close(fd);
+			continue;
+		}
+		c->fd = fd;
+		c->id = next_client_id++;
+		c->bulk_len = -1;
+		c->reading = true;
+		srv.clients++;
+		srv.db->st.connections++;
+	}
+}
+
+/* Sends what is queued; false if the connection is gone. */
+static bool conn_flush(struct conn *c)
+{
+	while (c->opos < c->olen) {
+		ssize_t n = write(c->fd, c->obuf + c->opos, c->olen - c->opos);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		if (n <= 0)
+			return false;
+		c->opos += (size_t)n;
+	}
+	if (c->opos == c->olen) {
+		c->opos = c->olen = 0;
+		/* a large reply's buffer is not kept for the connection's life */
+		if (c->ocap > (1u << 20)) {
+			free(c->obuf);
+			c->obuf = NULL;
+			c->ocap = 0;
+		}
+		if (c->close_after_reply)
+			return false;
+	}
+	return !c->closing;
+}
+
+/* Runs every complete request in the buffer, then writes the replies once. */
+static void conn_process(struct conn *c)
+{
+	while (!c->close_after_reply && !c->closing) {
+		if (c->olen - c->opos > OUT_PAUSE)
+			break; /* the client does not read its replies: wait */
+		int r = resp_parse(c);
+		if (r != PARSE_COMMAND)
+			break;
+		command_exec(c);
+		resp_done(c);
+	}
+	bool paused = c->olen - c->opos > OUT_PAUSE;
+	if (!conn_flush(c)) {
+		conn_free(c);
+		return;
+	}
+	bool reading = !paused && !c->close_after_reply;
+	bool want_out = c->olen > c->opos;
+	if (reading != c->reading || want_out) {
+		c->reading = reading;
+		conn_events(c);
+	}
+}
+
+/* Makes room to read: drops consumed bytes, grows for a big bulk. */
+static bool conn_make_room(struct conn *c)
+{
+	size_t base = c->mb_left > 0 ? c->req_start : c->ipos;
+	if (base > 0 && (base == c->ilen || base >= c->icap / 2 || c->icap - c->ilen < READ_CHUNK)) {
+		memmove(c->ibuf, c->ibuf + base, c->ilen - base);
+		for (size_t i = 0; i < c->argc; i++)
+			c->argoff[i] -= base;
+		c->ilen -= base;
+		c->ipos -= base;
+		c->req_start -= base;
+	}
+	size_t need = READ_CHUNK;
+	if (c->mb_left > 0 && c->bulk_len >= 0 && c->ilen - c->ipos < (size_t)c->bulk_len + 2)
+		need = (size_t)c->bulk_len + 2 - (c->ilen - c->ipos); /* the whole bulk in one go */
+	if (c->icap - c->ilen >= need)
+		return true;
+	size_t cap = c->icap ? c->icap : READ_CHUNK;
+	while (cap - c->ilen < need)
+		cap *= 2;
+	if (cap > MAX_QUERY + READ_CHUNK) {
+		rkv_log("client_closed", "\"client\":%llu,\"why\":\"query buffer limit\"", (unsigned long long)c->id);
+		return false;
+	}
+	char *p = realloc(c->ibuf, cap);
+	if (!p)
+		return false;
+	c->ibuf = p;
+	c->icap = cap;
+	return true;
+}
+
+static void conn_readable(struct conn *c)
+{
+	if (!conn_make_room(c)) {
+		conn_free(c);
+		return;
+	}
+	ssize_t n = read(c->fd, c->ibuf + c->ilen, c->icap - c->ilen);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	if (n <= 0) {
+		conn_free(c);
+		return;
+	}
+	c->ilen += (size_t)n;
+	conn_process(c);
+}
+
+static void conn_writable(struct conn *c)
+{
+	if (!conn_flush(c)) {
+		conn_free(c);
+		return;
+	}
+	if (c->olen > c->opos)
+		return;
+	/* drained: requests may be waiting in the buffer already */
+	c->reading = !c->close_after_reply;
+	conn_events(c);
+	conn_process(c);
+}
+
+/* ---- cron --------------------------------------------------------------- */
+
+static void cron(void)
+{
+	struct db *db = srv.db;
+	ks_active_expire(db, srv.now_ms, 25000); /* at most 25% of a 100 ms tick */
+	snapshot_reap(db);
+	int64_t now_s = srv.now_ms / 1000;
+	if (db->bgsave_pid || (!db->bgsave_ok && now_s - db->bgsave_try_s < 5))
+		return; /* after a failed save, retry in 5 s like Redis */
+	for (int i = 0; i < srv.cfg.nsave; i++) {
+		const struct save_point *sp = &srv.cfg.save[i];
+		if (db->dirty >= (uint64_t)sp->changes && now_s - db->last_save_s >= sp->seconds && db->dirty > 0) {
+			rkv_log("periodic_save", "\"seconds\":%ld,\"changes\":%ld", sp->seconds, sp->changes);
+			int r = snapshot_bgsave(db);
+			if (r < 0) {
+				db->bgsave_ok = 0;
+				rkv_log("bgsave_failed", "\"error\":%s", js(strerror(-r)));
+			}
+			break;
+		}
+	}
+}
+
+static void on_stop(int sig)
+{
+	stop_signal = sig;
+}
+
+static void shutdown_now(void)
+{
+	bool save = srv.cfg.nsave > 0;
+	int r = save ? snapshot_save(srv.db) : 0;
+	rkv_log("shutdown", "\"signal\":%d,\"saved\":%s", (int)stop_signal, save && r == 0 ? "true" : "false");
+	exit(r < 0 ? 1 : 0);
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+static void raise_fd_limit(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max; /* 10000 clients need more than 1024 */
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			rkv_log("warning", "\"what\":\"setrlimit\",\"error\":%s", js(strerror(errno)));
+	}
+}
+
+/* The keyspace after a start of any kind: the preserved one if warm, else
+ * a new one filled from the snapshot. */
+static uint64_t open_keyspace(void)
+{
+	uint64_t freed_objects = 0, freed_bytes = 0, keys = 0;
+	srv.db = glue_recover(&freed_objects, &freed_bytes);
+	if (srv.db) {
+		rkv_log("recovered", "\"keys\":%llu,\"expires\":%llu,\"swept_objects\":%llu,\"swept_bytes\":%llu",
+			(unsigned long long)srv.db->count, (unsigned long long)srv.db->expires,
+			(unsigned long long)freed_objects, (unsigned long long)freed_bytes);
+		return srv.db->count;
+	}
+	srv.db = ks_create();
+	if (!srv.db) {
+		rkv_log("error", "\"what\":\"keyspace\",\"error\":%s", js(strerror(errno)));
+		exit(1);
+	}
+	const char *why = "";
+	char path[4400];
+	snapshot_path(path, sizeof path);
+	srv.loading = true;
+	int r = snapshot_load(srv.db, &keys, &why);
+	srv.loading = false;
+	if (r < 0)
+		rkv_log("snapshot_rejected", "\"path\":%s,\"why\":%s,\"action\":\"starting empty\"", js(path), js(why));
+	else
+		rkv_log("snapshot", "\"path\":%s,\"result\":%s", js(path), js(why));
+	glue_publish(srv.db);
+	return keys;
+}
+
+int main(int argc, char **argv)
+{
+	double t0 = mono_ms();
+	/* Options first: parsing has no side effects, and --help or a bad
+	 * option should not print the runtime's start event. */
+	parse_options(argc, argv, &srv.cfg);
+	int r = glue_init(argc, argv, srv.cfg.arena_size);
+	if (r < 0) {
+		fprintf(stderr, "rkv: cannot set up the keyspace arena: %s\n", strerror(-r));
+		return 1;
+	}
+	srv.start_ms = now_realtime_ms();
+	srv.start_kind = glue_start_kind();
+	srv.generation = glue_generation();
+	ssize_t n = readlink("/proc/self/exe", srv.exe, sizeof srv.exe - 1);
+	srv.exe[n > 0 ? n : 0] = 0;
+	signal(SIGPIPE, SIG_IGN);
+	struct sigaction sa = {.sa_handler = on_stop}; /* no SA_RESTART: epoll_wait returns */
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	raise_fd_limit();
+	commands_init();
+
+	/* Listen before loading: clients queue in the backlog meanwhile. */
+	srv.listen_fd = open_listener();
+	if (srv.listen_fd < 0) {
+		rkv_log("error", "\"what\":\"listen\",\"port\":%d,\"error\":%s", srv.cfg.port,
+			js(strerror(-srv.listen_fd)));
+		return 1;
+	}
+	uint64_t keys = open_keyspace();
+	epfd = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event le = {.events = EPOLLIN, .data.ptr = &listen_tag};
+	if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, srv.listen_fd, &le) < 0) {
+		rkv_log("error", "\"what\":\"epoll\",\"error\":%s", js(strerror(errno)));
+		return 1;
+	}
+	glue_ready();
+	rkv_log("ready",
+		"\"start\":\"%s\",\"keys\":%llu,\"ready_ms\":%.3f,\"generation\":%u,\"reason\":%s,\"port\":%d,"
+		"\"listen\":\"%s\"",
+		srv.start_kind, (unsigned long long)keys, mono_ms() - t0, srv.generation, js(glue_reason()),
+		srv.cfg.port, srv.listen_inherited ? "inherited" : "bound");
+
+	struct epoll_event ev[1024];
+	int64_t next_cron = 0;
+	for (;;) {
+		glue_heartbeat(); /* a safe point: no request is half-done here */
+		int nev = epoll_wait(epfd, ev, 1024, CRON_MS);
+		if (nev < 0 && errno != EINTR) {
+			rkv_log("error", "\"what\":\"epoll_wait\",\"error\":%s", js(strerror(errno)));
+			return 1;
+		}
+		if (stop_signal)
+			shutdown_now();
+		srv.now_ms = now_realtime_ms();
+		for (int i = 0; i < nev; i++) {
+			if (ev[i].data.ptr == &listen_tag) {
+				accept_clients(srv.listen_fd);
+				continue;
+			}
+			struct conn *c = ev[i].data.ptr;
+			/* EPOLLOUT first: a freed conn is never touched after */
+			if (ev[i].events & EPOLLOUT)
+				conn_writable(c);
+			else if (ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+				conn_readable(c);
+		}
+		if (srv.now_ms >= next_cron) {
+			cron();
+			next_cron = srv.now_ms + CRON_MS;
+		}
+	}
+}

@@ -1,0 +1,200 @@
+/* rkv.h - shared declarations of rkv, a Redis-protocol (RESP2) in-memory
+ * key-value cache whose keyspace lives in a Rekindle arena.
+ *
+ * One file, one job:
+ *   main.c          options, listening sockets, epoll loop, connections, cron
+ *   resp.c          RESP2/inline request parser and reply writer
+ *   keyspace.c      hash table, entries, expiry (the preserved state)
+ *   commands.c      command table and the commands
+ *   snapshot.c      snapshot file: write (SAVE/BGSAVE), verify, load
+ *   rekindle_glue.c every Rekindle call except the unsafe-region macros
+ *   store.h         where the keyspace's memory comes from (arena or malloc)
+ */
+#ifndef RKV_H
+#define RKV_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define RKV_VERSION "0.1.0"
+#define RKV_MAX_BULK (512ll << 20) /* proto-max-bulk-len of Redis */
+
+/* ---- keyspace (lives in the arena: no pointers to malloc memory) -------- */
+
+/* Key and value share one allocation: one alloc per new key, and an
+ * overwrite that fits is a memcpy in place. */
+struct entry {
+	struct entry *next;             /* bucket chain */
+	struct entry *xprev, *xnext;    /* list of entries with a TTL */
+	uint64_t hash;
+	int64_t expire_ms;              /* absolute CLOCK_REALTIME ms; 0 = none */
+	uint32_t klen, vlen, cap;       /* cap: bytes available in data[] */
+	char data[];                    /* key, then value */
+};
+
+static inline const char *entry_val(const struct entry *e) { return e->data + e->klen; }
+
+struct db_stats {
+	uint64_t commands, connections, hits, misses, expired;
+};
+
+#define RKV_DB_MAGIC 0x726b762d64623031ull /* "rkv-db01" */
+
+/* The root object "db": everything rkv keeps across a warm restart. */
+struct db {
+	uint64_t magic;
+	uint64_t seed;                  /* hash seed: stored hashes must stay valid */
+	struct entry **buckets;
+	uint64_t mask;                  /* nbuckets - 1 (power of two) */
+	uint64_t count, expires;
+	uint64_t mem;                   /* bytes of entries and buckets */
+	struct entry *xhead;            /* entries with a TTL */
+	struct entry *xcursor;          /* active expiry resumes here */
+	uint64_t dirty;                 /* changes since the last save */
+	int64_t last_save_s;
+	int64_t bgsave_pid;             /* child still running, 0 if none */
+	uint64_t bgsave_dirty;          /* dirty when that child was forked */
+	int64_t bgsave_try_s;           /* last attempt, for the retry delay */
+	int bgsave_ok;                  /* last background save succeeded */
+	struct db_stats st;             /* counters: plain stores, no region needed */
+};
+
+struct db *ks_create(void);
+uint64_t ks_hash(const struct db *db, const char *k, size_t n);
+/* Entry for key or NULL; an expired entry is deleted on the way (lazy expiry). */
+struct entry *ks_lookup(struct db *db, const char *k, size_t kn, int64_t now);
+/* Sets key to value; expire_ms: -1 keeps the old TTL, 0 none, >0 absolute.
+ * Returns the entry or NULL (errno ENOMEM). */
+struct entry *ks_set(struct db *db, const char *k, size_t kn, const char *v, size_t vn, int64_t expire_ms);
+/* Replaces e's value by the concatenation v1+v2 (APPEND, INCR); may move e. */
+struct entry *ks_set_value(struct db *db, struct entry *e, const char *v1, size_t n1, const char *v2, size_t n2);
+bool ks_del(struct db *db, const char *k, size_t kn);
+void ks_set_expire(struct db *db, struct entry *e, int64_t expire_ms);
+void ks_flush(struct db *db);
+/* One active-expiry cycle: samples keys with a TTL like Redis. */
+void ks_active_expire(struct db *db, int64_t now, int64_t budget_us);
+/* Calls fn on each live entry of the buckets reached from cursor, Redis
+ * style (reverse-binary cursor: full iteration survives resizes); returns
+ * the next cursor, 0 at the end. */
+uint64_t ks_scan(struct db *db, uint64_t cursor, uint64_t count, int64_t now, void (*fn)(struct entry *, void *),
+		 void *arg);
+bool ks_glob(const char *pat, size_t pn, const char *s, size_t sn);
+/* For the mark traversal and the snapshot: every entry, expired or not. */
+#define KS_FOREACH(db, e)                                      \
+	for (uint64_t b_ = 0; b_ <= (db)->mask; b_++)           \
+		for (struct entry *e = (db)->buckets[b_]; e; e = e->next)
+/* Test hook: a SET that faults half-way, inside its unsafe region. */
+void ks_crash_in_mutation(struct db *db, const char *k, size_t kn);
+
+/* ---- connections, replies ---------------------------------------------- */
+
+struct arg {
+	const char *p;
+	size_t n;
+};
+
+struct conn {
+	int fd;
+	uint64_t id;
+	char *ibuf;                     /* request bytes, [ipos, ilen) unparsed */
+	size_t ilen, icap, ipos;
+	char *obuf;                     /* reply bytes, [opos, olen) unsent */
+	size_t olen, ocap, opos;
+	/* parser state of a multibulk request in progress */
+	long mb_left;                   /* bulks still to read, 0 = none pending */
+	size_t req_start;               /* where that request began in ibuf */
+	long bulk_len;                  /* -1: expecting a $ line */
+	size_t argc, argcap;
+	size_t *argoff, *arglen;        /* offsets into ibuf (it may move) */
+	struct arg *argv;
+	bool close_after_reply, closing, reading;
+	char *name;
+};
+
+/* resp.c */
+enum { PARSE_NEED_MORE = 0, PARSE_COMMAND = 1, PARSE_ERROR = -1 };
+/* Parses the next request from c->ibuf; on PARSE_COMMAND, c->argv/argc hold
+ * it; on PARSE_ERROR, the error reply is already queued. */
+int resp_parse(struct conn *c);
+void resp_done(struct conn *c); /* the command was executed: forget its args */
+void reply_raw(struct conn *c, const char *p, size_t n);
+void reply_status(struct conn *c, const char *s);
+void reply_error(struct conn *c, const char *s);
+void reply_errorf(struct conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void reply_int(struct conn *c, long long v);
+void reply_bulk(struct conn *c, const char *p, size_t n);
+void reply_nil(struct conn *c);
+void reply_array(struct conn *c, long long n);
+#define reply_ok(c) reply_raw(c, "+OK\r\n", 5)
+bool out_reserve(struct conn *c, size_t n);
+
+/* ---- configuration and server-wide state (main.c) --------------------- */
+
+struct save_point {
+	long seconds, changes;
+};
+
+struct config {
+	int port;
+	char bind[64];
+	char dir[4096];
+	char dbfilename[256];
+	struct save_point save[8];
+	int nsave;
+	uint64_t maxmemory;
+	int enable_debug;               /* 0 no, 1 yes, 2 local (loopback clients) */
+	uint64_t arena_size;
+};
+
+struct server {
+	struct config cfg;
+	struct db *db;
+	int64_t now_ms;                 /* CLOCK_REALTIME, cached per loop iteration */
+	int64_t start_ms;
+	const char *start_kind;         /* fresh, warm, cold */
+	unsigned generation;
+	uint64_t clients;
+	int listen_fd;
+	bool listen_inherited;
+	bool loading;
+	char exe[4096];
+};
+extern struct server srv;
+
+int64_t now_realtime_ms(void);
+/* One JSON line on stderr: {"rkv":"<event>",<fields>}. */
+void rkv_log(const char *event, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Quotes s as a JSON string into a rotating static buffer. */
+const char *js(const char *s);
+
+/* commands.c */
+void commands_init(void);
+void command_exec(struct conn *c);
+
+/* snapshot.c */
+int snapshot_save(struct db *db);     /* foreground; 0 or -errno */
+int snapshot_bgsave(struct db *db);   /* forks; 0 or -errno */
+void snapshot_reap(struct db *db);    /* collects a finished child */
+/* Loads the snapshot into db (empty); 0 if loaded or absent, -errno (db left
+ * empty) if unusable; *why says what happened. */
+int snapshot_load(struct db *db, uint64_t *keys, const char **why);
+void snapshot_path(char *out, size_t n);
+
+/* rekindle_glue.c */
+/* rk_init and the arena; returns 0 or -errno. */
+int glue_init(int argc, char **argv, uint64_t arena_size);
+/* The preserved db after a warm restart (marked and swept), or NULL: then
+ * the caller builds one and passes it to glue_publish. */
+struct db *glue_recover(uint64_t *freed_objects, uint64_t *freed_bytes);
+void glue_publish(struct db *db);
+const char *glue_start_kind(void);
+const char *glue_reason(void);
+unsigned glue_generation(void);
+void glue_ready(void);
+void glue_heartbeat(void);
+uint64_t glue_arena_bytes(void);
+
+#endif /* RKV_H */
