@@ -120,7 +120,7 @@ class Client:
 
 def start_server(name, build, port, workdir, keys):
     """Returns (Server, restarted_by_harness)."""
-    maxmemory = max(2 << 30, keys * 600)
+    maxmemory = 0  # rkv: refuse writes above this; 0 = no limit (Redis has none set either)
     if name == "redis-rdb":
         return Server("redis", redis_argv(port, workdir), workdir), True
     if name in ("rkv-cold-empty", "rkv-cold-snapshot"):
