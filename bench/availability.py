@@ -384,7 +384,8 @@ def table(rows, command, mach, skipped):
             f"### {keys:,} keys",
             "",
             "| scenario | before: GET/s, hit rate | downtime (client) | downtime (100 ms buckets) "
-            "| avail@5s | t90 | hit rate back to 90% | keys with a lost acked write / written in the last 30 s "
+            "| avail@5s | t90 | hit rate back to 90% "
+            "| keys with a lost acked write / written in the last 30 s "
             "| restart (server's word) |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
