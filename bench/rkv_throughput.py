@@ -10,7 +10,8 @@ its own port and temp dir, no persistence:
               no Rekindle (the baseline for Rekindle's own overhead)
 
 redis-benchmark runs pinned to CPU 1 (`taskset -c 1`): 50 clients,
-`-t set,get`, 100-byte values (-d 100), random keys over 1 M (-r 1000000),
+`-t set` then `-t get` (two runs, each with the server's CPU time
+from schedstat), 100-byte values (-d 100), random keys over 1 M (-r 1000000),
 without pipelining and with -P 16.  A round runs every (pipeline, server)
 pair once; the servers take turns in a rotated order each round so that
 drift on this shared machine lands on all of them.  Before the rounds, one
@@ -38,6 +39,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import contextlib
+
 from rkv_common import (  # noqa: E402
     ROOT,
     Server,
@@ -64,15 +67,32 @@ def bench_argv(port, requests, pipeline):
     return (["taskset", "-c", "1"] if shutil.which("taskset") else []) + argv
 
 
-def run_bench(port, requests, pipeline):
-    out = subprocess.run(bench_argv(port, requests, pipeline), capture_output=True, text=True, check=True)
+def cpu_ns(pid):
+    """CPU time the server's threads have run (schedstat, ns): contention from
+    other work on the machine lowers requests/s but hardly moves this."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+def run_bench(port, requests, pipeline, pid=None):
+    """SET then GET, one redis-benchmark run each (so each gets its own CPU time)."""
     rows = {}
-    for rec in csv.DictReader(io.StringIO(out.stdout)):
-        rows[rec["test"]] = {
-            "rps": float(rec["rps"]),
-            "p50_ms": float(rec.get("p50_latency_ms") or "nan"),
-            "p99_ms": float(rec.get("p99_latency_ms") or "nan"),
-        }
+    for test in ("set", "get"):
+        argv = bench_argv(port, requests, pipeline)
+        argv[argv.index("set,get")] = test
+        c0 = cpu_ns(pid) if pid else 0
+        out = subprocess.run(argv, capture_output=True, text=True, check=True)
+        c1 = cpu_ns(pid) if pid else 0
+        for rec in csv.DictReader(io.StringIO(out.stdout)):
+            rows[rec["test"]] = {
+                "rps": float(rec["rps"]),
+                "p50_ms": float(rec.get("p50_latency_ms") or "nan"),
+                "p99_ms": float(rec.get("p99_latency_ms") or "nan"),
+                "cpu_ns_per_req": (c1 - c0) / requests if pid else None,
+            }
     if set(rows) != {"SET", "GET"}:
         raise RuntimeError(f"redis-benchmark output: {out.stdout!r} {out.stderr!r}")
     return rows
@@ -103,14 +123,15 @@ def measure(build, servers, rounds, requests, requests_p, workdir):
             for pipeline in (1, 16):
                 for name in order:
                     n = requests if pipeline == 1 else requests_p
-                    res = run_bench(running[name][1], n, pipeline)
+                    res = run_bench(running[name][1], n, pipeline, running[name][0].proc.pid)
                     for test, v in res.items():
                         row = {"round": r, "server": name, "pipeline": pipeline, "test": test, "requests": n}
                         row.update(v)
                         rows.append(row)
                     print(
                         f"round {r} P={pipeline:2d} {name:10s} SET {res['SET']['rps']:>10,.0f}/s "
-                        f"GET {res['GET']['rps']:>10,.0f}/s",
+                        f"GET {res['GET']['rps']:>10,.0f}/s  server CPU ns/req SET "
+                        f"{res['SET']['cpu_ns_per_req']:.0f} GET {res['GET']['cpu_ns_per_req']:.0f}",
                         flush=True,
                     )
     finally:
@@ -120,7 +141,11 @@ def measure(build, servers, rounds, requests, requests_p, workdir):
 
 
 def med(rows, server, pipeline, test, key="rps"):
-    vals = [r[key] for r in rows if (r["server"], r["pipeline"], r["test"]) == (server, pipeline, test)]
+    vals = [
+        r[key]
+        for r in rows
+        if (r["server"], r["pipeline"], r["test"]) == (server, pipeline, test) and r.get(key) is not None
+    ]
     return statistics.median(vals) if vals else None
 
 
@@ -141,11 +166,16 @@ def table(rows, command, mach, servers, rounds):
         f"`redis-benchmark -c {CLIENTS} -t set,get -d {VALUE} -r {KEYSPACE} -q --csv`, with and without "
         f"`-P 16`. {rounds} rounds; in each, the servers take turns in a rotated order. Medians of "
         "requests/s; the ratios are of the medians, with the range of the same-round ratios in brackets. "
-        "Targets: rkv/redis >= 85%, Rekindle's overhead (1 - rkv/rkv-malloc) under 3%.",
+        "Server CPU ns/request: CPU time of all the server's threads (`/proc/PID/task/*/schedstat`) "
+        "during that redis-benchmark run over its requests, median over the rounds; it is far less "
+        "sensitive than requests/s to other work on this shared VM. SET and GET run as separate "
+        "redis-benchmark invocations. Targets: rkv/redis >= 85%, Rekindle's overhead "
+        "(1 - rkv/rkv-malloc) under 3%.",
         "",
-        "| test | pipeline | redis | rkv | rkv-malloc | rkv/redis | rkv/rkv-malloc | p50 latency ms "
+        "| test | pipeline | redis | rkv | rkv-malloc | rkv/redis | rkv/rkv-malloc "
+        "| server CPU ns/request (redis / rkv / rkv-malloc) | CPU rkv/rkv-malloc | p50 latency ms "
         "(redis / rkv / rkv-malloc) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def cell(v):
@@ -167,10 +197,16 @@ def table(rows, command, mach, servers, rounds):
                 for s in SERVERS
             )
             rps = " | ".join(cell(med(rows, s, pipeline, test)) for s in SERVERS)
+            cpu = " / ".join(cell(med(rows, s, pipeline, test, "cpu_ns_per_req")) for s in SERVERS)
+            cr = "—"
+            if {"rkv", "rkv-malloc"} <= have:
+                a = med(rows, "rkv", pipeline, test, "cpu_ns_per_req")
+                b = med(rows, "rkv-malloc", pipeline, test, "cpu_ns_per_req")
+                cr = f"**{a / b:.3f}x**"
             out.append(
                 f"| {test} | {pipeline} | {rps} "
                 f"| {ratio('rkv', 'redis', pipeline, test)} | {ratio('rkv', 'rkv-malloc', pipeline, test)} "
-                f"| {lat} |"
+                f"| {cpu} | {cr} | {lat} |"
             )
     missing = [s for s in SERVERS if s not in have]
     if missing:
