@@ -185,7 +185,7 @@ def recovered(live, t0, t_crash, pre):
     if first is None or pre <= 0:
         return None
     for i in range(first, len(rate) - 4):
-        if sum(r for _, r in rate[i : i + 5]) / 5 >= 0.9 * pre:
+        if rate[i][1] >= 0.9 * pre and sum(r for _, r in rate[i : i + 5]) / 5 >= 0.9 * pre:
             return t0 + (rate[i][0] + 1) * BUCKET_S - t_crash
     return None
 
@@ -303,14 +303,15 @@ def analyse(name, keys, raw):
     post = [i for i, r in enumerate(rel) if r >= 0]
     for i in post:
         win = eff[i : i + 5]
-        if len(win) == 5 and sum(win) / 5 >= 0.9 * pre:
+        if len(win) == 5 and eff[i] >= 0.9 * pre and sum(win) / 5 >= 0.9 * pre:
             t90 = rel[i] + BUCKET_S
             break
     # hit rate back to 90% of before (independent of the machine's noise)
     t90_hit = None
     for i in post:
-        g, h = sum(b[0] for b in bk[i : i + 5]), sum(b[1] for b in bk[i : i + 5])
-        if len(bk[i : i + 5]) == 5 and g and h / g >= 0.9 * pre_hit:
+        win = bk[i : i + 5]
+        g, h = sum(b[0] for b in win), sum(b[1] for b in win)
+        if len(win) == 5 and all(b[0] for b in win) and h / g >= 0.9 * pre_hit:
             t90_hit = rel[i] + BUCKET_S
             break
     acked_pre = sum(b[4] for b, r in zip(bk, rel, strict=True) if r + BUCKET_S <= 0)
@@ -372,8 +373,9 @@ def table(rows, command, mach, skipped):
         "*downtime*: the longest time with no successful reply around the crash, from the client's "
         "timestamps (and in whole empty 100 ms buckets). *avail@5s*: effective availability in "
         "[crash+4 s, crash+5 s) over the 5 s before the crash. *t90*: crash to the end of the first "
-        "100 ms bucket from which the next 500 ms average is back to 90%; the same for the hit rate "
-        "(90% of the hit rate before), which the machine's noise does not move. *lost*: keys whose last "
+        "100 ms bucket that is back to 90% and from which the 500 ms average is too; *hit rate back*: "
+        "the same for the hit rate (90% of the one before, every bucket serving), which the machine's "
+        "noise does not move. *lost*: keys whose last "
         "acknowledged fresh SET was later read back missing or older (in-flight ones excepted), "
         "against the keys given a fresh acknowledged value between the snapshot (or the same point "
         "without one, --before s before the crash) and the crash.",
