@@ -163,7 +163,8 @@ def table(rows, command, mach, servers, rounds):
         f"Command: `{command}`  ",
         f"Machine: {mach}  ",
         "Servers pinned to CPU 0, `redis-benchmark` pinned to CPU 1 (`taskset`); "
-        f"`redis-benchmark -c {CLIENTS} -t set,get -d {VALUE} -r {KEYSPACE} -q --csv`, with and without "
+        f"`redis-benchmark -c {CLIENTS} -d {VALUE} -r {KEYSPACE} -q --csv`, `-t set` and `-t get` as two "
+        "runs, with and without "
         f"`-P 16`. {rounds} rounds; in each, the servers take turns in a rotated order. Medians of "
         "requests/s; the ratios are of the medians, with the range of the same-round ratios in brackets. "
         "Server CPU ns/request: CPU time of all the server's threads (`/proc/PID/task/*/schedstat`) "
