@@ -40,8 +40,8 @@ Metrics (effective availability = GET hits per second, as in PHOENIX):
 
 Usage: python3 bench/availability.py BUILD [--keys 1000000 5000000] [--quick]
        [--scenarios ...] [--before 30] [--json]
-Writes bench/results/availability.{jsonl,md}, availability_<N>.png and
-docs/results-rkv.md (availability section)."""
+Writes bench/results/availability.{jsonl,md} and availability_<N>.png (--out
+DIR elsewhere); docs/results-rkv.md quotes them."""
 
 import argparse
 import json
