@@ -217,6 +217,49 @@ static void cmd_shutdown(struct conn *c)
 
 static void cmd_command(struct conn *c);
 
+static void reply_cstr(struct conn *c, const char *s) { reply_bulk(c, s, strlen(s)); }
+
+/* HELLO [protover [SETNAME name]]: RESP3 is what redis-py 8 asks for by
+ * default.  rkv's replies differ only in nulls and maps. */
+static void cmd_hello(struct conn *c)
+{
+	long long ver = c->proto;
+	if (ARGC >= 2 && !to_ll(A(1), &ver)) {
+		reply_error(c, "ERR Protocol version is not an integer or out of range");
+		return;
+	}
+	if (ver != 2 && ver != 3) {
+		reply_error(c, "NOPROTO unsupported protocol version");
+		return;
+	}
+	for (int i = 2; i < ARGC; i++) {
+		if (eq(A(i), "setname") && i + 1 < ARGC) {
+			free(c->name);
+			c->name = strndup(A(i + 1).p, A(i + 1).n);
+			i++;
+		} else {
+			reply_errorf(c, "ERR Syntax error in HELLO option '%.*s'", (int)A(i).n, A(i).p);
+			return;
+		}
+	}
+	c->proto = (int)ver;
+	reply_map(c, 7);
+	reply_cstr(c, "server");
+	reply_cstr(c, "redis");
+	reply_cstr(c, "version");
+	reply_cstr(c, "7.0.15");
+	reply_cstr(c, "proto");
+	reply_int(c, ver);
+	reply_cstr(c, "id");
+	reply_int(c, (long long)c->id);
+	reply_cstr(c, "mode");
+	reply_cstr(c, "standalone");
+	reply_cstr(c, "role");
+	reply_cstr(c, "master");
+	reply_cstr(c, "modules");
+	reply_array(c, 0);
+}
+
 static void cmd_client(struct conn *c)
 {
 	if (eq(A(1), "setname") && ARGC == 3) {
@@ -851,7 +894,7 @@ static void cmd_config(struct conn *c)
 			for (size_t k = 0; k < NCONFIG; k++)
 				if (!hit[k] && ks_glob(A(i).p, A(i).n, config_names[k], strlen(config_names[k])))
 					hit[k] = true, n++;
-		reply_array(c, n * 2);
+		reply_map(c, n);
 		for (size_t k = 0; k < NCONFIG; k++)
 			if (hit[k]) {
 				char v[4400];
@@ -958,6 +1001,7 @@ static const struct command commands[] = {
 	{"config", cmd_config, -2, CMD_LOADING},
 	{"command", cmd_command, -1, CMD_LOADING},
 	{"client", cmd_client, -2, CMD_LOADING},
+	{"hello", cmd_hello, -1, CMD_LOADING},
 	{"save", cmd_save, 1, 0},
 	{"bgsave", cmd_bgsave, -1, 0},
 	{"lastsave", cmd_lastsave, 1, CMD_LOADING},
@@ -1007,8 +1051,10 @@ static void cmd_command(struct conn *c)
 		reply_int(c, (long long)NCOMMANDS);
 	else if (ARGC > 2 && eq(A(1), "count"))
 		reply_sub_arity(c, "command");
+	else if (ARGC >= 2 && eq(A(1), "docs"))
+		reply_map(c, 0); /* no docs: redis-cli copes */
 	else
-		reply_array(c, 0); /* COMMAND and COMMAND DOCS: no docs, redis-cli copes */
+		reply_array(c, 0);
 }
 
 void command_exec(struct conn *c)

@@ -384,16 +384,19 @@ static int64_t mono_us(void)
 	return ts.tv_sec * 1000000ll + ts.tv_nsec / 1000;
 }
 
-/* Like Redis's active expire cycle: look at up to 20 keys with a TTL
- * (walking the TTL list from where the last cycle stopped), delete the
- * expired ones, and go again while more than 25% of them had expired. */
+/* Like Redis's active expire cycle: look at a sample of the keys with a
+ * TTL (walking the TTL list from where the last cycle stopped), delete the
+ * expired ones, and go again while more than 25% of them had expired.  The
+ * first sample is 20 keys, or 1/20 of the TTL keys up to 1000, so that each
+ * is looked at within 2 s (20 ticks) unless there are more than 20000. */
 void ks_active_expire(struct db *db, int64_t now, int64_t budget_us)
 {
 	int64_t t0 = mono_us();
+	uint64_t want = db->expires / 20 < 20 ? 20 : db->expires / 20 > 1000 ? 1000 : db->expires / 20;
 	for (;;) {
 		uint64_t sampled = 0, gone = 0;
+		uint64_t n = db->expires < want ? db->expires : want;
 		UNSAFE_BEGIN();
-		uint64_t n = db->expires < 20 ? db->expires : 20;
 		for (; sampled < n && db->expires; sampled++) {
 			struct entry *e = db->xcursor ? db->xcursor : db->xhead;
 			db->xcursor = e->xnext;
@@ -406,6 +409,7 @@ void ks_active_expire(struct db *db, int64_t now, int64_t budget_us)
 		UNSAFE_END();
 		if (gone * 4 <= sampled || mono_us() - t0 > budget_us)
 			break;
+		want = 20;
 	}
 }
 

@@ -342,6 +342,7 @@ static void accept_clients(int lfd)
 		c->fd = fd;
 		c->id = next_client_id++;
 		c->bulk_len = -1;
+		c->proto = 2;
 		c->reading = true;
 		srv.clients++;
 		srv.db->st.connections++;

@@ -77,7 +77,21 @@ static void reply_prefixed(struct conn *c, char type, long long v)
 
 void reply_int(struct conn *c, long long v) { reply_prefixed(c, ':', v); }
 void reply_array(struct conn *c, long long n) { reply_prefixed(c, '*', n); }
-void reply_nil(struct conn *c) { reply_raw(c, "$-1\r\n", 5); }
+void reply_nil(struct conn *c)
+{
+	if (c->proto == 3)
+		reply_raw(c, "_\r\n", 3);
+	else
+		reply_raw(c, "$-1\r\n", 5);
+}
+
+void reply_map(struct conn *c, long long pairs)
+{
+	if (c->proto == 3)
+		reply_prefixed(c, '%', pairs);
+	else
+		reply_prefixed(c, '*', pairs * 2);
+}
 
 void reply_bulk(struct conn *c, const char *s, size_t n)
 {

@@ -111,6 +111,7 @@ struct conn {
 	size_t *argoff, *arglen;        /* offsets into ibuf (it may move) */
 	struct arg *argv;
 	bool close_after_reply, closing, reading;
+	int proto;                      /* 2, or 3 after HELLO 3 */
 	char *name;
 };
 
@@ -128,6 +129,7 @@ void reply_int(struct conn *c, long long v);
 void reply_bulk(struct conn *c, const char *p, size_t n);
 void reply_nil(struct conn *c);
 void reply_array(struct conn *c, long long n);
+void reply_map(struct conn *c, long long pairs); /* RESP3 map, or a flat RESP2 array */
 #define reply_ok(c) reply_raw(c, "+OK\r\n", 5)
 bool out_reserve(struct conn *c, size_t n);
 
