@@ -620,7 +620,7 @@ int main(int argc, char **argv)
 			else if (ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
 				conn_readable(c);
 		}
-		verifying = glue_verify_step(srv.db, 16384); /* after a warm restart: ~1 ms a slice */
+		verifying = glue_verify_step(srv.db, 300); /* after a warm restart: 0.3 ms slices */
 		if (srv.now_ms >= next_cron) {
 			cron();
 			next_cron = srv.now_ms + CRON_MS;

@@ -58,8 +58,8 @@ static void cold_restart(const char *why)
 
 /* With --recovery-sweep yes: mark and check everything, sweep, then serve.
  * Otherwise serve at once (recovery ends in O(1); the objects of the
- * request in flight at the crash leak) and check the table in slices from
- * the event loop (glue_verify_step). */
+ * request in flight at the crash leak) and check the table in slices of
+ * a fraction of a millisecond from the event loop (glue_verify_step). */
 static uint64_t verify_cursor = UINT64_MAX; /* next bucket to check; MAX: none pending */
 static double verify_started_ms;
 
@@ -85,15 +85,17 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 	return db; /* NULL if the last incarnation died before publishing one */
 }
 
-/* Checks up to budget buckets: each entry inside the arena, in the bucket
- * its hash names, its TTL links consistent both ways.  Local checks only,
- * so clients may change the table between two slices. */
-bool glue_verify_step(struct db *db, uint64_t budget)
+/* Checks buckets for up to budget_us: each entry inside the arena, in the
+ * bucket its hash names, its TTL links consistent both ways.  Local checks
+ * only, so clients may change the table between two slices.  Bounded by
+ * time, not by buckets: right after a restart every entry is a page fault. */
+bool glue_verify_step(struct db *db, double budget_us)
 {
 	if (verify_cursor == UINT64_MAX || !db)
 		return false;
-	uint64_t b = verify_cursor, end = b + budget;
-	for (; b <= db->mask && b < end; b++) {
+	uint64_t b = verify_cursor;
+	double deadline = mono_ms() + budget_us / 1000.0;
+	for (; b <= db->mask && ((b & 255) || mono_ms() < deadline || b == verify_cursor); b++) {
 		uint64_t chain = 0;
 		for (struct entry *e = db->buckets[b]; e; e = e->next) {
 			if (!rk_arena_contains(rkv_arena, e) || (e->hash & db->mask) != b || ++chain > db->count + 1)
@@ -154,9 +156,9 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 	*freed_objects = *freed_bytes = 0;
 	return NULL;
 }
-bool glue_verify_step(struct db *db, uint64_t budget)
+bool glue_verify_step(struct db *db, double budget_us)
 {
-	(void)db, (void)budget;
+	(void)db, (void)budget_us;
 	return false;
 }
 void glue_publish(struct db *db) { (void)db; }

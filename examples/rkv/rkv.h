@@ -197,7 +197,7 @@ int glue_init(int argc, char **argv, uint64_t arena_size);
  * returning; else return at once and let glue_verify_step check the table
  * in slices from the event loop. */
 struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_bytes);
-bool glue_verify_step(struct db *db, uint64_t budget); /* true: more to check */
+bool glue_verify_step(struct db *db, double budget_us); /* true: more to check */
 void glue_publish(struct db *db);
 const char *glue_start_kind(void);
 const char *glue_reason(void);

@@ -200,8 +200,17 @@ static void holder_move_off_this_cpu(pid_t pid)
 {
 	cpu_set_t set;
 	int cpu = sched_getcpu();
-	if (pid <= 0 || cpu < 0 || sched_getaffinity(0, sizeof set, &set) < 0 || CPU_COUNT(&set) < 2)
+	if (pid <= 0 || cpu < 0 || sched_getaffinity(0, sizeof set, &set) < 0)
 		return;
+	if (CPU_COUNT(&set) < 2) {
+		/* Pinned to one CPU (taskset, cpuset): the helper cannot leave
+		 * it, so it yields it.  The inversion feared above resolves
+		 * itself here: a new incarnation that waits on a lock the helper
+		 * holds leaves the CPU idle, and the helper runs. */
+		struct sched_param sp = {0};
+		(void)sched_setscheduler(pid, SCHED_IDLE, &sp);
+		return;
+	}
 	CPU_CLR(cpu, &set);
 	(void)sched_setaffinity(pid, sizeof set, &set);
 }
