@@ -96,6 +96,18 @@ def test_in_place_fault_outside_regions_keeps_both(standalone):
     assert after["arenas_dropped"] == 0
 
 
+def test_in_place_fault_inside_a_region_after_a_warm_restart_goes_cold(standalone):
+    """The warm start itself runs allocator critical sections (slot claimed
+    early in rk_init): the regions of the new incarnation must still count."""
+    set_both(standalone)
+    standalone.command("segv", expect_reply=False)
+    assert standalone.wait_generation(1)["kind"] == "warm"
+    standalone.command("unsafe-segv", expect_reply=False)
+    after = standalone.wait_generation(2)
+    assert after["kind"] == "cold" and after["sets"] == 0, after
+    assert "unsafe region open in arena table" in after["decision"], after
+
+
 def test_failure_hook_can_drop_a_safe_component(standalone):
     before = set_both(standalone)
     standalone.command("hook-drop-segv", expect_reply=False)
@@ -138,6 +150,20 @@ def test_sigkill_inside_the_dependent_arena_still_goes_cold(supervise):
     sup.wait_up(1)
     after = sup.state()
     assert after["kind"] == "cold" and after["sets"] == 0 and after["logins"] == 0
+    assert "unsafe region open in arena table" in after["decision"], after
+
+
+def test_sigkill_inside_a_region_after_a_warm_respawn_goes_cold(supervise):
+    sup = supervise(*NO_WINDOW)
+    sup.wait_up(0)
+    set_both(sup)
+    sup.command("kill", expect_reply=False)
+    sup.wait_up(1)
+    assert sup.state()["kind"] == "warm"
+    sup.command("unsafe-kill", expect_reply=False)
+    sup.wait_up(2)
+    after = sup.state()
+    assert after["kind"] == "cold" and after["sets"] == 0, after
     assert "unsafe region open in arena table" in after["decision"], after
 
 

@@ -126,6 +126,10 @@ void rk_control_begin(unsigned generation, enum rk_ctl_state state)
 			atomic_store(&c->slots[i].depth[k], 0);
 	}
 	atomic_store(&c->slots[OVERFLOW_SLOT].tid, OVERFLOW_TID);
+	/* rk_init may have claimed a slot already (the allocator's critical
+	 * sections count too, and a warm start runs some): claim again, or
+	 * this thread's regions would go to a slot that reads as free. */
+	tls_slot = NULL;
 	atomic_store(&c->heartbeat_ns, 0);
 	atomic_store(&c->heartbeat_count, 0);
 	atomic_store(&c->request_mode, RK_REQ_NONE);
