@@ -8,7 +8,10 @@
  * reference; the helper exits when our exec closes its pipe, and the kernel
  * unmaps the old pages in the helper's context, in parallel with our new
  * main().  The next incarnation reaps it (rk_reap_teardown_holder).  The
- * helper is cloned at rk_init and stands for the whole incarnation. */
+ * helper is cloned at rk_init and stands for the whole incarnation.
+ *
+ * The new incarnation's first pages come from a pool the old one frees just
+ * before execve (see "the exec page pool"). */
 #include "rk_internal.h"
 
 #include <errno.h>
@@ -34,6 +37,9 @@ static char manifest_env[48], sup_env[48], ctl_env[48];
 static int restart_signal; /* $REKINDLE_RESTART_SIGNAL: the supervisor asks for a restart */
 static _Atomic int restarting;
 static bool sync_teardown; /* $REKINDLE_SYNC_TEARDOWN=1: no helper (for measurements) */
+#define EXEC_POOL_DEFAULT_KB 1024u
+#define EXEC_POOL_MAX_KB (64u << 10)
+static size_t exec_pool_len; /* $REKINDLE_EXEC_POOL_KB, in bytes; 0: no pool */
 static unsigned listen_fds;  /* $LISTEN_FDS at init: fds 3.. kept (socket activation) */
 
 static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
@@ -118,7 +124,58 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 	listen_fds = lf ? (unsigned)strtoul(lf, NULL, 10) : 0;
 	const char *s = getenv("REKINDLE_SYNC_TEARDOWN");
 	sync_teardown = s && strcmp(s, "1") == 0;
+	const char *kb = getenv("REKINDLE_EXEC_POOL_KB");
+	uint64_t pool_kb = kb && *kb ? strtoull(kb, NULL, 10) : EXEC_POOL_DEFAULT_KB;
+	exec_pool_len = RK_ALIGN_UP((pool_kb < EXEC_POOL_MAX_KB ? pool_kb : EXEC_POOL_MAX_KB) << 10, RK_PAGE);
 	return 0;
+}
+
+/* ---- the exec page pool ----
+ * The kernel gives the new incarnation's first pages (page tables, the
+ * loader's and libc's data, stacks: about 70 for a small binary) from this
+ * CPU's list of recently freed pages first.  After a bare fork+exec that list
+ * holds what the previous child just freed.  After a warm restart the old
+ * incarnation's pages are still held (the helper frees them later, on another
+ * CPU), so they come from the buddy allocator, and on a VM whose host takes
+ * free memory back (virtio-balloon free page reporting) each such page costs
+ * a host fault on first touch: 0.3-0.4 ms per restart at 8 GiB preserved,
+ * where a long incarnation had emptied that list (docs/results.md).  So each
+ * incarnation keeps a small pool of pages that it owns (written by the
+ * standing helper, off the restart path) and frees it on the restarting CPU
+ * just before execve. */
+
+static void *exec_pool;
+
+/* Maps the pool (not yet populated: the standing helper writes it). */
+static void exec_pool_map(void)
+{
+	if (exec_pool || !exec_pool_len)
+		return;
+	void *p = mmap(NULL, exec_pool_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		struct rk_ev e;
+		rk_ev_begin(&e, "warning");
+		rk_ev_str(&e, "what", "exec page pool not mapped; restarts may take longer");
+		rk_ev_i64(&e, "errno", errno);
+		rk_ev_end(&e);
+		return;
+	}
+	(void)madvise(p, exec_pool_len, MADV_NOHUGEPAGE); /* small pages, like the ones exec needs */
+	exec_pool = p;
+}
+
+/* A write per page: a read would only map the shared zero page. */
+static void exec_pool_populate(void)
+{
+	for (size_t off = 0; off < exec_pool_len; off += RK_PAGE)
+		((volatile char *)exec_pool)[off] = 1;
+}
+
+/* Async-signal-safe: hands the pool's pages to this CPU's free list. */
+static void exec_pool_release(void)
+{
+	if (exec_pool)
+		(void)madvise(exec_pool, exec_pool_len, MADV_DONTNEED);
 }
 
 /* ---- the teardown helper ---- */
@@ -127,9 +184,9 @@ static int holder_pipe[2];
 static char holder_stack[16384] __attribute__((aligned(64)));
 static _Atomic uint32_t holder_fds_closed; /* futex word, shared through CLONE_VM */
 
+/* arg != NULL: the standing helper, which also writes the exec page pool */
 static int holder_main(void *arg)
 {
-	(void)arg;
 	int rd = holder_pipe[0];
 	/* Hold no fd of the app (a listening socket would stay bound), and say
 	 * so before the exec: the next incarnation may bind at once. */
@@ -138,6 +195,8 @@ static int holder_main(void *arg)
 	syscall(SYS_close_range, (unsigned)rd + 1, ~0u, 0u);
 	atomic_store(&holder_fds_closed, 1);
 	syscall(SYS_futex, &holder_fds_closed, FUTEX_WAKE, 1, NULL, NULL, 0);
+	if (arg && exec_pool)
+		exec_pool_populate(); /* we share the app's mm: these become its pages */
 	char c;
 	while (syscall(SYS_read, rd, &c, 1) < 0)
 		;
@@ -175,12 +234,12 @@ static void holder_wait_fds_closed(void)
 }
 
 /* Clones a helper; returns the pipe's write end (its pid in *pid) or -1. */
-static int holder_clone(pid_t *pid)
+static int holder_clone(pid_t *pid, bool standing)
 {
 	if (sync_teardown || pipe2(holder_pipe, O_CLOEXEC) < 0)
 		return -1;
 	atomic_store(&holder_fds_closed, 0);
-	pid_t child = clone(holder_main, holder_stack + sizeof holder_stack, CLONE_VM, NULL);
+	pid_t child = clone(holder_main, holder_stack + sizeof holder_stack, CLONE_VM, standing ? &holder_pipe : NULL);
 	close(holder_pipe[0]);
 	if (child < 0) {
 		close(holder_pipe[1]);
@@ -220,7 +279,7 @@ static void holder_move_off_this_cpu(pid_t pid)
 static int teardown_holder_for_exec(void)
 {
 	pid_t pid = 0;
-	int wr = standing_holder_wr >= 0 ? standing_holder_wr : holder_clone(&pid);
+	int wr = standing_holder_wr >= 0 ? standing_holder_wr : holder_clone(&pid, false);
 	rk_g.manifest->holder_pid = standing_holder_wr >= 0 ? standing_holder_pid : pid;
 	if (wr >= 0) {
 		holder_wait_fds_closed();
@@ -231,8 +290,10 @@ static int teardown_holder_for_exec(void)
 
 void rk_teardown_holder_stand(void)
 {
-	if (standing_holder_wr < 0)
-		standing_holder_wr = holder_clone(&standing_holder_pid);
+	if (standing_holder_wr >= 0)
+		return;
+	exec_pool_map();
+	standing_holder_wr = holder_clone(&standing_holder_pid, true);
 }
 
 /* ---- the decision and the exec ---- */
@@ -504,6 +565,7 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 		manifest_switch_arena(true);
 	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
 	hand_over_fds(warm, drop, true);
+	exec_pool_release(); /* last: nothing may take these pages back before the exec */
 	execve(exe_path, exec_argv, exec_envp);
 	int err = errno;
 	if (strcmp(exe_path, "/proc/self/exe") != 0)
