@@ -144,6 +144,16 @@ def test_address_range_taken_in_new_process_goes_cold_then_warm_again():
     assert states[2]["state"] == "preserved"
 
 
+def test_other_file_at_the_arena_fd_is_refused():
+    """Same memfd name and size, another file: the manifest names the file
+    itself (device and inode), so the restart goes cold instead of using it."""
+    run = run_app("crashy", "--swap-arena-on-restart", "--crash", "0:segv", env=NO_WINDOW)
+    states = run.states
+    assert [s["kind"] for s in states] == ["fresh", "cold"]
+    assert "arena data: foreign fd" in states[1]["decision"]
+    assert states[1]["state"] != "preserved"
+
+
 def test_second_failure_within_window_goes_cold():
     run = run_app("crashy", "--crash", "0:segv", "--crash", "1:segv")
     assert [s["kind"] for s in run.states] == ["fresh", "warm", "cold"]

@@ -20,6 +20,24 @@ uint64_t rk_fnv1a(const void *p, size_t n, uint64_t h)
 	return h;
 }
 
+/* Eight bytes per step, so about 5x faster than rk_fnv1a: the manifest
+ * (7.5 KiB) is checked three times per restart, on its critical path. */
+uint64_t rk_hash_words(const void *p, size_t n)
+{
+	const unsigned char *c = p;
+	uint64_t h = 0xcbf29ce484222325ull ^ n;
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		uint64_t w;
+		memcpy(&w, c + i, 8);
+		h = (h ^ w) * 0x100000001b3ull;
+		h ^= h >> 29; /* the multiply only carries upward: fold the top back down */
+	}
+	for (; i < n; i++)
+		h = (h ^ c[i]) * 0x100000001b3ull;
+	return h ^ (h >> 32);
+}
+
 uint64_t rk_arena_hdr_checksum(const struct rk_arena_hdr *h)
 {
 	return rk_fnv1a(h, offsetof(struct rk_arena_hdr, hdr_checksum), 0);

@@ -100,6 +100,7 @@ static void manifest_sync_arenas(void)
 		d->flags = a->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT);
 		d->base = a->hdr->base;
 		d->max = a->hdr->max_bytes;
+		rk_fd_file_id(a->fd, &d->dev, &d->ino);
 	}
 	m->narenas = n;
 	n = 0;
@@ -107,13 +108,14 @@ static void manifest_sync_arenas(void)
 		m->ranges[n].fd = rk_ranges[i].fd;
 		m->ranges[n].addr = rk_ranges[i].addr;
 		m->ranges[n].len = rk_ranges[i].len;
+		rk_fd_file_id(rk_ranges[i].fd, &m->ranges[n].dev, &m->ranges[n].ino);
 		n++;
 	}
 	m->nranges = n;
 	m->next_arena_addr = rk_g.next_arena_addr;
 	/* Valid at every moment but mid-update: after a death that runs no
 	 * handler (SIGKILL) the supervisor hands this manifest on as it is. */
-	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
+	m->checksum = rk_manifest_checksum(m);
 	atomic_signal_fence(memory_order_seq_cst);
 	rk_g.manifest_busy = 0;
 	rk_control_name_arenas();
@@ -171,6 +173,26 @@ bool rk_fd_is_memfd(int fd, const char *want, bool exact)
 	return strncmp(target, want, wn) == 0 && (!exact || target[wn] == 0 || target[wn] == ' ');
 }
 
+bool rk_fd_is_shmem(int fd)
+{
+	return fcntl(fd, F_GET_SEALS) >= 0;
+}
+
+void rk_fd_file_id(int fd, uint64_t *dev, uint64_t *ino)
+{
+	struct stat st;
+	bool ok = fstat(fd, &st) == 0;
+	*dev = ok ? (uint64_t)st.st_dev : 0;
+	*ino = ok ? (uint64_t)st.st_ino : 0;
+}
+
+bool rk_fd_is_file(int fd, uint64_t dev, uint64_t ino)
+{
+	uint64_t d, i;
+	rk_fd_file_id(fd, &d, &i);
+	return i != 0 && d == dev && i == ino;
+}
+
 /* Maps a manifest memfd (a private copy: writes stay ours) and checks it;
  * closes fd. */
 static struct rk_manifest *manifest_map(int fd, uint64_t *size, char *why, size_t wl)
@@ -189,7 +211,7 @@ static struct rk_manifest *manifest_map(int fd, uint64_t *size, char *why, size_
 	}
 	*size = (uint64_t)st.st_size;
 	if (m->magic != RK_MANIFEST_MAGIC || m->version != RK_MANIFEST_VERSION ||
-	    m->checksum != rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0) ||
+	    m->checksum != rk_manifest_checksum(m) ||
 	    m->narenas > RK_MAX_ARENAS || m->nranges > RK_MAX_RANGES || m->nstatics > RK_MAX_STATICS) {
 		snprintf(why, wl, "manifest from the previous incarnation is corrupt");
 		munmap((void *)m, (size_t)st.st_size);
@@ -208,7 +230,9 @@ static const struct rk_manifest *manifest_inherit(uint64_t *size, char *why, siz
 	char *end;
 	long fd = strtol(v, &end, 10);
 	unsetenv("REKINDLE_MANIFEST_FD"); /* not for the app's own children */
-	if (*end || fd < 0 || fd > INT_MAX || !rk_fd_is_memfd((int)fd, "/memfd:rekindle:manifest", false)) {
+	/* a shmem file, then magic, version and checksum: no readlink in /proc
+	 * (20 us for a new process's first one) on the restart path */
+	if (*end || fd < 0 || fd > INT_MAX || !rk_fd_is_shmem((int)fd)) {
 		snprintf(why, wl, "REKINDLE_MANIFEST_FD=%.40s is not a rekindle manifest", v);
 		return MAP_FAILED; /* not ours: leave that fd alone */
 	}
@@ -363,7 +387,7 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 			continue;
 		}
 		if (d->base < rk_g.reserve_base || d->base + d->max > rk_g.reserve_base + rk_g.reserve_len ||
-		    !rk_fd_is_memfd(d->fd, "/memfd:rekindle:", false)) {
+		    !rk_fd_is_file(d->fd, d->dev, d->ino)) {
 			snprintf(why, wl, "arena %.47s: foreign fd or address outside the reserved range", d->name);
 			return -EINVAL;
 		}
@@ -393,7 +417,7 @@ static int attach_ranges(const struct rk_manifest *m, char *why, size_t wl)
 {
 	for (unsigned i = 0; i < m->nranges; i++) {
 		const struct rk_manifest_range *d = &m->ranges[i];
-		if (!rk_fd_is_memfd(d->fd, "/memfd:rekindle:range", false)) {
+		if (!rk_fd_is_file(d->fd, d->dev, d->ino)) {
 			snprintf(why, wl, "preserved range 0x%llx: foreign fd", (unsigned long long)d->addr);
 			return -EINVAL;
 		}

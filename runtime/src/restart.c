@@ -440,6 +440,7 @@ static void manifest_switch_arena(bool on)
 		if (strcmp(m->arenas[i].name, a->name) != 0)
 			continue;
 		m->arenas[i].fd = on ? rk_g.switch_fd : a->fd;
+		rk_fd_file_id(m->arenas[i].fd, &m->arenas[i].dev, &m->arenas[i].ino);
 		m->arenas[i].base = on ? rk_g.switch_base : a->hdr->base;
 		m->arenas[i].max = on ? rk_g.switch_max : a->hdr->max_bytes;
 	}
@@ -563,7 +564,7 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 	manifest_mark_dropped(drop, true);
 	if (hot_switch && warm)
 		manifest_switch_arena(true);
-	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
+	m->checksum = rk_manifest_checksum(m);
 	hand_over_fds(warm, drop, true);
 	exec_pool_release(); /* last: nothing may take these pages back before the exec */
 	execve(exe_path, exec_argv, exec_envp);
@@ -574,7 +575,7 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 	manifest_mark_dropped(drop, false);
 	if (hot_switch && warm)
 		manifest_switch_arena(false);
-	m->checksum = rk_fnv1a(m, offsetof(struct rk_manifest, checksum), 0);
+	m->checksum = rk_manifest_checksum(m);
 	rk_allocator_thaw();
 	rk_unsafe_thaw();
 	rk_control_set_state(rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);

@@ -158,6 +158,7 @@ int rk_arena_grow(struct rk_arena *a, uint64_t need_top) RK_HIDDEN;
 uint64_t rk_arena_hdr_checksum(const struct rk_arena_hdr *h) RK_HIDDEN;
 uint64_t rk_arena_roots_checksum(const struct rk_arena_hdr *h) RK_HIDDEN;
 uint64_t rk_fnv1a(const void *p, size_t n, uint64_t h) RK_HIDDEN;
+uint64_t rk_hash_words(const void *p, size_t n) RK_HIDDEN; /* the manifest's checksum */
 
 /* ---- alloc.c ---- */
 /* Allocator locks live in the arena; holding one counts as an open unsafe
@@ -184,7 +185,7 @@ int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
  * mapping), read and validated by the next one's rk_init.  Its fd number is
  * passed in $REKINDLE_MANIFEST_FD. */
 #define RK_MANIFEST_MAGIC 0x54534e4d4b52ull /* "RKMNST" */
-#define RK_MANIFEST_VERSION 3u
+#define RK_MANIFEST_VERSION 4u
 #define RK_MAX_STATICS 32
 #define RK_MANIFEST_FIXED 65536u /* statics data follows */
 
@@ -193,8 +194,10 @@ enum rk_next_mode { RK_NEXT_NONE = 0, RK_NEXT_WARM = 1, RK_NEXT_COLD = 2 };
 
 /* rk_manifest_arena.flags: the app's RK_ARENA_* flags, and: */
 #define RK_MARENA_DROPPED 0x80000000u /* half-changed at the failure: not handed on */
-struct rk_manifest_arena { char name[RK_NAME_MAX + 1]; int32_t fd; uint32_t flags; uint64_t base, max; };
-struct rk_manifest_range { int32_t fd; uint32_t pad_; uint64_t addr, len; };
+/* dev/ino: which file fd must be in the next incarnation (fstat, not a
+ * readlink in /proc, which costs 20 us on a restart's first use) */
+struct rk_manifest_arena { char name[RK_NAME_MAX + 1]; int32_t fd; uint32_t flags; uint64_t base, max, dev, ino; };
+struct rk_manifest_range { int32_t fd; uint32_t pad_; uint64_t addr, len, dev, ino; };
 struct rk_manifest_static {
 	uint64_t addr;        /* section start in the old incarnation */
 	uint64_t size;
@@ -224,8 +227,9 @@ struct rk_manifest {
 	struct rk_manifest_arena arenas[RK_MAX_ARENAS];
 	struct rk_manifest_range ranges[RK_MAX_RANGES];
 	struct rk_manifest_static statics[RK_MAX_STATICS];
-	uint64_t checksum;     /* fnv1a of everything above */
+	uint64_t checksum;     /* rk_hash_words of everything above */
 };
+#define rk_manifest_checksum(m) rk_hash_words((m), offsetof(struct rk_manifest, checksum))
 
 /* ---- init.c: process-wide state ---- */
 struct rk_state {
@@ -386,6 +390,12 @@ size_t rk_strlcat(char *dst, const char *src, size_t cap) RK_HIDDEN;
 /* True if fd is a memfd whose /proc/self/fd link starts with want ("/memfd:
  * rekindle:..."); with exact, the name must end there too. */
 bool rk_fd_is_memfd(int fd, const char *want, bool exact) RK_HIDDEN;
+/* True if fd is a memfd or another shmem file (F_GET_SEALS accepts it). */
+bool rk_fd_is_shmem(int fd) RK_HIDDEN;
+/* st_dev and st_ino of fd's file (0 if fstat fails); async-signal-safe. */
+void rk_fd_file_id(int fd, uint64_t *dev, uint64_t *ino) RK_HIDDEN;
+/* True if fd refers to exactly that file. */
+bool rk_fd_is_file(int fd, uint64_t dev, uint64_t ino) RK_HIDDEN;
 size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
 const char *rk_signame(int sig) RK_HIDDEN;
 

@@ -3,7 +3,8 @@
  * per incarnation on stdout ({"app":"state",...}) with what it found.
  *
  *   crashy [--objects N] [--payload BYTES] [--inflight K] [--range]
- *          [--crash GEN:KIND]... [--squat-on-restart] [--no-cleanup]
+ *          [--crash GEN:KIND]... [--squat-on-restart] [--swap-arena-on-restart]
+ *          [--no-cleanup]
  *          [--churn-threads N] [--listen PORT] [--fill-mb N]
  *
  * KIND: segv bus fpe ill abort restart restart-cold in-runtime hold-lock
@@ -189,6 +190,27 @@ static void die_as(const char *kind, rk_arena *a)
 	exit(2);
 }
 
+static void swap_inherited_arena(const char *want)
+{
+	for (int fd = 3; fd < 256; fd++) {
+		char link[64], target[128];
+		snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+		ssize_t n = readlink(link, target, sizeof target - 1);
+		if (n <= 0)
+			continue;
+		target[n] = 0;
+		if (strncmp(target, want, strlen(want)) != 0 || target[strlen(want)] != ' ')
+			continue;
+		off_t size = lseek(fd, 0, SEEK_END);
+		int other = memfd_create("rekindle:data", 0);
+		if (other < 0 || ftruncate(other, size) < 0 || dup2(other, fd) < 0)
+			perror("crashy: swap arena");
+		close(other);
+		return;
+	}
+	fprintf(stderr, "crashy: no inherited arena fd to swap\n");
+}
+
 int main(int argc, char **argv)
 {
 	uint64_t objects = 1000, inflight = 0;
@@ -196,7 +218,7 @@ int main(int argc, char **argv)
 	int want_range = 0, cleanup = 1;
 	const char *crash_at[16];
 	int ncrash = 0;
-	int squat = 0;
+	int squat = 0, swap_arena = 0;
 	unsigned churn = 0, listen_port = 0;
 	uint64_t fill_mb = 0;
 	for (int i = 1; i < argc; i++) {
@@ -210,6 +232,8 @@ int main(int argc, char **argv)
 			crash_at[ncrash++] = argv[++i];
 		else if (!strcmp(argv[i], "--squat-on-restart"))
 			squat = 1;
+		else if (!strcmp(argv[i], "--swap-arena-on-restart"))
+			swap_arena = 1;
 		else if (!strcmp(argv[i], "--range"))
 			want_range = 1;
 		else if (!strcmp(argv[i], "--no-cleanup"))
@@ -231,6 +255,11 @@ int main(int argc, char **argv)
 	 * a restarted incarnation (the runtime must then refuse to go warm). */
 	if (squat && getenv("REKINDLE_MANIFEST_FD"))
 		mmap((void *)0x200000000000ull, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+
+	/* --swap-arena-on-restart: put another memfd of the same name and size
+	 * at the inherited arena's fd number (the runtime must refuse it). */
+	if (swap_arena && getenv("REKINDLE_MANIFEST_FD"))
+		swap_inherited_arena("/memfd:rekindle:data");
 
 	int r = rk_init(argc, argv, NULL);
 	if (r < 0) {
