@@ -32,7 +32,13 @@
 extern char **environ;
 
 static char **exec_argv, **exec_envp;
-static char exe_path[PATH_MAX] = "/proc/self/exe";
+/* The binary's path, for execve: exec'ing "/proc/self/exe" itself would
+ * rename the process "exe" (its comm).  Resolved once per incarnation, by
+ * the standing helper (a readlink in /proc costs a new process 20 us), and
+ * published by exe_resolved; until then, and if the path is gone by the
+ * restart, "/proc/self/exe" runs the same binary. */
+static char exe_path[PATH_MAX];
+static _Atomic bool exe_resolved;
 static char manifest_env[48], sup_env[48], ctl_env[48];
 static int restart_signal; /* $REKINDLE_RESTART_SIGNAL: the supervisor asks for a restart */
 static _Atomic int restarting;
@@ -115,11 +121,6 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 	restart_signal = rs ? (int)strtol(rs, NULL, 10) : 0;
 	if (restart_signal < SIGRTMIN || restart_signal > SIGRTMAX)
 		restart_signal = 0;
-	/* /proc/self/exe runs the very binary we are, even if it was replaced on
-	 * disk since; the resolved path is only a fallback if /proc is missing. */
-	ssize_t l = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
-	if (l > 0)
-		exe_path[l] = 0;
 	const char *lf = getenv("LISTEN_FDS");
 	listen_fds = lf ? (unsigned)strtoul(lf, NULL, 10) : 0;
 	const char *s = getenv("REKINDLE_SYNC_TEARDOWN");
@@ -128,6 +129,16 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 	uint64_t pool_kb = kb && *kb ? strtoull(kb, NULL, 10) : EXEC_POOL_DEFAULT_KB;
 	exec_pool_len = RK_ALIGN_UP((pool_kb < EXEC_POOL_MAX_KB ? pool_kb : EXEC_POOL_MAX_KB) << 10, RK_PAGE);
 	return 0;
+}
+
+/* Async-signal-safe (the helper runs it). */
+static void exe_path_resolve(void)
+{
+	ssize_t l = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
+	if (l > 0) {
+		exe_path[l] = 0;
+		atomic_store(&exe_resolved, true);
+	}
 }
 
 /* ---- the exec page pool ----
@@ -188,6 +199,8 @@ static _Atomic uint32_t holder_fds_closed; /* futex word, shared through CLONE_V
 static int holder_main(void *arg)
 {
 	int rd = holder_pipe[0];
+	if (arg)
+		exe_path_resolve(); /* our mm, so our /proc/self/exe; before the restart may look */
 	/* Hold no fd of the app (a listening socket would stay bound), and say
 	 * so before the exec: the next incarnation may bind at once. */
 	if (rd > 0)
@@ -294,6 +307,8 @@ void rk_teardown_holder_stand(void)
 		return;
 	exec_pool_map();
 	standing_holder_wr = holder_clone(&standing_holder_pid, true);
+	if (standing_holder_wr < 0)
+		exe_path_resolve();
 }
 
 /* ---- the decision and the exec ---- */
@@ -567,10 +582,10 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 	m->checksum = rk_manifest_checksum(m);
 	hand_over_fds(warm, drop, true);
 	exec_pool_release(); /* last: nothing may take these pages back before the exec */
-	execve(exe_path, exec_argv, exec_envp);
+	if (atomic_load(&exe_resolved))
+		execve(exe_path, exec_argv, exec_envp);
+	execve("/proc/self/exe", exec_argv, exec_envp);
 	int err = errno;
-	if (strcmp(exe_path, "/proc/self/exe") != 0)
-		execve("/proc/self/exe", exec_argv, exec_envp);
 	hand_over_fds(warm, drop, false);
 	manifest_mark_dropped(drop, false);
 	if (hot_switch && warm)
