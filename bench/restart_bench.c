@@ -6,9 +6,12 @@
  *       rk_restart() to the return of its rk_init(), then touches every
  *       preserved page (the cost the restart itself leaves out), and, with
  *       --prefault, times rk_prefault(false) before touching instead.
- *   restart_bench bare [--restarts K]
+ *   restart_bench bare [--restarts K] [--read-mb N]
  *       fork+exec of this same binary with no state, K times: the time from
- *       before fork() to the child's main().
+ *       before fork() to the child's main().  With --read-mb, each fork
+ *       follows the same read pass over N MiB as a warm restart does (one
+ *       byte per page of memory written once; not inherited by the child):
+ *       a bare restart in the cache state a warm one starts from.
  *
  * One JSON line per measurement on stdout. */
 #include "rekindle.h"
@@ -17,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,7 +38,7 @@ static uint64_t now_ns(void)
 static int usage(void)
 {
 	fprintf(stderr, "usage: restart_bench warm --size-mb N [--restarts K] [--prefault]\n"
-			"       restart_bench bare [--restarts K]\n");
+			"       restart_bench bare [--restarts K] [--read-mb N]\n");
 	return 2;
 }
 
@@ -130,9 +134,32 @@ static int run_warm(int argc, char **argv, uint64_t mb, unsigned restarts, int p
 	return 0;
 }
 
-static int run_bare(const char *self, unsigned restarts)
+/* N MiB written once, kept out of forked children (MADV_DONTFORK) so that
+ * the fork copies no page tables for it. */
+static unsigned char *read_region(uint64_t mb)
 {
+	size_t len = (size_t)mb << 20;
+	unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED || madvise(p, len, MADV_DONTFORK) < 0) {
+		perror("restart_bench: read region");
+		return NULL;
+	}
+	for (size_t off = 0; off < len; off += PAGE)
+		p[off] = (unsigned char)(off >> 12);
+	return p;
+}
+
+static int run_bare(const char *self, unsigned restarts, uint64_t read_mb)
+{
+	unsigned char *region = read_mb ? read_region(read_mb) : NULL;
+	if (read_mb && !region)
+		return 1;
 	for (unsigned i = 0; i < restarts; i++) {
+		if (region) {
+			volatile uint64_t sum = 0;
+			for (uint64_t off = 0; off < (read_mb << 20); off += PAGE)
+				sum += region[off];
+		}
 		char t0[32];
 		int fds[2];
 		if (pipe(fds) < 0)
@@ -151,7 +178,8 @@ static int run_bare(const char *self, unsigned restarts)
 		waitpid(pid, NULL, 0);
 		if (n <= 0)
 			return 1;
-		printf("{\"bench\":\"bare\",\"run\":%u,\"restart_us\":%.1f}\n", i, strtoull(buf, NULL, 10) / 1e3);
+		printf("{\"bench\":\"bare\",\"run\":%u,\"read_mb\":%llu,\"restart_us\":%.1f}\n", i,
+		       (unsigned long long)read_mb, strtoull(buf, NULL, 10) / 1e3);
 	}
 	return 0;
 }
@@ -168,18 +196,21 @@ int main(int argc, char **argv)
 	uint64_t mb = 0;
 	unsigned restarts = 10;
 	int prefault = 0;
+	uint64_t read_mb = 0;
 	for (int i = 2; i < argc; i++) {
 		if (!strcmp(argv[i], "--size-mb") && i + 1 < argc)
 			mb = strtoull(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--restarts") && i + 1 < argc)
 			restarts = (unsigned)strtoul(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--read-mb") && i + 1 < argc)
+			read_mb = strtoull(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--prefault"))
 			prefault = 1;
 		else
 			return usage();
 	}
 	if (!strcmp(argv[1], "bare"))
-		return run_bare("/proc/self/exe", restarts);
+		return run_bare("/proc/self/exe", restarts, read_mb);
 	if (!strcmp(argv[1], "warm") && mb > 0)
 		return run_warm(argc, argv, mb, restarts, prefault);
 	return usage();

@@ -1,6 +1,7 @@
 """Turns restart_bench JSON lines into the Markdown table of
 bench/results/restart.md (medians over all rounds; ratios to the bare
-fork+exec measured in the same run)."""
+fork+exec measured in the same run: back to back, and after the same read
+pass over the preserved size that precedes every warm restart)."""
 
 import json
 import platform
@@ -38,19 +39,23 @@ def main(path, command):
         f"over {len(bare_all)} runs (same run).\n"
     )
     print(
-        "| preserved | warm restart (median) | ratio to bare | without teardown helper | "
+        "| preserved | warm restart (median) | ratio to bare | bare after the same read pass | "
+        "ratio to it | without the exec page pool | without teardown helper | "
         "touch all pages after restart | pre-fault all pages (rk_prefault) | samples |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in sorted(rows):
         v = rows[size]
         warm = statistics.median(r["restart_us"] for r in v["warm"])
         sync = statistics.median(r["restart_us"] for r in v["sync"])
+        bare_read = statistics.median(r["restart_us"] for r in v["bare_read"])
+        nopool = statistics.median(r["restart_us"] for r in v["nopool"])
         touch = statistics.median(r["touch_ms"] for r in v["warm"])
         pre = statistics.median(r["prefault_ms"] for r in v["prefault"])
         label = f"{size // 1024} GiB" if size >= 1024 else f"{size} MiB"
         print(
-            f"| {label} | {warm / 1000:.2f} ms | {warm / bare:.2f}x | {sync / 1000:.2f} ms | "
+            f"| {label} | {warm / 1000:.2f} ms | {warm / bare:.2f}x | {bare_read / 1000:.2f} ms | "
+            f"{warm / bare_read:.2f}x | {nopool / 1000:.2f} ms | {sync / 1000:.2f} ms | "
             f"{touch:.1f} ms | {pre:.1f} ms | {len(v['warm'])} |"
         )
 
