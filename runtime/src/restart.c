@@ -43,7 +43,7 @@ static char manifest_env[48], sup_env[48], ctl_env[48];
 static int restart_signal; /* $REKINDLE_RESTART_SIGNAL: the supervisor asks for a restart */
 static _Atomic int restarting;
 static bool sync_teardown; /* $REKINDLE_SYNC_TEARDOWN=1: no helper (for measurements) */
-#define EXEC_POOL_DEFAULT_KB 1024u
+#define EXEC_POOL_DEFAULT_KB 512u
 #define EXEC_POOL_MAX_KB (64u << 10)
 static size_t exec_pool_len; /* $REKINDLE_EXEC_POOL_KB, in bytes; 0: no pool */
 static unsigned listen_fds;  /* $LISTEN_FDS at init: fds 3.. kept (socket activation) */
@@ -143,7 +143,8 @@ static void exe_path_resolve(void)
 
 /* ---- the exec page pool ----
  * The kernel gives the new incarnation's first pages (page tables, the
- * loader's and libc's data, stacks: about 70 for a small binary) from this
+ * loader's and libc's data, stacks: about 60 up to rk_init's return for
+ * bench/restart_bench, so the default 512 KiB is twice that) from this
  * CPU's list of recently freed pages first.  After a bare fork+exec that list
  * holds what the previous child just freed.  After a warm restart the old
  * incarnation's pages are still held (the helper frees them later, on another
@@ -153,7 +154,7 @@ static void exe_path_resolve(void)
  * where a long incarnation had emptied that list (docs/results.md).  So each
  * incarnation keeps a small pool of pages that it owns (written by the
  * standing helper, off the restart path) and frees it on the restarting CPU
- * just before execve. */
+ * just before execve; freeing costs about 0.1 us per KiB there. */
 
 static void *exec_pool;
 
@@ -194,6 +195,10 @@ static void exec_pool_release(void)
 static int holder_pipe[2];
 static char holder_stack[16384] __attribute__((aligned(64)));
 static _Atomic uint32_t holder_fds_closed; /* futex word, shared through CLONE_VM */
+static int holder_app_cpu;                  /* the app's CPU when it cloned the standing helper */
+static _Atomic int holder_off_cpu = -1;     /* the CPU the standing helper keeps off */
+
+static void holder_move_off_cpu(pid_t pid, int cpu);
 
 /* arg != NULL: the standing helper, which also writes the exec page pool */
 static int holder_main(void *arg)
@@ -206,6 +211,11 @@ static int holder_main(void *arg)
 	if (rd > 0)
 		syscall(SYS_close_range, 0u, (unsigned)rd - 1, 0u);
 	syscall(SYS_close_range, (unsigned)rd + 1, ~0u, 0u);
+	if (arg) {
+		/* off the app's path: the restart only checks it still holds */
+		holder_move_off_cpu(0, holder_app_cpu);
+		atomic_store(&holder_off_cpu, holder_app_cpu);
+	}
 	atomic_store(&holder_fds_closed, 1);
 	syscall(SYS_futex, &holder_fds_closed, FUTEX_WAKE, 1, NULL, NULL, 0);
 	if (arg && exec_pool)
@@ -267,12 +277,14 @@ static int holder_clone(pid_t *pid, bool standing)
  * incarnation until the idle core pulls one of them away.  Send it to the
  * other CPUs instead.  (Idle priority measured the same, but an idle task
  * preempted inside the kernel's unmapping, holding the memfd's locks, could
- * stall the next incarnation.)  Async-signal-safe. */
-static void holder_move_off_this_cpu(pid_t pid)
+ * stall the next incarnation.)  The standing helper does this to itself
+ * (pid 0) for the CPU the app ran on when it was cloned; a restart from
+ * another CPU moves it again (20-30 us there).  Async-signal-safe. */
+static void holder_move_off_cpu(pid_t pid, int cpu)
 {
 	cpu_set_t set;
-	int cpu = sched_getcpu();
-	if (pid <= 0 || cpu < 0 || sched_getaffinity(0, sizeof set, &set) < 0)
+	/* the caller's own mask is the app's (the helper inherited it) */
+	if (pid < 0 || cpu < 0 || sched_getaffinity(0, sizeof set, &set) < 0)
 		return;
 	if (CPU_COUNT(&set) < 2) {
 		/* Pinned to one CPU (taskset, cpuset): the helper cannot leave
@@ -296,7 +308,9 @@ static int teardown_holder_for_exec(void)
 	rk_g.manifest->holder_pid = standing_holder_wr >= 0 ? standing_holder_pid : pid;
 	if (wr >= 0) {
 		holder_wait_fds_closed();
-		holder_move_off_this_cpu(rk_g.manifest->holder_pid);
+		int cpu = sched_getcpu();
+		if (wr != standing_holder_wr || cpu != atomic_load(&holder_off_cpu))
+			holder_move_off_cpu(rk_g.manifest->holder_pid, cpu);
 	}
 	return wr;
 }
@@ -306,6 +320,7 @@ void rk_teardown_holder_stand(void)
 	if (standing_holder_wr >= 0)
 		return;
 	exec_pool_map();
+	holder_app_cpu = sched_getcpu();
 	standing_holder_wr = holder_clone(&standing_holder_pid, true);
 	if (standing_holder_wr < 0)
 		exe_path_resolve();
