@@ -34,7 +34,7 @@ def json_lines(text, key):
     return out
 
 
-def run_app(name, *args, env=None, timeout=60):
+def run_app(name, *args, env=None, timeout=60, pass_fds=()):
     exe = BUILD / "apps" / name
     if not exe.exists():
         pytest.fail(f"{exe} missing: run `make` first")
@@ -47,6 +47,7 @@ def run_app(name, *args, env=None, timeout=60):
         text=True,
         env=full_env,
         timeout=timeout,
+        pass_fds=pass_fds,
         check=False,  # the exit status is part of what tests check
     )
     return Run(

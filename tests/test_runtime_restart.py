@@ -2,6 +2,7 @@
 list (and RK_PRESERVED statics, a preserved range, large objects) in an arena,
 dies in a chosen way, and reports what its next incarnation found."""
 
+import os
 import signal
 import socket
 
@@ -183,6 +184,43 @@ def test_manifest_fd_pointing_elsewhere_is_refused_and_left_open():
     (state,) = run.states
     assert state["kind"] == "cold"
     assert "REKINDLE_MANIFEST_FD=0 is not a rekindle manifest" in state["decision"]
+
+
+def garbage_memfd(name, size=1 << 20):
+    fd = os.memfd_create(name, 0)
+    os.ftruncate(fd, size)
+    os.pwrite(fd, b"not ours" * 512, 0)
+    return fd
+
+
+def test_manifest_fd_to_another_memfd_is_refused_as_corrupt():
+    fd = garbage_memfd("rekindle:manifest")
+    try:
+        run = run_app("crashy", env={"REKINDLE_MANIFEST_FD": str(fd)}, pass_fds=(fd,))
+    finally:
+        os.close(fd)
+    (state,) = run.states
+    assert state["kind"] == "cold"
+    assert "manifest from the previous incarnation is corrupt" in state["decision"]
+
+
+@pytest.mark.parametrize("kind", ["pipe", "memfd"])
+def test_control_fd_that_is_not_a_control_block_is_ignored_with_a_warning(kind):
+    if kind == "pipe":
+        fd, other = os.pipe()
+        os.close(other)
+        want = "is not a rekindle control block"
+    else:
+        fd = garbage_memfd("rekindle:control")
+        want = "control block has a foreign magic"
+    try:
+        run = run_app(
+            "crashy", "--crash", "0:segv", env={"REKINDLE_CONTROL_FD": str(fd), **NO_WINDOW}, pass_fds=(fd,)
+        )
+    finally:
+        os.close(fd)
+    assert [s["kind"] for s in run.states] == ["fresh", "warm"]
+    assert any(want in w["what"] for w in run.events_of("warning"))
 
 
 def test_restarts_repeat_with_state_intact():
