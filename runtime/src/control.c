@@ -38,6 +38,7 @@ struct rk_control *rk_ctl;
 static int ctl_fd = -1;
 static _Atomic int unsafe_freezing;
 static bool asym_barrier; /* membarrier private expedited is registered */
+static bool block_fresh;  /* our own block, mapped by this incarnation: all zero but what rk_init wrote */
 static __thread struct rk_ctl_slot *tls_slot;
 static pthread_key_t slot_key;
 static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
@@ -106,6 +107,7 @@ int rk_control_open(void)
 	c->nslots = RK_CONTROL_SLOTS;
 	c->slot_size = sizeof(struct rk_ctl_slot);
 	rk_ctl = c;
+	block_fresh = true;
 	return 0;
 }
 
@@ -119,14 +121,30 @@ int rk_control_fd(void)
 	return ctl_fd;
 }
 
+/* Only slots in use are written, and a fresh block's other slots are not
+ * even read: a touch of each of its 16 pages would cost 16 page faults
+ * (30-80 us on a restart's cold caches).  Reads of a shared block's pages
+ * cost one fault-around. */
+static void slot_reset_if_used(struct rk_ctl_slot *s)
+{
+	bool used = atomic_load(&s->tid) != 0;
+	for (unsigned k = 0; k < RK_MAX_ARENAS && !used; k++)
+		used = atomic_load(&s->depth[k]) != 0;
+	if (!used)
+		return;
+	atomic_store(&s->tid, 0);
+	for (unsigned k = 0; k < RK_MAX_ARENAS; k++)
+		atomic_store(&s->depth[k], 0);
+}
+
 void rk_control_begin(unsigned generation, enum rk_ctl_state state)
 {
 	struct rk_control *c = rk_ctl;
-	for (unsigned i = 0; i < RK_CONTROL_SLOTS; i++) {
-		atomic_store(&c->slots[i].tid, 0);
-		for (unsigned k = 0; k < RK_MAX_ARENAS; k++)
-			atomic_store(&c->slots[i].depth[k], 0);
-	}
+	if (block_fresh && tls_slot) /* the only slot rk_init can have claimed */
+		slot_reset_if_used(tls_slot);
+	for (unsigned i = 0; i < RK_CONTROL_SLOTS && !block_fresh; i++)
+		slot_reset_if_used(&c->slots[i]);
+	block_fresh = false;
 	atomic_store(&c->slots[OVERFLOW_SLOT].tid, OVERFLOW_TID);
 	/* rk_init may have claimed a slot already (the allocator's critical
 	 * sections count too, and a warm start runs some): claim again, or
