@@ -158,4 +158,3 @@ class Supervisor:
                 self.proc.wait()
         self.out.close()
         self.err.close()
-

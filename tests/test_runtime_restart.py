@@ -3,12 +3,15 @@ list (and RK_PRESERVED statics, a preserved range, large objects) in an arena,
 dies in a chosen way, and reports what its next incarnation found."""
 
 import os
+import shutil
 import signal
 import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import run_app
+from conftest import BUILD, json_lines, run_app
 
 NO_WINDOW = {"REKINDLE_CRASHLOOP_MS": "0"}  # crashes in quick succession stay warm
 
@@ -231,3 +234,62 @@ def test_restarts_repeat_with_state_intact():
     assert {s["head"] for s in run.states} == {run.states[0]["head"]}
     assert run.states[-1]["incarnations_seen"] == 7
     assert all(s["state"] == "preserved" for s in run.states[1:])
+
+
+def test_warm_restart_keeps_the_process_name():
+    """The restart execs /proc/self/exe, which would name the process "exe"."""
+    run = run_app("crashy", "--crash", "0:segv", env=NO_WINDOW)
+    assert [(s["kind"], s["comm"]) for s in run.states] == [("fresh", "crashy"), ("warm", "crashy")]
+
+
+def test_restart_runs_the_running_binary_even_if_replaced_on_disk(tmp_path):
+    """An upgrade on disk before the crash: the arenas are laid out for the
+    running binary, so the restart runs that one, not the file now at its path."""
+    exe = tmp_path / "crashy"
+    shutil.copy(BUILD / "apps" / "crashy", exe)
+    shutil.copy("/bin/true", tmp_path / "other")
+    p = subprocess.run(
+        [str(exe), "--replace-self-with", str(tmp_path / "other"), "--crash", "0:segv"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **NO_WINDOW},
+        timeout=60,
+        check=False,
+    )
+    states = json_lines(p.stdout, "app")
+    assert [s["kind"] for s in states] == ["fresh", "warm"]
+    assert states[1]["state"] == "preserved"
+    assert (tmp_path / "crashy").read_bytes() == Path("/bin/true").read_bytes()  # the replacement happened
+
+
+def test_forked_child_that_faults_dies_and_leaves_the_parent_alone():
+    """Fatal-signal handlers survive fork: a child's fault must not restart
+    (warm, on its parent's arenas and manifest); the child dies of it."""
+    run = run_app("crashy", "--fork-crash")
+    (fork,) = json_lines(run.stdout, "fork")
+    assert fork["child_signal"] == signal.SIGSEGV
+    assert [s["kind"] for s in run.states] == ["fresh"]
+    assert run.returncode == 0
+    (err,) = run.events_of("error")
+    assert "forked child" in err["what"]
+
+
+def test_range_fd_replaced_behind_the_runtime_is_refused(tmp_path):
+    """The manifest names the file the runtime created, not whatever the fd
+    number holds when the manifest is rewritten."""
+    data = tmp_path / "data"
+    run = run_app("crashy", "--range", "--steal-range-fd", data, "--crash", "0:segv", env=NO_WINDOW)
+    assert [s["kind"] for s in run.states] == ["fresh", "cold"]
+    assert "preserved range" in run.states[1]["decision"] and "foreign fd" in run.states[1]["decision"]
+    assert data.read_bytes() == bytes(2 * 4096)  # never mapped over the range
+
+
+def test_stray_shmem_fd_named_as_manifest_is_left_open():
+    fd = garbage_memfd("not-rekindle")
+    try:
+        run = run_app("crashy", "--check-fd", fd, env={"REKINDLE_MANIFEST_FD": str(fd)}, pass_fds=(fd,))
+    finally:
+        os.close(fd)
+    (state,) = run.states
+    assert state["kind"] == "cold" and "corrupt" in state["decision"]
+    assert state["check_fd_open"] == 1

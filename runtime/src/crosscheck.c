@@ -222,7 +222,8 @@ static void release_resources(bool keep_scratch)
 	cc.result_fd = -1;
 	pid_t child = atomic_exchange(&rk_g.validator_pid, 0);
 	if (child > 0)
-		(void)waitpid(child, NULL, 0); /* it has written its result, or is dead */
+		while (waitpid(child, NULL, 0) < 0 && errno == EINTR) /* it has written its result, or is dead */
+			;
 	free(cc.copied);
 	cc.copied = NULL;
 	atomic_store(&rk_g.no_punch, false);
@@ -262,9 +263,11 @@ static void finish(const struct cc_result *res, bool have_result)
 	snprintf(why, sizeof why, "cross-check mismatch (%.100s): hot switch to the validated state", res->why);
 	rk_g.switch_index = (int)cc.arena->index;
 	rk_g.switch_fd = cc.scratch_fd;
+	rk_fd_file_id(cc.scratch_fd, &rk_g.switch_dev, &rk_g.switch_ino);
 	rk_g.switch_base = cc.scratch_base;
 	rk_g.switch_max = cc.scratch_max;
 	int r = rk_restart_hot_switch(why); /* returns only on failure */
+	release_resources(false); /* the validated copy is of no use now */
 	atomic_store(&cc.state, RK_CC_FAILED);
 	char msg[64];
 	snprintf(msg, sizeof msg, "hot switch failed: %s", strerror(-r));

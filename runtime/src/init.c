@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -100,7 +101,8 @@ static void manifest_sync_arenas(void)
 		d->flags = a->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT);
 		d->base = a->hdr->base;
 		d->max = a->hdr->max_bytes;
-		rk_fd_file_id(a->fd, &d->dev, &d->ino);
+		d->dev = a->dev;
+		d->ino = a->ino;
 	}
 	m->narenas = n;
 	n = 0;
@@ -108,7 +110,8 @@ static void manifest_sync_arenas(void)
 		m->ranges[n].fd = rk_ranges[i].fd;
 		m->ranges[n].addr = rk_ranges[i].addr;
 		m->ranges[n].len = rk_ranges[i].len;
-		rk_fd_file_id(rk_ranges[i].fd, &m->ranges[n].dev, &m->ranges[n].ino);
+		m->ranges[n].dev = rk_ranges[i].dev;
+		m->ranges[n].ino = rk_ranges[i].ino;
 		n++;
 	}
 	m->nranges = n;
@@ -152,6 +155,7 @@ static int manifest_create(const struct rk_manifest *old)
 	m->fast_failures = old ? old->fast_failures : 0;
 	m->reserve_base = rk_g.reserve_base;
 	m->reserve_len = rk_g.reserve_len;
+	(void)prctl(PR_GET_NAME, m->comm);
 	rk_statics_describe(m);
 	rk_g.manifest = m;
 	rk_g.manifest_fd = fd;
@@ -193,30 +197,30 @@ bool rk_fd_is_file(int fd, uint64_t dev, uint64_t ino)
 	return i != 0 && d == dev && i == ino;
 }
 
-/* Maps a manifest memfd (a private copy: writes stay ours) and checks it;
- * closes fd. */
-static struct rk_manifest *manifest_map(int fd, uint64_t *size, char *why, size_t wl)
+/* Maps a manifest memfd (a private copy: writes stay ours) and checks it.
+ * Closes fd unless it is a stray fd of the app's: ours says it is the
+ * runtime's anyway (handed over by the supervisor); otherwise only one that
+ * carries the manifest magic is closed. */
+static struct rk_manifest *manifest_map(int fd, bool ours, uint64_t *size, char *why, size_t wl)
 {
 	struct stat st;
+	struct rk_manifest *m = MAP_FAILED;
 	if (fstat(fd, &st) < 0 || st.st_size < (off_t)sizeof(struct rk_manifest)) {
 		snprintf(why, wl, "the manifest is truncated");
-		close(fd);
-		return MAP_FAILED;
-	}
-	struct rk_manifest *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-	close(fd);
-	if (m == MAP_FAILED) {
+	} else if ((m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0)) == MAP_FAILED) {
 		snprintf(why, wl, "cannot map the manifest: %s", strerror(errno));
-		return MAP_FAILED;
-	}
-	*size = (uint64_t)st.st_size;
-	if (m->magic != RK_MANIFEST_MAGIC || m->version != RK_MANIFEST_VERSION ||
-	    m->checksum != rk_manifest_checksum(m) ||
-	    m->narenas > RK_MAX_ARENAS || m->nranges > RK_MAX_RANGES || m->nstatics > RK_MAX_STATICS) {
+	} else if (m->magic != RK_MANIFEST_MAGIC || m->version != RK_MANIFEST_VERSION ||
+		   m->checksum != rk_manifest_checksum(m) || m->narenas > RK_MAX_ARENAS ||
+		   m->nranges > RK_MAX_RANGES || m->nstatics > RK_MAX_STATICS) {
 		snprintf(why, wl, "manifest from the previous incarnation is corrupt");
+		ours = ours || m->magic == RK_MANIFEST_MAGIC;
 		munmap((void *)m, (size_t)st.st_size);
-		return MAP_FAILED;
+		m = MAP_FAILED;
 	}
+	if (m != MAP_FAILED || ours)
+		close(fd); /* a private mapping needs no fd */
+	if (m != MAP_FAILED)
+		*size = (uint64_t)st.st_size;
 	return m;
 }
 
@@ -236,7 +240,7 @@ static const struct rk_manifest *manifest_inherit(uint64_t *size, char *why, siz
 		snprintf(why, wl, "REKINDLE_MANIFEST_FD=%.40s is not a rekindle manifest", v);
 		return MAP_FAILED; /* not ours: leave that fd alone */
 	}
-	return manifest_map((int)fd, size, why, wl);
+	return manifest_map((int)fd, false, size, why, wl);
 }
 
 /* Takes the handed-over fd whose memfd is called exactly "rekindle:<name>". */
@@ -266,7 +270,7 @@ static const struct rk_manifest *manifest_from_supervisor(struct rk_inherit *inh
 	if (!rk_fd_is_memfd(inh->fds[0], "/memfd:rekindle:manifest", false))
 		snprintf(why, wl, "the supervisor handed over a manifest fd that is not a rekindle manifest");
 	else
-		m = manifest_map(inh->fds[0], size, why, wl);
+		m = manifest_map(inh->fds[0], true, size, why, wl);
 	if (m != MAP_FAILED) {
 		matched = true;
 		/* The supervisor keeps back the arenas it found half-changed
@@ -327,13 +331,22 @@ static const struct rk_manifest *inherit_from_supervisor(uint64_t *size, char *w
 
 /* ---- reattaching inherited state ----------------------------------------- */
 
+/* An in-place restart execs /proc/self/exe, which names the process "exe":
+ * give it back the name it had at the previous rk_init. */
+static void process_name_restore(const struct rk_manifest *m)
+{
+	if (m->comm[0] && memchr(m->comm, 0, sizeof m->comm))
+		(void)prctl(PR_SET_NAME, m->comm);
+}
+
 static void close_inherited_fds(const struct rk_manifest *m)
 {
 	for (unsigned i = 0; i < m->narenas; i++)
-		if (!(m->arenas[i].flags & RK_MARENA_DROPPED) && rk_fd_is_memfd(m->arenas[i].fd, "/memfd:rekindle:", false))
+		if (!(m->arenas[i].flags & RK_MARENA_DROPPED) &&
+		    rk_fd_is_file(m->arenas[i].fd, m->arenas[i].dev, m->arenas[i].ino))
 			close(m->arenas[i].fd);
 	for (unsigned i = 0; i < m->nranges; i++)
-		if (rk_fd_is_memfd(m->ranges[i].fd, "/memfd:rekindle:", false))
+		if (rk_fd_is_file(m->ranges[i].fd, m->ranges[i].dev, m->ranges[i].ino))
 			close(m->ranges[i].fd);
 }
 
@@ -402,6 +415,8 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 		a->hdr = p;
 		a->hdr_max = d->max;
 		a->fd = d->fd;
+		a->dev = d->dev;
+		a->ino = d->ino;
 		a->index = rk_g.narenas++;
 		a->inherited = true;
 		a->flags = d->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT);
@@ -431,6 +446,8 @@ static int attach_ranges(const struct rk_manifest *m, char *why, size_t wl)
 			return -EEXIST;
 		}
 		rk_ranges[rk_nranges].fd = d->fd;
+		rk_ranges[rk_nranges].dev = d->dev;
+		rk_ranges[rk_nranges].ino = d->ino;
 		rk_ranges[rk_nranges].addr = d->addr;
 		rk_ranges[rk_nranges].len = d->len;
 		rk_nranges++;
@@ -502,6 +519,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 	if (rk_g.initialized)
 		return -EALREADY;
 	rk_g.start_ns = rk_now_ns();
+	rk_g.pid = getpid();
 	rk_g.flags = opts ? opts->flags : 0;
 	rk_g.crashloop_ms = opts && opts->crashloop_window_ms ? opts->crashloop_window_ms
 							      : (unsigned)env_u64("REKINDLE_CRASHLOOP_MS", 1000);
@@ -523,6 +541,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		rk_strlcpy(rk_g.info.decision, why, sizeof rk_g.info.decision);
 		old = NULL;
 	} else if (old) {
+		process_name_restore(old);
 		rk_g.info.generation = old->generation + 1;
 		rk_g.info.signal = old->signal;
 		rk_g.info.fault_addr = old->fault_addr;
@@ -668,6 +687,7 @@ static rk_arena *arena_format_at(const char *name, int fd, uint64_t base, uint64
 	struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
 	memset(a, 0, sizeof *a);
 	a->fd = fd;
+	rk_fd_file_id(fd, &a->dev, &a->ino);
 	uint64_t heap_off = rk_arena_heap_offset(max);
 	int r = -EINVAL;
 	if (heap_off + 65536 <= max && ftruncate(fd, (off_t)heap_off) == 0) {

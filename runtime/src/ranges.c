@@ -52,6 +52,7 @@ int rk_preserve_range(void *addr, size_t len)
 		return e;
 	}
 	rk_ranges[rk_nranges].fd = fd;
+	rk_fd_file_id(fd, &rk_ranges[rk_nranges].dev, &rk_ranges[rk_nranges].ino);
 	rk_ranges[rk_nranges].addr = a;
 	rk_ranges[rk_nranges].len = len;
 	rk_nranges++;

@@ -32,13 +32,6 @@
 extern char **environ;
 
 static char **exec_argv, **exec_envp;
-/* The binary's path, for execve: exec'ing "/proc/self/exe" itself would
- * rename the process "exe" (its comm).  Resolved once per incarnation, by
- * the standing helper (a readlink in /proc costs a new process 20 us), and
- * published by exe_resolved; until then, and if the path is gone by the
- * restart, "/proc/self/exe" runs the same binary. */
-static char exe_path[PATH_MAX];
-static _Atomic bool exe_resolved;
 static char manifest_env[48], sup_env[48], ctl_env[48];
 static int restart_signal; /* $REKINDLE_RESTART_SIGNAL: the supervisor asks for a restart */
 static _Atomic int restarting;
@@ -131,16 +124,6 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 	return 0;
 }
 
-/* Async-signal-safe (the helper runs it). */
-static void exe_path_resolve(void)
-{
-	ssize_t l = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
-	if (l > 0) {
-		exe_path[l] = 0;
-		atomic_store(&exe_resolved, true);
-	}
-}
-
 /* ---- the exec page pool ----
  * The kernel gives the new incarnation's first pages (page tables, the
  * loader's and libc's data, stacks: about 60 up to rk_init's return for
@@ -176,6 +159,13 @@ static void exec_pool_map(void)
 	exec_pool = p;
 }
 
+static void exec_pool_unmap(void)
+{
+	if (exec_pool)
+		munmap(exec_pool, exec_pool_len);
+	exec_pool = NULL;
+}
+
 /* A write per page: a read would only map the shared zero page. */
 static void exec_pool_populate(void)
 {
@@ -200,30 +190,51 @@ static _Atomic int holder_off_cpu = -1;     /* the CPU the standing helper keeps
 
 static void holder_move_off_cpu(pid_t pid, int cpu);
 
+/* The helper has no thread-local storage of its own (CLONE_VM without
+ * CLONE_SETTLS): it runs on the TLS of the app thread that cloned it, so it
+ * calls no libc function, which could write that thread's errno or resolve
+ * a lazily bound symbol with it.  Raw system calls only; -errno on failure.
+ * The restart path uses them too (no errno to save there). */
+static long raw_syscall3(long nr, long a, long b, long c)
+{
+#if defined(__x86_64__)
+	long ret;
+	__asm__ volatile("syscall" : "=a"(ret) : "a"(nr), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+	return ret;
+#elif defined(__aarch64__)
+	register long x8 __asm__("x8") = nr;
+	register long x0 __asm__("x0") = a;
+	register long x1 __asm__("x1") = b;
+	register long x2 __asm__("x2") = c;
+	__asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2) : "memory", "cc");
+	return x0;
+#else
+#error "raw_syscall3: add this architecture"
+#endif
+}
+
 /* arg != NULL: the standing helper, which also writes the exec page pool */
 static int holder_main(void *arg)
 {
 	int rd = holder_pipe[0];
-	if (arg)
-		exe_path_resolve(); /* our mm, so our /proc/self/exe; before the restart may look */
 	/* Hold no fd of the app (a listening socket would stay bound), and say
 	 * so before the exec: the next incarnation may bind at once. */
 	if (rd > 0)
-		syscall(SYS_close_range, 0u, (unsigned)rd - 1, 0u);
-	syscall(SYS_close_range, (unsigned)rd + 1, ~0u, 0u);
+		raw_syscall3(SYS_close_range, 0, rd - 1, 0);
+	raw_syscall3(SYS_close_range, rd + 1, ~0u, 0);
 	if (arg) {
 		/* off the app's path: the restart only checks it still holds */
 		holder_move_off_cpu(0, holder_app_cpu);
 		atomic_store(&holder_off_cpu, holder_app_cpu);
 	}
 	atomic_store(&holder_fds_closed, 1);
-	syscall(SYS_futex, &holder_fds_closed, FUTEX_WAKE, 1, NULL, NULL, 0);
+	raw_syscall3(SYS_futex, (long)&holder_fds_closed, FUTEX_WAKE, 1);
 	if (arg && exec_pool)
 		exec_pool_populate(); /* we share the app's mm: these become its pages */
 	char c;
-	while (syscall(SYS_read, rd, &c, 1) < 0)
+	while (raw_syscall3(SYS_read, rd, (long)&c, 1) < 0)
 		;
-	syscall(SYS_exit_group, 0); /* drops the last reference to the old mm */
+	raw_syscall3(SYS_exit_group, 0, 0, 0); /* drops the last reference to the old mm */
 	return 0;
 }
 
@@ -282,21 +293,27 @@ static int holder_clone(pid_t *pid, bool standing)
  * another CPU moves it again (20-30 us there).  Async-signal-safe. */
 static void holder_move_off_cpu(pid_t pid, int cpu)
 {
-	cpu_set_t set;
+	unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {0};
+	const unsigned bits = 8 * sizeof mask[0];
 	/* the caller's own mask is the app's (the helper inherited it) */
-	if (pid < 0 || cpu < 0 || sched_getaffinity(0, sizeof set, &set) < 0)
+	long n = raw_syscall3(SYS_sched_getaffinity, 0, sizeof mask, (long)mask);
+	if (pid < 0 || cpu < 0 || (unsigned)cpu >= sizeof mask * 8 || n <= 0)
 		return;
-	if (CPU_COUNT(&set) < 2) {
+	unsigned count = 0;
+	for (unsigned i = 0; i < (size_t)n / sizeof mask[0]; i++)
+		for (unsigned long w = mask[i]; w; w &= w - 1) /* no libgcc call: see raw_syscall3 */
+			count++;
+	if (count < 2) {
 		/* Pinned to one CPU (taskset, cpuset): the helper cannot leave
 		 * it, so it yields it.  The inversion feared above resolves
 		 * itself here: a new incarnation that waits on a lock the helper
 		 * holds leaves the CPU idle, and the helper runs. */
 		struct sched_param sp = {0};
-		(void)sched_setscheduler(pid, SCHED_IDLE, &sp);
+		(void)raw_syscall3(SYS_sched_setscheduler, pid, SCHED_IDLE, (long)&sp);
 		return;
 	}
-	CPU_CLR(cpu, &set);
-	(void)sched_setaffinity(pid, sizeof set, &set);
+	mask[(unsigned)cpu / bits] &= ~(1ul << ((unsigned)cpu % bits));
+	(void)raw_syscall3(SYS_sched_setaffinity, pid, n, (long)mask);
 }
 
 /* At a restart: returns the write end of the pipe to close at exec, or -1
@@ -323,7 +340,7 @@ void rk_teardown_holder_stand(void)
 	holder_app_cpu = sched_getcpu();
 	standing_holder_wr = holder_clone(&standing_holder_pid, true);
 	if (standing_holder_wr < 0)
-		exe_path_resolve();
+		exec_pool_unmap(); /* nobody would fill it */
 }
 
 /* ---- the decision and the exec ---- */
@@ -346,7 +363,7 @@ static void close_transient_fds_at_exec(void)
 		set_cloexec((int)fd, true);
 }
 
-static void hand_over_fds(bool warm, uint32_t drop, bool on)
+static void hand_over_fds(bool warm, bool hot_switch, uint32_t drop, bool on)
 {
 	if (on)
 		close_transient_fds_at_exec();
@@ -359,8 +376,7 @@ static void hand_over_fds(bool warm, uint32_t drop, bool on)
 		return;
 	for (unsigned i = 0; i < rk_g.narenas; i++)
 		if (rk_g.arenas[i].hdr && !(drop & (1u << i)))
-			set_cloexec(rk_g.switch_fd > 0 && (int)i == rk_g.switch_index ? rk_g.switch_fd : rk_g.arenas[i].fd,
-				    !on);
+			set_cloexec(hot_switch && (int)i == rk_g.switch_index ? rk_g.switch_fd : rk_g.arenas[i].fd, !on);
 	for (unsigned i = 0; i < rk_nranges; i++)
 		set_cloexec(rk_ranges[i].fd, !on);
 }
@@ -416,9 +432,9 @@ static uint32_t independent_arenas(void)
 static bool decide_components(int sig, uint32_t ignore, char *decision, size_t cap, uint32_t *drop)
 {
 	uint32_t open = rk_unsafe_open_mask() & ~ignore;
+	hook_drop_mask = 0; /* not what the hook chose at an earlier, failed restart */
 	if (failure_hook && !ignore) {
 		in_failure_hook = true;
-		hook_drop_mask = 0;
 		bool go_on = failure_hook(sig, failure_hook_ctx);
 		in_failure_hook = false;
 		if (!go_on) {
@@ -470,7 +486,8 @@ static void manifest_switch_arena(bool on)
 		if (strcmp(m->arenas[i].name, a->name) != 0)
 			continue;
 		m->arenas[i].fd = on ? rk_g.switch_fd : a->fd;
-		rk_fd_file_id(m->arenas[i].fd, &m->arenas[i].dev, &m->arenas[i].ino);
+		m->arenas[i].dev = on ? rk_g.switch_dev : a->dev;
+		m->arenas[i].ino = on ? rk_g.switch_ino : a->ino;
 		m->arenas[i].base = on ? rk_g.switch_base : a->hdr->base;
 		m->arenas[i].max = on ? rk_g.switch_max : a->hdr->max_bytes;
 	}
@@ -485,6 +502,16 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 	struct rk_manifest *m = rk_g.manifest;
 	if (!m)
 		return -EINVAL;
+	if (getpid() != rk_g.pid) {
+		/* A forked child that did not exec: the manifest, the arenas, the
+		 * control block and the supervisor link are its parent's. */
+		struct rk_ev e;
+		rk_ev_begin(&e, "error");
+		rk_ev_str(&e, "what", "no restart in a forked child: the preserved state is its parent's");
+		rk_ev_str(&e, "reason", reason);
+		rk_ev_end(&e);
+		return -ECHILD;
+	}
 	if (atomic_exchange(&restarting, 1)) {
 		for (;;) /* another thread is restarting; its exec ends us */
 			pause();
@@ -595,13 +622,14 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 	if (hot_switch && warm)
 		manifest_switch_arena(true);
 	m->checksum = rk_manifest_checksum(m);
-	hand_over_fds(warm, drop, true);
+	hand_over_fds(warm, hot_switch, drop, true);
 	exec_pool_release(); /* last: nothing may take these pages back before the exec */
-	if (atomic_load(&exe_resolved))
-		execve(exe_path, exec_argv, exec_envp);
+	/* the very binary that is running, even if a newer one has replaced it
+	 * on disk (the arenas' layout is this one's); rk_init puts the process
+	 * name back, which this exec would make "exe" */
 	execve("/proc/self/exe", exec_argv, exec_envp);
 	int err = errno;
-	hand_over_fds(warm, drop, false);
+	hand_over_fds(warm, hot_switch, drop, false);
 	manifest_mark_dropped(drop, false);
 	if (hot_switch && warm)
 		manifest_switch_arena(false);

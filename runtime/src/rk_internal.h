@@ -142,6 +142,7 @@ struct rk_arena {
 	unsigned flags;     /* RK_ARENA_* the app opened it with */
 	int pkey;           /* protection key (RK_ARENA_WRITE_PROTECT), 0 = none */
 	uint64_t hdr_max;   /* mapped length, kept apart from the header it maps */
+	uint64_t dev, ino;  /* fd's file, taken when the runtime got the fd */
 	char name[RK_NAME_MAX + 1];
 };
 
@@ -185,7 +186,7 @@ int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
  * mapping), read and validated by the next one's rk_init.  Its fd number is
  * passed in $REKINDLE_MANIFEST_FD. */
 #define RK_MANIFEST_MAGIC 0x54534e4d4b52ull /* "RKMNST" */
-#define RK_MANIFEST_VERSION 4u
+#define RK_MANIFEST_VERSION 5u
 #define RK_MAX_STATICS 32
 #define RK_MANIFEST_FIXED 65536u /* statics data follows */
 
@@ -224,6 +225,7 @@ struct rk_manifest {
 	int32_t holder_pid;    /* teardown helper of the last restart, to reap */
 	int32_t validator_pid; /* cross-check validator killed by the restart, to reap */
 	uint32_t narenas, nranges, nstatics, statics_saved;
+	char comm[16];         /* the process name at rk_init, put back after the exec */
 	struct rk_manifest_arena arenas[RK_MAX_ARENAS];
 	struct rk_manifest_range ranges[RK_MAX_RANGES];
 	struct rk_manifest_static statics[RK_MAX_STATICS];
@@ -235,6 +237,7 @@ struct rk_manifest {
 struct rk_state {
 	bool initialized;
 	bool recovery;        /* warm start, recovery not finished */
+	pid_t pid;            /* the process rk_init ran in (a forked child does not restart) */
 	unsigned flags;
 	uint64_t reserve_base, reserve_len, next_arena_addr;
 	unsigned crashloop_ms, max_fast_failures;
@@ -255,7 +258,7 @@ struct rk_state {
 	pid_t validator_reap;       /* previous incarnation's validator, to reap */
 	/* a cross-check hot switch: this arena index is replaced at the exec */
 	int switch_index, switch_fd;
-	uint64_t switch_base, switch_max;
+	uint64_t switch_base, switch_max, switch_dev, switch_ino;
 };
 void rk_reap_teardown_holder(void) RK_HIDDEN; /* and a killed validator */
 /* A formatted arena on fd at base, registered in this process only (the
@@ -283,7 +286,7 @@ void rk_statics_save(struct rk_manifest *m) RK_HIDDEN; /* async-signal-safe */
 unsigned rk_statics_restore(const struct rk_manifest *old, uint64_t old_size) RK_HIDDEN;
 
 /* ---- ranges.c ---- */
-struct rk_range { int fd; uint64_t addr, len; };
+struct rk_range { int fd; uint64_t addr, len, dev, ino; };
 extern struct rk_range rk_ranges[RK_MAX_RANGES] RK_HIDDEN;
 extern unsigned rk_nranges RK_HIDDEN;
 

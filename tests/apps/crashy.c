@@ -4,7 +4,8 @@
  *
  *   crashy [--objects N] [--payload BYTES] [--inflight K] [--range]
  *          [--crash GEN:KIND]... [--squat-on-restart] [--swap-arena-on-restart]
- *          [--no-cleanup]
+ *          [--no-cleanup] [--replace-self-with PATH] [--fork-crash]
+ *          [--steal-range-fd FILE] [--check-fd N]
  *          [--churn-threads N] [--listen PORT] [--fill-mb N]
  *
  * KIND: segv bus fpe ill abort restart restart-cold in-runtime hold-lock
@@ -24,7 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 struct node {
@@ -190,6 +194,56 @@ static void die_as(const char *kind, rk_arena *a)
 	exit(2);
 }
 
+/* --replace-self-with: an "upgrade" of the binary on disk before the crash;
+ * the restart must still run the binary that is running. */
+static void replace_own_binary(const char *with)
+{
+	char self[4096];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (n <= 0 || (self[n] = 0, rename(with, self) < 0))
+		perror("crashy: replace own binary");
+}
+
+/* --fork-crash: a forked child (no exec) faults; it must die of the signal,
+ * not restart on its parent's arenas. */
+static void fork_and_crash_child(void)
+{
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid == 0) {
+		*null_ptr = 1;
+		_exit(0);
+	}
+	int st = 0;
+	if (pid < 0 || waitpid(pid, &st, 0) < 0)
+		perror("crashy: fork");
+	printf("{\"fork\":\"child\",\"child_signal\":%d,\"child_exit\":%d}\n", WIFSIGNALED(st) ? WTERMSIG(st) : 0,
+	       WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	fflush(stdout);
+}
+
+/* --steal-range-fd: close the preserved range's memfd behind the runtime's
+ * back and put another file at its fd number, then make the runtime
+ * rewrite its manifest (a second arena): the next start must refuse it. */
+static void steal_range_fd(const char *file)
+{
+	for (int fd = 3; fd < 256; fd++) {
+		char link[64], target[128];
+		snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+		ssize_t n = readlink(link, target, sizeof target - 1);
+		if (n <= 0 || (target[n] = 0, strncmp(target, "/memfd:rekindle:range", 21) != 0))
+			continue;
+		int other = open(file, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		if (other < 0 || ftruncate(other, RANGE_LEN) < 0 || dup3(other, fd, O_CLOEXEC) < 0)
+			perror("crashy: steal range fd");
+		close(other);
+		if (!rk_arena_open("extra", 4u << 20))
+			perror("crashy: rk_arena_open extra");
+		return;
+	}
+	fprintf(stderr, "crashy: no range fd to steal\n");
+}
+
 static void swap_inherited_arena(const char *want)
 {
 	for (int fd = 3; fd < 256; fd++) {
@@ -218,7 +272,8 @@ int main(int argc, char **argv)
 	int want_range = 0, cleanup = 1;
 	const char *crash_at[16];
 	int ncrash = 0;
-	int squat = 0, swap_arena = 0;
+	int squat = 0, swap_arena = 0, fork_crash = 0, check_fd = -1;
+	const char *replace_with = NULL, *steal_range_file = NULL;
 	unsigned churn = 0, listen_port = 0;
 	uint64_t fill_mb = 0;
 	for (int i = 1; i < argc; i++) {
@@ -234,6 +289,14 @@ int main(int argc, char **argv)
 			squat = 1;
 		else if (!strcmp(argv[i], "--swap-arena-on-restart"))
 			swap_arena = 1;
+		else if (!strcmp(argv[i], "--replace-self-with") && i + 1 < argc)
+			replace_with = argv[++i];
+		else if (!strcmp(argv[i], "--fork-crash"))
+			fork_crash = 1;
+		else if (!strcmp(argv[i], "--steal-range-fd") && i + 1 < argc)
+			steal_range_file = argv[++i];
+		else if (!strcmp(argv[i], "--check-fd") && i + 1 < argc)
+			check_fd = (int)strtol(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--range"))
 			want_range = 1;
 		else if (!strcmp(argv[i], "--no-cleanup"))
@@ -311,6 +374,8 @@ int main(int argc, char **argv)
 			strcpy(range, "range-data");
 			range_state = rk_preserve_range(range, RANGE_LEN) == 0 ? 2 : -1;
 		}
+		if (steal_range_file)
+			steal_range_fd(steal_range_file);
 	}
 	incarnations_seen++;
 	if (!preserved_fn)
@@ -318,18 +383,20 @@ int main(int argc, char **argv)
 	struct rk_arena_stats st;
 	rk_arena_stats(a, &st);
 	static const char *kinds[] = {"fresh", "warm", "cold"};
+	char comm[16] = "";
+	prctl(PR_GET_NAME, comm);
 	printf("{\"app\":\"state\",\"pid\":%d,\"generation\":%u,\"kind\":\"%s\",\"state\":\"%s\",\"objects\":%ld,"
 	       "\"head\":\"%p\",\"arena_base\":\"0x%llx\",\"static_head_ok\":%s,\"incarnations_seen\":%llu,"
 	       "\"literal\":\"%s\",\"fn_ok\":%s,\"swept_objects\":%llu,\"swept_bytes\":%llu,\"kept_objects\":%llu,"
 	       "\"range\":%d,\"allocated_bytes\":%llu,\"reason\":\"%s\",\"decision\":\"%s\",\"statics_restored\":%u,"
-	       "\"listen_errno\":%d,\"fill_ok\":%s}\n",
+	       "\"listen_errno\":%d,\"fill_ok\":%s,\"comm\":\"%s\",\"check_fd_open\":%d}\n",
 	       getpid(), info->generation, kinds[info->kind], state, found, (void *)head,
 	       (unsigned long long)st.base, static_head == head ? "true" : "false",
 	       (unsigned long long)incarnations_seen, preserved_literal, preserved_fn == in_image_fn ? "true" : "false",
 	       (unsigned long long)sw.objects_freed, (unsigned long long)sw.bytes_freed,
 	       (unsigned long long)sw.objects_kept, range_state, (unsigned long long)st.allocated_bytes,
 	       info->reason, info->decision, info->statics_restored, listen_errno,
-	       fill_ok ? "true" : "false");
+	       fill_ok ? "true" : "false", comm, check_fd < 0 ? -1 : fcntl(check_fd, F_GETFD) >= 0);
 	fflush(stdout);
 
 	/* objects of "requests in flight": allocated, reachable from nothing */
@@ -343,6 +410,10 @@ int main(int argc, char **argv)
 	if (churn)
 		nanosleep(&(struct timespec){0, 30 * 1000 * 1000}, NULL);
 
+	if (info->generation == 0 && fork_crash)
+		fork_and_crash_child();
+	if (info->generation == 0 && replace_with)
+		replace_own_binary(replace_with);
 	for (int i = 0; i < ncrash; i++) {
 		char *colon = strchr(crash_at[i], ':');
 		if (colon && strtoul(crash_at[i], NULL, 10) == info->generation)
