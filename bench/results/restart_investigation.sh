@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where the warm-restart time goes at large sizes (docs/results.md).  Not a
 # regular benchmark: it needs the instrumented build of a scratch copy,
-#   git worktree add /tmp/rk-inv && cd /tmp/rk-inv &&
+# made against the runtime of commit 0463b0e (it does not apply to later ones):
+#   git worktree add /tmp/rk-inv 0463b0e && cd /tmp/rk-inv &&
 #   git apply bench/results/restart_investigation.patch && make build/bench/restart_bench
 # then, from that copy: bash bench/results/restart_investigation.sh build
 # Variants: bare fork+exec; bare after reading one byte per page of N MiB
