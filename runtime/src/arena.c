@@ -20,8 +20,8 @@ uint64_t rk_fnv1a(const void *p, size_t n, uint64_t h)
 	return h;
 }
 
-/* Eight bytes per step, so about 5x faster than rk_fnv1a: the manifest
- * (7.5 KiB) is checked three times per restart, on its critical path. */
+/* Eight bytes per step, so about 5x faster than rk_fnv1a: the manifest is
+ * checked three times per restart, on its critical path. */
 uint64_t rk_hash_words(const void *p, size_t n)
 {
 	const unsigned char *c = p;

@@ -209,9 +209,9 @@ static struct rk_manifest *manifest_map(int fd, bool ours, uint64_t *size, char 
 		snprintf(why, wl, "the manifest is truncated");
 	} else if ((m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0)) == MAP_FAILED) {
 		snprintf(why, wl, "cannot map the manifest: %s", strerror(errno));
-	} else if (m->magic != RK_MANIFEST_MAGIC || m->version != RK_MANIFEST_VERSION ||
-		   m->checksum != rk_manifest_checksum(m) || m->narenas > RK_MAX_ARENAS ||
-		   m->nranges > RK_MAX_RANGES || m->nstatics > RK_MAX_STATICS) {
+	} else if (m->magic != RK_MANIFEST_MAGIC || m->version != RK_MANIFEST_VERSION || m->narenas > RK_MAX_ARENAS ||
+		   m->nranges > RK_MAX_RANGES || m->nstatics > RK_MAX_STATICS ||
+		   m->checksum != rk_manifest_checksum(m)) {
 		snprintf(why, wl, "manifest from the previous incarnation is corrupt");
 		ours = ours || m->magic == RK_MANIFEST_MAGIC;
 		munmap((void *)m, (size_t)st.st_size);
