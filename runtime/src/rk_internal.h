@@ -402,7 +402,8 @@ const char *rk_signame(int sig) RK_HIDDEN;
 /* ---- pkeys.c: write protection of arenas (memory protection keys) -------
  * An arena opened RK_ARENA_WRITE_PROTECT gets a key whose write access is off
  * in every thread outside its unsafe regions; the runtime's own writes (the
- * allocator, roots, marks, the sweep) open it for their duration. */
+ * allocator, roots, marks, the sweep, progress records) open it for their
+ * duration. */
 int rk_wp_protect(struct rk_arena *a) RK_HIDDEN; /* sets a->pkey; -ENOTSUP without pkeys */
 void rk_wp_signal_entry(void) RK_HIDDEN; /* our handlers: the kernel reset PKRU */
 void rk_wp_reader_thread(void) RK_HIDDEN; /* a runtime thread that only reads arenas */
