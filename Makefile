@@ -82,6 +82,9 @@ $(BUILD)/examples/%: examples/%.c $(LIB_A) $(RT_HDRS)
 
 test: deps all $(UNIT_TESTS)
 	@bash scripts/run-tests.sh $(BUILD)
+# the C unit tests alone (`make test` runs them with everything else)
+unit-test: $(UNIT_TESTS)
+	@fail=0; for t in $(UNIT_TESTS); do $$t || { echo "FAILED: $$t" >&2; fail=1; }; done; exit $$fail
 
 demo: deps all
 	@bash scripts/demo.sh $(BUILD)

@@ -48,6 +48,17 @@ GUEST_PASSES = [
     "g.warm-after-stray-write",
     "g.stray-write-did-not-land",
     "prefault.warm-protected",
+    "stages.open-protected",
+    "stages.publish",
+    "stages.buffer",
+    "stages.stray-write-faults",
+    "stages.warm",
+    "stages.warm-resume",
+    "stages.recovery",
+    "stages.resumed-result",
+    "stages.buffer-replace-reset",
+    "stages.discard",
+    "stages.still-protected",
     "h.bench",
 ]
 

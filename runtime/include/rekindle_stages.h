@@ -51,6 +51,12 @@
  * starts over and says why in rk_progress_status().reason and in a
  * {"rekindle":"progress"} event line.  Not thread-safe: one thread drives
  * a job (the stages themselves may use threads).
+ *
+ * In an arena opened RK_ARENA_WRITE_PROTECT the runtime opens the key for
+ * its own writes of the record.  What stages and hooks write (live data,
+ * the save areas of rk_progress_buffer) is the application's and faults
+ * outside an unsafe region; a failure inside one goes cold, so keep such
+ * regions short or the job's data unprotected (docs/stages.md).
  */
 #ifndef REKINDLE_STAGES_H
 #define REKINDLE_STAGES_H

@@ -435,7 +435,7 @@ int rk_mark(rk_arena *a, const void *p)
 	int r = mark_in_run(a, page, e, p);
 	if (r == 1 && !a->marks_set)
 		note_marks_set(a);
-	rk_wp_write_end(a, wp);
+	rk_wp_write_end(wp);
 	return r;
 }
 
@@ -538,7 +538,7 @@ static void tcache_thread_exit(void *unused)
 		uint32_t wp = rk_wp_write_begin(a);
 		rk_tcache_flush_all(a, tc);
 		atomic_store_explicit(&tc->owner, 0, memory_order_release);
-		rk_wp_write_end(a, wp);
+		rk_wp_write_end(wp);
 	}
 }
 
@@ -556,7 +556,7 @@ void rk_tcache_release(struct rk_arena *a)
 	uint32_t wp = rk_wp_write_begin(a);
 	rk_tcache_flush_all(a, tc);
 	atomic_store_explicit(&tc->owner, 0, memory_order_release);
-	rk_wp_write_end(a, wp);
+	rk_wp_write_end(wp);
 	tls_tc[a->index] = NULL;
 }
 
@@ -698,7 +698,7 @@ void *rk_alloc(rk_arena *a, size_t n)
 	}
 	uint32_t wp = rk_wp_write_begin(a);
 	void *p = alloc_body(a, n);
-	rk_wp_write_end(a, wp);
+	rk_wp_write_end(wp);
 	return p;
 }
 
@@ -713,7 +713,7 @@ void *rk_calloc(rk_arena *a, size_t nmemb, size_t size)
 	if (p) {
 		uint32_t wp = rk_wp_write_begin(a);
 		memset(p, 0, n);
-		rk_wp_write_end(a, wp);
+		rk_wp_write_end(wp);
 	}
 	return p;
 }
@@ -769,7 +769,7 @@ void rk_free(rk_arena *a, void *p)
 		return;
 	uint32_t wp = rk_wp_write_begin(a);
 	free_body(a, p);
-	rk_wp_write_end(a, wp);
+	rk_wp_write_end(wp);
 }
 
 size_t rk_usable_size(rk_arena *a, const void *p)
@@ -807,7 +807,7 @@ void *rk_realloc(rk_arena *a, void *p, size_t n)
 		return NULL;
 	uint32_t wp = rk_wp_write_begin(a);
 	memcpy(q, p, n < have ? n : have);
-	rk_wp_write_end(a, wp);
+	rk_wp_write_end(wp);
 	rk_free(a, p);
 	return q;
 }

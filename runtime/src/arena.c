@@ -252,7 +252,7 @@ int rk_root_set(rk_arena *a, const char *name, void *ptr)
 		ret = 0;
 	}
 	rk_lock_release(a, &h->root_lock);
-	rk_wp_write_end(a, wp);
+	rk_wp_write_end(wp);
 	return ret;
 }
 
@@ -270,6 +270,6 @@ void *rk_root_get(rk_arena *a, const char *name)
 			break;
 		}
 	rk_lock_release(a, &h->root_lock);
-	rk_wp_write_end(a, wp);
+	rk_wp_write_end(wp);
 	return p;
 }

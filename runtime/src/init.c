@@ -855,7 +855,7 @@ int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
 		int r = cleanup ? rk_arena_sweep(a, &st) : marks ? rk_arena_clear_marks(a) : 0;
 		if (r == 0)
 			a->hdr->marks_dirty = 0;
-		rk_wp_write_end(a, wp);
+		rk_wp_write_end(wp);
 		a->marks_set = false;
 		if (r < 0)
 			return r;

@@ -415,7 +415,8 @@ const char *rk_signame(int sig) RK_HIDDEN;
 /* ---- pkeys.c: write protection of arenas (memory protection keys) -------
  * An arena opened RK_ARENA_WRITE_PROTECT gets a key whose write access is off
  * in every thread outside its unsafe regions; the runtime's own writes (the
- * allocator, roots, marks, the sweep) open it for their duration. */
+ * allocator, roots, marks, the sweep, progress records) open it for their
+ * duration. */
 int rk_wp_protect(struct rk_arena *a) RK_HIDDEN; /* sets a->pkey; -ENOTSUP without pkeys */
 void rk_wp_signal_entry(void) RK_HIDDEN; /* our handlers: the kernel reset PKRU */
 void rk_wp_reader_thread(void) RK_HIDDEN; /* a runtime thread that only reads arenas */
@@ -436,18 +437,25 @@ static inline void rk_pkru_write(uint32_t v) { (void)v; }
 #endif
 #define RK_PKRU_WD(key) (2u << (2 * (key))) /* write-disable bit of a key */
 #define RK_PKRU_AD(key) (1u << (2 * (key))) /* access-disable bit */
-/* Opens the arena for writing in this thread; returns what to restore. */
+/* What rk_wp_write_begin returns when it changed nothing.  No real PKRU can
+ * be all ones: that denies key 0, so the thread could not have read `a`. */
+#define RK_WP_UNCHANGED UINT32_MAX
+/* Opens the arena for writing in this thread; returns what to pass to
+ * rk_wp_write_end.  The key is read once, and end looks only at what begin
+ * returned: another thread may protect the arena in between (it sets
+ * a->pkey), and end must not then install a PKRU begin never saved. */
 static inline uint32_t rk_wp_write_begin(const struct rk_arena *a)
 {
-	if (RK_LIKELY(a->pkey <= 0))
-		return 0;
+	int key = a->pkey;
+	if (RK_LIKELY(key <= 0))
+		return RK_WP_UNCHANGED;
 	uint32_t old = rk_pkru_read();
-	rk_pkru_write(old & ~(RK_PKRU_WD(a->pkey) | RK_PKRU_AD(a->pkey)));
+	rk_pkru_write(old & ~(RK_PKRU_WD(key) | RK_PKRU_AD(key)));
 	return old;
 }
-static inline void rk_wp_write_end(const struct rk_arena *a, uint32_t old)
+static inline void rk_wp_write_end(uint32_t old)
 {
-	if (RK_UNLIKELY(a->pkey > 0))
+	if (RK_UNLIKELY(old != RK_WP_UNCHANGED))
 		rk_pkru_write(old);
 }
 

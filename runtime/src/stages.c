@@ -13,6 +13,9 @@
  * new slot is complete.  So a failure at any instruction leaves a valid
  * record, and no unsafe region is needed (one would turn a failure during
  * the update into a cold restart, losing the progress we want to keep).
+ * In a write-protected arena the record's stores are the runtime's own
+ * writes, bracketed by rk_wp_write_begin/end like the allocator's; what the
+ * app's stages and hooks write is theirs to put in regions (stages.md).
  *
  * Resume rule, for the stage at index i of the current iteration and the
  * published state (stage s, phase ph):
@@ -152,6 +155,7 @@ static void publish(rk_progress *p, uint64_t iteration, uint32_t stage, uint32_t
 	struct prog_slot *next = &r->slots[ci ^ 1];
 	uint64_t seq = r->slots[ci].seq + 1;
 	p->st.record_updates++;
+	uint32_t wp = rk_wp_write_begin(p->arena); /* closed again before any hook runs */
 	/* Field by field into the inactive slot: nobody reads it until the
 	 * store of `current` below. */
 	next->seq = seq;
@@ -167,6 +171,7 @@ static void publish(rk_progress *p, uint64_t iteration, uint32_t stage, uint32_t
 	/* Release: the slot's bytes (and everything the finished hook wrote)
 	 * are in memory before the index says so. */
 	atomic_store_explicit(&r->current, ci ^ 1, memory_order_release);
+	rk_wp_write_end(wp);
 }
 
 /* ---- opening ----------------------------------------------------------------- */
@@ -204,6 +209,7 @@ static struct prog_record *record_create(rk_arena *a, const char *job, uint64_t 
 	struct prog_record *r = rk_calloc(a, 1, sizeof *r);
 	if (!r)
 		return NULL;
+	uint32_t wp = rk_wp_write_begin(a);
 	r->magic = PROG_MAGIC;
 	r->version = PROG_VERSION;
 	r->fingerprint = fp;
@@ -212,6 +218,7 @@ static struct prog_record *record_create(rk_arena *a, const char *job, uint64_t 
 	r->slots[0] = (struct prog_slot){.seq = 1, .prefix = PREFIX0};
 	r->slots[0].checksum = slot_sum(&r->slots[0]);
 	atomic_store(&r->current, 0);
+	rk_wp_write_end(wp);
 	return r;
 }
 
@@ -460,7 +467,9 @@ void *rk_progress_buffer(rk_progress *p, const char *name, size_t size)
 	struct prog_buf *b = slot ? slot : empty;
 	void *old = slot ? (void *)(uintptr_t)slot->ptr : NULL;
 	/* A failure in the middle of these stores leaves an entry that fails
-	 * its checksum: it counts as free, and the sweep frees both buffers. */
+	 * its checksum: it counts as free, and the sweep frees both buffers.
+	 * The entry is the runtime's; the buffer's contents are the app's. */
+	uint32_t wp = rk_wp_write_begin(p->arena);
 	b->checksum = 0;
 	memset(b->name, 0, sizeof b->name);
 	rk_strlcpy(b->name, name, sizeof b->name);
@@ -468,6 +477,7 @@ void *rk_progress_buffer(rk_progress *p, const char *name, size_t size)
 	b->size = size;
 	atomic_signal_fence(memory_order_release);
 	b->checksum = buf_sum(b);
+	rk_wp_write_end(wp);
 	if (old)
 		rk_free(p->arena, old);
 	return mem;

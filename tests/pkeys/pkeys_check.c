@@ -124,15 +124,21 @@ static void on_segv(int sig, siginfo_t *si, void *uc)
 	siglongjmp(probe_jmp, 1);
 }
 
-static void install_probe_handler(void)
+/* old: where to save the handler it replaces (NULL: not kept) */
+static void install_probe_handler_saving(struct sigaction *old)
 {
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
 	sa.sa_sigaction = on_segv;
 	sa.sa_flags = SA_SIGINFO | SA_NODEFER;
 	sigemptyset(&sa.sa_mask);
-	if (sigaction(SIGSEGV, &sa, NULL) < 0)
+	if (sigaction(SIGSEGV, &sa, old) < 0)
 		die("sigaction SIGSEGV");
+}
+
+static void install_probe_handler(void)
+{
+	install_probe_handler_saving(NULL);
 }
 
 /* Writes (or reads) *p in this thread and says whether it faulted.  A
@@ -565,6 +571,220 @@ static int test_warm(int argc, char **argv)
 	return failures;
 }
 
+/* ---- sub-test "stages": a progress record in a protected arena ----------- */
+
+/* The job's state: the stages change in[]; out[] is a temporary.  "square"
+ * overwrites out[] from in[] (no hooks); "accumulate" adds out[] to in[],
+ * which is wrong to do twice, so its preserve hook saves in[] in a save
+ * area (rk_progress_buffer) and its restore hook puts it back.  The app's
+ * own writes into the protected arena are in unsafe regions (stages.md);
+ * the record's writes are the runtime's and need none. */
+#define S_N 4
+#define S_FP 0x5eed0001u
+struct s_data {
+	uint64_t in[S_N], out[S_N];
+};
+struct s_job {
+	rk_arena *a;
+	rk_progress *p;
+	struct s_data *d;
+	uint32_t pkru;  /* PKRU outside regions: every stage call must leave it so */
+	bool pkru_ok;
+	bool crash;     /* fault in the middle of "accumulate" */
+};
+static const uint64_t s_after_it0[S_N] = {2, 6, 12, 20}, s_after_it1[S_N] = {6, 42, 156, 420};
+
+static int s_square(void *ctx)
+{
+	struct s_job *j = ctx;
+	j->pkru_ok &= pkru_read() == j->pkru; /* the runtime closed the key before calling us */
+	rk_unsafe_begin(j->a);
+	for (int i = 0; i < S_N; i++)
+		j->d->out[i] = j->d->in[i] * j->d->in[i];
+	rk_unsafe_end(j->a);
+	return 0;
+}
+
+static int s_save(void *ctx)
+{
+	struct s_job *j = ctx;
+	uint64_t *save = rk_progress_buffer(j->p, "in", sizeof j->d->in); /* the runtime writes the entry */
+	if (!save)
+		return -errno;
+	j->pkru_ok &= pkru_read() == j->pkru;
+	rk_unsafe_begin(j->a);
+	memcpy(save, j->d->in, sizeof j->d->in);
+	rk_unsafe_end(j->a);
+	return 0;
+}
+
+static int s_restore(void *ctx)
+{
+	struct s_job *j = ctx;
+	const uint64_t *save = rk_progress_buffer(j->p, "in", sizeof j->d->in);
+	if (!save)
+		return -errno;
+	rk_unsafe_begin(j->a);
+	memcpy(j->d->in, save, sizeof j->d->in);
+	rk_unsafe_end(j->a);
+	return 0;
+}
+
+static int s_accumulate(void *ctx)
+{
+	struct s_job *j = ctx;
+	for (int i = 0; i < S_N; i++) {
+		rk_unsafe_begin(j->a);
+		j->d->in[i] += j->d->out[i];
+		rk_unsafe_end(j->a);
+		if (j->crash && i == 1) { /* half done, outside any region: a warm restart */
+			printf("INFO stages: NULL write in the middle of \"accumulate\" of iteration 1\n");
+			fflush(stdout);
+			*(volatile int *)null_addr = 1;
+		}
+	}
+	return 0;
+}
+
+/* Runs iteration `want` of the job; returns the last error or 0. */
+static int s_iteration(struct s_job *j, uint64_t want, int *ran)
+{
+	uint64_t it;
+	int r = rk_progress_begin_iteration(j->p, &it);
+	if (r < 0 || it != want)
+		return r < 0 ? r : -EPROTO;
+	*ran = 0;
+	int rs = rk_stage(j->p, "square", s_square, NULL, NULL, j);
+	j->pkru_ok &= pkru_read() == j->pkru;
+	int ra = rk_stage(j->p, "accumulate", s_accumulate, s_save, s_restore, j);
+	j->pkru_ok &= pkru_read() == j->pkru;
+	if (rs < 0 || ra < 0)
+		return rs < 0 ? rs : ra;
+	*ran = (rs == RK_STAGE_RAN) + (ra == RK_STAGE_RAN);
+	r = rk_progress_end_iteration(j->p);
+	j->pkru_ok &= pkru_read() == j->pkru;
+	return r;
+}
+
+static bool s_equal(const uint64_t *a, const uint64_t *b)
+{
+	return memcmp(a, b, S_N * sizeof *a) == 0;
+}
+
+/* A stray write into the job's data outside regions, under the probe's own
+ * handler (the runtime's is put back after). */
+static void s_stray_write(struct s_job *j, int key, const char *name)
+{
+	char b1[160];
+	if (!have_pku)
+		return;
+	struct sigaction rt;
+	install_probe_handler_saving(&rt);
+	uint64_t v = j->d->in[0];
+	struct probe r = probe_access(&j->d->in[0], true, 0xbad);
+	if (sigaction(SIGSEGV, &rt, NULL) < 0)
+		die("sigaction SIGSEGV");
+	CHECK(is_pku_fault(&r, key, &j->d->in[0]) && j->d->in[0] == v, name, "a stray write into the job's data: %s",
+	      probe_str(&r, b1, sizeof b1));
+}
+
+static int s_first(struct s_job *j, const struct rk_restart_info *ri, int key)
+{
+	struct rk_progress_status st;
+	CHECK(ri->kind == RK_START_FRESH && (!have_pku || rk_arena_write_protected(j->a)), "stages.fresh",
+	      "first start, protected=%d", rk_arena_write_protected(j->a));
+	j->d = rk_calloc(j->a, 1, sizeof *j->d);
+	if (!j->d || rk_root_set(j->a, "data", j->d) < 0)
+		die("rk_calloc/rk_root_set");
+	rk_unsafe_begin(j->a);
+	for (int i = 0; i < S_N; i++)
+		j->d->in[i] = (uint64_t)i + 1;
+	rk_unsafe_end(j->a);
+	j->p = rk_progress_open(j->a, "job", S_FP); /* record_create writes the record */
+	CHECK(j->p && rk_progress_status(j->p, &st) == 0 && !st.resumed && !st.discarded && pkru_read() == j->pkru,
+	      "stages.open-protected", "rk_progress_open made a new record in the protected arena; PKRU 0x%08x "
+	      "(0x%08x before)", pkru_read(), j->pkru);
+	if (!j->p)
+		return failures;
+	int ran = 0, r = s_iteration(j, 0, &ran);
+	rk_progress_status(j->p, &st);
+	CHECK(r == 0 && ran == 2 && s_equal(j->d->in, s_after_it0) && j->pkru_ok, "stages.publish",
+	      "iteration 0: %d stages ran (rc %d), %lu record updates outside regions, PKRU closed around every hook",
+	      ran, r, (unsigned long)st.record_updates);
+	const uint64_t *save = rk_progress_buffer(j->p, "in", sizeof j->d->in);
+	CHECK(save && rk_arena_contains(j->a, save) && save[0] == 1 && save[3] == 4, "stages.buffer",
+	      "the save area is in the arena and holds iteration 0's input");
+	s_stray_write(j, key, "stages.stray-write-faults");
+	j->crash = true;
+	r = s_iteration(j, 1, &ran);
+	CHECK(false, "stages.crash", "survived the NULL write in iteration 1 (%d)", r);
+	return failures;
+}
+
+static int s_resumed(struct s_job *j, const struct rk_restart_info *ri, int key)
+{
+	struct rk_progress_status st;
+	if (!CHECK(ri->kind == RK_START_WARM, "stages.warm", "generation 1 kind %d: %s / %s", ri->kind, ri->reason,
+		   ri->decision))
+		return failures; /* cold: the record is gone */
+	j->d = rk_root_get(j->a, "data");
+	j->p = rk_progress_open(j->a, "job", S_FP);
+	bool ok = j->p && j->d && rk_progress_status(j->p, &st) == 0;
+	CHECK(ok && st.resumed && st.iteration == 1 && st.stage == 1 && st.phase == RK_PHASE_RUNNING &&
+		      strcmp(st.stage_name, "accumulate") == 0,
+	      "stages.warm-resume", "%s", ok ? st.reason : "no record or data");
+	if (!ok)
+		return failures;
+	rk_mark(j->a, j->d);
+	int r = rk_finish_recovery(true, NULL);
+	CHECK(r == 0, "stages.recovery", "rk_finish_recovery with the record's marks: %d", r);
+	int ran = 0;
+	r = s_iteration(j, 1, &ran); /* "square" skipped, "accumulate" restored and run again */
+	uint64_t it = 0;
+	if (r == 0 && (r = rk_progress_begin_iteration(j->p, &it)) == 0)
+		r = it == 2 ? rk_progress_done(j->p) : -EPROTO;
+	rk_progress_status(j->p, &st);
+	CHECK(r == 0 && s_equal(j->d->in, s_after_it1) && st.stages_skipped == 1 && st.restores == 1 && j->pkru_ok,
+	      "stages.resumed-result", "in[] = %lu %lu %lu %lu after resuming (%lu skipped, %lu restored, %d ran; %d), "
+	      "PKRU closed around every hook", (unsigned long)j->d->in[0], (unsigned long)j->d->in[1],
+	      (unsigned long)j->d->in[2], (unsigned long)j->d->in[3], (unsigned long)st.stages_skipped,
+	      (unsigned long)st.restores, ran, r);
+	void *big = rk_progress_buffer(j->p, "in", 64u << 10); /* replaced: new entry, old buffer freed */
+	CHECK(big && pkru_read() == j->pkru && rk_progress_reset(j->p, 0) == 0 && pkru_read() == j->pkru,
+	      "stages.buffer-replace-reset", "a larger save area and rk_progress_reset, outside regions");
+	rk_progress_close(j->p);
+	j->p = rk_progress_open(j->a, "job", S_FP + 1); /* another fingerprint: frees the record, makes one */
+	CHECK(j->p && rk_progress_status(j->p, &st) == 0 && st.discarded && pkru_read() == j->pkru, "stages.discard",
+	      "%s", j->p ? st.reason : "rk_progress_open failed");
+	s_stray_write(j, key, "stages.still-protected");
+	rk_progress_close(j->p);
+	return failures;
+}
+
+/* Without the runtime's own write bracket in stages.c, the first record
+ * write faults (SEGV_PKUERR) inside the runtime: generation 1 is cold. */
+static int test_stages(int argc, char **argv)
+{
+	init_runtime(argc, argv, 0); /* the runtime's own fault handlers */
+	const struct rk_restart_info *ri = rk_restart_info();
+	uint32_t before = pkru_read();
+	struct s_job j = {.pkru_ok = true};
+	j.a = rk_arena_open_flags("stages", 16u << 20, RK_ARENA_WRITE_PROTECT);
+	if (!j.a)
+		die("rk_arena_open_flags");
+	j.pkru = pkru_read();
+	int key = key_from_pkru(before, j.pkru); /* exec reset PKRU: this holds in every generation */
+	printf("INFO stages: generation %u kind %d reason \"%s\" decision \"%s\" PKRU 0x%08x\n", ri->generation,
+	       ri->kind, ri->reason, ri->decision, j.pkru);
+	fflush(stdout);
+	if (ri->generation == 0)
+		return s_first(&j, ri, key);
+	if (ri->generation == 1)
+		return s_resumed(&j, ri, key);
+	CHECK(false, "stages.generation", "generation %u: %s / %s", ri->generation, ri->reason, ri->decision);
+	return failures;
+}
+
 /* ---- sub-test "prefault": RK_OPT_PREFAULT's thread and a protected arena -- */
 
 /* The runtime's background pre-fault thread starts inside rk_init of a warm
@@ -749,9 +969,11 @@ int main(int argc, char **argv)
 			return test_warm(argc, argv);
 		if (strcmp(argv[1], "prefault") == 0)
 			return test_prefault(argc, argv);
+		if (strcmp(argv[1], "stages") == 0)
+			return test_stages(argc, argv);
 		if (strcmp(argv[1], "bench") == 0)
 			return test_bench(argc, argv);
-		fprintf(stderr, "usage: %s [basic|thread|warm|prefault|bench]\n", argv[0]);
+		fprintf(stderr, "usage: %s [basic|thread|warm|prefault|stages|bench]\n", argv[0]);
 		return 2;
 	}
 	bool pid1 = getpid() == 1;
@@ -767,6 +989,7 @@ int main(int argc, char **argv)
 	failed += run_sub(argv[0], "thread", env_plain);
 	failed += run_sub(argv[0], "warm", env_warm);
 	failed += run_sub(argv[0], "prefault", env_warm);
+	failed += run_sub(argv[0], "stages", env_plain);
 	failed += run_sub(argv[0], "bench", env_plain);
 	printf("PKEYS_CHECK_DONE failed=%d\n", failed);
 	fflush(stdout);
