@@ -41,6 +41,7 @@ static bool asym_barrier; /* membarrier private expedited is registered */
 static bool block_fresh;  /* our own block, mapped by this incarnation: all zero but what rk_init wrote */
 static __thread struct rk_ctl_slot *tls_slot;
 static pthread_key_t slot_key;
+static bool slot_key_made;
 static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
 /* the last slot is shared by threads that found no free one */
 #define OVERFLOW_SLOT (RK_CONTROL_SLOTS - 1)
@@ -148,8 +149,11 @@ void rk_control_begin(unsigned generation, enum rk_ctl_state state)
 	atomic_store(&c->slots[OVERFLOW_SLOT].tid, OVERFLOW_TID);
 	/* rk_init may have claimed a slot already (the allocator's critical
 	 * sections count too, and a warm start runs some): claim again, or
-	 * this thread's regions would go to a slot that reads as free. */
+	 * this thread's regions would go to a slot that reads as free.  The
+	 * slot is another thread's to claim now: our exit must not free it. */
 	tls_slot = NULL;
+	if (slot_key_made)
+		(void)pthread_setspecific(slot_key, NULL); /* cannot fail: the key exists, no allocation for NULL */
 	atomic_store(&c->heartbeat_ns, 0);
 	atomic_store(&c->heartbeat_count, 0);
 	atomic_store(&c->request_mode, RK_REQ_NONE);
@@ -246,16 +250,20 @@ enum rk_request_mode rk_control_take_request(char *reason, size_t cap)
 
 /* ---- unsafe regions --------------------------------------------------------- */
 
+/* At thread exit.  Only while the slot is still ours: rk_init's reset may
+ * have handed it to another thread since. */
 static void slot_release(void *slot)
 {
 	struct rk_ctl_slot *s = slot;
+	uint32_t me = rk_gettid();
 	if (s && s != &rk_ctl->slots[OVERFLOW_SLOT])
-		atomic_store_explicit(&s->tid, 0, memory_order_release);
+		(void)atomic_compare_exchange_strong_explicit(&s->tid, &me, 0, memory_order_release,
+							      memory_order_relaxed);
 }
 
 static void slot_key_create(void)
 {
-	(void)pthread_key_create(&slot_key, slot_release);
+	slot_key_made = pthread_key_create(&slot_key, slot_release) == 0;
 }
 
 static struct rk_ctl_slot *slot_claim(void)
@@ -266,8 +274,15 @@ static struct rk_ctl_slot *slot_claim(void)
 		struct rk_ctl_slot *s = &rk_ctl->slots[i];
 		if (atomic_load_explicit(&s->tid, memory_order_relaxed) == 0 &&
 		    atomic_compare_exchange_strong(&s->tid, &expect, me)) {
+			/* a thread that exited inside a region left its count */
+			for (unsigned k = 0; k < RK_MAX_ARENAS; k++)
+				if (atomic_load_explicit(&s->depth[k], memory_order_relaxed))
+					atomic_store(&s->depth[k], 0);
 			pthread_once(&slot_key_once, slot_key_create);
-			(void)pthread_setspecific(slot_key, s);
+			/* Without the key (or its value) the slot stays ours after
+			 * we exit: one slot fewer, nothing worse. */
+			if (slot_key_made)
+				(void)pthread_setspecific(slot_key, s);
 			return s;
 		}
 	}
@@ -373,10 +388,13 @@ void rk_unsafe_note_leave(unsigned k)
 		depth_down(tls_slot, k);
 }
 
-/* A forked child has its own tid; it must not write its parent's slot. */
+/* A forked child has its own tid; it must not write its parent's slot, nor
+ * free it at its exit (under a supervisor the block is shared). */
 void rk_unsafe_forget_thread(void)
 {
 	tls_slot = NULL;
+	if (slot_key_made)
+		(void)pthread_setspecific(slot_key, NULL);
 }
 
 static bool slot_open_other(const struct rk_ctl_slot *s, uint32_t me)

@@ -1,0 +1,109 @@
+/* test_unsafe_regions - the bookkeeping of unsafe regions in the control
+ * block (control.c).
+ *
+ * Slots: each thread counts its open regions in a slot of its own; a slot
+ * may go back to the pool only when its owner exits, and the next owner
+ * starts from zero.
+ * 1. A thread that exits inside a region does not hand its count to the
+ *    next thread that claims the slot (the arena read as half-changed for
+ *    as long as that thread lived).
+ * 2. The main thread claims a slot during a warm rk_init (folding the old
+ *    incarnation's thread cache runs allocator critical sections, which
+ *    count), and rk_init then resets the block.  If the main thread later
+ *    exits with pthread_exit, its key destructor must not free the slot a
+ *    worker has claimed since: the worker's open region went unseen, and a
+ *    restart at that moment would have been warm.  This case needs a real
+ *    warm start: the test restarts itself once (rk_restart re-execs it) and
+ *    runs it in the second incarnation. */
+#include "testlib.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+static rk_arena *arena;
+
+static void *exit_inside_region(void *arg)
+{
+	(void)arg;
+	rk_unsafe_begin(arena); /* and never ends it */
+	return NULL;
+}
+
+static void *claim_after(void *arg)
+{
+	(void)arg;
+	rk_unsafe_begin(arena); /* claims the slot the first thread left */
+	rk_unsafe_end(arena);
+	CHECK_MSG(rk_component_is_safe(arena), "a new thread inherited the open region of a thread that exited");
+	return NULL;
+}
+
+static void exited_threads_count_not_inherited(void)
+{
+	pthread_t t;
+	if (!CHECK(pthread_create(&t, NULL, exit_inside_region, NULL) == 0))
+		return;
+	pthread_join(t, NULL);
+	if (!CHECK(pthread_create(&t, NULL, claim_after, NULL) == 0))
+		return;
+	pthread_join(t, NULL);
+}
+
+/* ---- case 2: the main thread exits after a warm rk_init ---- */
+
+static pthread_t main_thread;
+static atomic_bool worker_inside;
+
+static void *worker_outlives_main(void *arg)
+{
+	(void)arg;
+	rk_unsafe_begin(arena); /* the first free slot: the one rk_init reset */
+	atomic_store(&worker_inside, true);
+	pthread_join(main_thread, NULL); /* its key destructors have run */
+	CHECK_MSG(!rk_component_is_safe(arena), "the main thread's exit freed the slot of a worker inside a region");
+	CHECK_MSG(rk_unsafe_open_mask() == 1u << arena->index, "open mask 0x%x", rk_unsafe_open_mask());
+	rk_unsafe_end(arena);
+	CHECK(rk_component_is_safe(arena));
+	printf("%s: %-40s %s\n", check_name_, "main_thread_exit_keeps_workers_slot",
+	       atomic_load(&check_failed_) ? "FAILED" : "ok");
+	exit(check_done());
+}
+
+static _Noreturn void main_thread_exit_keeps_workers_slot(void)
+{
+	check_case_ = "main_thread_exit_keeps_workers_slot";
+	main_thread = pthread_self();
+	pthread_t w;
+	if (pthread_create(&w, NULL, worker_outlives_main, NULL) != 0) {
+		CHECK(!"pthread_create");
+		exit(check_done());
+	}
+	while (!atomic_load(&worker_inside))
+		sched_yield();
+	pthread_exit(NULL); /* the worker finishes the test */
+}
+
+int main(int argc, char **argv)
+{
+	test_init(argc, argv, "test_unsafe_regions");
+	arena = test_arena("regions", 8u << 20);
+	if (rk_restart_info()->generation == 0) {
+		RUN(exited_threads_count_not_inherited);
+		if (atomic_load(&check_failed_))
+			return check_done();
+		/* Leaves blocks in this thread's cache in the arena: the warm
+		 * rk_init folds them back under a class lock, which claims this
+		 * thread a slot before rk_init resets the block. */
+		if (!CHECK(rk_alloc(arena, 64) != NULL))
+			return check_done();
+		printf("%s: %u passed in the first incarnation; restarting\n", check_name_,
+		       atomic_load(&check_passed_));
+		fflush(stdout);
+		int r = rk_restart("test_unsafe_regions: warm start for case 2");
+		CHECK_MSG(0, "rk_restart returned %d", r);
+		return check_done();
+	}
+	CHECK_MSG(rk_restart_info()->kind == RK_START_WARM, "second incarnation started %d, not warm",
+		  (int)rk_restart_info()->kind);
+	main_thread_exit_keeps_workers_slot();
+}
