@@ -9,7 +9,8 @@
  * (a locked add where membarrier is missing), and rk_unsafe_end a plain
  * store.  It pairs with the restart's freeze (flag, membarrier, then look at
  * the counters), Dekker-style, so no region can open unseen while a restart
- * decides. */
+ * decides.  A thread the freeze stops waits on a futex, so a restart whose
+ * exec fails can let it go on. */
 #include "rk_internal.h"
 
 #include <errno.h>
@@ -23,7 +24,9 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <linux/futex.h>
 #include <linux/membarrier.h>
+#include <time.h>
 #include <unistd.h>
 
 _Static_assert(offsetof(struct rk_control, request_reason) == 64, "protocol layout");
@@ -36,7 +39,7 @@ _Static_assert(sizeof(struct rk_control) <= RK_CONTROL_SIZE, "protocol layout");
 
 struct rk_control *rk_ctl;
 static int ctl_fd = -1;
-static _Atomic int unsafe_freezing;
+static _Atomic int unsafe_freezing; /* a futex word */
 static bool asym_barrier; /* membarrier private expedited is registered */
 static bool block_fresh;  /* our own block, mapped by this incarnation: all zero but what rk_init wrote */
 static __thread struct rk_ctl_slot *tls_slot;
@@ -289,12 +292,6 @@ static struct rk_ctl_slot *slot_claim(void)
 	return &rk_ctl->slots[OVERFLOW_SLOT];
 }
 
-static _Noreturn void park_for_restart(void)
-{
-	for (;;)
-		pause(); /* the restart's exec ends this thread */
-}
-
 static inline struct rk_ctl_slot *my_slot(void)
 {
 	struct rk_ctl_slot *s = tls_slot;
@@ -340,20 +337,6 @@ static inline void depth_up(struct rk_ctl_slot *s, unsigned k)
 	}
 }
 
-void rk_unsafe_begin(rk_arena *arena)
-{
-	if (RK_UNLIKELY(!arena || !rk_ctl))
-		return;
-	struct rk_ctl_slot *s = my_slot();
-	depth_up(s, arena->index); /* then look */
-	if (RK_UNLIKELY(atomic_load_explicit(&unsafe_freezing, memory_order_relaxed))) {
-		atomic_fetch_sub(&s->depth[arena->index], 1);
-		park_for_restart();
-	}
-	if (RK_UNLIKELY(arena->pkey > 0))
-		wp_region_enter(arena);
-}
-
 static void depth_down(struct rk_ctl_slot *s, unsigned k)
 {
 	_Atomic uint16_t *d = &s->depth[k];
@@ -364,6 +347,30 @@ static void depth_down(struct rk_ctl_slot *s, unsigned k)
 		atomic_fetch_sub(d, 1);
 	else
 		atomic_store_explicit(d, (uint16_t)(v - 1), memory_order_release);
+}
+
+/* rk_unsafe_begin found a freeze, with this region already counted: step
+ * back and wait.  The restart's exec ends this thread; a restart whose exec
+ * failed wakes it, and the entry starts again. */
+static __attribute__((noinline, cold)) void begin_in_freeze(struct rk_ctl_slot *s, unsigned k)
+{
+	do {
+		depth_down(s, k);
+		rk_freeze_wait(&unsafe_freezing);
+		depth_up(s, k); /* then look again */
+	} while (atomic_load(&unsafe_freezing));
+}
+
+void rk_unsafe_begin(rk_arena *arena)
+{
+	if (RK_UNLIKELY(!arena || !rk_ctl))
+		return;
+	struct rk_ctl_slot *s = my_slot();
+	depth_up(s, arena->index); /* then look */
+	if (RK_UNLIKELY(atomic_load_explicit(&unsafe_freezing, memory_order_relaxed)))
+		begin_in_freeze(s, arena->index);
+	if (RK_UNLIKELY(arena->pkey > 0))
+		wp_region_enter(arena);
 }
 
 void rk_unsafe_end(rk_arena *arena)
@@ -429,7 +436,35 @@ void rk_unsafe_freeze(uint64_t timeout_ns)
 
 void rk_unsafe_thaw(void)
 {
-	atomic_store(&unsafe_freezing, 0);
+	rk_freeze_release(&unsafe_freezing);
+}
+
+/* ---- waiting out a restart's freeze ------------------------------------
+ * A thread the freeze stops sleeps on the freeze flag: the restart's exec
+ * ends it, or a restart whose exec failed clears the flag and wakes it.  A
+ * futex: async-signal-safe and no allocation (the thread may be stopped in
+ * a signal handler). */
+void rk_freeze_wait(_Atomic int *flag)
+{
+	int saved = errno, v;
+	while ((v = atomic_load(flag)) != 0) {
+		if (syscall(SYS_futex, flag, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0) == 0 || errno == EAGAIN ||
+		    errno == EINTR)
+			continue;
+		/* no futex (a seccomp filter?): poll rather than sleep for good */
+		struct timespec ms = {0, 1000 * 1000};
+		(void)nanosleep(&ms, NULL);
+	}
+	errno = saved;
+}
+
+void rk_freeze_release(_Atomic int *flag)
+{
+	int saved = errno;
+	atomic_store(flag, 0);
+	/* Only fails without futexes, and then the sleepers poll. */
+	(void)syscall(SYS_futex, flag, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+	errno = saved;
 }
 
 bool rk_component_is_safe(const rk_arena *arena)

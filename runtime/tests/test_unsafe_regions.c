@@ -1,5 +1,5 @@
 /* test_unsafe_regions - the bookkeeping of unsafe regions in the control
- * block (control.c).
+ * block (control.c) and the restart's freeze, driven directly.
  *
  * Slots: each thread counts its open regions in a slot of its own; a slot
  * may go back to the pool only when its owner exits, and the next owner
@@ -14,7 +14,13 @@
  *    worker has claimed since: the worker's open region went unseen, and a
  *    restart at that moment would have been warm.  This case needs a real
  *    warm start: the test restarts itself once (rk_restart re-execs it) and
- *    runs it in the second incarnation. */
+ *    runs it in the second incarnation.
+ *
+ * The freeze (rk_unsafe_freeze, rk_allocator_freeze, as a restart runs
+ * them):
+ * 3. Threads it stops in rk_unsafe_begin and in an allocator lock go on
+ *    after the thaw of a restart whose exec failed (they used to wait for
+ *    an exec that never came). */
 #include "testlib.h"
 
 #include <pthread.h>
@@ -47,6 +53,74 @@ static void exited_threads_count_not_inherited(void)
 	if (!CHECK(pthread_create(&t, NULL, claim_after, NULL) == 0))
 		return;
 	pthread_join(t, NULL);
+}
+
+/* ---- the freeze ---- */
+
+static _Atomic uint64_t steps[2];
+static atomic_bool stop;
+
+static void sleep_ms(long ms)
+{
+	struct timespec t = {0, ms * 1000000L};
+	nanosleep(&t, NULL);
+}
+
+/* Waits up to 2 s for steps[i] to pass want[i]. */
+static bool steps_reach(unsigned i, uint64_t want)
+{
+	for (int n = 0; n < 2000 && atomic_load(&steps[i]) < want; n++)
+		sleep_ms(1);
+	return atomic_load(&steps[i]) >= want;
+}
+
+static void *region_loop(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&stop)) {
+		rk_unsafe_begin(arena);
+		rk_unsafe_end(arena);
+		atomic_fetch_add(&steps[0], 1);
+	}
+	return NULL;
+}
+
+static void *alloc_loop(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&stop)) {
+		rk_free(arena, rk_alloc(arena, 100000)); /* a page run: the heap lock each time */
+		atomic_fetch_add(&steps[1], 1);
+	}
+	return NULL;
+}
+
+static void thaw_releases_stopped_threads(void)
+{
+	pthread_t t[2];
+	atomic_store(&stop, false);
+	if (!CHECK(pthread_create(&t[0], NULL, region_loop, NULL) == 0 &&
+		   pthread_create(&t[1], NULL, alloc_loop, NULL) == 0))
+		return;
+	CHECK(steps_reach(0, 100) && steps_reach(1, 100));
+	rk_unsafe_freeze(50ull * 1000 * 1000);
+	CHECK_EQ(rk_allocator_freeze(50ull * 1000 * 1000), 0);
+	rk_unsafe_freeze(50ull * 1000 * 1000);
+	CHECK_EQ(rk_unsafe_open_mask(), 0);
+	sleep_ms(10);
+	uint64_t s0 = atomic_load(&steps[0]), s1 = atomic_load(&steps[1]);
+	sleep_ms(20);
+	CHECK_MSG(atomic_load(&steps[0]) == s0 && atomic_load(&steps[1]) == s1, "the freeze did not stop both threads");
+	rk_allocator_thaw(); /* as a restart whose exec failed */
+	rk_unsafe_thaw();
+	bool on0 = steps_reach(0, s0 + 100), on1 = steps_reach(1, s1 + 100);
+	CHECK_MSG(on0, "a thread stopped in rk_unsafe_begin did not go on after the thaw");
+	CHECK_MSG(on1, "a thread stopped in an allocator lock did not go on after the thaw");
+	atomic_store(&stop, true);
+	if (on0 && on1) { /* else it waits for good: leave it */
+		pthread_join(t[0], NULL);
+		pthread_join(t[1], NULL);
+	}
 }
 
 /* ---- case 2: the main thread exits after a warm rk_init ---- */
@@ -89,6 +163,7 @@ int main(int argc, char **argv)
 	arena = test_arena("regions", 8u << 20);
 	if (rk_restart_info()->generation == 0) {
 		RUN(exited_threads_count_not_inherited);
+		RUN(thaw_releases_stopped_threads);
 		if (atomic_load(&check_failed_))
 			return check_done();
 		/* Leaves blocks in this thread's cache in the arena: the warm
