@@ -1,12 +1,14 @@
 """The restart's freeze: threads that reach an unsafe region or an allocator
 lock while a restart decides wait for it (tests/apps/regions.c).  A restart
-whose execve fails must let them go on."""
+whose execve fails must let them go on; a thread already inside a region
+goes through its nested regions, so the restart need not wait for it in
+vain and stays warm."""
 
 import os
 import shutil
 import subprocess
 
-from conftest import BUILD, json_lines
+from conftest import BUILD, json_lines, run_app
 
 
 def run_copy(tmp_path, *args, timeout=60):
@@ -41,3 +43,16 @@ def test_failed_execve_releases_threads_parked_by_the_freeze(tmp_path):
     assert after["kind"] == "warm", after
     assert after["balanced"] and after["regions"] > 0, after
 
+
+def test_nested_region_during_the_freeze_goes_through_and_the_restart_stays_warm():
+    """The restart starts while a worker is inside a region of "a"; the
+    worker then opens nested regions of "b" and "a".  Parking it there would
+    keep "a" open for the freeze's whole 50 ms and make the restart cold."""
+    for _ in range(3):
+        run = run_app("regions", "nested")
+        assert run.returncode == 0, run.stderr
+        assert len(run.states) == 1, run.stderr
+        (after,) = run.states
+        assert after["kind"] == "warm", after["decision"]
+        assert after["balanced"], after
+        assert after["nested_a"] == after["nested_b"] == after["regions"] > 0, after

@@ -39,10 +39,18 @@ _Static_assert(sizeof(struct rk_control) <= RK_CONTROL_SIZE, "protocol layout");
 
 struct rk_control *rk_ctl;
 static int ctl_fd = -1;
-static _Atomic int unsafe_freezing; /* a futex word */
+/* The freeze of unsafe regions, a futex word.  While the restart waits for
+ * open regions to close (DRAIN), a thread that already has one open may
+ * enter nested ones, so it can reach its outermost end; once the wait is
+ * over (CLOSED) every entry waits, so nothing opens after the restart has
+ * looked. */
+enum { FREEZE_NONE, FREEZE_DRAIN, FREEZE_CLOSED };
+static _Atomic int unsafe_freezing;
 static bool asym_barrier; /* membarrier private expedited is registered */
 static bool block_fresh;  /* our own block, mapped by this incarnation: all zero but what rk_init wrote */
 static __thread struct rk_ctl_slot *tls_slot;
+/* This thread's count in the shared overflow slot, whose depths mix threads */
+static __thread unsigned tls_overflow_depth;
 static pthread_key_t slot_key;
 static bool slot_key_made;
 static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
@@ -319,6 +327,14 @@ static void wp_region_leave(const rk_arena *a)
 		rk_pkru_write((rk_pkru_read() & ~RK_PKRU_AD(a->pkey)) | RK_PKRU_WD(a->pkey));
 }
 
+/* Without membarrier, and always in the shared overflow slot. */
+static void depth_up_locked(struct rk_ctl_slot *s, unsigned k)
+{
+	atomic_fetch_add(&s->depth[k], 1);
+	if (s == &rk_ctl->slots[OVERFLOW_SLOT])
+		tls_overflow_depth++;
+}
+
 /* Counts this thread into a region of arena k.  With membarrier the freeze
  * pays for the barrier: here a plain load and store on our own line, and the
  * freezer's MEMBARRIER_CMD_PRIVATE_EXPEDITED makes every running thread
@@ -333,7 +349,7 @@ static inline void depth_up(struct rk_ctl_slot *s, unsigned k)
 				      memory_order_relaxed);
 		atomic_signal_fence(memory_order_seq_cst); /* the compiler keeps store, then look */
 	} else {
-		atomic_fetch_add(d, 1);
+		depth_up_locked(s, k);
 	}
 }
 
@@ -343,22 +359,41 @@ static void depth_down(struct rk_ctl_slot *s, unsigned k)
 	uint16_t v = atomic_load_explicit(d, memory_order_relaxed);
 	if (RK_UNLIKELY(v == 0))
 		return; /* unbalanced end: ignore rather than wrap */
-	if (RK_UNLIKELY(s == &rk_ctl->slots[OVERFLOW_SLOT]))
+	if (RK_UNLIKELY(s == &rk_ctl->slots[OVERFLOW_SLOT])) {
 		atomic_fetch_sub(d, 1);
-	else
+		if (tls_overflow_depth)
+			tls_overflow_depth--;
+	} else {
 		atomic_store_explicit(d, (uint16_t)(v - 1), memory_order_release);
+	}
 }
 
-/* rk_unsafe_begin found a freeze, with this region already counted: step
- * back and wait.  The restart's exec ends this thread; a restart whose exec
- * failed wakes it, and the entry starts again. */
+/* This thread's open regions and allocator sections, all arenas. */
+static unsigned my_depth(const struct rk_ctl_slot *s)
+{
+	if (s == &rk_ctl->slots[OVERFLOW_SLOT])
+		return tls_overflow_depth;
+	unsigned n = 0;
+	for (unsigned k = 0; k < RK_MAX_ARENAS; k++)
+		n += atomic_load_explicit(&s->depth[k], memory_order_relaxed);
+	return n;
+}
+
+/* rk_unsafe_begin found a freeze, with this region already counted.  A
+ * nested entry goes through while the restart waits for regions to close:
+ * parked there, the outer region would stay open for the whole wait and
+ * spoil the restart.  Otherwise step back and wait; a restart whose exec
+ * failed wakes us, and the entry starts again. */
 static __attribute__((noinline, cold)) void begin_in_freeze(struct rk_ctl_slot *s, unsigned k)
 {
-	do {
+	for (;;) {
+		int phase = atomic_load(&unsafe_freezing);
+		if (phase == FREEZE_NONE || (phase == FREEZE_DRAIN && my_depth(s) > 1))
+			return;
 		depth_down(s, k);
 		rk_freeze_wait(&unsafe_freezing);
 		depth_up(s, k); /* then look again */
-	} while (atomic_load(&unsafe_freezing));
+	}
 }
 
 void rk_unsafe_begin(rk_arena *arena)
@@ -400,6 +435,7 @@ void rk_unsafe_note_leave(unsigned k)
 void rk_unsafe_forget_thread(void)
 {
 	tls_slot = NULL;
+	tls_overflow_depth = 0;
 	if (slot_key_made)
 		(void)pthread_setspecific(slot_key, NULL);
 }
@@ -415,23 +451,39 @@ static bool slot_open_other(const struct rk_ctl_slot *s, uint32_t me)
 	return false;
 }
 
+/* Every running thread: its depth store is visible, or it sees the flag. */
+static void freeze_barrier(void)
+{
+	if (asym_barrier)
+		(void)syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+}
+
+static bool others_open(void)
+{
+	uint32_t me = rk_gettid();
+	for (unsigned i = 0; i < RK_CONTROL_SLOTS; i++)
+		if (slot_open_other(&rk_ctl->slots[i], me))
+			return true;
+	return false;
+}
+
 void rk_unsafe_freeze(uint64_t timeout_ns)
 {
 	if (!rk_ctl)
 		return;
-	atomic_store(&unsafe_freezing, 1); /* then look at the counters */
-	if (asym_barrier) /* every running thread: its depth store is visible, or it sees the flag */
-		(void)syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
-	uint32_t me = rk_gettid();
+	int none = FREEZE_NONE; /* a second freeze of the same restart stays closed */
+	(void)atomic_compare_exchange_strong(&unsafe_freezing, &none, FREEZE_DRAIN);
+	freeze_barrier(); /* then look at the counters */
 	uint64_t t0 = rk_now_ns();
-	for (;;) {
-		bool busy = false;
-		for (unsigned i = 0; i < RK_CONTROL_SLOTS && !busy; i++)
-			busy = slot_open_other(&rk_ctl->slots[i], me);
-		if (!busy || rk_now_ns() - t0 >= timeout_ns)
-			return;
+	bool busy;
+	while ((busy = others_open()) && rk_now_ns() - t0 < timeout_ns)
 		sched_yield();
-	}
+	atomic_store(&unsafe_freezing, FREEZE_CLOSED);
+	/* A thread still inside a region could open a nested one after the
+	 * restart looks: it now sees CLOSED, or its count shows.  With none
+	 * open, none can open (the next entry would be outermost). */
+	if (busy)
+		freeze_barrier();
 }
 
 void rk_unsafe_thaw(void)

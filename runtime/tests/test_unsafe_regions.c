@@ -20,7 +20,12 @@
  * them):
  * 3. Threads it stops in rk_unsafe_begin and in an allocator lock go on
  *    after the thaw of a restart whose exec failed (they used to wait for
- *    an exec that never came). */
+ *    an exec that never came).
+ * 4. While it waits for open regions to close, a thread inside one enters
+ *    nested regions and so reaches its outermost end: the wait ends at
+ *    once instead of timing out.
+ * 5. Once it has returned (the restart looks at the counters now), a
+ *    nested entry waits too, until the thaw. */
 #include "testlib.h"
 
 #include <pthread.h>
@@ -57,8 +62,9 @@ static void exited_threads_count_not_inherited(void)
 
 /* ---- the freeze ---- */
 
+static rk_arena *arena_b;
 static _Atomic uint64_t steps[2];
-static atomic_bool stop;
+static atomic_bool stop, freezer_started, looked, nested_done;
 
 static void sleep_ms(long ms)
 {
@@ -72,6 +78,13 @@ static bool steps_reach(unsigned i, uint64_t want)
 	for (int n = 0; n < 2000 && atomic_load(&steps[i]) < want; n++)
 		sleep_ms(1);
 	return atomic_load(&steps[i]) >= want;
+}
+
+static bool flag_set_within(atomic_bool *f, int ms)
+{
+	for (int n = 0; n < ms && !atomic_load(f); n++)
+		sleep_ms(1);
+	return atomic_load(f);
 }
 
 static void *region_loop(void *arg)
@@ -123,6 +136,80 @@ static void thaw_releases_stopped_threads(void)
 	}
 }
 
+/* Inside a region of arena, enters one of arena_b when told to. */
+static void *nested_when_told(void *arg)
+{
+	atomic_bool *go = arg;
+	rk_unsafe_begin(arena);
+	atomic_store(&steps[0], 1);
+	while (!atomic_load(go))
+		sched_yield();
+	sleep_ms(10); /* well inside the freeze */
+	rk_unsafe_begin(arena_b);
+	atomic_store(&nested_done, true);
+	rk_unsafe_end(arena_b);
+	rk_unsafe_end(arena);
+	return NULL;
+}
+
+static _Atomic uint64_t freeze_ms;
+
+static void *freezer(void *arg)
+{
+	(void)arg;
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	atomic_store(&freezer_started, true);
+	rk_unsafe_freeze(2000ull * 1000 * 1000);
+	atomic_store(&freeze_ms, (uint64_t)check_ms_since(&t0));
+	return NULL;
+}
+
+static void nested_entry_goes_through_while_draining(void)
+{
+	pthread_t w, f;
+	atomic_store(&steps[0], 0);
+	atomic_store(&nested_done, false);
+	atomic_store(&freezer_started, false);
+	if (!CHECK(pthread_create(&w, NULL, nested_when_told, &freezer_started) == 0))
+		return;
+	while (!atomic_load(&steps[0]))
+		sched_yield();
+	if (!CHECK(pthread_create(&f, NULL, freezer, NULL) == 0))
+		return;
+	pthread_join(f, NULL);
+	CHECK_MSG(atomic_load(&nested_done), "a nested entry waited in the freeze");
+	CHECK_MSG(atomic_load(&freeze_ms) < 1000, "the freeze waited %llu ms for a region that could not close",
+		  (unsigned long long)atomic_load(&freeze_ms));
+	CHECK_EQ(rk_unsafe_open_mask(), 0);
+	rk_unsafe_thaw();
+	if (flag_set_within(&nested_done, 2000))
+		pthread_join(w, NULL);
+}
+
+static void nested_entry_waits_once_the_freeze_returned(void)
+{
+	pthread_t w;
+	atomic_store(&steps[0], 0);
+	atomic_store(&nested_done, false);
+	atomic_store(&looked, false);
+	if (!CHECK(pthread_create(&w, NULL, nested_when_told, &looked) == 0))
+		return;
+	while (!atomic_load(&steps[0]))
+		sched_yield();
+	rk_unsafe_freeze(20ull * 1000 * 1000); /* times out: the worker is inside */
+	CHECK_EQ(rk_unsafe_open_mask(), 1u << arena->index);
+	atomic_store(&looked, true);
+	sleep_ms(60);
+	CHECK_MSG(!atomic_load(&nested_done), "a region opened after the freeze had returned");
+	CHECK(rk_component_is_safe(arena_b));
+	rk_unsafe_thaw();
+	bool done = flag_set_within(&nested_done, 2000);
+	CHECK_MSG(done, "the nested entry did not go on after the thaw");
+	if (done)
+		pthread_join(w, NULL);
+}
+
 /* ---- case 2: the main thread exits after a warm rk_init ---- */
 
 static pthread_t main_thread;
@@ -161,9 +248,12 @@ int main(int argc, char **argv)
 {
 	test_init(argc, argv, "test_unsafe_regions");
 	arena = test_arena("regions", 8u << 20);
+	arena_b = test_arena("regions-b", 8u << 20);
 	if (rk_restart_info()->generation == 0) {
 		RUN(exited_threads_count_not_inherited);
 		RUN(thaw_releases_stopped_threads);
+		RUN(nested_entry_goes_through_while_draining);
+		RUN(nested_entry_waits_once_the_freeze_returned);
 		if (atomic_load(&check_failed_))
 			return check_done();
 		/* Leaves blocks in this thread's cache in the arena: the warm

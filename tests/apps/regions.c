@@ -9,6 +9,9 @@
  *                      fails (EACCES), checks that both workers go on and
  *                      that it can still allocate, puts the permission back
  *                      and restarts again.
+ *   regions nested     a worker sleeps 3 ms inside a region of arena "a",
+ *                      then opens nested regions of "b" and "a"; the app
+ *                      restarts while the worker sleeps.
  *
  * Workers count each region's start and end in the arenas; the restarted
  * incarnation (warm or cold) checks that no region was left half-done and
@@ -31,11 +34,18 @@
 
 struct counters {
 	uint64_t begun[NWORKERS], ended[NWORKERS];
+	uint64_t nested; /* the nested region of "a" */
 };
 
-static rk_arena *arena_a;
+struct nested_b {
+	uint64_t n; /* the nested region of "b" */
+};
+
+static rk_arena *arena_a, *arena_b;
 static struct counters *ctr;
+static struct nested_b *nb;
 static _Atomic uint64_t progress[NWORKERS];
+static atomic_bool inside; /* nested mode: the worker is in its outer region */
 
 static void sleep_ms(long ms)
 {
@@ -77,6 +87,28 @@ static void *alloc_worker(void *arg)
 		rk_free(arena_a, keep[s]);
 		keep[s] = rk_alloc(arena_a, 16 + (i * 31) % 40000);
 		atomic_fetch_add(&progress[1], 1);
+	}
+	return NULL;
+}
+
+static void *nested_worker(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		rk_unsafe_begin(arena_a);
+		ctr->begun[0]++;
+		atomic_store(&inside, true);
+		sleep_ms(3); /* the restart's freeze starts here */
+		rk_unsafe_begin(arena_b);
+		nb->n++;
+		rk_unsafe_begin(arena_a);
+		ctr->nested++;
+		rk_unsafe_end(arena_a);
+		rk_unsafe_end(arena_b);
+		ctr->ended[0]++;
+		atomic_store(&inside, false);
+		rk_unsafe_end(arena_a);
+		atomic_fetch_add(&progress[0], 1);
 	}
 	return NULL;
 }
@@ -154,6 +186,20 @@ static _Noreturn void exec_fail(void)
 	restart_or_die("regions: execve works again");
 }
 
+static _Noreturn void nested(void)
+{
+	start(nested_worker);
+	static const uint64_t zero[NWORKERS];
+	bool went[NWORKERS];
+	if (!wait_progress(1, zero, 3, went)) {
+		fprintf(stderr, "regions: worker did not start\n");
+		exit(3);
+	}
+	while (!atomic_load(&inside))
+		sched_yield();
+	restart_or_die("regions: nested");
+}
+
 static void *root_or_new(rk_arena *a, const char *name, size_t size)
 {
 	void *p = rk_root_get(a, name);
@@ -170,8 +216,8 @@ static void *root_or_new(rk_arena *a, const char *name, size_t size)
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "";
-	if (strcmp(mode, "exec-fail")) {
-		fprintf(stderr, "usage: regions exec-fail\n");
+	if (strcmp(mode, "exec-fail") && strcmp(mode, "nested")) {
+		fprintf(stderr, "usage: regions exec-fail|nested\n");
 		return 2;
 	}
 	int r = rk_init(argc, argv, NULL);
@@ -180,25 +226,30 @@ int main(int argc, char **argv)
 		return 3;
 	}
 	arena_a = rk_arena_open("a", 64ull << 20);
-	if (!arena_a) {
+	arena_b = rk_arena_open("b", 8ull << 20);
+	if (!arena_a || !arena_b) {
 		fprintf(stderr, "regions: rk_arena_open: %s\n", strerror(errno));
 		return 3;
 	}
 	ctr = root_or_new(arena_a, "counters", sizeof *ctr);
+	nb = root_or_new(arena_b, "nested", sizeof *nb);
 	const struct rk_restart_info *info = rk_restart_info();
-	if (info->generation == 0)
-		exec_fail();
+	if (info->generation == 0) {
+		if (!strcmp(mode, "exec-fail"))
+			exec_fail();
+		nested();
+	}
 	bool balanced = true;
 	if (rk_is_recovery()) {
 		struct rk_sweep_stats sw;
-		balanced = rk_mark(arena_a, ctr) >= 0 && rk_finish_recovery(true, &sw) == 0;
+		balanced = rk_mark(arena_a, ctr) >= 0 && rk_mark(arena_b, nb) >= 0 && rk_finish_recovery(true, &sw) == 0;
 	}
 	for (unsigned i = 0; i < NWORKERS; i++)
 		balanced &= ctr->begun[i] == ctr->ended[i];
 	static const char *kinds[] = {"fresh", "warm", "cold"};
 	printf("{\"app\":\"state\",\"generation\":%u,\"kind\":\"%s\",\"decision\":\"%s\",\"balanced\":%s,"
-	       "\"regions\":%llu}\n",
+	       "\"regions\":%llu,\"nested_a\":%llu,\"nested_b\":%llu}\n",
 	       info->generation, kinds[info->kind], info->decision, balanced ? "true" : "false",
-	       (unsigned long long)ctr->ended[0]);
+	       (unsigned long long)ctr->ended[0], (unsigned long long)ctr->nested, (unsigned long long)nb->n);
 	return 0;
 }
