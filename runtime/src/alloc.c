@@ -98,7 +98,8 @@ static void after_fork_child(void)
 
 /* Set while a restart is under way: no thread may start a new critical
  * section, so that the restarting thread can wait for the running ones to
- * end and hand over arenas with no lock held. */
+ * end and hand over arenas with no lock held.  A futex word: the stopped
+ * threads sleep on it until the exec, or until a failed restart thaws. */
 static _Atomic int freezing;
 
 /* Locks this thread holds: a thread that already holds one (a class lock,
@@ -107,15 +108,10 @@ static _Atomic int freezing;
  * allocator to the next incarnation. */
 TLS unsigned tls_locks_held;
 
-static _Noreturn void park_forever(void)
+/* One try: true with the lock held; false if the thread stepped back for a
+ * restart's freeze, holding nothing and no longer counted. */
+static inline bool lock_try_or_step_back(struct rk_arena *a, rk_lock *l, uint32_t me)
 {
-	for (;;)
-		pause(); /* the restart's exec ends this thread */
-}
-
-void rk_lock_acquire(struct rk_arena *a, rk_lock *l)
-{
-	uint32_t me = rk_gettid();
 	rk_unsafe_note_enter(a->index); /* before the lock: held implies counted */
 	for (unsigned spins = 0;; spins++) {
 		uint32_t expect = 0;
@@ -126,20 +122,29 @@ void rk_lock_acquire(struct rk_arena *a, rk_lock *l)
 			if (RK_UNLIKELY(atomic_load(&freezing)) && tls_locks_held == 0) {
 				atomic_store(l, 0);
 				rk_unsafe_note_leave(a->index);
-				park_forever();
+				return false;
 			}
 			tls_locks_held++;
-			return;
+			return true;
 		}
 		if (RK_UNLIKELY(atomic_load_explicit(&freezing, memory_order_relaxed)) && tls_locks_held == 0) {
 			rk_unsafe_note_leave(a->index);
-			park_forever();
+			return false;
 		}
 		if (spins < 100)
 			__builtin_ia32_pause();
 		else
 			sched_yield();
 	}
+}
+
+void rk_lock_acquire(struct rk_arena *a, rk_lock *l)
+{
+	uint32_t me = rk_gettid();
+	/* The restart's exec ends a thread waiting here; if the exec fails,
+	 * the thaw wakes it and it starts over. */
+	while (RK_UNLIKELY(!lock_try_or_step_back(a, l, me)))
+		rk_freeze_wait(&freezing);
 }
 
 static unsigned locks_held_by_others(uint32_t me)
@@ -163,7 +168,7 @@ static unsigned locks_held_by_others(uint32_t me)
 
 void rk_allocator_thaw(void)
 {
-	atomic_store(&freezing, 0);
+	rk_freeze_release(&freezing);
 }
 
 unsigned rk_allocator_freeze(uint64_t timeout_ns)

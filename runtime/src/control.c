@@ -9,7 +9,8 @@
  * (a locked add where membarrier is missing), and rk_unsafe_end a plain
  * store.  It pairs with the restart's freeze (flag, membarrier, then look at
  * the counters), Dekker-style, so no region can open unseen while a restart
- * decides. */
+ * decides.  A thread the freeze stops waits on a futex, so a restart whose
+ * exec fails can let it go on. */
 #include "rk_internal.h"
 
 #include <errno.h>
@@ -23,7 +24,9 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <linux/futex.h>
 #include <linux/membarrier.h>
+#include <time.h>
 #include <unistd.h>
 
 _Static_assert(offsetof(struct rk_control, request_reason) == 64, "protocol layout");
@@ -36,11 +39,20 @@ _Static_assert(sizeof(struct rk_control) <= RK_CONTROL_SIZE, "protocol layout");
 
 struct rk_control *rk_ctl;
 static int ctl_fd = -1;
+/* The freeze of unsafe regions, a futex word.  While the restart waits for
+ * open regions to close (DRAIN), a thread that already has one open may
+ * enter nested ones, so it can reach its outermost end; once the wait is
+ * over (CLOSED) every entry waits, so nothing opens after the restart has
+ * looked. */
+enum { FREEZE_NONE, FREEZE_DRAIN, FREEZE_CLOSED };
 static _Atomic int unsafe_freezing;
 static bool asym_barrier; /* membarrier private expedited is registered */
 static bool block_fresh;  /* our own block, mapped by this incarnation: all zero but what rk_init wrote */
 static __thread struct rk_ctl_slot *tls_slot;
+/* This thread's count in the shared overflow slot, whose depths mix threads */
+static __thread unsigned tls_overflow_depth;
 static pthread_key_t slot_key;
+static bool slot_key_made;
 static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
 /* the last slot is shared by threads that found no free one */
 #define OVERFLOW_SLOT (RK_CONTROL_SLOTS - 1)
@@ -148,8 +160,11 @@ void rk_control_begin(unsigned generation, enum rk_ctl_state state)
 	atomic_store(&c->slots[OVERFLOW_SLOT].tid, OVERFLOW_TID);
 	/* rk_init may have claimed a slot already (the allocator's critical
 	 * sections count too, and a warm start runs some): claim again, or
-	 * this thread's regions would go to a slot that reads as free. */
+	 * this thread's regions would go to a slot that reads as free.  The
+	 * slot is another thread's to claim now: our exit must not free it. */
 	tls_slot = NULL;
+	if (slot_key_made)
+		(void)pthread_setspecific(slot_key, NULL); /* cannot fail: the key exists, no allocation for NULL */
 	atomic_store(&c->heartbeat_ns, 0);
 	atomic_store(&c->heartbeat_count, 0);
 	atomic_store(&c->request_mode, RK_REQ_NONE);
@@ -246,16 +261,20 @@ enum rk_request_mode rk_control_take_request(char *reason, size_t cap)
 
 /* ---- unsafe regions --------------------------------------------------------- */
 
+/* At thread exit.  Only while the slot is still ours: rk_init's reset may
+ * have handed it to another thread since. */
 static void slot_release(void *slot)
 {
 	struct rk_ctl_slot *s = slot;
+	uint32_t me = rk_gettid();
 	if (s && s != &rk_ctl->slots[OVERFLOW_SLOT])
-		atomic_store_explicit(&s->tid, 0, memory_order_release);
+		(void)atomic_compare_exchange_strong_explicit(&s->tid, &me, 0, memory_order_release,
+							      memory_order_relaxed);
 }
 
 static void slot_key_create(void)
 {
-	(void)pthread_key_create(&slot_key, slot_release);
+	slot_key_made = pthread_key_create(&slot_key, slot_release) == 0;
 }
 
 static struct rk_ctl_slot *slot_claim(void)
@@ -266,18 +285,19 @@ static struct rk_ctl_slot *slot_claim(void)
 		struct rk_ctl_slot *s = &rk_ctl->slots[i];
 		if (atomic_load_explicit(&s->tid, memory_order_relaxed) == 0 &&
 		    atomic_compare_exchange_strong(&s->tid, &expect, me)) {
+			/* a thread that exited inside a region left its count */
+			for (unsigned k = 0; k < RK_MAX_ARENAS; k++)
+				if (atomic_load_explicit(&s->depth[k], memory_order_relaxed))
+					atomic_store(&s->depth[k], 0);
 			pthread_once(&slot_key_once, slot_key_create);
-			(void)pthread_setspecific(slot_key, s);
+			/* Without the key (or its value) the slot stays ours after
+			 * we exit: one slot fewer, nothing worse. */
+			if (slot_key_made)
+				(void)pthread_setspecific(slot_key, s);
 			return s;
 		}
 	}
 	return &rk_ctl->slots[OVERFLOW_SLOT];
-}
-
-static _Noreturn void park_for_restart(void)
-{
-	for (;;)
-		pause(); /* the restart's exec ends this thread */
 }
 
 static inline struct rk_ctl_slot *my_slot(void)
@@ -307,6 +327,14 @@ static void wp_region_leave(const rk_arena *a)
 		rk_pkru_write((rk_pkru_read() & ~RK_PKRU_AD(a->pkey)) | RK_PKRU_WD(a->pkey));
 }
 
+/* Without membarrier, and always in the shared overflow slot. */
+static void depth_up_locked(struct rk_ctl_slot *s, unsigned k)
+{
+	atomic_fetch_add(&s->depth[k], 1);
+	if (s == &rk_ctl->slots[OVERFLOW_SLOT])
+		tls_overflow_depth++;
+}
+
 /* Counts this thread into a region of arena k.  With membarrier the freeze
  * pays for the barrier: here a plain load and store on our own line, and the
  * freezer's MEMBARRIER_CMD_PRIVATE_EXPEDITED makes every running thread
@@ -321,7 +349,50 @@ static inline void depth_up(struct rk_ctl_slot *s, unsigned k)
 				      memory_order_relaxed);
 		atomic_signal_fence(memory_order_seq_cst); /* the compiler keeps store, then look */
 	} else {
-		atomic_fetch_add(d, 1);
+		depth_up_locked(s, k);
+	}
+}
+
+static void depth_down(struct rk_ctl_slot *s, unsigned k)
+{
+	_Atomic uint16_t *d = &s->depth[k];
+	uint16_t v = atomic_load_explicit(d, memory_order_relaxed);
+	if (RK_UNLIKELY(v == 0))
+		return; /* unbalanced end: ignore rather than wrap */
+	if (RK_UNLIKELY(s == &rk_ctl->slots[OVERFLOW_SLOT])) {
+		atomic_fetch_sub(d, 1);
+		if (tls_overflow_depth)
+			tls_overflow_depth--;
+	} else {
+		atomic_store_explicit(d, (uint16_t)(v - 1), memory_order_release);
+	}
+}
+
+/* This thread's open regions and allocator sections, all arenas. */
+static unsigned my_depth(const struct rk_ctl_slot *s)
+{
+	if (s == &rk_ctl->slots[OVERFLOW_SLOT])
+		return tls_overflow_depth;
+	unsigned n = 0;
+	for (unsigned k = 0; k < RK_MAX_ARENAS; k++)
+		n += atomic_load_explicit(&s->depth[k], memory_order_relaxed);
+	return n;
+}
+
+/* rk_unsafe_begin found a freeze, with this region already counted.  A
+ * nested entry goes through while the restart waits for regions to close:
+ * parked there, the outer region would stay open for the whole wait and
+ * spoil the restart.  Otherwise step back and wait; a restart whose exec
+ * failed wakes us, and the entry starts again. */
+static __attribute__((noinline, cold)) void begin_in_freeze(struct rk_ctl_slot *s, unsigned k)
+{
+	for (;;) {
+		int phase = atomic_load(&unsafe_freezing);
+		if (phase == FREEZE_NONE || (phase == FREEZE_DRAIN && my_depth(s) > 1))
+			return;
+		depth_down(s, k);
+		rk_freeze_wait(&unsafe_freezing);
+		depth_up(s, k); /* then look again */
 	}
 }
 
@@ -331,24 +402,10 @@ void rk_unsafe_begin(rk_arena *arena)
 		return;
 	struct rk_ctl_slot *s = my_slot();
 	depth_up(s, arena->index); /* then look */
-	if (RK_UNLIKELY(atomic_load_explicit(&unsafe_freezing, memory_order_relaxed))) {
-		atomic_fetch_sub(&s->depth[arena->index], 1);
-		park_for_restart();
-	}
+	if (RK_UNLIKELY(atomic_load_explicit(&unsafe_freezing, memory_order_relaxed)))
+		begin_in_freeze(s, arena->index);
 	if (RK_UNLIKELY(arena->pkey > 0))
 		wp_region_enter(arena);
-}
-
-static void depth_down(struct rk_ctl_slot *s, unsigned k)
-{
-	_Atomic uint16_t *d = &s->depth[k];
-	uint16_t v = atomic_load_explicit(d, memory_order_relaxed);
-	if (RK_UNLIKELY(v == 0))
-		return; /* unbalanced end: ignore rather than wrap */
-	if (RK_UNLIKELY(s == &rk_ctl->slots[OVERFLOW_SLOT]))
-		atomic_fetch_sub(d, 1);
-	else
-		atomic_store_explicit(d, (uint16_t)(v - 1), memory_order_release);
 }
 
 void rk_unsafe_end(rk_arena *arena)
@@ -373,10 +430,14 @@ void rk_unsafe_note_leave(unsigned k)
 		depth_down(tls_slot, k);
 }
 
-/* A forked child has its own tid; it must not write its parent's slot. */
+/* A forked child has its own tid; it must not write its parent's slot, nor
+ * free it at its exit (under a supervisor the block is shared). */
 void rk_unsafe_forget_thread(void)
 {
 	tls_slot = NULL;
+	tls_overflow_depth = 0;
+	if (slot_key_made)
+		(void)pthread_setspecific(slot_key, NULL);
 }
 
 static bool slot_open_other(const struct rk_ctl_slot *s, uint32_t me)
@@ -390,28 +451,72 @@ static bool slot_open_other(const struct rk_ctl_slot *s, uint32_t me)
 	return false;
 }
 
+/* Every running thread: its depth store is visible, or it sees the flag. */
+static void freeze_barrier(void)
+{
+	if (asym_barrier)
+		(void)syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+}
+
+static bool others_open(void)
+{
+	uint32_t me = rk_gettid();
+	for (unsigned i = 0; i < RK_CONTROL_SLOTS; i++)
+		if (slot_open_other(&rk_ctl->slots[i], me))
+			return true;
+	return false;
+}
+
 void rk_unsafe_freeze(uint64_t timeout_ns)
 {
 	if (!rk_ctl)
 		return;
-	atomic_store(&unsafe_freezing, 1); /* then look at the counters */
-	if (asym_barrier) /* every running thread: its depth store is visible, or it sees the flag */
-		(void)syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
-	uint32_t me = rk_gettid();
+	int none = FREEZE_NONE; /* a second freeze of the same restart stays closed */
+	(void)atomic_compare_exchange_strong(&unsafe_freezing, &none, FREEZE_DRAIN);
+	freeze_barrier(); /* then look at the counters */
 	uint64_t t0 = rk_now_ns();
-	for (;;) {
-		bool busy = false;
-		for (unsigned i = 0; i < RK_CONTROL_SLOTS && !busy; i++)
-			busy = slot_open_other(&rk_ctl->slots[i], me);
-		if (!busy || rk_now_ns() - t0 >= timeout_ns)
-			return;
+	bool busy;
+	while ((busy = others_open()) && rk_now_ns() - t0 < timeout_ns)
 		sched_yield();
-	}
+	atomic_store(&unsafe_freezing, FREEZE_CLOSED);
+	/* A thread still inside a region could open a nested one after the
+	 * restart looks: it now sees CLOSED, or its count shows.  With none
+	 * open, none can open (the next entry would be outermost). */
+	if (busy)
+		freeze_barrier();
 }
 
 void rk_unsafe_thaw(void)
 {
-	atomic_store(&unsafe_freezing, 0);
+	rk_freeze_release(&unsafe_freezing);
+}
+
+/* ---- waiting out a restart's freeze ------------------------------------
+ * A thread the freeze stops sleeps on the freeze flag: the restart's exec
+ * ends it, or a restart whose exec failed clears the flag and wakes it.  A
+ * futex: async-signal-safe and no allocation (the thread may be stopped in
+ * a signal handler). */
+void rk_freeze_wait(_Atomic int *flag)
+{
+	int saved = errno, v;
+	while ((v = atomic_load(flag)) != 0) {
+		if (syscall(SYS_futex, flag, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0) == 0 || errno == EAGAIN ||
+		    errno == EINTR)
+			continue;
+		/* no futex (a seccomp filter?): poll rather than sleep for good */
+		struct timespec ms = {0, 1000 * 1000};
+		(void)nanosleep(&ms, NULL);
+	}
+	errno = saved;
+}
+
+void rk_freeze_release(_Atomic int *flag)
+{
+	int saved = errno;
+	atomic_store(flag, 0);
+	/* Only fails without futexes, and then the sleepers poll. */
+	(void)syscall(SYS_futex, flag, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+	errno = saved;
 }
 
 bool rk_component_is_safe(const rk_arena *arena)

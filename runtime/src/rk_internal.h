@@ -345,9 +345,14 @@ void rk_control_begin(unsigned generation, enum rk_ctl_state state) RK_HIDDEN;
 void rk_control_set_state(enum rk_ctl_state state) RK_HIDDEN;
 void rk_control_name_arenas(void) RK_HIDDEN; /* and the independent mask */
 /* Async-signal-safe.  Stops new unsafe regions and waits up to timeout for
- * other threads' open ones to close. */
+ * other threads' open ones to close (nested entries go through meanwhile);
+ * from its return on, every entry waits until the thaw. */
 void rk_unsafe_freeze(uint64_t timeout_ns) RK_HIDDEN;
-void rk_unsafe_thaw(void) RK_HIDDEN;
+void rk_unsafe_thaw(void) RK_HIDDEN; /* the restart failed: wakes the waiting threads */
+/* A thread a freeze stops waits while *flag is set; the thaw clears it and
+ * wakes every waiter (futex, async-signal-safe; the allocator's too). */
+void rk_freeze_wait(_Atomic int *flag) RK_HIDDEN;
+void rk_freeze_release(_Atomic int *flag) RK_HIDDEN;
 /* Async-signal-safe.  The arena indexes with an open unsafe region (or a
  * held allocator lock) in any thread. */
 uint32_t rk_unsafe_open_mask(void) RK_HIDDEN;
