@@ -166,17 +166,27 @@ static void exec_pool_unmap(void)
 	exec_pool = NULL;
 }
 
-/* A write per page: a read would only map the shared zero page. */
+static _Atomic bool exec_pool_ready; /* the helper has written every page */
+
+/* A write per page: a read would only map the shared zero page.  Stops
+ * when a restart begins: the pool is then no longer of use. */
 static void exec_pool_populate(void)
 {
-	for (size_t off = 0; off < exec_pool_len; off += RK_PAGE)
+	for (size_t off = 0; off < exec_pool_len; off += RK_PAGE) {
+		if (atomic_load_explicit(&restarting, memory_order_relaxed))
+			return;
 		((volatile char *)exec_pool)[off] = 1;
+	}
+	atomic_store(&exec_pool_ready, true);
 }
 
-/* Async-signal-safe: hands the pool's pages to this CPU's free list. */
+/* Async-signal-safe: hands the pool's pages to this CPU's free list.  Not
+ * while the helper is still writing them (a restart within a millisecond
+ * of rk_init): the zap would race its faults, for pages that are mostly
+ * not there yet. */
 static void exec_pool_release(void)
 {
-	if (exec_pool)
+	if (exec_pool && atomic_load(&exec_pool_ready))
 		(void)madvise(exec_pool, exec_pool_len, MADV_DONTNEED);
 }
 
