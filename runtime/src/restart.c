@@ -41,6 +41,13 @@ static bool sync_teardown; /* $REKINDLE_SYNC_TEARDOWN=1: no helper (for measurem
 static size_t exec_pool_len; /* $REKINDLE_EXEC_POOL_KB, in bytes; 0: no pool */
 static unsigned listen_fds;  /* $LISTEN_FDS at init: fds 3.. kept (socket activation) */
 
+/* A restart that returns (failed, or given up) lets the next one in. */
+static void restarting_done(void)
+{
+	atomic_store(&restarting, 0);
+	(void)syscall(SYS_futex, &restarting, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
 static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
 /* ---- small signal-safe string building ---- */
@@ -522,9 +529,12 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 		rk_ev_end(&e);
 		return -ECHILD;
 	}
-	if (atomic_exchange(&restarting, 1)) {
-		for (;;) /* another thread is restarting; its exec ends us */
-			pause();
+	while (atomic_exchange(&restarting, 1)) {
+		/* Another thread is restarting: its exec ends us.  If that
+		 * fails, it clears the flag and wakes us, and we try ourselves
+		 * (a fault of ours then dies of its signal if we fail too). */
+		while (atomic_load(&restarting))
+			(void)syscall(SYS_futex, &restarting, FUTEX_WAIT, 1, NULL, NULL, 0);
 	}
 	uint64_t t0 = rk_now_ns();
 	uint64_t age_ms = (t0 - rk_g.start_ns) / 1000000;
@@ -540,7 +550,7 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 		rk_ev_u64(&e, "consecutive_fast_failures", fast_failures);
 		rk_ev_u64(&e, "window_ms", rk_g.crashloop_ms);
 		rk_ev_end(&e);
-		atomic_store(&restarting, 0);
+		restarting_done();
 		return -ELOOP;
 	}
 	if (!want_warm) {
@@ -655,7 +665,7 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 	rk_ev_str(&e, "what", "restart failed: execve");
 	rk_ev_i64(&e, "errno", err);
 	rk_ev_end(&e);
-	atomic_store(&restarting, 0);
+	restarting_done();
 	return -err;
 }
 
