@@ -234,6 +234,9 @@ def test_restarts_repeat_with_state_intact():
     assert {s["head"] for s in run.states} == {run.states[0]["head"]}
     assert run.states[-1]["incarnations_seen"] == 7
     assert all(s["state"] == "preserved" for s in run.states[1:])
+    # the manifest memfds alternate (each incarnation writes into the one of
+    # two incarnations ago): from the second restart on, no fd is added
+    assert len({s["open_fds"] for s in run.states[2:]}) == 1, [s["open_fds"] for s in run.states]
 
 
 def test_warm_restart_keeps_the_process_name():

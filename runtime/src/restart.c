@@ -385,6 +385,8 @@ static void hand_over_fds(bool warm, bool hot_switch, uint32_t drop, bool on)
 	if (on)
 		close_transient_fds_at_exec();
 	set_cloexec(rk_g.manifest_fd, !on);
+	if (rk_g.manifest_spare_fd >= 0)
+		set_cloexec(rk_g.manifest_spare_fd, !on);
 	if (rk_sup_fd() >= 0)
 		set_cloexec(rk_sup_fd(), !on);
 	if (rk_control_fd() >= 0)

@@ -186,7 +186,7 @@ int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
  * mapping), read and validated by the next one's rk_init.  Its fd number is
  * passed in $REKINDLE_MANIFEST_FD. */
 #define RK_MANIFEST_MAGIC 0x54534e4d4b52ull /* "RKMNST" */
-#define RK_MANIFEST_VERSION 5u
+#define RK_MANIFEST_VERSION 6u
 #define RK_MAX_STATICS 32
 #define RK_MANIFEST_FIXED 65536u /* statics data follows */
 
@@ -226,6 +226,11 @@ struct rk_manifest {
 	int32_t validator_pid; /* cross-check validator killed by the restart, to reap */
 	uint32_t narenas, nranges, nstatics, statics_saved;
 	char comm[16];         /* the process name at rk_init, put back after the exec */
+	/* The previous incarnation's manifest memfd, handed on with this one:
+	 * the next incarnation writes its manifest there instead of creating
+	 * a memfd on its restart path.  Never the one a supervisor holds. */
+	int32_t spare_fd, pad2_;
+	uint64_t spare_dev, spare_ino;
 	struct rk_manifest_arena arenas[RK_MAX_ARENAS];
 	struct rk_manifest_range ranges[RK_MAX_RANGES];
 	struct rk_manifest_static statics[RK_MAX_STATICS];
@@ -256,6 +261,7 @@ struct rk_state {
 	struct rk_restart_info info;
 	struct rk_manifest *manifest; /* shared with the next incarnation */
 	int manifest_fd;
+	int manifest_spare_fd;        /* see rk_manifest.spare_fd; -1 if none */
 	uint64_t manifest_size;
 	volatile int manifest_busy; /* arena list being rewritten: restart goes cold */
 	uint64_t start_ns;

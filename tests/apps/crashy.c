@@ -194,6 +194,14 @@ static void die_as(const char *kind, rk_arena *a)
 	exit(2);
 }
 
+static int count_open_fds(void)
+{
+	int n = 0;
+	for (int fd = 0; fd < 1024; fd++)
+		n += fcntl(fd, F_GETFD) >= 0;
+	return n;
+}
+
 /* --replace-self-with: an "upgrade" of the binary on disk before the crash;
  * the restart must still run the binary that is running. */
 static void replace_own_binary(const char *with)
@@ -389,14 +397,14 @@ int main(int argc, char **argv)
 	       "\"head\":\"%p\",\"arena_base\":\"0x%llx\",\"static_head_ok\":%s,\"incarnations_seen\":%llu,"
 	       "\"literal\":\"%s\",\"fn_ok\":%s,\"swept_objects\":%llu,\"swept_bytes\":%llu,\"kept_objects\":%llu,"
 	       "\"range\":%d,\"allocated_bytes\":%llu,\"reason\":\"%s\",\"decision\":\"%s\",\"statics_restored\":%u,"
-	       "\"listen_errno\":%d,\"fill_ok\":%s,\"comm\":\"%s\",\"check_fd_open\":%d}\n",
+	       "\"listen_errno\":%d,\"fill_ok\":%s,\"comm\":\"%s\",\"check_fd_open\":%d,\"open_fds\":%d}\n",
 	       getpid(), info->generation, kinds[info->kind], state, found, (void *)head,
 	       (unsigned long long)st.base, static_head == head ? "true" : "false",
 	       (unsigned long long)incarnations_seen, preserved_literal, preserved_fn == in_image_fn ? "true" : "false",
 	       (unsigned long long)sw.objects_freed, (unsigned long long)sw.bytes_freed,
 	       (unsigned long long)sw.objects_kept, range_state, (unsigned long long)st.allocated_bytes,
 	       info->reason, info->decision, info->statics_restored, listen_errno,
-	       fill_ok ? "true" : "false", comm, check_fd < 0 ? -1 : fcntl(check_fd, F_GETFD) >= 0);
+	       fill_ok ? "true" : "false", comm, check_fd < 0 ? -1 : fcntl(check_fd, F_GETFD) >= 0, count_open_fds());
 	fflush(stdout);
 
 	/* objects of "requests in flight": allocated, reachable from nothing */
