@@ -385,7 +385,10 @@ static void hand_over_fds(bool warm, bool hot_switch, uint32_t drop, bool on)
 	if (on)
 		close_transient_fds_at_exec();
 	set_cloexec(rk_g.manifest_fd, !on);
-	if (rk_g.manifest_spare_fd >= 0)
+	/* the spare only if it still is (the app may have closed and reused
+	 * that number): a stranger must not leak into the next incarnation */
+	if (rk_g.manifest_spare_fd >= 0 &&
+	    rk_fd_is_file(rk_g.manifest_spare_fd, rk_g.manifest->spare_dev, rk_g.manifest->spare_ino))
 		set_cloexec(rk_g.manifest_spare_fd, !on);
 	if (rk_sup_fd() >= 0)
 		set_cloexec(rk_sup_fd(), !on);
