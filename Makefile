@@ -85,6 +85,9 @@ test: deps all $(UNIT_TESTS)
 # the C unit tests alone (`make test` runs them with everything else)
 unit-test: $(UNIT_TESTS)
 	@fail=0; for t in $(UNIT_TESTS); do $$t || { echo "FAILED: $$t" >&2; fail=1; }; done; exit $$fail
+# the system tests alone (pytest; real processes, the supervisor, rkv, QEMU)
+system-test: all
+	REKINDLE_BUILD=$(abspath $(BUILD)) python3 -m pytest -q tests
 
 demo: deps all
 	@bash scripts/demo.sh $(BUILD)
