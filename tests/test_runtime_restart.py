@@ -296,3 +296,34 @@ def test_stray_shmem_fd_named_as_manifest_is_left_open():
     (state,) = run.states
     assert state["kind"] == "cold" and "corrupt" in state["decision"]
     assert state["check_fd_open"] == 1
+
+
+def test_forked_child_that_opens_an_arena_does_not_touch_the_parents_manifest():
+    """The child shares the parent's manifest memfds (and the spare the next
+    incarnation writes into): it must write none of them."""
+    run = run_app("crashy", "--fork-open", "--crash", "0:segv", env=NO_WINDOW)
+    assert [s["kind"] for s in run.states] == ["fresh", "warm"]
+    assert run.states[1]["state"] == "preserved"
+    assert not [e for e in run.events_of("arena_dropped")]
+
+
+def test_failure_hook_that_aborts_dies_of_sigabrt_instead_of_waiting_for_itself():
+    run = run_app("crashy", "--hook-abort", "--crash", "0:segv", env=NO_WINDOW, timeout=20)
+    assert run.returncode == -signal.SIGABRT
+    assert any("own restart" in e["what"] for e in run.events_of("error"))
+
+
+def test_teardown_helper_survives_signals_sent_to_the_apps_name():
+    """`pkill -HUP app` reaches the helper (same name); it must stay, or the
+    next restart tears the old address space down on its own path."""
+    run = run_app("crashy", "--signal-helper", "--crash", "0:segv", env=NO_WINDOW)
+    (sig,) = json_lines(run.stdout, "signal")
+    assert sig["sent"] >= 1 and sig["alive"] == sig["sent"]
+    assert [s["kind"] for s in run.states] == ["fresh", "warm"]
+
+
+def test_inherited_arena_fd_is_close_on_exec_again_after_a_warm_restart():
+    """The restart clears FD_CLOEXEC to hand the memfd on; the new image sets
+    it again, so the app's own children do not inherit the arena."""
+    run = run_app("crashy", "--crash", "0:segv", env=NO_WINDOW)
+    assert [s["arena_fd_cloexec"] for s in run.states] == [1, 1]

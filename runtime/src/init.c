@@ -85,7 +85,9 @@ static uint64_t arena_slot_bytes(uint64_t max)
 static void manifest_sync_arenas(void)
 {
 	struct rk_manifest *m = rk_g.manifest;
-	if (!m || rk_g.validator)
+	/* a forked child (validator or not) shares the manifest with its
+	 * parent's successor-to-be: it writes none of it */
+	if (!m || rk_g.validator || getpid() != rk_g.pid)
 		return;
 	rk_g.manifest_busy = 1;
 	atomic_signal_fence(memory_order_seq_cst);
@@ -123,7 +125,7 @@ static void manifest_sync_arenas(void)
 	rk_g.manifest_busy = 0;
 	rk_control_name_arenas();
 	if (rk_g.initialized)
-		rk_sup_send_fds(); /* the supervisor holds the new set from now on */
+		(void)rk_sup_send_fds(); /* the supervisor holds the new set from now on */
 }
 
 void rk_manifest_sync(void)
@@ -164,9 +166,7 @@ static int manifest_memfd(const struct rk_manifest *old, size_t size, bool *reus
 	return fd;
 }
 
-/* inherited_fd: the previous manifest's memfd (an in-place restart), kept
- * as the spare for our successor; -1 if none. */
-static int manifest_create(const struct rk_manifest *old, int inherited_fd)
+static int manifest_create(const struct rk_manifest *old)
 {
 	size_t size = RK_ALIGN_UP(RK_MANIFEST_FIXED + rk_statics_total(), RK_PAGE);
 	bool reused;
@@ -181,13 +181,7 @@ static int manifest_create(const struct rk_manifest *old, int inherited_fd)
 	}
 	if (reused)
 		memset(m, 0, sizeof *m); /* the manifest of two incarnations ago */
-	m->spare_fd = -1;
-	if (inherited_fd >= 0) {
-		set_fd_cloexec(inherited_fd); /* ours to hand on at the next restart only */
-		m->spare_fd = inherited_fd;
-		rk_fd_file_id(inherited_fd, &m->spare_dev, &m->spare_ino);
-		rk_g.manifest_spare_fd = inherited_fd;
-	}
+	m->spare_fd = -1; /* until manifest_offer_spare */
 	m->magic = RK_MANIFEST_MAGIC;
 	m->version = RK_MANIFEST_VERSION;
 	m->generation = rk_g.info.generation;
@@ -202,6 +196,30 @@ static int manifest_create(const struct rk_manifest *old, int inherited_fd)
 	rk_g.manifest_size = size;
 	manifest_sync_arenas();
 	return 0;
+}
+
+/* The previous manifest's memfd (inherited_fd, -1 if none) becomes our
+ * successor's to write, but only once a supervisor, if there is one, holds
+ * ours instead: nobody may rewrite the manifest a supervisor holds (it hands
+ * that one on after a death).  Updated like the arena list: a restart in
+ * the middle goes cold rather than trust a half-written manifest. */
+static void manifest_offer_spare(int inherited_fd, bool supervisor_has_ours)
+{
+	struct rk_manifest *m = rk_g.manifest;
+	if (inherited_fd < 0)
+		return;
+	if (!supervisor_has_ours || !m) {
+		close(inherited_fd);
+		return;
+	}
+	rk_g.manifest_busy = 1;
+	atomic_signal_fence(memory_order_seq_cst);
+	m->spare_fd = inherited_fd;
+	rk_fd_file_id(inherited_fd, &m->spare_dev, &m->spare_ino);
+	m->checksum = rk_manifest_checksum(m);
+	atomic_signal_fence(memory_order_seq_cst);
+	rk_g.manifest_busy = 0;
+	rk_g.manifest_spare_fd = inherited_fd;
 }
 
 bool rk_fd_is_memfd(int fd, const char *want, bool exact)
@@ -282,8 +300,10 @@ static const struct rk_manifest *manifest_inherit(uint64_t *size, int *kept_fd, 
 		return MAP_FAILED; /* not ours: leave that fd alone */
 	}
 	const struct rk_manifest *m = manifest_map((int)fd, false, true, size, why, wl);
-	if (m != MAP_FAILED)
+	if (m != MAP_FAILED) {
 		*kept_fd = (int)fd;
+		set_fd_cloexec((int)fd); /* not for the app's children; a restart hands it on */
+	}
 	return m;
 }
 
@@ -459,6 +479,7 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 		memset(a, 0, sizeof *a);
 		a->hdr = p;
 		a->hdr_max = d->max;
+		set_fd_cloexec(d->fd); /* the restart cleared it; not for the app's children */
 		a->fd = d->fd;
 		a->dev = d->dev;
 		a->ino = d->ino;
@@ -490,6 +511,7 @@ static int attach_ranges(const struct rk_manifest *m, char *why, size_t wl)
 				 (unsigned long long)d->addr, (unsigned long long)d->len);
 			return -EEXIST;
 		}
+		set_fd_cloexec(d->fd);
 		rk_ranges[rk_nranges].fd = d->fd;
 		rk_ranges[rk_nranges].dev = d->dev;
 		rk_ranges[rk_nranges].ino = d->ino;
@@ -642,15 +664,18 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 			return -e;
 		}
 	}
-	r = manifest_create(old, inherited_manifest_fd);
+	r = manifest_create(old);
 	if (old)
 		munmap((void *)old, msize);
 	if (r == 0)
 		r = rk_restart_setup(argc, argv, rk_g.manifest_fd);
 	if (r == 0 && !(rk_g.flags & RK_OPT_NO_SIGNAL_HANDLERS))
 		r = rk_signals_install();
-	if (r < 0)
+	if (r < 0) {
+		if (inherited_manifest_fd >= 0)
+			close(inherited_manifest_fd);
 		return r;
+	}
 	rk_g.initialized = true;
 	rk_reap_teardown_holder();
 	rk_g.info.preserved_bytes = preserved_bytes();
@@ -660,12 +685,13 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 	rk_control_begin(rk_g.info.generation, rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);
 	atomic_store(&rk_ctl->preserved_bytes, rk_g.info.preserved_bytes);
 	/* Everything above counts; left out are only the messages that report
-	 * it (to a supervisor, and the start line). */
+	 * it (to a supervisor, and the start line) and the spare's offer, which
+	 * must follow them (a fstat and the checksum). */
 	if (rk_g.info.kind != RK_START_FRESH && rk_g.t_restart_ns)
 		rk_g.info.restart_ns = rk_now_ns() - rk_g.t_restart_ns;
 	log_start();
 	rk_sup_hello();
-	rk_sup_send_fds();
+	manifest_offer_spare(inherited_manifest_fd, rk_sup_send_fds() == 0);
 	return 0;
 }
 

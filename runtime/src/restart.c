@@ -34,7 +34,7 @@ extern char **environ;
 static char **exec_argv, **exec_envp;
 static char manifest_env[48], sup_env[48], ctl_env[48];
 static int restart_signal; /* $REKINDLE_RESTART_SIGNAL: the supervisor asks for a restart */
-static _Atomic int restarting;
+static _Atomic int restarting; /* 0, or the tid of the thread restarting */
 static bool sync_teardown; /* $REKINDLE_SYNC_TEARDOWN=1: no helper (for measurements) */
 #define EXEC_POOL_DEFAULT_KB 512u
 #define EXEC_POOL_MAX_KB (64u << 10)
@@ -235,10 +235,15 @@ static int holder_main(void *arg)
 {
 	int rd = holder_pipe[0];
 	/* Hold no fd of the app (a listening socket would stay bound), and say
-	 * so before the exec: the next incarnation may bind at once. */
-	if (rd > 0)
-		raw_syscall3(SYS_close_range, 0, rd - 1, 0);
-	raw_syscall3(SYS_close_range, rd + 1, ~0u, 0);
+	 * so before the exec: the next incarnation may bind at once.  Above all
+	 * not our copy of the pipe's write end, or the exec would not wake us. */
+	raw_syscall3(SYS_close, holder_pipe[1], 0, 0);
+	if ((rd > 0 && raw_syscall3(SYS_close_range, 0, rd - 1, 0) < 0) ||
+	    raw_syscall3(SYS_close_range, rd + 1, ~0u, 0) < 0) {
+		for (int fd = 0; fd < 4096; fd++) /* no close_range (before 5.9, seccomp) */
+			if (fd != rd)
+				raw_syscall3(SYS_close, fd, 0, 0);
+	}
 	if (arg) {
 		/* off the app's path: the restart only checks it still holds */
 		holder_move_off_cpu(0, holder_app_cpu);
@@ -290,7 +295,14 @@ static int holder_clone(pid_t *pid, bool standing)
 	if (sync_teardown || pipe2(holder_pipe, O_CLOEXEC) < 0)
 		return -1;
 	atomic_store(&holder_fds_closed, 0);
+	/* The helper carries the app's name, so `pkill -HUP app` reaches it too;
+	 * blocked signals cannot end it early (which would put the teardown
+	 * back on the restart path).  It inherits the mask. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pid_t child = clone(holder_main, holder_stack + sizeof holder_stack, CLONE_VM, standing ? &holder_pipe : NULL);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	close(holder_pipe[0]);
 	if (child < 0) {
 		close(holder_pipe[1]);
@@ -534,12 +546,24 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 		rk_ev_end(&e);
 		return -ECHILD;
 	}
-	while (atomic_exchange(&restarting, 1)) {
+	int self = (int)syscall(SYS_gettid), owner = 0;
+	while (!atomic_compare_exchange_strong(&restarting, &owner, self)) {
+		if (owner == self) {
+			/* A fault or a restart request inside our own restart (the
+			 * app's failure hook, or the supervisor's signal landing
+			 * here): refuse; a fault then dies of its signal. */
+			struct rk_ev e;
+			rk_ev_begin(&e, "error");
+			rk_ev_str(&e, "what", "restart inside this thread's own restart: refused");
+			rk_ev_str(&e, "reason", reason);
+			rk_ev_end(&e);
+			return -EDEADLK;
+		}
 		/* Another thread is restarting: its exec ends us.  If that
 		 * fails, it clears the flag and wakes us, and we try ourselves
 		 * (a fault of ours then dies of its signal if we fail too). */
-		while (atomic_load(&restarting))
-			(void)syscall(SYS_futex, &restarting, FUTEX_WAIT, 1, NULL, NULL, 0);
+		while ((owner = atomic_load(&restarting)) != 0)
+			(void)syscall(SYS_futex, &restarting, FUTEX_WAIT, owner, NULL, NULL, 0);
 	}
 	uint64_t t0 = rk_now_ns();
 	uint64_t age_ms = (t0 - rk_g.start_ns) / 1000000;

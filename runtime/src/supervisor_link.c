@@ -189,10 +189,10 @@ void rk_sup_hello(void)
 	(void)send_msg(MSG_HELLO, &m, sizeof m, NULL, 0);
 }
 
-void rk_sup_send_fds(void)
+int rk_sup_send_fds(void)
 {
 	if (!rk_sup_active() || !rk_g.manifest)
-		return;
+		return 0;
 	struct {
 		uint32_t count, reserved;
 		struct msg_fds_entry e[MAX_FDS];
@@ -216,7 +216,7 @@ void rk_sup_send_fds(void)
 		fds[n++] = rk_ranges[i].fd;
 	}
 	m.count = n;
-	(void)send_msg(MSG_FDS, &m, (uint32_t)(8 + n * sizeof(struct msg_fds_entry)), fds, n);
+	return send_msg(MSG_FDS, &m, (uint32_t)(8 + n * sizeof(struct msg_fds_entry)), fds, n);
 }
 
 void rk_sup_ready(void)

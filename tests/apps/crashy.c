@@ -5,7 +5,8 @@
  *   crashy [--objects N] [--payload BYTES] [--inflight K] [--range]
  *          [--crash GEN:KIND]... [--squat-on-restart] [--swap-arena-on-restart]
  *          [--no-cleanup] [--replace-self-with PATH] [--fork-crash]
- *          [--steal-range-fd FILE] [--check-fd N]
+ *          [--steal-range-fd FILE] [--check-fd N] [--fork-open] [--hook-abort]
+ *          [--signal-helper]
  *          [--churn-threads N] [--listen PORT] [--fill-mb N]
  *
  * KIND: segv bus fpe ill abort restart restart-cold in-runtime hold-lock
@@ -194,6 +195,78 @@ static void die_as(const char *kind, rk_arena *a)
 	exit(2);
 }
 
+/* --fork-open: a forked child (no exec) opens an arena, which rewrites the
+ * manifest in the parent; the parent's next restart must not see it. */
+static void fork_and_open_arena(void)
+{
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid == 0)
+		_exit(rk_arena_open("child-arena", 4u << 20) ? 0 : 1);
+	int st = 0;
+	if (pid < 0 || waitpid(pid, &st, 0) < 0)
+		perror("crashy: fork");
+}
+
+/* --hook-abort: the failure hook itself fails (abort): the process must die
+ * of SIGABRT, not wait forever for its own restart. */
+static bool abort_in_hook(int sig, void *ctx)
+{
+	(void)sig;
+	(void)ctx;
+	abort();
+}
+
+/* --signal-helper: SIGHUP to our children (the teardown helper is one), as
+ * `pkill -HUP crashy` would; reports whether they are all still there. */
+static void signal_children(void)
+{
+	char path[64], buf[256];
+	snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+	if (fd >= 0)
+		close(fd);
+	int sent = 0, alive = 0;
+	buf[n > 0 ? n : 0] = 0;
+	for (char *p = buf, *end; *p; p = end) {
+		long pid = strtol(p, &end, 10);
+		if (end == p)
+			break;
+		sent += kill((pid_t)pid, SIGHUP) == 0;
+	}
+	nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+	for (char *p = buf, *end; *p; p = end) {
+		long pid = strtol(p, &end, 10);
+		if (end == p)
+			break;
+		/* exit signal 0: no zombie to reap by us; a dead one is a zombie */
+		char st[64], line[128] = "";
+		snprintf(st, sizeof st, "/proc/%ld/stat", pid);
+		int sfd = open(st, O_RDONLY | O_CLOEXEC);
+		ssize_t k = sfd >= 0 ? read(sfd, line, sizeof line - 1) : -1;
+		if (sfd >= 0)
+			close(sfd);
+		char *rp = k > 0 ? strrchr(line, ')') : NULL;
+		alive += rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+	}
+	printf("{\"signal\":\"children\",\"sent\":%d,\"alive\":%d}\n", sent, alive);
+	fflush(stdout);
+}
+
+static int arena_fd_cloexec(const char *want)
+{
+	for (int fd = 3; fd < 256; fd++) {
+		char link[64], target[128];
+		snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+		ssize_t n = readlink(link, target, sizeof target - 1);
+		if (n <= 0 || (target[n] = 0, strncmp(target, want, strlen(want)) != 0))
+			continue;
+		return (fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0;
+	}
+	return -1;
+}
+
 static int count_open_fds(void)
 {
 	int n = 0;
@@ -280,7 +353,8 @@ int main(int argc, char **argv)
 	int want_range = 0, cleanup = 1;
 	const char *crash_at[16];
 	int ncrash = 0;
-	int squat = 0, swap_arena = 0, fork_crash = 0, check_fd = -1;
+	int squat = 0, swap_arena = 0, fork_crash = 0, check_fd = -1, fork_open = 0, hook_abort = 0;
+	int signal_helper = 0;
 	const char *replace_with = NULL, *steal_range_file = NULL;
 	unsigned churn = 0, listen_port = 0;
 	uint64_t fill_mb = 0;
@@ -301,6 +375,12 @@ int main(int argc, char **argv)
 			replace_with = argv[++i];
 		else if (!strcmp(argv[i], "--fork-crash"))
 			fork_crash = 1;
+		else if (!strcmp(argv[i], "--fork-open"))
+			fork_open = 1;
+		else if (!strcmp(argv[i], "--hook-abort"))
+			hook_abort = 1;
+		else if (!strcmp(argv[i], "--signal-helper"))
+			signal_helper = 1;
 		else if (!strcmp(argv[i], "--steal-range-fd") && i + 1 < argc)
 			steal_range_file = argv[++i];
 		else if (!strcmp(argv[i], "--check-fd") && i + 1 < argc)
@@ -397,14 +477,16 @@ int main(int argc, char **argv)
 	       "\"head\":\"%p\",\"arena_base\":\"0x%llx\",\"static_head_ok\":%s,\"incarnations_seen\":%llu,"
 	       "\"literal\":\"%s\",\"fn_ok\":%s,\"swept_objects\":%llu,\"swept_bytes\":%llu,\"kept_objects\":%llu,"
 	       "\"range\":%d,\"allocated_bytes\":%llu,\"reason\":\"%s\",\"decision\":\"%s\",\"statics_restored\":%u,"
-	       "\"listen_errno\":%d,\"fill_ok\":%s,\"comm\":\"%s\",\"check_fd_open\":%d,\"open_fds\":%d}\n",
+	       "\"listen_errno\":%d,\"fill_ok\":%s,\"comm\":\"%s\",\"check_fd_open\":%d,\"open_fds\":%d,"
+	       "\"arena_fd_cloexec\":%d}\n",
 	       getpid(), info->generation, kinds[info->kind], state, found, (void *)head,
 	       (unsigned long long)st.base, static_head == head ? "true" : "false",
 	       (unsigned long long)incarnations_seen, preserved_literal, preserved_fn == in_image_fn ? "true" : "false",
 	       (unsigned long long)sw.objects_freed, (unsigned long long)sw.bytes_freed,
 	       (unsigned long long)sw.objects_kept, range_state, (unsigned long long)st.allocated_bytes,
 	       info->reason, info->decision, info->statics_restored, listen_errno,
-	       fill_ok ? "true" : "false", comm, check_fd < 0 ? -1 : fcntl(check_fd, F_GETFD) >= 0, count_open_fds());
+	       fill_ok ? "true" : "false", comm, check_fd < 0 ? -1 : fcntl(check_fd, F_GETFD) >= 0, count_open_fds(),
+	       arena_fd_cloexec("/memfd:rekindle:data"));
 	fflush(stdout);
 
 	/* objects of "requests in flight": allocated, reachable from nothing */
@@ -420,6 +502,12 @@ int main(int argc, char **argv)
 
 	if (info->generation == 0 && fork_crash)
 		fork_and_crash_child();
+	if (info->generation == 0 && fork_open)
+		fork_and_open_arena();
+	if (hook_abort)
+		rk_set_failure_hook(abort_in_hook, NULL);
+	if (info->generation == 0 && signal_helper)
+		signal_children();
 	if (info->generation == 0 && replace_with)
 		replace_own_binary(replace_with);
 	for (int i = 0; i < ncrash; i++) {
