@@ -108,6 +108,25 @@ def test_hang_is_detected_and_restarted(supervise):
     assert_preserved(before, after)
 
 
+def test_failed_in_place_exec_is_reported_and_the_app_is_watched_again(supervise, tmp_path):
+    """After RESTARTING the exec fails (EACCES) and the app carries on: the
+    runtime says RESTART_FAILED, so the supervisor watches it again and sees
+    the hang that follows (it used to wait for a HELLO that never came)."""
+    exe = tmp_path / "service"
+    shutil.copy2(SERVICE, exe)
+    sup = supervise("--hang-timeout", "300ms", *NO_WINDOW, app=[exe, "--entries", "1000"])
+    before = up_and_set(sup)
+    sup.command("exec-fail-hang")
+    failed = sup.wait_event("restart_failed")
+    assert failed["errno"] == 13, failed  # EACCES
+    assert "carries on" in failed["what"]
+    sup.wait_up(1, timeout=15)
+    sup.wait_event("failure", lambda e: e["kind"] == "hang")
+    after = sup.state()
+    assert after["reason"].startswith("hang"), after
+    assert_preserved(before, after)
+
+
 def test_hang_that_ignores_the_restart_signal_is_killed_and_respawned(supervise):
     sup = supervise("--hang-timeout", "300ms", "--kill-timeout", "300ms", *NO_WINDOW)
     before = up_and_set(sup)

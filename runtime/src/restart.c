@@ -694,6 +694,7 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 	rk_ev_str(&e, "what", "restart failed: execve");
 	rk_ev_i64(&e, "errno", err);
 	rk_ev_end(&e);
+	rk_sup_restart_failed(err);
 	restarting_done();
 	return -err;
 }

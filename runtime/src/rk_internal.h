@@ -394,6 +394,7 @@ void rk_sup_hello(void) RK_HIDDEN;
 /* 0 if the supervisor now holds our fds, or there is none; -errno if the
  * message was not sent. */
 int rk_sup_send_fds(void) RK_HIDDEN;
+void rk_sup_restart_failed(int err) RK_HIDDEN; /* the exec after RESTARTING failed */
 void rk_sup_ready(void) RK_HIDDEN;
 void rk_sup_forget(void) RK_HIDDEN; /* a validator child: never speak for the app */
 /* Async-signal-safe, non-blocking. */

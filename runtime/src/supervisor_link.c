@@ -28,6 +28,7 @@ enum msg_type {
 	MSG_FDS = 3,
 	MSG_RESTARTING = 4,
 	MSG_READY = 5,
+	MSG_RESTART_FAILED = 6,
 	MSG_INHERIT = 101,
 	MSG_ERROR = 199,
 };
@@ -217,6 +218,17 @@ int rk_sup_send_fds(void)
 	}
 	m.count = n;
 	return send_msg(MSG_FDS, &m, (uint32_t)(8 + n * sizeof(struct msg_fds_entry)), fds, n);
+}
+
+/* After RESTARTING, the exec failed and we carry on: the supervisor watches
+ * us again.  Async-signal-safe. */
+void rk_sup_restart_failed(int err)
+{
+	struct {
+		int32_t err;
+		uint32_t generation;
+	} m = {err > 0 ? err : EIO, rk_g.info.generation};
+	(void)send_msg(MSG_RESTART_FAILED, &m, sizeof m, NULL, 0);
 }
 
 void rk_sup_ready(void)

@@ -27,6 +27,7 @@ pub const T_HELLO: u16 = 2;
 pub const T_FDS: u16 = 3;
 pub const T_RESTARTING: u16 = 4;
 pub const T_READY: u16 = 5;
+pub const T_RESTART_FAILED: u16 = 6;
 pub const T_INHERIT: u16 = 101;
 pub const T_ERROR: u16 = 199;
 
@@ -36,6 +37,7 @@ pub const FDS_HDR_LEN: usize = 8;
 pub const FDS_ENTRY_LEN: usize = 56;
 pub const RESTARTING_LEN: usize = 320;
 pub const READY_LEN: usize = 8;
+pub const RESTART_FAILED_LEN: usize = 8;
 pub const INHERIT_LEN: usize = 312;
 
 /// How an incarnation started (HELLO `kind`, INHERIT `mode`).
@@ -136,11 +138,20 @@ pub struct Restarting {
 /// A message from the runtime.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AppMsg {
-    Attach { pid: u32 },
+    Attach {
+        pid: u32,
+    },
     Hello(Hello),
     Fds(Vec<FdEntry>),
     Restarting(Restarting),
-    Ready { t_ns: u64 },
+    Ready {
+        t_ns: u64,
+    },
+    /// The in-place exec announced by RESTARTING failed; the app carries on.
+    RestartFailed {
+        errno: i32,
+        generation: u32,
+    },
 }
 
 impl AppMsg {
@@ -151,6 +162,7 @@ impl AppMsg {
             AppMsg::Fds(_) => T_FDS,
             AppMsg::Restarting(_) => T_RESTARTING,
             AppMsg::Ready { .. } => T_READY,
+            AppMsg::RestartFailed { .. } => T_RESTART_FAILED,
         }
     }
     /// How many fds must travel with this message.
@@ -338,7 +350,7 @@ pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
     if ty != T_FDS && nfds != 0 {
         // checked after the type so an unknown type is reported as such
         match ty {
-            T_ATTACH | T_HELLO | T_RESTARTING | T_READY => {
+            T_ATTACH | T_HELLO | T_RESTARTING | T_READY | T_RESTART_FAILED => {
                 return Err(ProtoError::UnexpectedFds(nfds));
             }
             T_INHERIT | T_ERROR => return Err(ProtoError::WrongDirection(ty)),
@@ -437,6 +449,17 @@ pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
             want_len("READY", p, READY_LEN)?;
             Ok(AppMsg::Ready { t_ns: r.u64() })
         }
+        T_RESTART_FAILED => {
+            want_len("RESTART_FAILED", p, RESTART_FAILED_LEN)?;
+            let errno = r.i32();
+            if errno <= 0 {
+                return Err(ProtoError::BadValue("errno", errno as u32 as u64));
+            }
+            Ok(AppMsg::RestartFailed {
+                errno,
+                generation: r.u32(),
+            })
+        }
         T_INHERIT | T_ERROR => Err(ProtoError::WrongDirection(ty)),
         other => Err(ProtoError::BadType(other)),
     }
@@ -487,6 +510,10 @@ pub fn encode_app(m: &AppMsg) -> Vec<u8> {
             put_cstr(&mut p, &r.decision, DECISION_LEN);
         }
         AppMsg::Ready { t_ns } => p.extend_from_slice(&t_ns.to_le_bytes()),
+        AppMsg::RestartFailed { errno, generation } => {
+            p.extend_from_slice(&errno.to_le_bytes());
+            p.extend_from_slice(&generation.to_le_bytes());
+        }
     }
     let mut out = Vec::with_capacity(HDR_LEN + p.len());
     header(&mut out, m.type_code(), p.len());
@@ -624,6 +651,16 @@ mod tests {
         assert_eq!(parse_app(&encode_app(&m), 0), Ok(m));
         let m = AppMsg::Ready { t_ns: 99 };
         assert_eq!(parse_app(&encode_app(&m), 0), Ok(m));
+        let m = AppMsg::RestartFailed {
+            errno: 13,
+            generation: 4,
+        };
+        assert_eq!(parse_app(&encode_app(&m), 0), Ok(m));
+        let bad = encode_app(&AppMsg::RestartFailed {
+            errno: 0,
+            generation: 4,
+        });
+        assert_eq!(parse_app(&bad, 0), Err(ProtoError::BadValue("errno", 0)));
         let e = SupMsg::Error("bad".into());
         assert_eq!(parse_sup(&encode_sup(&e)), Ok(e));
     }

@@ -1414,7 +1414,34 @@ impl Supervisor {
             AppMsg::Fds(entries) => self.on_fds(entries, fds),
             AppMsg::Restarting(r) => self.on_restarting(r),
             AppMsg::Ready { .. } => self.on_ready("socket"),
+            AppMsg::RestartFailed { errno, generation } => {
+                self.on_restart_failed(errno, generation)
+            }
         }
+    }
+
+    /// The app's in-place exec failed and it carries on: watch it again
+    /// (hangs, leaks, restart requests) as before its RESTARTING.
+    fn on_restart_failed(&mut self, errno: i32, generation: u32) {
+        let Some(a) = &mut self.app else { return };
+        let was_in_place = a.in_place;
+        a.in_place = false;
+        a.noted = None;
+        a.ask = None;
+        self.pending = None;
+        self.events.emit(
+            ev("restart_failed")
+                .i("errno", errno as i64)
+                .u("generation", generation as u64)
+                .s(
+                    "what",
+                    if was_in_place {
+                        "the in-place exec failed; the app carries on, watched as before"
+                    } else {
+                        "RESTART_FAILED without a restart under way"
+                    },
+                ),
+        );
     }
 
     fn on_attach(&mut self, pid: u32) {

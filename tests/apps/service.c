@@ -14,6 +14,8 @@
  *   exit N           exit with status N
  *   hang             stop beating and spin
  *   hang-masked      the same with every signal blocked
+ *   exec-fail-hang   a restart whose exec fails (the binary loses its
+ *                    execute permission for it), then hang
  *   leak MB          malloc and touch MB of private memory
  *   unsafe-kill      SIGKILL inside an unsafe region
  *   unsafe-segv      SIGSEGV inside an unsafe region
@@ -41,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct table {
@@ -170,6 +173,17 @@ static void command(char *line, char *out, size_t cap)
 	} else if (sscanf(line, "exit %llu", &a) == 1) {
 		exit((int)a);
 	} else if (!strcmp(line, "hang")) {
+		beating = 0;
+	} else if (!strcmp(line, "exec-fail-hang")) {
+		/* run a copy of the binary for this one: it is chmodded */
+		char self[4096];
+		ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+		if (n > 0 && (self[n] = 0, chmod(self, 0644) == 0)) {
+			int r = rk_restart("app: an exec that fails");
+			if (chmod(self, 0755) < 0)
+				perror("service: chmod back");
+			fprintf(stderr, "service: rk_restart returned %d\n", r);
+		}
 		beating = 0;
 	} else if (!strcmp(line, "hang-masked")) {
 		/* a hang the restart signal cannot reach: only SIGKILL ends it */
