@@ -331,9 +331,10 @@ static const struct rk_manifest *manifest_from_supervisor(struct rk_inherit *inh
 	bool used[1 + 2 * RK_MAX_ARENAS] = {true};
 	struct rk_manifest *m = MAP_FAILED;
 	bool matched = false;
-	if (!rk_fd_is_memfd(inh->fds[0], "/memfd:rekindle:manifest", false))
+	if (!rk_fd_is_memfd(inh->fds[0], "/memfd:rekindle:manifest", false)) {
 		snprintf(why, wl, "the supervisor handed over a manifest fd that is not a rekindle manifest");
-	else
+		close(inh->fds[0]); /* handed to us: ours to close */
+	} else
 		m = manifest_map(inh->fds[0], true, false, size, why, wl);
 	if (m != MAP_FAILED) {
 		matched = true;
@@ -397,11 +398,15 @@ static const struct rk_manifest *inherit_from_supervisor(uint64_t *size, char *w
 /* ---- reattaching inherited state ----------------------------------------- */
 
 /* An in-place restart execs /proc/self/exe, which names the process "exe":
- * give it back the name it had at the previous rk_init. */
+ * give it back the name it had at the previous rk_init, or, if the manifest
+ * was refused, the name it was started with. */
 static void process_name_restore(const struct rk_manifest *m)
 {
-	if (m->comm[0] && memchr(m->comm, 0, sizeof m->comm))
+	char now[16] = "";
+	if (m && m->comm[0] && memchr(m->comm, 0, sizeof m->comm))
 		(void)prctl(PR_SET_NAME, m->comm);
+	else if (prctl(PR_GET_NAME, now) == 0 && !strcmp(now, "exe"))
+		(void)prctl(PR_SET_NAME, program_invocation_short_name);
 }
 
 static void close_inherited_fds(const struct rk_manifest *m)
@@ -603,6 +608,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 	if (!old && rk_sup_active())
 		old = inherit_from_supervisor(&msize, why, sizeof why);
 	if (old == MAP_FAILED) {
+		process_name_restore(NULL);
 		rk_g.info.kind = RK_START_COLD;
 		if (!rk_g.info.reason[0])
 			rk_strlcpy(rk_g.info.reason, "unknown: no valid manifest", sizeof rk_g.info.reason);

@@ -3,12 +3,13 @@
  * inherited.  Everything reachable from a signal handler here is
  * async-signal-safe: no allocation, no stdio, no locks.
  *
- * The old address space is torn down off the restart path: just before
- * execve a helper process shares our mm (CLONE_VM), so exec only drops a
- * reference; the helper exits when our exec closes its pipe, and the kernel
- * unmaps the old pages in the helper's context, in parallel with our new
- * main().  The next incarnation reaps it (rk_reap_teardown_holder).  The
- * helper is cloned at rk_init and stands for the whole incarnation.
+ * The old address space is torn down off the restart path: a helper process
+ * shares our mm (CLONE_VM), so exec only drops a reference; the helper exits
+ * when our exec closes its pipe, and the kernel unmaps the old pages in the
+ * helper's context, in parallel with our new main().  The next incarnation
+ * reaps it (rk_reap_teardown_holder).  The helper is cloned at rk_init and
+ * stands for the whole incarnation (a restart clones one only if that
+ * failed).
  *
  * The new incarnation's first pages come from a pool the old one frees just
  * before execve (see "the exec page pool"). */
@@ -144,7 +145,8 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
  * where a long incarnation had emptied that list (docs/results.md).  So each
  * incarnation keeps a small pool of pages that it owns (written by the
  * standing helper, off the restart path) and frees it on the restarting CPU
- * just before execve; freeing costs about 0.1 us per KiB there. */
+ * just before execve; freeing costs about 0.1 us per KiB there.  A restart
+ * that returns (failed exec) leaves the incarnation without a pool. */
 
 static void *exec_pool;
 
@@ -355,8 +357,11 @@ static int teardown_holder_for_exec(void)
 	if (wr >= 0) {
 		holder_wait_fds_closed();
 		int cpu = sched_getcpu();
-		if (wr != standing_holder_wr || cpu != atomic_load(&holder_off_cpu))
+		if (wr != standing_holder_wr || cpu != atomic_load(&holder_off_cpu)) {
 			holder_move_off_cpu(rk_g.manifest->holder_pid, cpu);
+			if (wr == standing_holder_wr)
+				atomic_store(&holder_off_cpu, cpu); /* if the exec fails, it stays there */
+		}
 	}
 	return wr;
 }

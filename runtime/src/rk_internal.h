@@ -422,7 +422,7 @@ bool rk_fd_is_shmem(int fd) RK_HIDDEN;
 /* st_dev and st_ino of fd's file (0 if fstat fails); async-signal-safe. */
 void rk_fd_file_id(int fd, uint64_t *dev, uint64_t *ino) RK_HIDDEN;
 /* True if fd refers to exactly that file. */
-bool rk_fd_is_file(int fd, uint64_t dev, uint64_t ino) RK_HIDDEN;
+bool rk_fd_is_file(int fd, uint64_t dev, uint64_t ino) RK_HIDDEN; /* async-signal-safe too */
 size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
 const char *rk_signame(int sig) RK_HIDDEN;
 
