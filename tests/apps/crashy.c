@@ -195,6 +195,20 @@ static void die_as(const char *kind, rk_arena *a)
 	exit(2);
 }
 
+/* The fd whose /proc/self/fd link starts with prefix ("/memfd:rekindle:data"
+ * matches "/memfd:rekindle:data (deleted)"), or -1. */
+static int fd_named(const char *prefix)
+{
+	for (int fd = 3; fd < 256; fd++) {
+		char link[64], target[128];
+		snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+		ssize_t n = readlink(link, target, sizeof target - 1);
+		if (n > 0 && (target[n] = 0, strncmp(target, prefix, strlen(prefix)) == 0))
+			return fd;
+	}
+	return -1;
+}
+
 /* --fork-open: a forked child (no exec) opens an arena, which rewrites the
  * manifest in the parent; the parent's next restart must not see it. */
 static void fork_and_open_arena(void)
@@ -256,15 +270,8 @@ static void signal_children(void)
 
 static int arena_fd_cloexec(const char *want)
 {
-	for (int fd = 3; fd < 256; fd++) {
-		char link[64], target[128];
-		snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-		ssize_t n = readlink(link, target, sizeof target - 1);
-		if (n <= 0 || (target[n] = 0, strncmp(target, want, strlen(want)) != 0))
-			continue;
-		return (fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0;
-	}
-	return -1;
+	int fd = fd_named(want);
+	return fd < 0 ? -1 : (fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0;
 }
 
 static int count_open_fds(void)
@@ -308,42 +315,33 @@ static void fork_and_crash_child(void)
  * rewrite its manifest (a second arena): the next start must refuse it. */
 static void steal_range_fd(const char *file)
 {
-	for (int fd = 3; fd < 256; fd++) {
-		char link[64], target[128];
-		snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-		ssize_t n = readlink(link, target, sizeof target - 1);
-		if (n <= 0 || (target[n] = 0, strncmp(target, "/memfd:rekindle:range", 21) != 0))
-			continue;
-		int other = open(file, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-		if (other < 0 || ftruncate(other, RANGE_LEN) < 0 || dup3(other, fd, O_CLOEXEC) < 0)
-			perror("crashy: steal range fd");
-		close(other);
-		if (!rk_arena_open("extra", 4u << 20))
-			perror("crashy: rk_arena_open extra");
+	int fd = fd_named("/memfd:rekindle:range");
+	if (fd < 0) {
+		fprintf(stderr, "crashy: no range fd to steal\n");
 		return;
 	}
-	fprintf(stderr, "crashy: no range fd to steal\n");
+	int other = open(file, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (other < 0 || ftruncate(other, RANGE_LEN) < 0 || dup3(other, fd, O_CLOEXEC) < 0)
+		perror("crashy: steal range fd");
+	close(other);
+	if (!rk_arena_open("extra", 4u << 20))
+		perror("crashy: rk_arena_open extra");
 }
 
 static void swap_inherited_arena(const char *want)
 {
-	for (int fd = 3; fd < 256; fd++) {
-		char link[64], target[128];
-		snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-		ssize_t n = readlink(link, target, sizeof target - 1);
-		if (n <= 0)
-			continue;
-		target[n] = 0;
-		if (strncmp(target, want, strlen(want)) != 0 || target[strlen(want)] != ' ')
-			continue;
-		off_t size = lseek(fd, 0, SEEK_END);
-		int other = memfd_create("rekindle:data", 0);
-		if (other < 0 || ftruncate(other, size) < 0 || dup2(other, fd) < 0)
-			perror("crashy: swap arena");
-		close(other);
+	char exact[96];
+	snprintf(exact, sizeof exact, "%s ", want); /* not "rekindle:data2" */
+	int fd = fd_named(exact);
+	if (fd < 0) {
+		fprintf(stderr, "crashy: no inherited arena fd to swap\n");
 		return;
 	}
-	fprintf(stderr, "crashy: no inherited arena fd to swap\n");
+	off_t size = lseek(fd, 0, SEEK_END);
+	int other = memfd_create("rekindle:data", 0);
+	if (other < 0 || ftruncate(other, size) < 0 || dup2(other, fd) < 0)
+		perror("crashy: swap arena");
+	close(other);
 }
 
 int main(int argc, char **argv)
