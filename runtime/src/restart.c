@@ -258,6 +258,15 @@ static int holder_main(void *arg)
 	char c;
 	while (raw_syscall3(SYS_read, rd, (long)&c, 1) < 0)
 		;
+	if (arg && !atomic_load(&restarting)) {
+		/* The app died without an exec (SIGKILL, say): a supervisor
+		 * starts the next incarnation on whichever CPU; the teardown
+		 * must not be tied to one of them. */
+		unsigned long all[1024 / (8 * sizeof(unsigned long))];
+		for (unsigned i = 0; i < sizeof all / sizeof all[0]; i++)
+			all[i] = ~0ul;
+		raw_syscall3(SYS_sched_setaffinity, 0, sizeof all, (long)all);
+	}
 	raw_syscall3(SYS_exit_group, 0, 0, 0); /* drops the last reference to the old mm */
 	return 0;
 }
