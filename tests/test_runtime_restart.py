@@ -239,6 +239,15 @@ def test_restarts_repeat_with_state_intact():
     assert len({s["open_fds"] for s in run.states[2:]}) == 1, [s["open_fds"] for s in run.states]
 
 
+def test_refused_manifest_after_an_in_place_exec_goes_cold_under_the_start_name():
+    """The exec of /proc/self/exe names the process "exe"; with no manifest
+    to take the name from, the runtime puts back argv[0]'s."""
+    run = run_app("crashy", "--crash", "0:corrupt-manifest", env=NO_WINDOW)
+    # the cold start is generation 0 again, so it crashes once more (warm then)
+    assert [(s["kind"], s["comm"]) for s in run.states[:2]] == [("fresh", "crashy"), ("cold", "crashy")]
+    assert "manifest from the previous incarnation is corrupt" in run.states[1]["decision"]
+
+
 def test_warm_restart_keeps_the_process_name():
     """The restart execs /proc/self/exe, which would name the process "exe"."""
     run = run_app("crashy", "--crash", "0:segv", env=NO_WINDOW)

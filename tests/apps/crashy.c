@@ -150,6 +150,20 @@ static long verify(rk_arena *a, struct node *head, uint64_t n, size_t payload, i
 	return i == n ? (long)i : -1;
 }
 
+/* The fd whose /proc/self/fd link starts with prefix ("/memfd:rekindle:data"
+ * matches "/memfd:rekindle:data (deleted)"), or -1. */
+static int fd_named(const char *prefix)
+{
+	for (int fd = 3; fd < 256; fd++) {
+		char link[64], target[128];
+		snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+		ssize_t n = readlink(link, target, sizeof target - 1);
+		if (n > 0 && (target[n] = 0, strncmp(target, prefix, strlen(prefix)) == 0))
+			return fd;
+	}
+	return -1;
+}
+
 static void die_as(const char *kind, rk_arena *a)
 {
 	fflush(stdout);
@@ -188,25 +202,22 @@ static void die_as(const char *kind, rk_arena *a)
 	} else if (!strcmp(kind, "corrupt-header")) {
 		a->hdr->name[RK_NAME_MAX - 1] ^= 0x5a;
 		*null_ptr = 1;
+	} else if (!strcmp(kind, "corrupt-manifest")) {
+		/* what the next incarnation reads is not a manifest (the restart
+		 * recomputes the checksum, not the magic) */
+		int fd = fd_named("/memfd:rekindle:manifest");
+		uint64_t magic = 0;
+		if (fd < 0 || pread(fd, &magic, sizeof magic, 0) != sizeof magic)
+			fprintf(stderr, "crashy: no manifest to corrupt\n");
+		magic ^= 0x5a;
+		if (fd >= 0 && pwrite(fd, &magic, sizeof magic, 0) != sizeof magic)
+			perror("crashy: corrupt manifest");
+		*null_ptr = 1;
 	} else if (!strcmp(kind, "exit")) {
 		exit(0);
 	}
 	fprintf(stderr, "crashy: unknown crash kind %s\n", kind);
 	exit(2);
-}
-
-/* The fd whose /proc/self/fd link starts with prefix ("/memfd:rekindle:data"
- * matches "/memfd:rekindle:data (deleted)"), or -1. */
-static int fd_named(const char *prefix)
-{
-	for (int fd = 3; fd < 256; fd++) {
-		char link[64], target[128];
-		snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-		ssize_t n = readlink(link, target, sizeof target - 1);
-		if (n > 0 && (target[n] = 0, strncmp(target, prefix, strlen(prefix)) == 0))
-			return fd;
-	}
-	return -1;
 }
 
 /* --fork-open: a forked child (no exec) opens an arena, which rewrites the
