@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 from pathlib import Path
 
@@ -163,6 +164,55 @@ def test_second_failure_within_window_goes_cold():
     assert [s["kind"] for s in run.states] == ["fresh", "warm", "cold"]
     assert "second failure" in run.states[2]["decision"]
     assert "after a warm restart" in run.states[2]["decision"]
+
+
+def test_same_fault_on_preserved_data_after_a_warm_restart_goes_cold():
+    """A fault that repeats on the same preserved page after a warm restart
+    is the data's fault: warm again would loop, however far apart."""
+    run = run_app("crashy", "--crash", "0:arena-bus", "--crash", "1:arena-bus", env=NO_WINDOW)
+    assert run.returncode == 0, run.stderr
+    assert [s["kind"] for s in run.states] == ["fresh", "warm", "cold"]
+    restarts = run.events_of("restart")
+    assert [r["mode"] for r in restarts] == ["warm", "cold"]
+    assert restarts[0]["addr"] == restarts[1]["addr"]
+    assert run.states[2]["decision"] == (
+        f"same fault again after a warm restart: SIGBUS at {restarts[1]['addr']} in arena data"
+    )
+
+
+def test_different_faults_or_faults_outside_preserved_memory_stay_warm():
+    run = run_app(
+        "crashy", "--crash", "0:arena-bus", "--crash", "1:segv", "--crash", "2:segv", env=NO_WINDOW
+    )
+    assert run.returncode == 0, run.stderr
+    assert [s["kind"] for s in run.states] == ["fresh", "warm", "warm", "warm"]
+
+
+def control_block_memfd():
+    """A valid control block, as the supervisor creates it (the layout of
+    docs/supervisor-protocol.md)."""
+    fd = os.memfd_create("rekindle:control", 0)
+    os.ftruncate(fd, 65536)
+    os.pwrite(fd, struct.pack("<QII", 0x314C5254434B5200, 1, 65536), 0)
+    os.pwrite(fd, struct.pack("<II", 256, 64), 192)
+    return fd
+
+
+def test_clobbered_control_block_makes_the_restart_cold():
+    fd = control_block_memfd()
+    try:
+        run = run_app(
+            "crashy",
+            "--crash",
+            "0:corrupt-control",
+            env={"REKINDLE_CONTROL_FD": str(fd), **NO_WINDOW},
+            pass_fds=(fd,),
+        )
+    finally:
+        os.close(fd)
+    assert run.returncode == 0, run.stderr
+    assert [s["kind"] for s in run.states] == ["fresh", "cold"]
+    assert run.states[1]["decision"] == "control block corrupt: bad magic"
 
 
 def test_crash_loop_gives_up_and_dies_of_the_signal():

@@ -123,6 +123,21 @@ int rk_control_open(void)
 	return 0;
 }
 
+const char *rk_control_damage(void)
+{
+	const struct rk_control *c = rk_ctl;
+	if (!c)
+		return NULL;
+	if (c->magic != RK_CONTROL_MAGIC)
+		return "control block corrupt: bad magic";
+	if (c->version != RK_CONTROL_VERSION || c->size != RK_CONTROL_SIZE || c->nslots != RK_CONTROL_SLOTS ||
+	    c->slot_size != sizeof(struct rk_ctl_slot))
+		return "control block corrupt: bad version or layout";
+	if (c->narenas > RK_MAX_ARENAS)
+		return "control block corrupt: bad arena count";
+	return NULL;
+}
+
 bool rk_control_shared(void)
 {
 	return ctl_fd >= 0;

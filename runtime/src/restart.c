@@ -505,6 +505,52 @@ static bool decide_components(int sig, uint32_t ignore, char *decision, size_t c
 	return true;
 }
 
+/* The arena whose mapping holds addr (its index), RK_MAX_ARENAS for a
+ * preserved range, -1 for neither.  Async-signal-safe. */
+static int preserved_owner(uint64_t addr)
+{
+	for (unsigned k = 0; k < rk_g.narenas; k++) {
+		const struct rk_arena *a = &rk_g.arenas[k];
+		if (a->hdr && addr - (uint64_t)(uintptr_t)a->hdr < a->hdr_max)
+			return (int)k;
+	}
+	for (unsigned i = 0; i < rk_nranges; i++)
+		if (addr - rk_ranges[i].addr < rk_ranges[i].len)
+			return RK_MAX_ARENAS;
+	return -1;
+}
+
+/* A warm start whose predecessor died of the same memory fault on the same
+ * page of preserved memory, faulting there again: the preserved data is
+ * what faults (a corrupt length, a wild pointer stored in it), and another
+ * warm restart would keep it and loop, however far apart the faults are.
+ * Returns the owner as preserved_owner does, or -1.  Async-signal-safe. */
+static int repeated_fault_owner(int sig, const siginfo_t *si)
+{
+	if ((sig != SIGSEGV && sig != SIGBUS) || !si || si->si_code <= 0)
+		return -1; /* sent by a process: no fault address */
+	if (rk_g.info.kind != RK_START_WARM || rk_g.info.signal != sig)
+		return -1;
+	uint64_t addr = (uint64_t)(uintptr_t)si->si_addr;
+	if (addr / RK_PAGE != rk_g.info.fault_addr / RK_PAGE)
+		return -1;
+	return preserved_owner(addr);
+}
+
+static void describe_repeated_fault(int sig, const siginfo_t *si, int owner, char *decision, size_t cap)
+{
+	rk_strlcpy(decision, "same fault again after a warm restart: ", cap);
+	rk_strlcat(decision, rk_signame(sig), cap);
+	rk_strlcat(decision, " at ", cap);
+	sb_hex(decision, cap, (uint64_t)(uintptr_t)si->si_addr);
+	if (owner < RK_MAX_ARENAS) {
+		rk_strlcat(decision, " in arena ", cap);
+		rk_strlcat(decision, rk_g.arenas[owner].name, cap);
+	} else {
+		rk_strlcat(decision, " in a preserved range", cap);
+	}
+}
+
 /* Marks the dropped arenas in the manifest (their fds stay close-on-exec);
  * undone if the exec fails.  Async-signal-safe. */
 static void manifest_mark_dropped(uint32_t drop, bool on)
@@ -585,6 +631,8 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 	uint32_t fast_failures = fast ? m->fast_failures + 1 : (hot_switch ? m->fast_failures : 0);
 	char decision[160] = "";
 	bool warm = want_warm;
+	const char *ctl_damage;
+	int repeat_owner = -1;
 
 	if (fast_failures >= rk_g.max_fast_failures) {
 		struct rk_ev e;
@@ -613,6 +661,13 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 		rk_strlcat(decision, " ms after a warm restart (window ", sizeof decision);
 		sb_u64(decision, sizeof decision, rk_g.crashloop_ms);
 		rk_strlcat(decision, " ms)", sizeof decision);
+	} else if ((ctl_damage = rk_control_damage()) != NULL) {
+		warm = false; /* the evidence of open unsafe regions is gone */
+		rk_strlcpy(decision, ctl_damage, sizeof decision);
+	} else if ((repeat_owner = repeated_fault_owner(sig, si)) >= 0 &&
+		   (repeat_owner == RK_MAX_ARENAS || !(rk_g.arenas[repeat_owner].flags & RK_ARENA_INDEPENDENT))) {
+		warm = false;
+		describe_repeated_fault(sig, si, repeat_owner, decision, sizeof decision);
 	} else if (rk_g.manifest_busy) {
 		warm = false;
 		rk_strlcat(decision, "failure while the arena list was being updated", sizeof decision);
@@ -633,6 +688,12 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 		rk_unsafe_freeze(50ull * 1000 * 1000);
 		uint32_t ignore = hot_switch ? 1u << rk_g.switch_index : 0;
 		warm = decide_components(sig, ignore, decision, sizeof decision, &drop);
+		if (warm && repeat_owner >= 0 && repeat_owner < RK_MAX_ARENAS) {
+			/* an independent arena faulting again: it alone goes */
+			drop |= 1u << repeat_owner;
+			describe_repeated_fault(sig, si, repeat_owner, decision, sizeof decision);
+			rk_strlcat(decision, ": independent, dropped alone; the rest warm", sizeof decision);
+		}
 	}
 	rk_control_set_state(RK_CTL_RESTARTING);
 	m->next_mode = warm ? RK_NEXT_WARM : RK_NEXT_COLD;

@@ -346,6 +346,10 @@ extern struct rk_control *rk_ctl RK_HIDDEN;
 int rk_control_open(void) RK_HIDDEN;
 bool rk_control_shared(void) RK_HIDDEN;
 int rk_control_fd(void) RK_HIDDEN;
+/* Async-signal-safe: NULL if the block's header is what rk_init found, else
+ * what is wrong with it (a wild write clobbered the evidence of open
+ * unsafe regions, so no warm restart may rely on it). */
+const char *rk_control_damage(void) RK_HIDDEN;
 /* A new incarnation: resets the per-incarnation fields. */
 void rk_control_begin(unsigned generation, enum rk_ctl_state state) RK_HIDDEN;
 void rk_control_set_state(enum rk_ctl_state state) RK_HIDDEN;

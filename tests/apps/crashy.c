@@ -9,8 +9,8 @@
  *          [--signal-helper]
  *          [--churn-threads N] [--listen PORT] [--fill-mb N]
  *
- * KIND: segv bus fpe ill abort restart restart-cold in-runtime hold-lock
- *       corrupt-header corrupt-manifest exit
+ * KIND: segv bus arena-bus fpe ill abort restart restart-cold in-runtime hold-lock
+ *       corrupt-header corrupt-control corrupt-manifest exit
  * An incarnation with no crash for its generation prints its state and
  * exits 0. */
 #include "rekindle.h"
@@ -173,6 +173,11 @@ static void die_as(const char *kind, rk_arena *a)
 		int fd = memfd_create("bus", 0);
 		char *p = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 		p[4096] = 1; /* beyond the end of the file */
+	} else if (!strcmp(kind, "arena-bus")) {
+		/* a read past the end of the arena's file, at the same address
+		 * each time: what a corrupt length kept in preserved data does */
+		volatile const char *past = (const char *)a->hdr + a->hdr_max - 64;
+		printf("%d\n", *past);
 	} else if (!strcmp(kind, "fpe")) {
 		volatile int n = 7, z = 0;
 		printf("%d\n", n / z);
@@ -201,6 +206,18 @@ static void die_as(const char *kind, rk_arena *a)
 		*null_ptr = 1;
 	} else if (!strcmp(kind, "corrupt-header")) {
 		a->hdr->name[RK_NAME_MAX - 1] ^= 0x5a;
+		*null_ptr = 1;
+	} else if (!strcmp(kind, "corrupt-control")) {
+		/* a wild write over the (supervisor's) control block, where
+		 * unsafe regions are counted: the restart cannot tell whether
+		 * one was open */
+		int fd = fd_named("/memfd:rekindle:control");
+		uint64_t magic = 0;
+		if (fd < 0 || pread(fd, &magic, sizeof magic, 0) != sizeof magic)
+			fprintf(stderr, "crashy: no shared control block to corrupt\n");
+		magic ^= 0x5a;
+		if (fd >= 0 && pwrite(fd, &magic, sizeof magic, 0) != sizeof magic)
+			perror("crashy: corrupt control block");
 		*null_ptr = 1;
 	} else if (!strcmp(kind, "corrupt-manifest")) {
 		/* what the next incarnation reads is not a manifest (the restart
