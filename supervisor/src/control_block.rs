@@ -57,6 +57,34 @@ pub fn state_name(s: u32) -> &'static str {
     }
 }
 
+/// What is wrong with a control block's header: the block is the evidence
+/// of open unsafe regions, so a damaged one cannot vouch for a warm restart.
+/// The words match the runtime's `rk_control_damage()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Damage {
+    BadMagic,
+    BadLayout,
+    BadArenaCount,
+}
+
+impl Damage {
+    /// Stable code, for events, status and metrics labels.
+    pub fn code(self) -> &'static str {
+        match self {
+            Damage::BadMagic => "bad_magic",
+            Damage::BadLayout => "bad_layout",
+            Damage::BadArenaCount => "bad_arena_count",
+        }
+    }
+    pub fn describe(self) -> &'static str {
+        match self {
+            Damage::BadMagic => "control block corrupt: bad magic",
+            Damage::BadLayout => "control block corrupt: bad version or layout",
+            Damage::BadArenaCount => "control block corrupt: bad arena count",
+        }
+    }
+}
+
 /// An open unsafe region found in the slots.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenRegion {
@@ -127,6 +155,24 @@ pub trait Fields {
         }
         found.sort_by_key(|r| r.arena_index);
         found
+    }
+
+    /// The header as the supervisor wrote it, or what is wrong with it.
+    fn damage(&self) -> Option<Damage> {
+        if self.load_u64(OFF_MAGIC) != MAGIC {
+            return Some(Damage::BadMagic);
+        }
+        if self.load_u32(OFF_VERSION) != VERSION
+            || self.load_u32(OFF_SIZE) as usize != SIZE
+            || self.load_u32(OFF_NSLOTS) as usize != NSLOTS
+            || self.load_u32(OFF_SLOT_SIZE) as usize != SLOT_SIZE
+        {
+            return Some(Damage::BadLayout);
+        }
+        if self.load_u32(OFF_NARENAS) as usize > MAX_ARENAS {
+            return Some(Damage::BadArenaCount);
+        }
+        None
     }
 
     /// Arena indexes the app opened RK_ARENA_INDEPENDENT.
@@ -373,6 +419,11 @@ mod tests {
 
     fn block() -> Vec<u8> {
         let mut b = vec![0u8; SIZE];
+        b[OFF_MAGIC..OFF_MAGIC + 8].copy_from_slice(&MAGIC.to_le_bytes());
+        b[OFF_VERSION..OFF_VERSION + 4].copy_from_slice(&VERSION.to_le_bytes());
+        b[OFF_SIZE..OFF_SIZE + 4].copy_from_slice(&(SIZE as u32).to_le_bytes());
+        b[OFF_NSLOTS..OFF_NSLOTS + 4].copy_from_slice(&(NSLOTS as u32).to_le_bytes());
+        b[OFF_SLOT_SIZE..OFF_SLOT_SIZE + 4].copy_from_slice(&(SLOT_SIZE as u32).to_le_bytes());
         b[OFF_NARENAS..OFF_NARENAS + 4].copy_from_slice(&2u32.to_le_bytes());
         b[OFF_ARENA_NAMES..OFF_ARENA_NAMES + 5].copy_from_slice(b"table");
         let n1 = OFF_ARENA_NAMES + ARENA_NAME_LEN;
@@ -430,10 +481,29 @@ mod tests {
     }
 
     #[test]
+    fn damaged_header_is_named() {
+        assert_eq!(block().as_slice().damage(), None);
+        let mut b = block();
+        b[OFF_MAGIC] ^= 0x5a;
+        assert_eq!(b.as_slice().damage(), Some(Damage::BadMagic));
+        let mut b = block();
+        b[OFF_SLOT_SIZE] = 32;
+        assert_eq!(b.as_slice().damage(), Some(Damage::BadLayout));
+        let mut b = block();
+        b[OFF_VERSION] = 2;
+        assert_eq!(b.as_slice().damage(), Some(Damage::BadLayout));
+        let mut b = block();
+        b[OFF_NARENAS..OFF_NARENAS + 4].copy_from_slice(&17u32.to_le_bytes());
+        assert_eq!(b.as_slice().damage(), Some(Damage::BadArenaCount));
+        assert_eq!(vec![0u8; SIZE].as_slice().damage(), Some(Damage::BadMagic));
+    }
+
+    #[test]
     fn shared_block_round_trip() {
         let cb = ControlBlock::create().unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(cb.load_u64(OFF_MAGIC), MAGIC);
         assert_eq!(cb.load_u32(OFF_NSLOTS), 256);
+        assert_eq!(cb.damage(), None);
         cb.request(1, "leak: RssAnon 1 > max 0");
         assert_eq!(cb.request_mode(), 1);
         assert_eq!(

@@ -46,6 +46,9 @@ impl ArenaFacts {
 pub struct Facts {
     /// A manifest fd came with the last FDS message (or from the fd store).
     pub has_manifest: bool,
+    /// What is wrong with the control block's header, if anything: then its
+    /// slots and flags say nothing about the app's last moments.
+    pub control_damage: Option<String>,
     /// Control block flags bit 0.
     pub warm_disabled: bool,
     /// An unsafe region open at death in an arena the supervisor holds no fd
@@ -88,6 +91,9 @@ pub fn decide(f: &Facts) -> Decision {
     }
     if !f.has_manifest {
         return cold("no preserved state held (the app never handed over a manifest)");
+    }
+    if let Some(why) = &f.control_damage {
+        return cold(why.clone());
     }
     if f.warm_disabled {
         return cold("warm restarts disabled by the app");
@@ -233,6 +239,15 @@ mod tests {
         assert_eq!(
             mode_why(decide(&f)),
             (Mode::Cold, "arena index: header checksum mismatch".into())
+        );
+
+        // a clobbered control block outranks what its slots and flags say
+        let mut f = good();
+        f.control_damage = Some("control block corrupt: bad magic".into());
+        f.warm_disabled = true;
+        assert_eq!(
+            mode_why(decide(&f)),
+            (Mode::Cold, "control block corrupt: bad magic".into())
         );
 
         let mut f = good();

@@ -20,6 +20,8 @@ pub struct Metrics {
     pub up: IntGauge,
     pub generation: IntGauge,
     pub failures: IntCounterVec,
+    pub control_block_corrupt: IntCounterVec,
+    pub control_block_ok: IntGauge,
 }
 
 impl Metrics {
@@ -63,6 +65,20 @@ impl Metrics {
             "rekindle_generation",
             "Generation of the running incarnation",
         )?;
+        let control_block_corrupt = IntCounterVec::new(
+            Opts::new(
+                "rekindle_control_block_corrupt_total",
+                "Times the control block was found damaged, by what was wrong",
+            ),
+            &["damage"],
+        )?;
+        let control_block_ok = IntGauge::new(
+            "rekindle_control_block_ok",
+            "1 while the control block's header is intact",
+        )?;
+        control_block_ok.set(1);
+        registry.register(Box::new(control_block_corrupt.clone()))?;
+        registry.register(Box::new(control_block_ok.clone()))?;
         registry.register(Box::new(restarts.clone()))?;
         registry.register(Box::new(failures.clone()))?;
         registry.register(Box::new(downtime.clone()))?;
@@ -78,6 +94,8 @@ impl Metrics {
             last_failure,
             up,
             generation,
+            control_block_corrupt,
+            control_block_ok,
             failures,
         })
     }

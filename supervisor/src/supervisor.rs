@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::app_link::{self, Recv};
 use crate::cli::{ListenAddr, RunArgs};
 use crate::clock::{self, now_ns};
-use crate::control_block::{ControlBlock, Fields};
+use crate::control_block::{ControlBlock, Damage, Fields};
 use crate::control_socket::{self, Request, error_reply};
 use crate::decide::{self, Facts, Mode};
 use crate::event::{EventLog, ev};
@@ -197,6 +197,10 @@ pub struct Supervisor {
     preserved_bytes: u64,
     app_status: Option<String>,
     next_check_ns: u64,
+    /// The control block's header was found damaged (reported once), and how
+    /// many times that happened; a damaged block is replaced at the next death.
+    ctl_damage: Option<Damage>,
+    ctl_corruptions: u64,
 }
 
 fn sig_name(sig: i32) -> String {
@@ -330,6 +334,8 @@ impl Supervisor {
             preserved_bytes: 0,
             app_status: None,
             next_check_ns: now,
+            ctl_damage: None,
+            ctl_corruptions: 0,
             cfg,
         };
         s.sort_held();
@@ -631,6 +637,7 @@ impl Supervisor {
         self.request_deadlines(now);
         if self.app.is_some() && now >= self.next_check_ns {
             self.next_check_ns = now + dur_ns(self.check_step());
+            self.check_control_block();
             self.check_hang(now);
             self.check_rss();
         }
@@ -707,6 +714,49 @@ impl Supervisor {
             if let Some(n) = self.app.as_mut().and_then(|a| a.noted.as_mut()) {
                 n.t_failure_ns = Some(hb);
             }
+        }
+    }
+
+    /// The control block's header as written at creation, or its damage,
+    /// reported when first seen: a wild write in the app, or another
+    /// process with the fd, has taken away the evidence of unsafe regions.
+    fn check_control_block(&mut self) -> Option<Damage> {
+        let damage = self.ctl.damage();
+        if let Some(d) = damage
+            && self.ctl_damage.is_none()
+        {
+            self.ctl_corruptions += 1;
+            self.events.emit(
+                ev("control_block")
+                    .s("status", "corrupt")
+                    .s("code", d.code())
+                    .s("why", d.describe())
+                    .s("action", "the next restart is cold and gets a new block"),
+            );
+            self.metrics
+                .control_block_corrupt
+                .with_label_values(&[d.code()])
+                .inc();
+            self.metrics.control_block_ok.set(0);
+        }
+        self.ctl_damage = damage;
+        damage
+    }
+
+    /// A damaged block cannot be trusted again: the next incarnation gets a
+    /// new one (the dead one's mapping and fd go with the old).
+    fn replace_control_block(&mut self) {
+        match ControlBlock::create() {
+            Ok(cb) => {
+                self.ctl = cb;
+                self.ctl_damage = None;
+                self.metrics.control_block_ok.set(1);
+                self.events
+                    .emit(ev("control_block").s("status", "recreated"));
+            }
+            Err(e) => self
+                .events
+                .emit(ev("error").s("what", format!("recreating the control block: {e:#}"))),
         }
     }
 
@@ -1088,6 +1138,7 @@ impl Supervisor {
             }
         };
         self.app = None;
+        let damage = self.check_control_block();
         let arenas = self.arena_facts(true);
         let unsafe_elsewhere = self
             .ctl
@@ -1097,6 +1148,7 @@ impl Supervisor {
             .map(|r| r.describe());
         let facts = Facts {
             has_manifest: self.held.iter().any(|h| h.kind == FdKind::Manifest),
+            control_damage: damage.map(|d| d.describe().to_string()),
             warm_disabled: self.ctl.warm_disabled(),
             unsafe_elsewhere,
             last_start_warm: start_kind == StartKind::Warm,
@@ -1109,6 +1161,9 @@ impl Supervisor {
         let (mode, why) = (d.mode, d.why.clone());
         self.emit_decision(mode.as_str(), &why, "respawn", noted.kind);
         let dropped = self.apply_decision(&d);
+        if damage.is_some() {
+            self.replace_control_block();
+        }
         let backoff = if noted.kind == "request" && ask_mode.is_some() {
             Duration::ZERO
         } else {
@@ -1848,6 +1903,9 @@ impl Supervisor {
             "last_failure": self.last_failure,
             "last_decision": self.last_decision,
             "preserved_bytes": self.preserved_bytes,
+            "control_block": {"ok": self.ctl_damage.is_none(),
+                              "damage": self.ctl_damage.map(|d| d.describe()),
+                              "corruptions": self.ctl_corruptions},
             "held_fds": held,
             "next_start_ms": self.next_spawn.as_ref().map(|(t, _)| clock::ms(t.saturating_sub(now))),
             "program": self.cfg.program_path.to_string_lossy(),
