@@ -33,7 +33,7 @@ include $(wildcard examples/*/build.mk)
 SUPERVISOR := $(BUILD)/bin/rekindle
 CARGO_FLAGS := --release --locked --manifest-path supervisor/Cargo.toml --target-dir $(abspath $(BUILD))/cargo
 
-.PHONY: all deps runtime supervisor test unit-test system-test demo bench bench-alloc bench-restart bench-supervisor bench-rkv bench-availability bench-stages lint clean
+.PHONY: all deps runtime supervisor install uninstall test unit-test system-test demo bench bench-alloc bench-restart bench-supervisor bench-rkv bench-availability bench-stages lint clean
 all: runtime supervisor $(TEST_APPS) $(BUILD)/apps/crashy-shared $(BENCH_BINS) $(EXAMPLES) $(EXAMPLE_BINS)
 runtime: $(LIB_SO) $(LIB_A) $(PC)
 
@@ -62,6 +62,26 @@ $(LIB_A): $(RT_OBJS)
 $(PC): runtime/rekindle.pc.in
 	@mkdir -p $(dir $@)
 	sed -e 's|@PREFIX@|$(abspath $(BUILD))|' -e 's|@INCLUDEDIR@|$(abspath runtime/include)|' $< > $@
+
+# `make install PREFIX=/opt/rekindle` (default /usr/local; DESTDIR for
+# staging): the library (static and shared), headers, pkg-config file, the
+# `rekindle` binary and its man pages, generated from the CLI's definition.
+PREFIX ?= /usr/local
+INSTALL_FILES := lib/librekindle.a lib/librekindle.so.0 lib/librekindle.so lib/pkgconfig/rekindle.pc \
+	include/rekindle.h include/rekindle_stages.h bin/rekindle \
+	$(addprefix share/man/man1/,rekindle.1 rekindle-run.1 rekindle-status.1 rekindle-ps.1 rekindle-restart.1 rekindle-stop.1)
+install: runtime supervisor
+	@case "$(PREFIX)" in /*) ;; *) echo "make install: PREFIX must be an absolute path, not '$(PREFIX)'" >&2; exit 2;; esac
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 0644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 0755 $(LIB_SO).0 $(DESTDIR)$(PREFIX)/lib/
+	ln -sf librekindle.so.0 $(DESTDIR)$(PREFIX)/lib/librekindle.so
+	install -m 0644 runtime/include/rekindle.h runtime/include/rekindle_stages.h $(DESTDIR)$(PREFIX)/include/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@INCLUDEDIR@|$(PREFIX)/include|' runtime/rekindle.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/rekindle.pc
+	install -m 0755 $(SUPERVISOR) $(DESTDIR)$(PREFIX)/bin/
+	$(BUILD)/cargo/release/rekindle-man $(DESTDIR)$(PREFIX)/share/man/man1
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/,$(INSTALL_FILES))
 
 $(BUILD)/tests/%: runtime/tests/%.c $(LIB_A) $(RT_HDRS) $(wildcard runtime/tests/*.h)
 	@mkdir -p $(dir $@)

@@ -8,6 +8,7 @@ have() { command -v "$1" >/dev/null 2>&1; }
 have cc || need_apt+=(gcc)
 have make || need_apt+=(make)
 have objcopy || need_apt+=(binutils)
+have pkg-config || need_apt+=(pkg-config) # tests/test_install.py builds with it
 have python3 || need_apt+=(python3 python3-pip)
 # The supervisor is Rust (crates.io).  The image has rustup's toolchain;
 # Debian's cargo is the fallback where it is missing.
