@@ -12,6 +12,7 @@ use core::ops::BitOr;
 use core::ptr::NonNull;
 use std::cell::RefCell;
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::error::{Error, Result, check};
@@ -29,9 +30,9 @@ impl ArenaFlags {
     /// A component of its own: a failure that finds it half-changed drops
     /// only this arena (it comes back empty, [`Arena::preserved`] false)
     /// and the rest stays warm. Its objects must not point into other
-    /// arenas nor be pointed to from them ([`Preservable`] rule 2): the
-    /// binding checks handles where it uses them, but cannot see a
-    /// [`PVec`](crate::PVec) moved by value from one arena into another.
+    /// arenas nor be pointed to from them ([`Preservable`] rule 2). A
+    /// handle into a dropped arena is caught where it is used (a dropped
+    /// arena's addresses are never mapped again): views panic.
     pub const INDEPENDENT: ArenaFlags = ArenaFlags(ffi::RK_ARENA_INDEPENDENT);
     /// Writable only inside regions (memory protection keys), so a stray
     /// write faults at once. Open it before starting threads: threads
@@ -149,6 +150,8 @@ impl Arena {
             end: base.checked_add(max).ok_or(Error::SizeOverflow)?,
             slot,
         };
+        RANGES[slot].0.store(a.base, Ordering::Relaxed);
+        RANGES[slot].1.store(a.end, Ordering::Release);
         opened.push(a);
         Ok(a)
     }
@@ -191,6 +194,10 @@ impl Arena {
     /// True when the handle's object lies inside this arena.
     pub fn contains<T>(&self, p: Preserved<T>) -> bool {
         self.contains_range(p.addr(), size_of::<T>())
+    }
+
+    pub(crate) fn slot(&self) -> usize {
+        self.slot
     }
 
     pub(crate) fn contains_range(&self, addr: usize, len: usize) -> bool {
@@ -506,10 +513,27 @@ impl Arena {
     }
 }
 
-/// The arena opened through the binding that holds `[addr, addr + len)`.
-pub(crate) fn arena_of(addr: usize, len: usize) -> Option<Arena> {
-    let opened = OPENED.lock().unwrap_or_else(PoisonError::into_inner);
-    opened.iter().find(|a| a.contains_range(addr, len)).copied()
+/// The address ranges of the arenas opened through the binding, by slot,
+/// readable without a lock: `(base, end)`, `end` 0 for an unused slot.
+/// Slots fill in order and are never reused; the runtime never maps an
+/// arena again at the range of one it dropped, so an address in no range
+/// here is no live object.
+static RANGES: [(AtomicUsize, AtomicUsize); ffi::RK_MAX_ARENAS] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; ffi::RK_MAX_ARENAS];
+
+/// The slot of the arena that holds `[addr, addr + len)`, if any.
+pub(crate) fn slot_of(addr: usize, len: usize) -> Option<usize> {
+    let last = addr.checked_add(len)?;
+    for (slot, (base, end)) in RANGES.iter().enumerate() {
+        let e = end.load(Ordering::Acquire);
+        if e == 0 {
+            break;
+        }
+        if addr >= base.load(Ordering::Relaxed) && last <= e {
+            return Some(slot);
+        }
+    }
+    None
 }
 
 /// Before a sweep: marks every arena's typed roots and type table.

@@ -86,21 +86,45 @@ impl<T: Preservable> PVec<T> {
         assert!(!needs_drop::<T>(), "preserved types must not need dropping");
     };
 
+    /// Panics unless the buffer lies in a live arena, the one the vector is
+    /// stored in (if it is stored in one): a vector moved between arenas
+    /// must not outlive a dropped one (see [`Preservable`] rule 2).
+    fn check_home(&self) {
+        let bytes = self.capacity().saturating_mul(size_of::<T>());
+        let buf = arena::slot_of(self.ptr as usize, bytes);
+        let here = arena::slot_of(self as *const Self as usize, size_of::<Self>());
+        assert!(
+            buf.is_some() && (here.is_none() || here == buf),
+            "PVec buffer {:#x} is not in the arena the PVec is stored in",
+            self.ptr
+        );
+    }
+
     /// The elements, as a slice.
+    ///
+    /// # Panics
+    ///
+    /// If the buffer is not in the arena the vector is stored in.
     pub fn as_slice(&self) -> &[T] {
         if self.ptr == 0 {
             return &[];
         }
+        self.check_home();
         // SAFETY: ptr is this vector's live buffer of cap >= len elements, the
         // first len initialised; the borrow of self covers the buffer.
         unsafe { core::slice::from_raw_parts(self.ptr as usize as *const T, self.len as usize) }
     }
 
     /// The elements, as a mutable slice.
+    ///
+    /// # Panics
+    ///
+    /// As [`as_slice`](Self::as_slice).
     pub fn as_mut_slice(&mut self) -> &mut [T] {
         if self.ptr == 0 {
             return &mut [];
         }
+        self.check_home();
         // SAFETY: as in as_slice; &mut self makes the borrow exclusive.
         unsafe { core::slice::from_raw_parts_mut(self.ptr as usize as *mut T, self.len as usize) }
     }
@@ -124,11 +148,12 @@ impl<T: Preservable> PVec<T> {
         let bytes = new_cap
             .checked_mul(size_of::<T>())
             .ok_or(Error::SizeOverflow)?;
-        let here = self as *const Self as usize;
-        if let Some(home) = arena::arena_of(here, size_of::<Self>())
-            && !arena.contains_range(here, size_of::<Self>())
-        {
-            return Err(Error::ForeignHandle("the PVec's arena", home.name()));
+        let here = arena::slot_of(self as *const Self as usize, size_of::<Self>());
+        if here.is_some_and(|slot| slot != arena.slot()) {
+            return Err(Error::ForeignHandle(
+                "the PVec (stored in another arena)",
+                arena.name(),
+            ));
         }
         self.check_buffer(arena)?;
         let old = self.ptr as usize;
@@ -164,8 +189,15 @@ impl<T: Preservable> PVec<T> {
     }
 
     /// Appends `value`, growing the buffer in `arena` if it is full.
+    ///
+    /// # Panics
+    ///
+    /// As [`as_slice`](Self::as_slice).
     pub fn push(&mut self, arena: Arena, value: T) -> Result<()> {
         self.check_buffer(arena)?;
+        if self.ptr != 0 {
+            self.check_home();
+        }
         if self.len == self.cap {
             self.reserve(arena, 1)?;
         }
@@ -181,10 +213,15 @@ impl<T: Preservable> PVec<T> {
     }
 
     /// Removes and returns the last element.
+    ///
+    /// # Panics
+    ///
+    /// As [`as_slice`](Self::as_slice).
     pub fn pop(&mut self) -> Option<T> {
         if self.len == 0 {
             return None;
         }
+        self.check_home();
         self.len -= 1;
         // SAFETY: the slot at the old len - 1 was initialised and is now
         // outside the vector.

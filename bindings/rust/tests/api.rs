@@ -43,6 +43,15 @@ struct Doc {
 // SAFETY: repr(C); its handles point into the same arena.
 unsafe impl Preservable for Doc {}
 
+/// Runs `f`, catching a panic without printing it.
+fn catch_quietly<R>(f: impl FnOnce() -> R) -> Result<R, ()> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = catch_unwind(AssertUnwindSafe(f)).map_err(|_| ());
+    std::panic::set_hook(hook);
+    r
+}
+
 struct Checks {
     generation: u32,
     passed: u32,
@@ -213,16 +222,24 @@ fn fresh(c: &mut Checks, start: &rekindle::Start, arena: Arena) {
         matches!(foreign, Err(Error::ForeignHandle(..))),
         &foreign,
     );
+    let moved = other.alloc(PVec::<u64>::new()).and_then(|home| {
+        let mut v = PVec::new();
+        v.push(arena, 1u64)?; // built on the stack, its buffer in `arena`
+        other.modify(|g| *g.get_mut(home) = v); // moved into `other`
+        Ok(catch_quietly(|| other.view().get(home).as_slice().len()))
+    });
+    c.check(
+        "pvec_moved_between_arenas_is_caught",
+        matches!(moved, Ok(Err(_))),
+        &moved,
+    );
     let bad_root = arena.set_root("elsewhere", other.alloc(1u64).expect("alloc"));
     c.check(
         "root_refuses_a_handle_of_another_arena",
         matches!(bad_root, Err(Error::ForeignHandle(..))),
         &bad_root,
     );
-    let quiet = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let wrong_view = catch_unwind(AssertUnwindSafe(|| *other.view().get(origin)));
-    std::panic::set_hook(quiet);
+    let wrong_view = catch_quietly(|| *other.view().get(origin));
     c.check("view_of_another_arena_panics", wrong_view.is_err(), ());
 
     // typed roots
