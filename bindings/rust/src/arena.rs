@@ -129,20 +129,20 @@ impl Arena {
         let Some(raw) = NonNull::new(raw) else {
             return Err(Error::last_os("rk_arena_open"));
         };
-        if let Some(a) = opened.iter().find(|a| a.raw == raw) {
-            return Ok(*a);
-        }
         let mut st = ffi::rk_arena_stats::default();
         // SAFETY: raw is a live arena, st a valid out-parameter.
         check("rk_arena_stats", unsafe {
             ffi::rk_arena_stats(raw.as_ptr(), &mut st)
         })?;
+        let base = usize::try_from(st.base).map_err(|_| Error::SizeOverflow)?;
+        let max = usize::try_from(st.max_bytes).map_err(|_| Error::SizeOverflow)?;
+        if let Some(a) = opened.iter().find(|a| a.raw == raw && a.base == base) {
+            return Ok(*a);
+        }
         let slot = opened.len();
         if slot >= ffi::RK_MAX_ARENAS {
             return Err(Error::from_neg_errno("rk_arena_open", -libc_errno::ENOSPC));
         }
-        let base = usize::try_from(st.base).map_err(|_| Error::SizeOverflow)?;
-        let max = usize::try_from(st.max_bytes).map_err(|_| Error::SizeOverflow)?;
         let a = Arena {
             raw,
             name: Box::leak(name.to_owned().into_boxed_str()),
