@@ -45,6 +45,15 @@ supervisor:
 	@mkdir -p $(BUILD)/bin
 	install -m 0755 $(BUILD)/cargo/release/rekindle $(SUPERVISOR)
 
+# The Rust binding (bindings/rust, its own cargo package): links the static
+# library above; its tests run the example server as real processes.
+RUST_BINDING_FLAGS := --locked --manifest-path bindings/rust/Cargo.toml --target-dir $(abspath $(BUILD))/cargo-rust
+RUST_BINDING_ENV := REKINDLE_LIB_DIR=$(abspath $(BUILD))/lib REKINDLE_BUILD=$(abspath $(BUILD))
+.PHONY: rust-binding
+rust-binding: runtime
+	$(RUST_BINDING_ENV) cargo build $(RUST_BINDING_FLAGS) --all-targets
+	$(RUST_BINDING_ENV) cargo test $(RUST_BINDING_FLAGS)
+
 $(BUILD)/runtime/%.o: runtime/src/%.c $(RT_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RT_CFLAGS) -c $< -o $@.tmp.o
@@ -129,10 +138,12 @@ bench-availability: deps all
 bench-stages: deps all
 	python3 bench/stages_bench.py $(BUILD)
 
-lint:
+lint: runtime
 	ruff check tests bench scripts
 	cargo fmt --manifest-path supervisor/Cargo.toml -- --check
 	cargo clippy $(CARGO_FLAGS) --all-targets -- -D warnings
+	cargo fmt --manifest-path bindings/rust/Cargo.toml -- --check
+	$(RUST_BINDING_ENV) cargo clippy $(RUST_BINDING_FLAGS) --all-targets -- -D warnings
 
 clean:
 	rm -rf $(BUILD)
