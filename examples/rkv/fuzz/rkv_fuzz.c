@@ -43,7 +43,8 @@
 
 /* A fixed clock: TTL arithmetic does not depend on when the input runs.
  * 2033-05-18, after the real time, so that snapshot.c (which compares
- * expiry times with the real clock) keeps every key the keyspace keeps. */
+ * expiry times with the real clock) keeps every key set with a TTL
+ * relative to it. */
 #define FUZZ_EPOCH_MS 2000000000000ll
 #define OUT_KEEP_MAX (1u << 20) /* main.c's conn_flush frees a larger reply buffer */
 
@@ -115,6 +116,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		fprintf(stderr, "rkv-fuzz: ks_create: %s\n", strerror(errno));
 		exit(1);
 	}
+	/* ks_create's seed is random; a fixed one (the table is still empty)
+	 * gives every run the same bucket layout, so SCAN cursors and chain
+	 * orders, and with them a crash, reproduce in another process. */
+	srv.db->seed = 0x726b762d66757a7aull;
 	return 0;
 }
 
@@ -165,9 +170,11 @@ static void check_keyspace(struct db *db)
 		broken("active-expiry cursor not in the TTL list");
 }
 
-/* A SAVE succeeded: the file must load back into exactly the keyspace
- * (snapshot.c drops keys expired by the real clock; the fuzz clock is
- * later than that, so none are dropped). */
+/* A SAVE succeeded: the file must load back into the keyspace, less the
+ * keys whose expiry time the real clock has passed.  snapshot.c drops those
+ * on the way out and on the way in; the keyspace may still hold them (SET
+ * ... PXAT 2 stores a key that is already expired, and the fuzz clock is
+ * not the real one), and never serves them. */
 static void check_snapshot(void)
 {
 	struct db *copy = ks_create();
@@ -180,15 +187,17 @@ static void check_snapshot(void)
 		fprintf(stderr, "rkv-fuzz: snapshot written by SAVE does not load: %s\n", why);
 		abort();
 	}
-	if (copy->count != srv.db->count)
-		broken("snapshot holds a different number of keys");
+	/* now 0 in the lookups: they must not expire anything themselves */
 	KS_FOREACH (copy, e) {
-		/* now 0: the lookup must not expire anything in the live table */
 		struct entry *live = ks_lookup(srv.db, e->data, e->klen, 0);
 		if (!live || live->vlen != e->vlen || live->expire_ms != e->expire_ms ||
 		    memcmp(entry_val(live), entry_val(e), e->vlen) != 0)
-			broken("snapshot differs from the keyspace");
+			broken("snapshot holds a key the keyspace does not, or another value or TTL");
 	}
+	int64_t real_now = now_realtime_ms();
+	KS_FOREACH (srv.db, e)
+		if (!ks_lookup(copy, e->data, e->klen, 0) && !(e->expire_ms && e->expire_ms < real_now))
+			broken("snapshot lacks a key that has not expired");
 	check_keyspace(copy);
 	ks_flush(copy);
 	store_free(copy->buckets);
