@@ -52,7 +52,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static struct config base_cfg; /* srv.cfg at the start of every input (CONFIG SET changes it) */
-static char snap_dir[4096];
+static const char *save_parent; /* SAVE writes into a new directory in here */
 static bool log_lines;
 
 /* ---- rkv_log, wrapped ------------------------------------------------ */
@@ -74,28 +74,13 @@ void __wrap_rkv_log(const char *event, const char *fmt, ...)
 
 /* ---- setup ------------------------------------------------------------ */
 
-static void remove_snap_dir(void)
-{
-	char path[4400];
-	snapshot_path(path, sizeof path);
-	unlink(path);
-	rmdir(snap_dir);
-}
-
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	(void)argc;
 	(void)argv;
 	log_lines = getenv("RKV_FUZZ_LOG") != NULL;
-	/* SAVE writes the snapshot (with fsyncs) into a private directory,
-	 * in memory where there is a tmpfs. */
-	const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-	snprintf(snap_dir, sizeof snap_dir, "%s/rkv-fuzz-XXXXXX", tmp);
-	if (!mkdtemp(snap_dir)) {
-		fprintf(stderr, "rkv-fuzz: mkdtemp %s: %s\n", snap_dir, strerror(errno));
-		exit(1);
-	}
-	atexit(remove_snap_dir);
+	/* the snapshot's fsyncs cost nothing on a tmpfs */
+	save_parent = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
 
 	/* As main() and parse_options() set things up, with what would fork,
 	 * sleep or crash on purpose turned off: no save points (no cron runs
@@ -103,7 +88,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	 * SHUTDOWN are not run at all (see denied()). */
 	base_cfg = (struct config){.port = 6379, .bind = "127.0.0.1", .dbfilename = "rkv.snap",
 				   .maxmemory = 64ull << 20, .enable_debug = 0, .arena_size = 16ull << 30};
-	snprintf(base_cfg.dir, sizeof base_cfg.dir, "%s", snap_dir);
+	snprintf(base_cfg.dir, sizeof base_cfg.dir, "%s/rkv-fuzz-XXXXXX", save_parent); /* see run_save() */
 	srv.cfg = base_cfg;
 	srv.start_ms = FUZZ_EPOCH_MS;
 	srv.now_ms = FUZZ_EPOCH_MS;
@@ -231,6 +216,24 @@ static bool is_save(const struct conn *c)
 	return c->argc == 1 && c->argv[0].n == 4 && strncasecmp(c->argv[0].p, "save", 4) == 0;
 }
 
+/* SAVE into a directory that exists only while it runs: a crash elsewhere
+ * (and a minimisation crashes thousands of times) leaves nothing behind. */
+static void run_save(struct conn *c)
+{
+	char path[4400];
+	snprintf(srv.cfg.dir, sizeof srv.cfg.dir, "%s/rkv-fuzz-XXXXXX", save_parent);
+	if (!mkdtemp(srv.cfg.dir)) {
+		fprintf(stderr, "rkv-fuzz: mkdtemp %s: %s\n", srv.cfg.dir, strerror(errno));
+		abort();
+	}
+	command_exec(c);
+	if (c->olen - c->opos >= 3 && memcmp(c->obuf + c->opos, "+OK", 3) == 0)
+		check_snapshot();
+	snapshot_path(path, sizeof path);
+	unlink(path);
+	rmdir(srv.cfg.dir);
+}
+
 /* Drops what the parser has consumed, as main.c's conn_make_room does:
  * from the start of a multibulk request in progress, else up to ipos. */
 static void drop_consumed(struct conn *c)
@@ -270,14 +273,12 @@ static bool process(struct conn *c)
 		if (resp_parse(c) != PARSE_COMMAND)
 			break;
 		ran = true;
-		if (denied(c->argv[0])) {
+		if (denied(c->argv[0]))
 			reply_error(c, "ERR not run by the fuzz harness");
-		} else {
-			bool save = is_save(c);
+		else if (is_save(c))
+			run_save(c);
+		else
 			command_exec(c);
-			if (save && c->olen - c->opos >= 3 && memcmp(c->obuf + c->opos, "+OK", 3) == 0)
-				check_snapshot();
-		}
 		resp_done(c);
 		c->opos = c->olen = 0; /* as if written */
 		if (c->ocap > OUT_KEEP_MAX) {
