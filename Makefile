@@ -33,7 +33,7 @@ include $(wildcard examples/*/build.mk)
 SUPERVISOR := $(BUILD)/bin/rekindle
 CARGO_FLAGS := --release --locked --manifest-path supervisor/Cargo.toml --target-dir $(abspath $(BUILD))/cargo
 
-.PHONY: all deps runtime supervisor install uninstall test unit-test system-test demo bench bench-alloc bench-restart bench-supervisor bench-rkv bench-availability bench-stages lint clean
+.PHONY: all deps runtime supervisor install uninstall test unit-test system-test demo bench bench-alloc bench-restart bench-supervisor bench-rkv bench-availability bench-stages fuzz-rkv lint clean
 all: runtime supervisor $(TEST_APPS) $(BUILD)/apps/crashy-shared $(BENCH_BINS) $(EXAMPLES) $(EXAMPLE_BINS)
 runtime: $(LIB_SO) $(LIB_A) $(PC)
 
@@ -109,7 +109,9 @@ $(BUILD)/examples/%: examples/%.c $(LIB_A) $(RT_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RK_CFLAGS) $< -o $@ $(LINK_RK)
 
-test: deps all $(UNIT_TESTS)
+# $(RKV_FUZZ) by name: `all` leaves it out where clang was missing when make
+# started, and deps has installed it by now (tests/test_rkv_fuzz.py needs it)
+test: deps all $(UNIT_TESTS) $(RKV_FUZZ)
 	@bash scripts/run-tests.sh $(BUILD)
 # the C unit tests alone (`make test` runs them with everything else)
 unit-test: $(UNIT_TESTS)
@@ -137,6 +139,15 @@ bench-availability: deps all
 # the stage example: mid-run crash vs from scratch vs periodic checkpoint
 bench-stages: deps all
 	python3 bench/stages_bench.py $(BUILD)
+
+# A long fuzzing campaign of rkv (examples/rkv/fuzz/README.md): new inputs
+# go to $(BUILD)/fuzz/rkv-corpus, crashes to $(BUILD)/fuzz/; the corpus in
+# the repository is read, never written.
+FUZZ_SECONDS ?= 600
+fuzz-rkv: deps $(RKV_FUZZ)
+	@mkdir -p $(BUILD)/fuzz/rkv-corpus
+	$(RKV_FUZZ) -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 -dict=examples/rkv/fuzz/dict \
+		-artifact_prefix=$(BUILD)/fuzz/ -print_final_stats=1 $(BUILD)/fuzz/rkv-corpus examples/rkv/fuzz/corpus
 
 lint: runtime
 	ruff check tests bench scripts

@@ -16,6 +16,9 @@ have cargo || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(cargo)
 # Real Redis 7 and its clients: rkv's tests and benchmarks drive both.
 have redis-server || need_apt+=(redis-server)
 have redis-cli && have redis-benchmark || need_apt+=(redis-tools)
+# rkv's fuzz target (examples/rkv/fuzz): clang and its libFuzzer runtime.
+have clang-19 || need_apt+=(clang-19)
+dpkg -s libclang-rt-19-dev >/dev/null 2>&1 || need_apt+=(libclang-rt-19-dev)
 if [ "${#need_apt[@]}" -gt 0 ]; then
 	echo "deps: installing ${need_apt[*]} (apt)" >&2
 	if [ "$(id -u)" -ne 0 ]; then

@@ -441,8 +441,11 @@ uint64_t ks_scan(struct db *db, uint64_t v, uint64_t count, int64_t now, void (*
 	return v;
 }
 
-/* Redis's glob: * ? [abc] [^a] [a-z] and \x; depth-limited like Redis. */
-static bool glob_at(const char *p, size_t pn, const char *s, size_t sn, int depth)
+/* Redis's glob: * ? [abc] [^a] [a-z] and \x; depth-limited like Redis.
+ * *exhausted: a '*' tried every rest of the string and none matched, so an
+ * outer '*' trying a shorter rest cannot match either (Redis 7.0.10's fix
+ * of CVE-2022-36021: without it "*a*a*a*...b" takes exponential time). */
+static bool glob_at(const char *p, size_t pn, const char *s, size_t sn, int depth, bool *exhausted)
 {
 	size_t i = 0, j = 0;
 	if (depth > 1000)
@@ -454,9 +457,13 @@ static bool glob_at(const char *p, size_t pn, const char *s, size_t sn, int dept
 				i++;
 			if (i + 1 == pn)
 				return true;
-			for (; j <= sn; j++)
-				if (glob_at(p + i + 1, pn - i - 1, s + j, sn - j, depth + 1))
+			for (; j <= sn; j++) {
+				if (glob_at(p + i + 1, pn - i - 1, s + j, sn - j, depth + 1, exhausted))
 					return true;
+				if (*exhausted)
+					return false;
+			}
+			*exhausted = true;
 			return false;
 		}
 		if (j >= sn)
@@ -506,7 +513,8 @@ static bool glob_at(const char *p, size_t pn, const char *s, size_t sn, int dept
 
 bool ks_glob(const char *pat, size_t pn, const char *s, size_t sn)
 {
-	return glob_at(pat, pn, s, sn, 0);
+	bool exhausted = false;
+	return glob_at(pat, pn, s, sn, 0, &exhausted);
 }
 
 void ks_crash_in_mutation(struct db *db, const char *k, size_t kn)
