@@ -345,3 +345,24 @@ fn the_app_gets_the_contract_environment_and_fds() {
         .collect();
     assert!(extra.is_empty(), "leaked fds: {extra:?}");
 }
+
+fn rekindle(t: &Tmp, args: &[&str]) -> (Option<i32>, String) {
+    let out = t
+        .cmd()
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_unknown_option_is_a_usage_error() {
+    let t = Tmp::new("bogus");
+    let (code, err) = rekindle(&t, &["run", "--bogus", "--", "/bin/true"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("unknown option '--bogus'"), "{err}");
+    assert!(!err.contains("PATH"), "{err}");
+}
