@@ -366,3 +366,24 @@ fn an_unknown_option_is_a_usage_error() {
     assert!(err.contains("unknown option '--bogus'"), "{err}");
     assert!(!err.contains("PATH"), "{err}");
 }
+
+#[test]
+fn a_missing_program_is_not_found_and_a_plain_file_not_executable() {
+    let t = Tmp::new("prog");
+    let (code, err) = rekindle(&t, &["run", "--", "/no/such/program"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("/no/such/program: not found"), "{err}");
+    let plain = t.0.join("plain");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap_or_else(|e| panic!("{e}"));
+    let plain = plain.to_string_lossy().into_owned();
+    let (code, err) = rekindle(&t, &["run", "--", &plain]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("not executable (no execute permission)"),
+        "{err}"
+    );
+    let dir = t.0.to_string_lossy().into_owned();
+    let (code, err) = rekindle(&t, &["run", "--", &dir]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not executable (a directory)"), "{err}");
+}
