@@ -240,8 +240,10 @@ impl Supervisor {
 
         let systemd = Systemd::from_env();
         let inherited = notify::take_listen_fds();
-        let events = EventLog::open(&cfg.name, cfg.events.as_deref())
-            .with_context(|| format!("opening the events file {:?}", cfg.events))?;
+        let events = EventLog::open(&cfg.name, cfg.events.as_deref()).with_context(|| {
+            let shown = cfg.events.as_deref().unwrap_or(std::path::Path::new("-"));
+            format!("cannot open the events file {}", shown.display())
+        })?;
 
         let dir = runtime_dir::dir();
         runtime_dir::ensure(&dir)?;

@@ -368,6 +368,21 @@ fn an_unknown_option_is_a_usage_error() {
 }
 
 #[test]
+fn an_events_file_that_cannot_be_opened_is_named_plainly() {
+    let t = Tmp::new("evfile");
+    let (code, err) = rekindle(
+        &t,
+        &["run", "--events", "/nonexistent/x", "--", "/bin/true"],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("cannot open the events file /nonexistent/x: No such file or directory"),
+        "{err}"
+    );
+    assert!(!err.contains("Some("), "{err}");
+}
+
+#[test]
 fn a_missing_program_is_not_found_and_a_plain_file_not_executable() {
     let t = Tmp::new("prog");
     let (code, err) = rekindle(&t, &["run", "--", "/no/such/program"]);
