@@ -390,3 +390,46 @@ def test_control_socket_refuses_other_users(supervise):
         assert sup.proc.poll() is None, "a stranger's stop was obeyed"
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+# ---- messages for other users ------------------------------------------------------
+
+needs_root_and_setpriv = pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv"
+)
+
+
+def rekindle_as_nobody(*args, env):
+    from supervisor_harness import REKINDLE
+
+    p = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(REKINDLE), *args],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env=env,
+        check=False,
+    )
+    return p.returncode, p.stderr
+
+
+@needs_root_and_setpriv
+def test_a_runtime_dir_of_another_user_says_what_to_do():
+    """A non-root user without XDG_RUNTIME_DIR lands on /run/rekindle, which
+    is root's: the error says which variable to set or whom to run as."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "REKINDLE_RUNTIME_DIR")}
+    code, err = rekindle_as_nobody("run", "--", "/bin/true", env=env)
+    assert code == 1, err
+    assert "/run/rekindle" in err and "set XDG_RUNTIME_DIR" in err and "run as root" in err, err
+    shared = Path(tempfile.mkdtemp(prefix="rekindle-dir-"))
+    try:
+        shared.chmod(0o755)
+        (shared / "run").mkdir(mode=0o700)
+        code, err = rekindle_as_nobody(
+            "run", "--", "/bin/true", env={**env, "REKINDLE_RUNTIME_DIR": str(shared / "run")}
+        )
+        assert code == 1, err
+        assert "belongs to uid 0, not to us (uid 65534)" in err, err
+        assert "set REKINDLE_RUNTIME_DIR to a directory of your own, or run as root" in err, err
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -245,8 +245,8 @@ impl Supervisor {
             format!("cannot open the events file {}", shown.display())
         })?;
 
-        let dir = runtime_dir::dir();
-        runtime_dir::ensure(&dir)?;
+        let (dir, dir_source) = runtime_dir::dir_with_source();
+        runtime_dir::ensure(&dir, dir_source)?;
         let control = control_socket::Server::bind(&runtime_dir::socket_path(&dir, &cfg.name))?;
         let app_notify = match AppNotify::bind(&runtime_dir::notify_path(&dir, &cfg.name)) {
             Ok(n) => Some(n),
