@@ -433,3 +433,27 @@ def test_a_runtime_dir_of_another_user_says_what_to_do():
         assert "set REKINDLE_RUNTIME_DIR to a directory of your own, or run as root" in err, err
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+@needs_root_and_setpriv
+def test_status_of_a_supervisor_of_another_user_says_permission_denied(supervise):
+    """Root's supervisor, seen by another user: the socket is there but out
+    of reach (its directory, then the socket itself), which is not "no
+    supervisor named"."""
+    shared = Path(tempfile.mkdtemp(prefix="rekindle-priv-"))
+    try:
+        shared.chmod(0o755)
+        run_dir = shared / "run"
+        sup = supervise(name="rootsvc", env={"REKINDLE_RUNTIME_DIR": str(run_dir)})
+        sup.wait_up(0)
+        env = {**os.environ, "REKINDLE_RUNTIME_DIR": str(run_dir)}
+        for _ in ("directory 0700", "socket 0600"):
+            code, err = rekindle_as_nobody("status", "rootsvc", env=env)
+            assert code == 1, err
+            assert "no supervisor named" not in err, err
+            assert f"permission denied at {run_dir}/rootsvc.sock" in err, err
+            assert "run as root" in err, err
+            run_dir.chmod(0o755)  # then only the socket's own mode keeps us out
+        assert sup.proc.poll() is None
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

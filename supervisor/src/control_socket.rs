@@ -369,10 +369,83 @@ impl Client {
 
 // ---- the client side: rekindle status / ps / restart / stop -----------------
 
-/// Sends one request to NAME.sock and reads one reply line.
+/// Why NAME.sock could not be connected to.
+#[derive(Debug, Error)]
+pub enum ConnectError {
+    /// No socket file there.
+    #[error("{0}: no such socket")]
+    Absent(PathBuf),
+    /// The file or its directory belongs to someone else.
+    #[error("{0}: permission denied")]
+    Denied(PathBuf),
+    /// A socket file nobody listens on: its supervisor is gone.
+    #[error("{0}: stale socket (connection refused)")]
+    Stale(PathBuf),
+    /// A live supervisor whose backlog stayed full.
+    #[error("{0}: the supervisor does not accept connections (backlog full)")]
+    Busy(PathBuf),
+    #[error("{0}: {1}")]
+    Other(PathBuf, io::Error),
+}
+
+impl ConnectError {
+    fn from_io(path: &Path, e: io::Error) -> Self {
+        let p = path.to_path_buf();
+        match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) => ConnectError::Absent(p),
+            Some(libc::EACCES) | Some(libc::EPERM) => ConnectError::Denied(p),
+            Some(libc::ECONNREFUSED) => ConnectError::Stale(p),
+            Some(libc::EAGAIN) => ConnectError::Busy(p),
+            _ => ConnectError::Other(p, e),
+        }
+    }
+}
+
+/// One non-blocking connect to a Unix stream socket; the stream is left
+/// non-blocking.
+fn connect_once(path: &Path) -> Result<UnixStream, ConnectError> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
+    let addr = UnixAddr::new(path)
+        .map_err(|e| ConnectError::Other(path.to_path_buf(), io::Error::from(e)))?;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .map_err(|e| ConnectError::Other(path.to_path_buf(), io::Error::from(e)))?;
+    loop {
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => return Ok(UnixStream::from(fd)),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(ConnectError::from_io(path, io::Error::from(e))),
+        }
+    }
+}
+
+/// Connects to NAME.sock without ever blocking for long: a full backlog is
+/// retried until `timeout`.  The stream is returned blocking.
+pub fn connect(path: &Path, timeout: std::time::Duration) -> Result<UnixStream, ConnectError> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match connect_once(path) {
+            Ok(s) => {
+                s.set_nonblocking(false)
+                    .map_err(|e| ConnectError::Other(path.to_path_buf(), e))?;
+                return Ok(s);
+            }
+            Err(ConnectError::Busy(_)) if t0.elapsed() < timeout => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Sends one request to NAME.sock and reads one reply line.  A connect
+/// failure is a `ConnectError` inside the anyhow error.
 pub fn call(path: &Path, req: &Value, timeout: std::time::Duration) -> Result<(Value, UnixStream)> {
-    let mut s =
-        UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
+    let mut s = connect(path, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     let mut line = req.to_string();

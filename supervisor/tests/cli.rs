@@ -402,3 +402,42 @@ fn a_missing_program_is_not_found_and_a_plain_file_not_executable() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("not executable (a directory)"), "{err}");
 }
+
+#[test]
+fn a_stale_socket_is_reported_as_a_supervisor_that_is_not_running() {
+    let t = Tmp::new("stale");
+    std::fs::create_dir_all(t.run_dir()).unwrap_or_else(|e| panic!("{e}"));
+    let sock = t.run_dir().join("gone.sock");
+    // a socket file nobody listens on, as a SIGKILLed supervisor leaves it
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap_or_else(|e| panic!("{e}")));
+    let (code, err) = rekindle(&t, &["status", "gone"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the supervisor \"gone\" is not running: stale socket at {}",
+            sock.display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("Connection refused"), "{err}");
+    let (code, err) = rekindle(&t, &["stop", "gone"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("is not running"), "{err}");
+    let out = t
+        .cmd()
+        .args(["ps"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("gone ") && l.contains(" stale ")),
+        "{text}"
+    );
+    let out = t
+        .cmd()
+        .args(["ps", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
