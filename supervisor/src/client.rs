@@ -69,10 +69,9 @@ fn explain(name: &str, e: anyhow::Error) -> anyhow::Error {
              the next `rekindle run --name {name}` replaces it)",
             p.display()
         ),
-        Some(ConnectError::Absent(p)) => anyhow!(
-            "no supervisor named {name:?} ({} went away)",
-            p.display()
-        ),
+        Some(ConnectError::Absent(p)) => {
+            anyhow!("no supervisor named {name:?} ({} went away)", p.display())
+        }
         _ => e,
     }
 }

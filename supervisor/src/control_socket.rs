@@ -285,6 +285,13 @@ impl Server {
     }
 }
 
+/// A supervisor that fails to start, or ends, leaves no socket file behind.
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.remove_file();
+    }
+}
+
 impl Client {
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.stream.as_fd()

@@ -144,11 +144,9 @@ pub fn ensure(d: &Path, source: Source) -> Result<(), DirError> {
         });
     }
     if md.mode() & 0o777 != 0o700 {
-        fs::set_permissions(d, fs::Permissions::from_mode(0o700)).map_err(|e| {
-            DirError::Chmod {
-                dir: d.to_path_buf(),
-                source: e,
-            }
+        fs::set_permissions(d, fs::Permissions::from_mode(0o700)).map_err(|e| DirError::Chmod {
+            dir: d.to_path_buf(),
+            source: e,
         })?;
     }
     Ok(())
@@ -228,7 +226,9 @@ mod tests {
         }
         .to_string();
         assert!(
-            e.starts_with("/run/rekindle belongs to uid 0, not to us (uid 1000): set XDG_RUNTIME_DIR"),
+            e.starts_with(
+                "/run/rekindle belongs to uid 0, not to us (uid 1000): set XDG_RUNTIME_DIR"
+            ),
             "{e}"
         );
         assert!(e.ends_with("or run as root"), "{e}");

@@ -167,7 +167,7 @@ pub struct Supervisor {
     base_env: Vec<CString>,
     listen: Vec<(String, OwnedFd)>,
     /// `--listen unix:PATH` files we created, removed at exit.
-    unix_listen: Vec<std::path::PathBuf>,
+    unix_listen: UnixListenFiles,
     held: Vec<Held>,
     app: Option<App>,
     next_spawn: Option<(u64, Plan)>,
@@ -256,9 +256,16 @@ impl Supervisor {
             }
         };
 
+        // From here on, every file bound is removed again on an early
+        // return: the sockets' and UnixListenFiles' Drop.
         let mut listen: Vec<(String, OwnedFd)> = inherited.listen;
+        let mut unix_listen = UnixListenFiles::default();
         for a in &cfg.listen {
-            listen.push((format!("listen{}", listen.len()), bind_listen(a)?));
+            let fd = bind_listen(a)?;
+            if let ListenAddr::Unix(p) = a {
+                unix_listen.add(p);
+            }
+            listen.push((format!("listen{}", listen.len()), fd));
         }
         let held = inherited
             .held
@@ -293,14 +300,7 @@ impl Supervisor {
             events,
             program,
             base_env,
-            unix_listen: cfg
-                .listen
-                .iter()
-                .filter_map(|l| match l {
-                    ListenAddr::Unix(p) => Some(p.clone()),
-                    ListenAddr::Tcp(_) => None,
-                })
-                .collect(),
+            unix_listen,
             listen,
             held,
             app: None,
@@ -434,9 +434,7 @@ impl Supervisor {
         if let Some(n) = &self.app_notify {
             n.remove_file();
         }
-        for p in &self.unix_listen {
-            let _ = std::fs::remove_file(p);
-        }
+        self.unix_listen.remove_all();
         code
     }
 
@@ -1873,6 +1871,35 @@ fn ensure_stdio() {
                 libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
             }
         }
+    }
+}
+
+/// The `--listen unix:PATH` socket files we bound, by inode: removed at
+/// exit, and on a failed start (Drop), if they are still ours.
+#[derive(Default)]
+struct UnixListenFiles(Vec<(std::path::PathBuf, u64)>);
+
+impl UnixListenFiles {
+    fn add(&mut self, p: &std::path::Path) {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(md) = std::fs::symlink_metadata(p) {
+            self.0.push((p.to_path_buf(), md.ino()));
+        }
+    }
+
+    fn remove_all(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        for (p, ino) in self.0.drain(..) {
+            if std::fs::symlink_metadata(&p).map(|m| m.ino()).ok() == Some(ino) {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+}
+
+impl Drop for UnixListenFiles {
+    fn drop(&mut self) {
+        self.remove_all();
     }
 }
 

@@ -441,3 +441,50 @@ fn a_stale_socket_is_reported_as_a_supervisor_that_is_not_running() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
 }
+
+#[test]
+fn a_failed_start_leaves_no_socket_files_behind() {
+    let t = Tmp::new("bindfail");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let port = busy
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = format!("127.0.0.1:{port}");
+    let unix = t.0.join("app.sock");
+    let unix_arg = format!("unix:{}", unix.display());
+    for (what, opts) in [
+        (
+            "--listen",
+            vec!["--listen", unix_arg.as_str(), "--listen", &addr],
+        ),
+        (
+            "metrics",
+            vec!["--listen", unix_arg.as_str(), "--metrics", &addr],
+        ),
+    ] {
+        let (code, err) = rekindle(
+            &t,
+            &[
+                &["run", "--name", "bindfail"][..],
+                &opts,
+                &["--", "/bin/true"],
+            ]
+            .concat(),
+        );
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains(what) && err.contains("Address already in use"),
+            "{err}"
+        );
+        let left: Vec<String> = std::fs::read_dir(t.run_dir())
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{what}: left behind: {left:?}");
+        assert!(!unix.exists(), "{what}: {} left behind", unix.display());
+    }
+}
