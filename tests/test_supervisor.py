@@ -278,6 +278,8 @@ def test_garbage_on_the_control_socket_gets_errors_and_changes_nothing(supervise
         b'{"cmd":"restart","mode":"lukewarm"}\n',
         b"[1,2,3]\n",
         b"x" * 70000 + b"\n",
+        b"\n",  # the docs promise every line a reply
+        b'{"cmd":"status","cmd":"stop"}\n',  # duplicate keys: refused, not a stop
     ]:
         with socket.socket(socket.AF_UNIX) as c:
             c.settimeout(5)

@@ -7,8 +7,8 @@
 //!   {"cmd":"stop"}
 //!
 //! Replies are {"ok":true,...} or {"ok":false,"error":"..."}.  Malformed
-//! JSON, an unknown command or an overlong line get an error reply and the
-//! connection stays open.
+//! JSON, an empty line, a duplicate key, an unknown command or an overlong
+//! line get an error reply and the connection stays open.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -47,6 +47,92 @@ pub enum RequestError {
     BadMode,
     #[error("request longer than {MAX_LINE} bytes")]
     TooLong,
+    #[error("empty request: send one JSON object per line, e.g. {{\"cmd\":\"status\"}}")]
+    Empty,
+    #[error("duplicate key {0:?} in the request")]
+    DuplicateKey(String),
+}
+
+/// A JSON value whose objects, at any depth, hold each key once: serde_json
+/// keeps the last of duplicate keys, and {"cmd":"status","cmd":"stop"}
+/// would be a stop.  The first duplicate key found is recorded in `dup`.
+struct NoDuplicates<'a> {
+    dup: &'a std::cell::RefCell<Option<String>>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for NoDuplicates<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicates<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut v = Vec::new();
+        while let Some(x) = seq.next_element_seed(NoDuplicates { dup: self.dup })? {
+            v.push(x);
+        }
+        Ok(Value::Array(v))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        use serde::de::Error;
+        let mut m = serde_json::Map::new();
+        while let Some(k) = map.next_key::<String>()? {
+            if m.contains_key(&k) {
+                let shown: String = k.chars().take(64).collect();
+                *self.dup.borrow_mut() = Some(shown.clone());
+                return Err(A::Error::custom(format!("duplicate key {shown:?}")));
+            }
+            let v = map.next_value_seed(NoDuplicates { dup: self.dup })?;
+            m.insert(k, v);
+        }
+        Ok(Value::Object(m))
+    }
+}
+
+/// Parses one JSON value, refusing duplicate keys.
+fn parse_strict(line: &[u8]) -> Result<Value, RequestError> {
+    use serde::de::DeserializeSeed;
+    let dup = std::cell::RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_slice(line);
+    let r = NoDuplicates { dup: &dup }
+        .deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v));
+    match (r, dup.into_inner()) {
+        (_, Some(k)) => Err(RequestError::DuplicateKey(k)),
+        (Ok(v), None) => Ok(v),
+        (Err(e), None) => Err(RequestError::Json(e.to_string())),
+    }
 }
 
 /// Parses one request line (without its newline).
@@ -54,7 +140,10 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
     if line.len() > MAX_LINE {
         return Err(RequestError::TooLong);
     }
-    let v: Value = serde_json::from_slice(line).map_err(|e| RequestError::Json(e.to_string()))?;
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Err(RequestError::Empty);
+    }
+    let v = parse_strict(line)?;
     let o = v.as_object().ok_or(RequestError::NotObject)?;
     let cmd = o
         .get("cmd")
@@ -112,10 +201,7 @@ impl LineReader {
             self.buf.extend_from_slice(body);
             if complete {
                 let line = std::mem::take(&mut self.buf);
-                let trimmed = trim_ascii(&line);
-                if !trimmed.is_empty() {
-                    out.push(parse_request(trimmed));
-                }
+                out.push(parse_request(trim_ascii(&line))); // an empty line too
             }
         }
     }
@@ -529,6 +615,33 @@ mod tests {
             parse_request(&vec![b' '; MAX_LINE + 1]),
             Err(RequestError::TooLong)
         );
+        assert_eq!(parse_request(b""), Err(RequestError::Empty));
+        assert_eq!(parse_request(b" \t\r"), Err(RequestError::Empty));
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_at_any_depth() {
+        assert_eq!(
+            parse_request(br#"{"cmd":"status","cmd":"stop"}"#),
+            Err(RequestError::DuplicateKey("cmd".into()))
+        );
+        assert_eq!(
+            parse_request(br#"{"cmd":"restart","mode":"warm","mode":"cold"}"#),
+            Err(RequestError::DuplicateKey("mode".into()))
+        );
+        assert_eq!(
+            parse_request(br#"{"cmd":"status","x":[{"a":1,"a":2}]}"#),
+            Err(RequestError::DuplicateKey("a".into()))
+        );
+        // the same key in different objects is fine
+        assert_eq!(
+            parse_request(br#"{"cmd":"status","x":{"cmd":1},"y":[{"cmd":2}]}"#),
+            Ok(Request::Status)
+        );
+        assert!(matches!(
+            parse_request(br#"{"cmd":"status"} trailing"#),
+            Err(RequestError::Json(_))
+        ));
     }
 
     #[test]
@@ -538,7 +651,14 @@ mod tests {
         r.push(b"{\"cmd\":\"sta", &mut out);
         assert!(out.is_empty());
         r.push(b"tus\"}\n\n{\"cmd\":\"stop\"}\n", &mut out);
-        assert_eq!(out, vec![Ok(Request::Status), Ok(Request::Stop)]);
+        assert_eq!(
+            out,
+            vec![
+                Ok(Request::Status),
+                Err(RequestError::Empty), // an empty line is answered too
+                Ok(Request::Stop)
+            ]
+        );
 
         out.clear();
         let big = vec![b'x'; 70000];

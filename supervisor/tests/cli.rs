@@ -212,6 +212,8 @@ fn control_socket_commands_and_garbage() {
         b"\x00\xff\xfe garbage\n",
         b"{\"cmd\":\"restart\",\"mode\":\"lukewarm\"}\n",
         b"[1,2,3]\n",
+        b"\n",
+        b"{\"cmd\":\"status\",\"cmd\":\"stop\"}\n",
     ] {
         let r = request(&sock, bad);
         assert_eq!(r["ok"], false, "{r}");
