@@ -459,3 +459,73 @@ def test_status_of_a_supervisor_of_another_user_says_permission_denied(supervise
         assert sup.proc.poll() is None
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+# ---- the control socket under load ------------------------------------------------
+
+
+def raise_nofile(want):
+    """Raises RLIMIT_NOFILE's soft limit to `want` if the hard limit allows;
+    returns the old limits, to restore."""
+    import resource
+
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = old
+    if soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {want}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return old
+
+
+def test_idle_control_connections_cannot_lock_out_status_and_stop(supervise):
+    """3,000 idle connections (a leaking client, a flood) used to fill the
+    table and refuse everyone else for as long as they stayed: now each
+    newcomer evicts the connection idle the longest."""
+    import resource
+
+    sup = supervise(name="flood")
+    sup.wait_up(0)
+    sock = str(sup.runtime_dir / "flood.sock")
+    old = raise_nofile(3000 + 512)
+    idle = []
+    try:
+        for _ in range(3000):
+            c = socket.socket(socket.AF_UNIX)
+            c.settimeout(10)
+            c.connect(sock)
+            idle.append(c)
+        t0 = time.monotonic()
+        status = json.loads(sup.cli("status", "flood", "--json").stdout)
+        assert status["name"] == "flood" and status["pid"], status
+        assert time.monotonic() - t0 < 3, "status was not prompt"
+        t0 = time.monotonic()
+        out = sup.cli("stop", "flood").stdout
+        assert "flood: stopped" in out
+        assert time.monotonic() - t0 < 5, "stop was not prompt"
+        assert sup.proc.wait(timeout=20) == 0
+        # the oldest idle connections were evicted with a word, not dropped silently
+        first = idle[0].makefile("rb").readline()
+        assert b"too many control connections" in first, first
+    finally:
+        for c in idle:
+            c.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+
+
+def test_an_idle_control_connection_is_closed_after_the_timeout(supervise):
+    sup = supervise(name="idle", app=["sleep", "30"])
+    sock = sup.runtime_dir / "idle.sock"
+    deadline = time.monotonic() + 10
+    while not sock.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with socket.socket(socket.AF_UNIX) as c:
+        c.settimeout(15)
+        c.connect(str(sock))
+        t0 = time.monotonic()
+        line = c.makefile("rb").readline()
+        waited = time.monotonic() - t0
+    reply = json.loads(line)
+    assert reply["ok"] is False and "no complete request line" in reply["error"], reply
+    assert 4 < waited < 9, waited
+    assert sup.proc.poll() is None

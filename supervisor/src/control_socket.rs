@@ -15,6 +15,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
@@ -23,8 +24,89 @@ use thiserror::Error;
 use crate::decide::Mode;
 
 pub const MAX_LINE: usize = 64 * 1024;
-const MAX_CLIENTS: usize = 64;
+/// Connections served at once; a newcomer beyond them evicts the one idle
+/// the longest.
+pub const MAX_CLIENTS: usize = 64;
+/// A connection that sends no complete request line for this long is
+/// closed (one that waits for a stop to finish excepted).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A refused peer (uid) is told so and closed after this at most.
+const REFUSED_LINGER: Duration = Duration::from_secs(5);
 const MAX_OUT: usize = 1 << 20;
+
+// ---- the connection table's rules (pure) -------------------------------------
+
+/// What the table rules need to know of one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    /// Accepted at, or the time of its last complete request line.
+    pub last_request: Instant,
+    /// It asked for a stop and waits for the supervisor's exit.
+    pub held: bool,
+    /// Refused (peer uid): told so, never served, not counted.
+    pub refused: bool,
+    /// Accepted at.
+    pub since: Instant,
+}
+
+/// Why the table closes a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// No complete request line within IDLE_TIMEOUT.
+    Idle,
+    /// A refused peer's time is up.
+    Refused,
+}
+
+impl Expiry {
+    pub fn message(self) -> String {
+        match self {
+            Expiry::Idle => format!(
+                "closed: no complete request line within {} s",
+                IDLE_TIMEOUT.as_secs()
+            ),
+            Expiry::Refused => "closed".into(),
+        }
+    }
+}
+
+/// Whether a connection is to be closed now.
+pub fn expiry(a: &Activity, now: Instant) -> Option<Expiry> {
+    if a.refused {
+        return (now.saturating_duration_since(a.since) > REFUSED_LINGER)
+            .then_some(Expiry::Refused);
+    }
+    if a.held {
+        return None;
+    }
+    (now.saturating_duration_since(a.last_request) > IDLE_TIMEOUT).then_some(Expiry::Idle)
+}
+
+/// What a newcomer (an accepted, not refused connection) meets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// There is room.
+    Room,
+    /// The table is full: the connection at this index (the one idle the
+    /// longest, never a held one) makes room.
+    Evict(usize),
+    /// Every slot waits for a stop: refuse the newcomer.
+    Full,
+}
+
+/// The admission rule over the current connections (indexes are theirs).
+pub fn admit(clients: &[Activity], max: usize) -> Admission {
+    let counted = clients.iter().filter(|a| !a.refused).count();
+    if counted < max {
+        return Admission::Room;
+    }
+    clients
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| !a.refused && !a.held)
+        .min_by_key(|(_, a)| a.last_request)
+        .map_or(Admission::Full, |(i, _)| Admission::Evict(i))
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -229,7 +311,9 @@ pub struct Client {
     /// Refused (uid, too many clients): told so once; its input is read and
     /// dropped, never acted on, and it is closed after that or after 5 s.
     refused: bool,
-    since: std::time::Instant,
+    since: Instant,
+    /// Accepted, or its last complete request line (the idle timeout).
+    last_request: Instant,
 }
 
 pub struct Server {
@@ -299,7 +383,11 @@ impl Server {
         self.listener.as_fd()
     }
 
-    pub fn accept(&mut self) {
+    /// Accepts every pending connection; returns the ids of the admitted
+    /// ones, whose first request may already be there to read.  A newcomer
+    /// to a full table evicts the connection idle the longest.
+    pub fn accept(&mut self) -> Vec<u64> {
+        let mut admitted = Vec::new();
         loop {
             match self.listener.accept() {
                 Ok((s, _)) => {
@@ -308,6 +396,7 @@ impl Server {
                     let me = unsafe { libc::geteuid() };
                     let id = self.next_id;
                     self.next_id += 1;
+                    let now = Instant::now();
                     let mut c = Client {
                         id,
                         stream: s,
@@ -316,7 +405,8 @@ impl Server {
                         closing: false,
                         hold_open: false,
                         refused: false,
-                        since: std::time::Instant::now(),
+                        since: now,
+                        last_request: now,
                     };
                     match peer_uid(c.stream.as_fd()) {
                         Ok(uid) if uid == me || uid == 0 => {}
@@ -329,13 +419,30 @@ impl Server {
                             c.refused = true;
                         }
                     }
-                    if !c.refused && self.clients.len() >= MAX_CLIENTS {
-                        c.queue(&error_reply("too many control connections"));
-                        c.refused = true;
+                    if !c.refused {
+                        let table: Vec<Activity> =
+                            self.clients.iter().map(Client::activity).collect();
+                        match admit(&table, MAX_CLIENTS) {
+                            Admission::Room => {}
+                            Admission::Evict(i) => {
+                                let mut old = self.clients.remove(i);
+                                old.queue(&error_reply(
+                                    "closed: too many control connections, and this one was idle the longest",
+                                ));
+                                old.flush();
+                            }
+                            Admission::Full => {
+                                c.queue(&error_reply("too many control connections"));
+                                c.refused = true;
+                            }
+                        }
                     }
                     c.flush();
                     if c.refused && self.clients.len() >= 2 * MAX_CLIENTS {
                         continue; // flooded: dropped at once
+                    }
+                    if !c.refused {
+                        admitted.push(id);
                     }
                     self.clients.push(c);
                 }
@@ -344,18 +451,25 @@ impl Server {
                 Err(_) => break,
             }
         }
+        admitted
     }
 
     pub fn client_mut(&mut self, id: u64) -> Option<&mut Client> {
         self.clients.iter_mut().find(|c| c.id == id)
     }
 
-    /// Drops clients that are done.
+    /// Drops clients that are done, idle too long, or refused long enough.
     pub fn sweep(&mut self) {
-        self.clients.retain(|c| {
-            let expired = c.refused && c.since.elapsed() > std::time::Duration::from_secs(5);
-            let done = c.closing && c.out.is_empty() && !c.hold_open;
-            !(expired || done)
+        let now = Instant::now();
+        self.clients.retain_mut(|c| {
+            if let Some(why) = expiry(&c.activity(), now) {
+                if why == Expiry::Idle {
+                    c.queue(&error_reply(&why.message()));
+                    c.flush();
+                }
+                return false;
+            }
+            !(c.closing && c.out.is_empty() && !c.hold_open)
         });
     }
 
@@ -381,6 +495,14 @@ impl Drop for Server {
 impl Client {
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.stream.as_fd()
+    }
+    fn activity(&self) -> Activity {
+        Activity {
+            last_request: self.last_request,
+            held: self.hold_open,
+            refused: self.refused,
+            since: self.since,
+        }
     }
     pub fn wants_write(&self) -> bool {
         !self.out.is_empty()
@@ -455,6 +577,9 @@ impl Client {
                     break;
                 }
             }
+        }
+        if !reqs.is_empty() {
+            self.last_request = Instant::now();
         }
         reqs
     }
@@ -617,6 +742,52 @@ mod tests {
         );
         assert_eq!(parse_request(b""), Err(RequestError::Empty));
         assert_eq!(parse_request(b" \t\r"), Err(RequestError::Empty));
+    }
+
+    fn act(t0: Instant, last_ms: u64, held: bool, refused: bool) -> Activity {
+        Activity {
+            last_request: t0 + Duration::from_millis(last_ms),
+            held,
+            refused,
+            since: t0,
+        }
+    }
+
+    #[test]
+    fn idle_connections_expire_but_a_waiting_stop_does_not() {
+        let t0 = Instant::now();
+        let later = |ms| t0 + Duration::from_millis(ms);
+        let idle = act(t0, 0, false, false);
+        assert_eq!(expiry(&idle, later(4_000)), None);
+        assert_eq!(expiry(&idle, later(5_001)), Some(Expiry::Idle));
+        // a request at 3 s starts the clock again
+        assert_eq!(expiry(&act(t0, 3_000, false, false), later(7_000)), None);
+        // a stop that waits for the supervisor's exit is never idle
+        assert_eq!(expiry(&act(t0, 0, true, false), later(3_600_000)), None);
+        assert_eq!(
+            expiry(&act(t0, 0, false, true), later(5_001)),
+            Some(Expiry::Refused)
+        );
+    }
+
+    #[test]
+    fn a_full_table_evicts_the_connection_idle_the_longest() {
+        let t0 = Instant::now();
+        let mut table: Vec<Activity> = (0..4)
+            .map(|i| act(t0, 100 * (4 - i), false, false))
+            .collect();
+        assert_eq!(admit(&table, 5), Admission::Room);
+        // full: index 3 sent its last request the longest ago
+        assert_eq!(admit(&table, 4), Admission::Evict(3));
+        // a held stop is never evicted; refused peers do not count
+        table[3].held = true;
+        assert_eq!(admit(&table, 4), Admission::Evict(2));
+        table.push(act(t0, 0, false, true));
+        assert_eq!(admit(&table, 4), Admission::Evict(2));
+        for a in &mut table {
+            a.held = !a.refused;
+        }
+        assert_eq!(admit(&table, 4), Admission::Full);
     }
 
     #[test]

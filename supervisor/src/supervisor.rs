@@ -521,6 +521,7 @@ impl Supervisor {
         // SAFETY: pfds is a live array of pollfd of the given length.
         let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
         if n <= 0 {
+            self.control.sweep(); // idle control connections time out
             return;
         }
         let mut metrics_active = false;
@@ -532,7 +533,12 @@ impl Supervisor {
                 Src::Sig => self.on_signals(),
                 Src::App => self.on_app_readable(p.revents & (libc::POLLHUP | libc::POLLERR) != 0),
                 Src::Notify => self.on_notify(),
-                Src::CtlListen => self.control.accept(),
+                Src::CtlListen => {
+                    // a newcomer's request may be there already: serve it now
+                    for id in self.control.accept() {
+                        self.on_control_client(id);
+                    }
+                }
                 Src::Ctl(id) => self.on_control_client(id),
                 Src::MetListen => {
                     if let Some(m) = &mut self.metrics_server {
