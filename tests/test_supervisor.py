@@ -5,6 +5,7 @@ asserts the decision, its reason and the preserved data afterwards."""
 import json
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -529,3 +530,85 @@ def test_an_idle_control_connection_is_closed_after_the_timeout(supervise):
     assert reply["ok"] is False and "no complete request line" in reply["error"], reply
     assert 4 < waited < 9, waited
     assert sup.proc.poll() is None
+
+
+# ---- a supervisor killed under its app ----------------------------------------------
+
+
+def process_gone(pid):
+    """True once pid has exited (a zombie nobody reaped counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat[stat.rfind(")") + 2] in "ZX"
+
+
+def test_a_new_run_next_to_the_orphan_of_a_sigkilled_supervisor_refuses_and_says_what_to_do(supervise):
+    """SIGKILL the supervisor: its app serves on, unsupervised, holding the
+    port. `status` says the supervisor is gone and names the app; a new
+    `rekindle run` of the name refuses (code orphan_app) with the app's pid
+    and the command to stop it, instead of failing on `Address already in
+    use`. Once the orphan is gone, the next run replaces the stale socket."""
+    from supervisor_harness import REKINDLE
+
+    sup = supervise(name="orph")
+    before = up_and_set(sup)
+    orphan = before["pid"]
+    run = [
+        str(REKINDLE),
+        "run",
+        "--name",
+        "orph",
+        "--events",
+        str(sup.events_path.with_name("events2.jsonl")),
+        "--listen",
+        f"127.0.0.1:{sup.port}",
+        "--",
+        str(SERVICE),
+        "--entries",
+        "1000",
+    ]
+    second = None
+    try:
+        sup.proc.kill()
+        sup.proc.wait(timeout=10)
+        assert sup.state()["pid"] == orphan, "the app serves on, unsupervised"
+
+        p = sup.cli("status", "orph", check=False)
+        assert p.returncode == 1, p.stderr
+        assert 'the supervisor "orph" is not running: stale socket at' in p.stderr, p.stderr
+        assert f"its app still runs unsupervised: pid {orphan}" in p.stderr, p.stderr
+        assert "Connection refused" not in p.stderr, p.stderr
+        ps = sup.cli("ps").stdout
+        line = next((x for x in ps.splitlines() if x.startswith("orph ")), "")
+        assert "orphaned" in line and str(orphan) in line, ps
+
+        p = subprocess.run(run, env=sup.env, capture_output=True, text=True, timeout=30, check=False)
+        assert p.returncode == 1, p.stderr
+        assert p.stderr.startswith("rekindle: orphan_app: "), p.stderr
+        assert f"pid {orphan} (service)" in p.stderr and f"`kill {orphan}`" in p.stderr, p.stderr
+        assert "Address already in use" not in p.stderr, p.stderr
+        event = json.loads(sup.events_path.with_name("events2.jsonl").read_text().splitlines()[-1])
+        assert event["supervisor"] == "error" and event["code"] == "orphan_app", event
+        assert event["pids"] == [orphan], event
+        assert sup.state()["pid"] == orphan, "the refusal left the orphan alone"
+
+        os.kill(orphan, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not process_gone(orphan):
+            assert time.monotonic() < deadline, "the orphan did not die"
+            time.sleep(0.02)
+        second = subprocess.Popen(run, env=sup.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        state = sup.state()  # retried until the new app answers on the port
+        assert state["pid"] != orphan and state["generation"] == 0, state
+        status = json.loads(sup.cli("status", "orph", "--json").stdout)
+        assert status["supervisor_pid"] == second.pid, status
+        sup.cli("stop", "orph")
+        assert second.wait(timeout=20) == 0
+    finally:
+        if not process_gone(orphan):
+            os.kill(orphan, signal.SIGKILL)
+        if second is not None and second.poll() is None:
+            second.kill()
+            second.wait()

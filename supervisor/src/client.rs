@@ -11,6 +11,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 
 use crate::control_socket::{ConnectError, call};
+use crate::orphan;
 use crate::runtime_dir;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -64,11 +65,25 @@ fn socket_for(name: &str) -> Result<PathBuf> {
 fn explain(name: &str, e: anyhow::Error) -> anyhow::Error {
     match e.downcast_ref::<ConnectError>() {
         Some(ConnectError::Denied(p)) => denied(name, p),
-        Some(ConnectError::Stale(p)) => anyhow!(
-            "the supervisor {name:?} is not running: stale socket at {} (nobody listens on it; \
-             the next `rekindle run --name {name}` replaces it)",
-            p.display()
-        ),
+        Some(ConnectError::Stale(p)) => {
+            let orphans = orphan::find(p);
+            if orphans.is_empty() {
+                anyhow!(
+                    "the supervisor {name:?} is not running: stale socket at {} (nobody listens \
+                     on it; the next `rekindle run --name {name}` replaces it)",
+                    p.display()
+                )
+            } else {
+                anyhow!(
+                    "the supervisor {name:?} is not running: stale socket at {}; its app still \
+                     runs unsupervised: {}. Stop it with `{}`, then `rekindle run --name {name}` \
+                     again",
+                    p.display(),
+                    orphan::describe(&orphans),
+                    orphan::kill_command(&orphans)
+                )
+            }
+        }
         Some(ConnectError::Absent(p)) => {
             anyhow!("no supervisor named {name:?} ({} went away)", p.display())
         }
@@ -99,8 +114,13 @@ fn ok_or_err(v: Value) -> Result<Value> {
 enum Found {
     /// A live supervisor's status reply.
     Live(Value),
-    /// A socket nobody listens on: its supervisor is gone.
-    Stale { name: String, socket: PathBuf },
+    /// A socket nobody listens on: its supervisor is gone (and the app it
+    /// left running, if any).
+    Stale {
+        name: String,
+        socket: PathBuf,
+        orphan: Option<i32>,
+    },
 }
 
 /// Every supervisor's status, by name, and the stale sockets.
@@ -145,7 +165,12 @@ fn status_in(dir: &Path) -> Vec<Found> {
                 out.push(Found::Live(v))
             }
             Err(e) if matches!(e.downcast_ref(), Some(ConnectError::Stale(_))) => {
-                out.push(Found::Stale { name: n, socket: p })
+                let orphan = orphan::find(&p).first().map(|o| o.pid);
+                out.push(Found::Stale {
+                    name: n,
+                    socket: p,
+                    orphan,
+                })
             }
             _ => {}
         }
@@ -153,11 +178,17 @@ fn status_in(dir: &Path) -> Vec<Found> {
     out
 }
 
-fn print_stale(name: &str, socket: &Path) {
-    println!(
-        "{name}: not running (stale socket {}; the next `rekindle run --name {name}` replaces it)",
-        socket.display()
-    );
+fn print_stale(name: &str, socket: &Path, orphan: Option<i32>) {
+    match orphan {
+        None => println!(
+            "{name}: not running (stale socket {}; the next `rekindle run --name {name}` replaces it)",
+            socket.display()
+        ),
+        Some(pid) => println!(
+            "{name}: supervisor not running (stale socket {}); its app pid {pid} runs unsupervised",
+            socket.display()
+        ),
+    }
 }
 
 fn s<'a>(v: &'a Value, k: &str) -> &'a str {
@@ -292,7 +323,11 @@ pub fn status(name: Option<&str>, as_json: bool) -> Result<i32> {
                 for f in &all {
                     match f {
                         Found::Live(v) => print_status(v),
-                        Found::Stale { name, socket } => print_stale(name, socket),
+                        Found::Stale {
+                            name,
+                            socket,
+                            orphan,
+                        } => print_stale(name, socket, *orphan),
                     }
                 }
             }
@@ -314,10 +349,17 @@ pub fn ps(as_json: bool) -> Result<i32> {
     for f in &all {
         let v = match f {
             Found::Live(v) => v,
-            Found::Stale { name, .. } => {
+            Found::Stale { name, orphan, .. } => {
+                // the app a killed supervisor left running, if any
+                let app = orphan.map_or("-".to_string(), |p| p.to_string());
+                let state = if orphan.is_some() {
+                    "orphaned"
+                } else {
+                    "stale"
+                };
                 println!(
                     "{:<20} {:>8} {:>8} {:>5} {:<10} {:<5} {:>9} {:>8} {:>11}",
-                    name, "-", "-", "-", "stale", "-", "-", "-", "-"
+                    name, "-", app, "-", state, "-", "-", "-", "-"
                 );
                 continue;
             }

@@ -353,7 +353,7 @@ impl Server {
             if !md.file_type().is_socket() {
                 bail!("{} exists and is not a socket", path.display());
             }
-            if UnixStream::connect(path).is_ok() {
+            if listening(path) {
                 bail!("a supervisor is already running at {}", path.display());
             }
             std::fs::remove_file(path)
@@ -639,6 +639,11 @@ fn connect_once(path: &Path) -> Result<UnixStream, ConnectError> {
             Err(e) => return Err(ConnectError::from_io(path, io::Error::from(e))),
         }
     }
+}
+
+/// Whether a supervisor listens at `path` (a full backlog counts as one).
+pub fn listening(path: &Path) -> bool {
+    matches!(connect_once(path), Ok(_) | Err(ConnectError::Busy(_)))
 }
 
 /// Connects to NAME.sock without ever blocking for long: a full backlog is

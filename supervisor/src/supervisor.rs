@@ -24,6 +24,7 @@ use crate::decide::{self, Facts, Mode};
 use crate::event::{EventLog, ev};
 use crate::metrics::{self, Metrics};
 use crate::notify::{self, AppNotify, Notice, Systemd};
+use crate::orphan::{self, StartError};
 use crate::proto::{self, AppMsg, FdKind, Hello, Inherit, Restarting, StartKind, SupMsg};
 use crate::spawn::{self, ChildFds, Program};
 use crate::{procfs, runtime_dir, signame};
@@ -247,7 +248,24 @@ impl Supervisor {
 
         let (dir, dir_source) = runtime_dir::dir_with_source();
         runtime_dir::ensure(&dir, dir_source)?;
-        let control = control_socket::Server::bind(&runtime_dir::socket_path(&dir, &cfg.name))?;
+        let sock_path = runtime_dir::socket_path(&dir, &cfg.name);
+        // No supervisor listens there: an app of a killed one may still run.
+        if !control_socket::listening(&sock_path)
+            && let Err(e) = orphan::check(&cfg.name, &sock_path)
+        {
+            let StartError::OrphanApp { orphans, .. } = &e;
+            let pids: Vec<i64> = orphans.iter().map(|o| o.pid as i64).collect();
+            let mut events = events;
+            events.emit(
+                ev("error")
+                    .s("what", "cannot start")
+                    .s("code", e.code())
+                    .v("pids", pids)
+                    .s("error", e.to_string()),
+            );
+            return Err(e.into());
+        }
+        let control = control_socket::Server::bind(&sock_path)?;
         let app_notify = match AppNotify::bind(&runtime_dir::notify_path(&dir, &cfg.name)) {
             Ok(n) => Some(n),
             Err(e) => {
@@ -280,7 +298,7 @@ impl Supervisor {
             None => None,
         };
         let program = Program::new(&cfg.program_path, &cfg.args)?;
-        let base_env = spawn::base_env(&[
+        let mut base_env = spawn::base_env(&[
             "REKINDLE_SUPERVISOR_FD",
             "REKINDLE_CONTROL_FD",
             "REKINDLE_RESTART_SIGNAL",
@@ -293,7 +311,10 @@ impl Supervisor {
             "LISTEN_FDNAMES",
             "WATCHDOG_USEC",
             "WATCHDOG_PID",
+            orphan::SOCKET_ENV,
         ]);
+        // names this supervisor in every incarnation: orphan::find
+        base_env.push(spawn::env_entry(orphan::SOCKET_ENV, control.path()));
         let now = now_ns();
         let mut s = Supervisor {
             ctl: ControlBlock::create()?,

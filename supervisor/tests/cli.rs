@@ -323,6 +323,7 @@ fn the_app_gets_the_contract_environment_and_fds() {
         "LISTEN_FDS=1".into(),
         format!("LISTEN_PID={pid}"),
         "LISTEN_FDNAMES=listen0".into(),
+        format!("REKINDLE_SOCKET={}", t.run_dir().join("env.sock").display()),
     ] {
         assert!(text.lines().any(|l| l == want), "{want} missing in\n{text}");
     }
