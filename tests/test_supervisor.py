@@ -5,6 +5,7 @@ asserts the decision, its reason and the preserved data afterwards."""
 import json
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -278,6 +279,8 @@ def test_garbage_on_the_control_socket_gets_errors_and_changes_nothing(supervise
         b'{"cmd":"restart","mode":"lukewarm"}\n',
         b"[1,2,3]\n",
         b"x" * 70000 + b"\n",
+        b"\n",  # the docs promise every line a reply
+        b'{"cmd":"status","cmd":"stop"}\n',  # duplicate keys: refused, not a stop
     ]:
         with socket.socket(socket.AF_UNIX) as c:
             c.settimeout(5)
@@ -390,3 +393,222 @@ def test_control_socket_refuses_other_users(supervise):
         assert sup.proc.poll() is None, "a stranger's stop was obeyed"
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+# ---- messages for other users ------------------------------------------------------
+
+needs_root_and_setpriv = pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv"
+)
+
+
+def rekindle_as_nobody(*args, env):
+    from supervisor_harness import REKINDLE
+
+    p = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(REKINDLE), *args],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env=env,
+        check=False,
+    )
+    return p.returncode, p.stderr
+
+
+@needs_root_and_setpriv
+def test_a_runtime_dir_of_another_user_says_what_to_do():
+    """A non-root user without XDG_RUNTIME_DIR lands on /run/rekindle, which
+    is root's: the error says which variable to set or whom to run as."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "REKINDLE_RUNTIME_DIR")}
+    code, err = rekindle_as_nobody("run", "--", "/bin/true", env=env)
+    assert code == 1, err
+    assert "/run/rekindle" in err and "set XDG_RUNTIME_DIR" in err and "run as root" in err, err
+    shared = Path(tempfile.mkdtemp(prefix="rekindle-dir-"))
+    try:
+        shared.chmod(0o755)
+        (shared / "run").mkdir(mode=0o700)
+        code, err = rekindle_as_nobody(
+            "run", "--", "/bin/true", env={**env, "REKINDLE_RUNTIME_DIR": str(shared / "run")}
+        )
+        assert code == 1, err
+        assert "belongs to uid 0, not to us (uid 65534)" in err, err
+        assert "set REKINDLE_RUNTIME_DIR to a directory of your own, or run as root" in err, err
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@needs_root_and_setpriv
+def test_status_of_a_supervisor_of_another_user_says_permission_denied(supervise):
+    """Root's supervisor, seen by another user: the socket is there but out
+    of reach (its directory, then the socket itself), which is not "no
+    supervisor named"."""
+    shared = Path(tempfile.mkdtemp(prefix="rekindle-priv-"))
+    try:
+        shared.chmod(0o755)
+        run_dir = shared / "run"
+        sup = supervise(name="rootsvc", env={"REKINDLE_RUNTIME_DIR": str(run_dir)})
+        sup.wait_up(0)
+        env = {**os.environ, "REKINDLE_RUNTIME_DIR": str(run_dir)}
+        for _ in ("directory 0700", "socket 0600"):
+            code, err = rekindle_as_nobody("status", "rootsvc", env=env)
+            assert code == 1, err
+            assert "no supervisor named" not in err, err
+            assert f"permission denied at {run_dir}/rootsvc.sock" in err, err
+            assert "run as root" in err, err
+            run_dir.chmod(0o755)  # then only the socket's own mode keeps us out
+        assert sup.proc.poll() is None
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+# ---- the control socket under load ------------------------------------------------
+
+
+def raise_nofile(want):
+    """Raises RLIMIT_NOFILE's soft limit to `want` if the hard limit allows;
+    returns the old limits, to restore."""
+    import resource
+
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = old
+    if soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {want}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return old
+
+
+def test_idle_control_connections_cannot_lock_out_status_and_stop(supervise):
+    """3,000 idle connections (a leaking client, a flood) used to fill the
+    table and refuse everyone else for as long as they stayed: now each
+    newcomer evicts the connection idle the longest."""
+    import resource
+
+    sup = supervise(name="flood")
+    sup.wait_up(0)
+    sock = str(sup.runtime_dir / "flood.sock")
+    old = raise_nofile(3000 + 512)
+    idle = []
+    try:
+        for _ in range(3000):
+            c = socket.socket(socket.AF_UNIX)
+            c.settimeout(10)
+            c.connect(sock)
+            idle.append(c)
+        t0 = time.monotonic()
+        status = json.loads(sup.cli("status", "flood", "--json").stdout)
+        assert status["name"] == "flood" and status["pid"], status
+        assert time.monotonic() - t0 < 3, "status was not prompt"
+        t0 = time.monotonic()
+        out = sup.cli("stop", "flood").stdout
+        assert "flood: stopped" in out
+        assert time.monotonic() - t0 < 5, "stop was not prompt"
+        assert sup.proc.wait(timeout=20) == 0
+        # the oldest idle connections were evicted with a word, not dropped silently
+        first = idle[0].makefile("rb").readline()
+        assert b"too many control connections" in first, first
+    finally:
+        for c in idle:
+            c.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+
+
+def test_an_idle_control_connection_is_closed_after_the_timeout(supervise):
+    sup = supervise(name="idle", app=["sleep", "30"])
+    sock = sup.runtime_dir / "idle.sock"
+    deadline = time.monotonic() + 10
+    while not sock.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with socket.socket(socket.AF_UNIX) as c:
+        c.settimeout(15)
+        c.connect(str(sock))
+        t0 = time.monotonic()
+        line = c.makefile("rb").readline()
+        waited = time.monotonic() - t0
+    reply = json.loads(line)
+    assert reply["ok"] is False and "no complete request line" in reply["error"], reply
+    assert 4 < waited < 9, waited
+    assert sup.proc.poll() is None
+
+
+# ---- a supervisor killed under its app ----------------------------------------------
+
+
+def process_gone(pid):
+    """True once pid has exited (a zombie nobody reaped counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat[stat.rfind(")") + 2] in "ZX"
+
+
+def test_a_new_run_next_to_the_orphan_of_a_sigkilled_supervisor_refuses_and_says_what_to_do(supervise):
+    """SIGKILL the supervisor: its app serves on, unsupervised, holding the
+    port. `status` says the supervisor is gone and names the app; a new
+    `rekindle run` of the name refuses (code orphan_app) with the app's pid
+    and the command to stop it, instead of failing on `Address already in
+    use`. Once the orphan is gone, the next run replaces the stale socket."""
+    from supervisor_harness import REKINDLE
+
+    sup = supervise(name="orph")
+    before = up_and_set(sup)
+    orphan = before["pid"]
+    run = [
+        str(REKINDLE),
+        "run",
+        "--name",
+        "orph",
+        "--events",
+        str(sup.events_path.with_name("events2.jsonl")),
+        "--listen",
+        f"127.0.0.1:{sup.port}",
+        "--",
+        str(SERVICE),
+        "--entries",
+        "1000",
+    ]
+    second = None
+    try:
+        sup.proc.kill()
+        sup.proc.wait(timeout=10)
+        assert sup.state()["pid"] == orphan, "the app serves on, unsupervised"
+
+        p = sup.cli("status", "orph", check=False)
+        assert p.returncode == 1, p.stderr
+        assert 'the supervisor "orph" is not running: stale socket at' in p.stderr, p.stderr
+        assert f"its app still runs unsupervised: pid {orphan}" in p.stderr, p.stderr
+        assert "Connection refused" not in p.stderr, p.stderr
+        ps = sup.cli("ps").stdout
+        line = next((x for x in ps.splitlines() if x.startswith("orph ")), "")
+        assert "orphaned" in line and str(orphan) in line, ps
+
+        p = subprocess.run(run, env=sup.env, capture_output=True, text=True, timeout=30, check=False)
+        assert p.returncode == 1, p.stderr
+        assert p.stderr.startswith("rekindle: orphan_app: "), p.stderr
+        assert f"pid {orphan} (service)" in p.stderr and f"`kill {orphan}`" in p.stderr, p.stderr
+        assert "Address already in use" not in p.stderr, p.stderr
+        event = json.loads(sup.events_path.with_name("events2.jsonl").read_text().splitlines()[-1])
+        assert event["supervisor"] == "error" and event["code"] == "orphan_app", event
+        assert event["pids"] == [orphan], event
+        assert sup.state()["pid"] == orphan, "the refusal left the orphan alone"
+
+        os.kill(orphan, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not process_gone(orphan):
+            assert time.monotonic() < deadline, "the orphan did not die"
+            time.sleep(0.02)
+        second = subprocess.Popen(run, env=sup.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        state = sup.state()  # retried until the new app answers on the port
+        assert state["pid"] != orphan and state["generation"] == 0, state
+        status = json.loads(sup.cli("status", "orph", "--json").stdout)
+        assert status["supervisor_pid"] == second.pid, status
+        sup.cli("stop", "orph")
+        assert second.wait(timeout=20) == 0
+    finally:
+        if not process_gone(orphan):
+            os.kill(orphan, signal.SIGKILL)
+        if second is not None and second.poll() is None:
+            second.kill()
+            second.wait()

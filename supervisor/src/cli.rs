@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -120,8 +121,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 40, value_parser = parse_rt_signal)]
     pub restart_signal: i32,
 
-    /// The program to supervise and its arguments (after `--`).
-    #[arg(value_name = "PROGRAM", required = true, trailing_var_arg = true, allow_hyphen_values = true, num_args = 1..)]
+    /// The program to supervise and its arguments (after `--`).  Once
+    /// PROGRAM is found, everything after it is its argument; before it, a
+    /// word that starts with '-' is an option of ours (unknown ones are a
+    /// usage error: use `--` to run a program whose name starts with '-').
+    #[arg(value_name = "PROGRAM", required = true, trailing_var_arg = true, num_args = 1..)]
     pub command: Vec<OsString>,
 }
 
@@ -138,6 +142,25 @@ impl std::fmt::Display for ListenAddr {
             ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
         }
     }
+}
+
+/// The text for a usage error that clap words as "unexpected argument" when
+/// the argument is an option we do not know: "unknown option '--bogus'",
+/// then clap's usage lines.  None for every other error (clap's own text).
+pub fn unknown_option_text(e: &clap::Error) -> Option<String> {
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let arg = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(s)) if s.starts_with('-') => s.clone(),
+        _ => return None,
+    };
+    let rendered = e.render().to_string();
+    let usage = rendered
+        .find("Usage:")
+        .map(|i| rendered[i..].trim_end().to_string())
+        .unwrap_or_default();
+    Some(format!("rekindle: unknown option '{arg}'\n\n{usage}\n"))
 }
 
 /// `500ms`, `2s`, `1m`, `1h 30m`, or `0`.
@@ -280,5 +303,31 @@ mod tests {
         assert!(
             Cli::try_parse_from(["rekindle", "run", "--restart-signal", "9", "--", "x"]).is_err()
         );
+    }
+
+    #[test]
+    fn an_unknown_option_is_not_taken_for_the_program() {
+        let e = Cli::try_parse_from(["rekindle", "run", "--bogus", "--", "/bin/true"])
+            .err()
+            .unwrap_or_else(|| panic!("--bogus was accepted"));
+        let text = unknown_option_text(&e).unwrap_or_default();
+        assert!(
+            text.starts_with("rekindle: unknown option '--bogus'"),
+            "{text}"
+        );
+        assert!(text.contains("Usage: rekindle run"), "{text}");
+        // after PROGRAM, and after `--`, words with '-' belong to the program
+        for argv in [
+            &["rekindle", "run", "sh", "-c", "true", "--bogus"][..],
+            &["rekindle", "run", "--", "-weird-name", "-x"],
+        ] {
+            let c = Cli::try_parse_from(argv).map_err(|e| e.to_string());
+            assert!(matches!(c.map(|c| c.cmd), Ok(Command::Run(_))), "{argv:?}");
+        }
+        // other usage errors keep clap's own words
+        let e = Cli::try_parse_from(["rekindle", "run", "--max-rss", "lots", "--", "x"])
+            .err()
+            .unwrap_or_else(|| panic!("accepted"));
+        assert_eq!(unknown_option_text(&e), None);
     }
 }

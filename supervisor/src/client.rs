@@ -2,32 +2,99 @@
 //! their control sockets in the runtime directory.
 
 use std::io::Read;
-use std::os::unix::fs::FileTypeExt;
-use std::path::PathBuf;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 
-use crate::control_socket::call;
+use crate::control_socket::{ConnectError, call};
+use crate::orphan;
 use crate::runtime_dir;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The owner of `p`, or of the nearest of its directories we can see.
+fn owner_of(p: &Path) -> Option<u32> {
+    p.ancestors()
+        .find_map(|a| std::fs::symlink_metadata(a).ok())
+        .map(|m| m.uid())
+}
+
+fn denied(name: &str, p: &Path) -> anyhow::Error {
+    let who = match owner_of(p) {
+        Some(0) => "root".to_string(),
+        Some(u) => format!("uid {u}"),
+        None => "its owner".to_string(),
+    };
+    anyhow!(
+        "supervisor {name:?}: permission denied at {} (it belongs to {who}): run as {who}",
+        p.display()
+    )
+}
+
+/// NAME.sock in the first search directory that has it.  A directory we
+/// may not look into is not "no supervisor": it is said so.
 fn socket_for(name: &str) -> Result<PathBuf> {
     runtime_dir::check_name(name)?;
     let dirs = runtime_dir::search_dirs();
+    let mut denied_at: Option<PathBuf> = None;
     for d in &dirs {
         let p = runtime_dir::socket_path(d, name);
-        if p.exists() {
-            return Ok(p);
+        match std::fs::symlink_metadata(&p) {
+            Ok(_) => return Ok(p),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                denied_at.get_or_insert(p);
+            }
+            Err(_) => {}
         }
+    }
+    if let Some(p) = denied_at {
+        return Err(denied(name, &p));
     }
     let shown: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
     bail!(
         "no supervisor named {name:?} (looked in {})",
         shown.join(", ")
     )
+}
+
+/// What a connect failure means for the supervisor NAME, in words.
+fn explain(name: &str, e: anyhow::Error) -> anyhow::Error {
+    match e.downcast_ref::<ConnectError>() {
+        Some(ConnectError::Denied(p)) => denied(name, p),
+        Some(ConnectError::Stale(p)) => {
+            let orphans = orphan::find(p);
+            if orphans.is_empty() {
+                anyhow!(
+                    "the supervisor {name:?} is not running: stale socket at {} (nobody listens \
+                     on it; the next `rekindle run --name {name}` replaces it)",
+                    p.display()
+                )
+            } else {
+                anyhow!(
+                    "the supervisor {name:?} is not running: stale socket at {}; its app still \
+                     runs unsupervised: {}. Stop it with `{}`, then `rekindle run --name {name}` \
+                     again",
+                    p.display(),
+                    orphan::describe(&orphans),
+                    orphan::kill_command(&orphans)
+                )
+            }
+        }
+        Some(ConnectError::Absent(p)) => {
+            anyhow!("no supervisor named {name:?} ({} went away)", p.display())
+        }
+        _ => e,
+    }
+}
+
+/// One request to the supervisor NAME.
+fn request(name: &str, req: &Value) -> Result<(Value, UnixStream)> {
+    let p = socket_for(name)?;
+    call(&p, req, TIMEOUT).map_err(|e| explain(name, e))
 }
 
 fn ok_or_err(v: Value) -> Result<Value> {
@@ -43,8 +110,21 @@ fn ok_or_err(v: Value) -> Result<Value> {
     }
 }
 
-/// Every live supervisor's status, by name.
-fn all_status() -> Vec<Value> {
+/// One socket found in a runtime directory.
+enum Found {
+    /// A live supervisor's status reply.
+    Live(Value),
+    /// A socket nobody listens on: its supervisor is gone (and the app it
+    /// left running, if any).
+    Stale {
+        name: String,
+        socket: PathBuf,
+        orphan: Option<i32>,
+    },
+}
+
+/// Every supervisor's status, by name, and the stale sockets.
+fn all_status() -> Vec<Found> {
     let mut out = Vec::new();
     for dir in runtime_dir::search_dirs() {
         out.extend(status_in(&dir));
@@ -52,7 +132,17 @@ fn all_status() -> Vec<Value> {
     out
 }
 
-fn status_in(dir: &std::path::Path) -> Vec<Value> {
+/// The live ones only (for --json: an array of status objects).
+fn live(all: Vec<Found>) -> Vec<Value> {
+    all.into_iter()
+        .filter_map(|f| match f {
+            Found::Live(v) => Some(v),
+            Found::Stale { .. } => None,
+        })
+        .collect()
+}
+
+fn status_in(dir: &Path) -> Vec<Found> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -70,13 +160,35 @@ fn status_in(dir: &std::path::Path) -> Vec<Value> {
     names.sort();
     for n in names {
         let p = runtime_dir::socket_path(dir, &n);
-        if let Ok((v, _)) = call(&p, &json!({"cmd": "status"}), TIMEOUT)
-            && v.get("ok").and_then(Value::as_bool) == Some(true)
-        {
-            out.push(v);
+        match call(&p, &json!({"cmd": "status"}), TIMEOUT) {
+            Ok((v, _)) if v.get("ok").and_then(Value::as_bool) == Some(true) => {
+                out.push(Found::Live(v))
+            }
+            Err(e) if matches!(e.downcast_ref(), Some(ConnectError::Stale(_))) => {
+                let orphan = orphan::find(&p).first().map(|o| o.pid);
+                out.push(Found::Stale {
+                    name: n,
+                    socket: p,
+                    orphan,
+                })
+            }
+            _ => {}
         }
     }
     out
+}
+
+fn print_stale(name: &str, socket: &Path, orphan: Option<i32>) {
+    match orphan {
+        None => println!(
+            "{name}: not running (stale socket {}; the next `rekindle run --name {name}` replaces it)",
+            socket.display()
+        ),
+        Some(pid) => println!(
+            "{name}: supervisor not running (stale socket {}); its app pid {pid} runs unsupervised",
+            socket.display()
+        ),
+    }
 }
 
 fn s<'a>(v: &'a Value, k: &str) -> &'a str {
@@ -189,7 +301,7 @@ pub fn print_status(v: &Value) {
 pub fn status(name: Option<&str>, as_json: bool) -> Result<i32> {
     match name {
         Some(name) => {
-            let (v, _) = call(&socket_for(name)?, &json!({"cmd": "status"}), TIMEOUT)?;
+            let (v, _) = request(name, &json!({"cmd": "status"}))?;
             let v = ok_or_err(v)?;
             if as_json {
                 println!("{v}");
@@ -200,7 +312,7 @@ pub fn status(name: Option<&str>, as_json: bool) -> Result<i32> {
         None => {
             let all = all_status();
             if as_json {
-                println!("{}", Value::Array(all));
+                println!("{}", Value::Array(live(all)));
             } else if all.is_empty() {
                 let shown: Vec<String> = runtime_dir::search_dirs()
                     .iter()
@@ -208,8 +320,15 @@ pub fn status(name: Option<&str>, as_json: bool) -> Result<i32> {
                     .collect();
                 println!("no supervisors running (in {})", shown.join(", "));
             } else {
-                for v in &all {
-                    print_status(v);
+                for f in &all {
+                    match f {
+                        Found::Live(v) => print_status(v),
+                        Found::Stale {
+                            name,
+                            socket,
+                            orphan,
+                        } => print_stale(name, socket, *orphan),
+                    }
                 }
             }
         }
@@ -220,14 +339,31 @@ pub fn status(name: Option<&str>, as_json: bool) -> Result<i32> {
 pub fn ps(as_json: bool) -> Result<i32> {
     let all = all_status();
     if as_json {
-        println!("{}", Value::Array(all));
+        println!("{}", Value::Array(live(all)));
         return Ok(0);
     }
     println!(
         "{:<20} {:>8} {:>8} {:>5} {:<10} {:<5} {:>9} {:>8} {:>11}",
         "NAME", "SUP-PID", "APP-PID", "GEN", "STATE", "KIND", "UPTIME", "RESTARTS", "PRESERVED"
     );
-    for v in &all {
+    for f in &all {
+        let v = match f {
+            Found::Live(v) => v,
+            Found::Stale { name, orphan, .. } => {
+                // the app a killed supervisor left running, if any
+                let app = orphan.map_or("-".to_string(), |p| p.to_string());
+                let state = if orphan.is_some() {
+                    "orphaned"
+                } else {
+                    "stale"
+                };
+                println!(
+                    "{:<20} {:>8} {:>8} {:>5} {:<10} {:<5} {:>9} {:>8} {:>11}",
+                    name, "-", app, "-", state, "-", "-", "-", "-"
+                );
+                continue;
+            }
+        };
         let restarts = v
             .get("restarts")
             .map(|r| n(r, "total"))
@@ -254,11 +390,7 @@ pub fn ps(as_json: bool) -> Result<i32> {
 
 pub fn restart(name: &str, cold: bool) -> Result<i32> {
     let mode = if cold { "cold" } else { "warm" };
-    let (v, _) = call(
-        &socket_for(name)?,
-        &json!({"cmd": "restart", "mode": mode}),
-        TIMEOUT,
-    )?;
+    let (v, _) = request(name, &json!({"cmd": "restart", "mode": mode}))?;
     let v = ok_or_err(v)?;
     println!("{name}: {mode} restart requested (pid {})", n(&v, "pid"));
     Ok(0)
@@ -267,7 +399,7 @@ pub fn restart(name: &str, cold: bool) -> Result<i32> {
 /// Asks for a stop and waits until the supervisor has exited (its end of the
 /// connection closes).
 pub fn stop(name: &str) -> Result<i32> {
-    let (v, mut stream) = call(&socket_for(name)?, &json!({"cmd": "stop"}), TIMEOUT)?;
+    let (v, mut stream) = request(name, &json!({"cmd": "stop"}))?;
     ok_or_err(v)?;
     let t0 = Instant::now();
     stream

@@ -7,14 +7,15 @@
 //!   {"cmd":"stop"}
 //!
 //! Replies are {"ok":true,...} or {"ok":false,"error":"..."}.  Malformed
-//! JSON, an unknown command or an overlong line get an error reply and the
-//! connection stays open.
+//! JSON, an empty line, a duplicate key, an unknown command or an overlong
+//! line get an error reply and the connection stays open.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
@@ -23,8 +24,89 @@ use thiserror::Error;
 use crate::decide::Mode;
 
 pub const MAX_LINE: usize = 64 * 1024;
-const MAX_CLIENTS: usize = 64;
+/// Connections served at once; a newcomer beyond them evicts the one idle
+/// the longest.
+pub const MAX_CLIENTS: usize = 64;
+/// A connection that sends no complete request line for this long is
+/// closed (one that waits for a stop to finish excepted).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A refused peer (uid) is told so and closed after this at most.
+const REFUSED_LINGER: Duration = Duration::from_secs(5);
 const MAX_OUT: usize = 1 << 20;
+
+// ---- the connection table's rules (pure) -------------------------------------
+
+/// What the table rules need to know of one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    /// Accepted at, or the time of its last complete request line.
+    pub last_request: Instant,
+    /// It asked for a stop and waits for the supervisor's exit.
+    pub held: bool,
+    /// Refused (peer uid): told so, never served, not counted.
+    pub refused: bool,
+    /// Accepted at.
+    pub since: Instant,
+}
+
+/// Why the table closes a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// No complete request line within IDLE_TIMEOUT.
+    Idle,
+    /// A refused peer's time is up.
+    Refused,
+}
+
+impl Expiry {
+    pub fn message(self) -> String {
+        match self {
+            Expiry::Idle => format!(
+                "closed: no complete request line within {} s",
+                IDLE_TIMEOUT.as_secs()
+            ),
+            Expiry::Refused => "closed".into(),
+        }
+    }
+}
+
+/// Whether a connection is to be closed now.
+pub fn expiry(a: &Activity, now: Instant) -> Option<Expiry> {
+    if a.refused {
+        return (now.saturating_duration_since(a.since) > REFUSED_LINGER)
+            .then_some(Expiry::Refused);
+    }
+    if a.held {
+        return None;
+    }
+    (now.saturating_duration_since(a.last_request) > IDLE_TIMEOUT).then_some(Expiry::Idle)
+}
+
+/// What a newcomer (an accepted, not refused connection) meets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// There is room.
+    Room,
+    /// The table is full: the connection at this index (the one idle the
+    /// longest, never a held one) makes room.
+    Evict(usize),
+    /// Every slot waits for a stop: refuse the newcomer.
+    Full,
+}
+
+/// The admission rule over the current connections (indexes are theirs).
+pub fn admit(clients: &[Activity], max: usize) -> Admission {
+    let counted = clients.iter().filter(|a| !a.refused).count();
+    if counted < max {
+        return Admission::Room;
+    }
+    clients
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| !a.refused && !a.held)
+        .min_by_key(|(_, a)| a.last_request)
+        .map_or(Admission::Full, |(i, _)| Admission::Evict(i))
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -47,6 +129,92 @@ pub enum RequestError {
     BadMode,
     #[error("request longer than {MAX_LINE} bytes")]
     TooLong,
+    #[error("empty request: send one JSON object per line, e.g. {{\"cmd\":\"status\"}}")]
+    Empty,
+    #[error("duplicate key {0:?} in the request")]
+    DuplicateKey(String),
+}
+
+/// A JSON value whose objects, at any depth, hold each key once: serde_json
+/// keeps the last of duplicate keys, and {"cmd":"status","cmd":"stop"}
+/// would be a stop.  The first duplicate key found is recorded in `dup`.
+struct NoDuplicates<'a> {
+    dup: &'a std::cell::RefCell<Option<String>>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for NoDuplicates<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicates<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut v = Vec::new();
+        while let Some(x) = seq.next_element_seed(NoDuplicates { dup: self.dup })? {
+            v.push(x);
+        }
+        Ok(Value::Array(v))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        use serde::de::Error;
+        let mut m = serde_json::Map::new();
+        while let Some(k) = map.next_key::<String>()? {
+            if m.contains_key(&k) {
+                let shown: String = k.chars().take(64).collect();
+                *self.dup.borrow_mut() = Some(shown.clone());
+                return Err(A::Error::custom(format!("duplicate key {shown:?}")));
+            }
+            let v = map.next_value_seed(NoDuplicates { dup: self.dup })?;
+            m.insert(k, v);
+        }
+        Ok(Value::Object(m))
+    }
+}
+
+/// Parses one JSON value, refusing duplicate keys.
+fn parse_strict(line: &[u8]) -> Result<Value, RequestError> {
+    use serde::de::DeserializeSeed;
+    let dup = std::cell::RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_slice(line);
+    let r = NoDuplicates { dup: &dup }
+        .deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v));
+    match (r, dup.into_inner()) {
+        (_, Some(k)) => Err(RequestError::DuplicateKey(k)),
+        (Ok(v), None) => Ok(v),
+        (Err(e), None) => Err(RequestError::Json(e.to_string())),
+    }
 }
 
 /// Parses one request line (without its newline).
@@ -54,7 +222,10 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
     if line.len() > MAX_LINE {
         return Err(RequestError::TooLong);
     }
-    let v: Value = serde_json::from_slice(line).map_err(|e| RequestError::Json(e.to_string()))?;
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Err(RequestError::Empty);
+    }
+    let v = parse_strict(line)?;
     let o = v.as_object().ok_or(RequestError::NotObject)?;
     let cmd = o
         .get("cmd")
@@ -112,10 +283,7 @@ impl LineReader {
             self.buf.extend_from_slice(body);
             if complete {
                 let line = std::mem::take(&mut self.buf);
-                let trimmed = trim_ascii(&line);
-                if !trimmed.is_empty() {
-                    out.push(parse_request(trimmed));
-                }
+                out.push(parse_request(trim_ascii(&line))); // an empty line too
             }
         }
     }
@@ -143,7 +311,9 @@ pub struct Client {
     /// Refused (uid, too many clients): told so once; its input is read and
     /// dropped, never acted on, and it is closed after that or after 5 s.
     refused: bool,
-    since: std::time::Instant,
+    since: Instant,
+    /// Accepted, or its last complete request line (the idle timeout).
+    last_request: Instant,
 }
 
 pub struct Server {
@@ -183,7 +353,7 @@ impl Server {
             if !md.file_type().is_socket() {
                 bail!("{} exists and is not a socket", path.display());
             }
-            if UnixStream::connect(path).is_ok() {
+            if listening(path) {
                 bail!("a supervisor is already running at {}", path.display());
             }
             std::fs::remove_file(path)
@@ -213,7 +383,11 @@ impl Server {
         self.listener.as_fd()
     }
 
-    pub fn accept(&mut self) {
+    /// Accepts every pending connection; returns the ids of the admitted
+    /// ones, whose first request may already be there to read.  A newcomer
+    /// to a full table evicts the connection idle the longest.
+    pub fn accept(&mut self) -> Vec<u64> {
+        let mut admitted = Vec::new();
         loop {
             match self.listener.accept() {
                 Ok((s, _)) => {
@@ -222,6 +396,7 @@ impl Server {
                     let me = unsafe { libc::geteuid() };
                     let id = self.next_id;
                     self.next_id += 1;
+                    let now = Instant::now();
                     let mut c = Client {
                         id,
                         stream: s,
@@ -230,7 +405,8 @@ impl Server {
                         closing: false,
                         hold_open: false,
                         refused: false,
-                        since: std::time::Instant::now(),
+                        since: now,
+                        last_request: now,
                     };
                     match peer_uid(c.stream.as_fd()) {
                         Ok(uid) if uid == me || uid == 0 => {}
@@ -243,13 +419,30 @@ impl Server {
                             c.refused = true;
                         }
                     }
-                    if !c.refused && self.clients.len() >= MAX_CLIENTS {
-                        c.queue(&error_reply("too many control connections"));
-                        c.refused = true;
+                    if !c.refused {
+                        let table: Vec<Activity> =
+                            self.clients.iter().map(Client::activity).collect();
+                        match admit(&table, MAX_CLIENTS) {
+                            Admission::Room => {}
+                            Admission::Evict(i) => {
+                                let mut old = self.clients.remove(i);
+                                old.queue(&error_reply(
+                                    "closed: too many control connections, and this one was idle the longest",
+                                ));
+                                old.flush();
+                            }
+                            Admission::Full => {
+                                c.queue(&error_reply("too many control connections"));
+                                c.refused = true;
+                            }
+                        }
                     }
                     c.flush();
                     if c.refused && self.clients.len() >= 2 * MAX_CLIENTS {
                         continue; // flooded: dropped at once
+                    }
+                    if !c.refused {
+                        admitted.push(id);
                     }
                     self.clients.push(c);
                 }
@@ -258,18 +451,25 @@ impl Server {
                 Err(_) => break,
             }
         }
+        admitted
     }
 
     pub fn client_mut(&mut self, id: u64) -> Option<&mut Client> {
         self.clients.iter_mut().find(|c| c.id == id)
     }
 
-    /// Drops clients that are done.
+    /// Drops clients that are done, idle too long, or refused long enough.
     pub fn sweep(&mut self) {
-        self.clients.retain(|c| {
-            let expired = c.refused && c.since.elapsed() > std::time::Duration::from_secs(5);
-            let done = c.closing && c.out.is_empty() && !c.hold_open;
-            !(expired || done)
+        let now = Instant::now();
+        self.clients.retain_mut(|c| {
+            if let Some(why) = expiry(&c.activity(), now) {
+                if why == Expiry::Idle {
+                    c.queue(&error_reply(&why.message()));
+                    c.flush();
+                }
+                return false;
+            }
+            !(c.closing && c.out.is_empty() && !c.hold_open)
         });
     }
 
@@ -285,9 +485,24 @@ impl Server {
     }
 }
 
+/// A supervisor that fails to start, or ends, leaves no socket file behind.
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.remove_file();
+    }
+}
+
 impl Client {
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.stream.as_fd()
+    }
+    fn activity(&self) -> Activity {
+        Activity {
+            last_request: self.last_request,
+            held: self.hold_open,
+            refused: self.refused,
+            since: self.since,
+        }
     }
     pub fn wants_write(&self) -> bool {
         !self.out.is_empty()
@@ -363,16 +578,97 @@ impl Client {
                 }
             }
         }
+        if !reqs.is_empty() {
+            self.last_request = Instant::now();
+        }
         reqs
     }
 }
 
 // ---- the client side: rekindle status / ps / restart / stop -----------------
 
-/// Sends one request to NAME.sock and reads one reply line.
+/// Why NAME.sock could not be connected to.
+#[derive(Debug, Error)]
+pub enum ConnectError {
+    /// No socket file there.
+    #[error("{0}: no such socket")]
+    Absent(PathBuf),
+    /// The file or its directory belongs to someone else.
+    #[error("{0}: permission denied")]
+    Denied(PathBuf),
+    /// A socket file nobody listens on: its supervisor is gone.
+    #[error("{0}: stale socket (connection refused)")]
+    Stale(PathBuf),
+    /// A live supervisor whose backlog stayed full.
+    #[error("{0}: the supervisor does not accept connections (backlog full)")]
+    Busy(PathBuf),
+    #[error("{0}: {1}")]
+    Other(PathBuf, io::Error),
+}
+
+impl ConnectError {
+    fn from_io(path: &Path, e: io::Error) -> Self {
+        let p = path.to_path_buf();
+        match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) => ConnectError::Absent(p),
+            Some(libc::EACCES) | Some(libc::EPERM) => ConnectError::Denied(p),
+            Some(libc::ECONNREFUSED) => ConnectError::Stale(p),
+            Some(libc::EAGAIN) => ConnectError::Busy(p),
+            _ => ConnectError::Other(p, e),
+        }
+    }
+}
+
+/// One non-blocking connect to a Unix stream socket; the stream is left
+/// non-blocking.
+fn connect_once(path: &Path) -> Result<UnixStream, ConnectError> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
+    let addr = UnixAddr::new(path)
+        .map_err(|e| ConnectError::Other(path.to_path_buf(), io::Error::from(e)))?;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .map_err(|e| ConnectError::Other(path.to_path_buf(), io::Error::from(e)))?;
+    loop {
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => return Ok(UnixStream::from(fd)),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(ConnectError::from_io(path, io::Error::from(e))),
+        }
+    }
+}
+
+/// Whether a supervisor listens at `path` (a full backlog counts as one).
+pub fn listening(path: &Path) -> bool {
+    matches!(connect_once(path), Ok(_) | Err(ConnectError::Busy(_)))
+}
+
+/// Connects to NAME.sock without ever blocking for long: a full backlog is
+/// retried until `timeout`.  The stream is returned blocking.
+pub fn connect(path: &Path, timeout: std::time::Duration) -> Result<UnixStream, ConnectError> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match connect_once(path) {
+            Ok(s) => {
+                s.set_nonblocking(false)
+                    .map_err(|e| ConnectError::Other(path.to_path_buf(), e))?;
+                return Ok(s);
+            }
+            Err(ConnectError::Busy(_)) if t0.elapsed() < timeout => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Sends one request to NAME.sock and reads one reply line.  A connect
+/// failure is a `ConnectError` inside the anyhow error.
 pub fn call(path: &Path, req: &Value, timeout: std::time::Duration) -> Result<(Value, UnixStream)> {
-    let mut s =
-        UnixStream::connect(path).with_context(|| format!("connecting to {}", path.display()))?;
+    let mut s = connect(path, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     let mut line = req.to_string();
@@ -449,6 +745,79 @@ mod tests {
             parse_request(&vec![b' '; MAX_LINE + 1]),
             Err(RequestError::TooLong)
         );
+        assert_eq!(parse_request(b""), Err(RequestError::Empty));
+        assert_eq!(parse_request(b" \t\r"), Err(RequestError::Empty));
+    }
+
+    fn act(t0: Instant, last_ms: u64, held: bool, refused: bool) -> Activity {
+        Activity {
+            last_request: t0 + Duration::from_millis(last_ms),
+            held,
+            refused,
+            since: t0,
+        }
+    }
+
+    #[test]
+    fn idle_connections_expire_but_a_waiting_stop_does_not() {
+        let t0 = Instant::now();
+        let later = |ms| t0 + Duration::from_millis(ms);
+        let idle = act(t0, 0, false, false);
+        assert_eq!(expiry(&idle, later(4_000)), None);
+        assert_eq!(expiry(&idle, later(5_001)), Some(Expiry::Idle));
+        // a request at 3 s starts the clock again
+        assert_eq!(expiry(&act(t0, 3_000, false, false), later(7_000)), None);
+        // a stop that waits for the supervisor's exit is never idle
+        assert_eq!(expiry(&act(t0, 0, true, false), later(3_600_000)), None);
+        assert_eq!(
+            expiry(&act(t0, 0, false, true), later(5_001)),
+            Some(Expiry::Refused)
+        );
+    }
+
+    #[test]
+    fn a_full_table_evicts_the_connection_idle_the_longest() {
+        let t0 = Instant::now();
+        let mut table: Vec<Activity> = (0..4)
+            .map(|i| act(t0, 100 * (4 - i), false, false))
+            .collect();
+        assert_eq!(admit(&table, 5), Admission::Room);
+        // full: index 3 sent its last request the longest ago
+        assert_eq!(admit(&table, 4), Admission::Evict(3));
+        // a held stop is never evicted; refused peers do not count
+        table[3].held = true;
+        assert_eq!(admit(&table, 4), Admission::Evict(2));
+        table.push(act(t0, 0, false, true));
+        assert_eq!(admit(&table, 4), Admission::Evict(2));
+        for a in &mut table {
+            a.held = !a.refused;
+        }
+        assert_eq!(admit(&table, 4), Admission::Full);
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_at_any_depth() {
+        assert_eq!(
+            parse_request(br#"{"cmd":"status","cmd":"stop"}"#),
+            Err(RequestError::DuplicateKey("cmd".into()))
+        );
+        assert_eq!(
+            parse_request(br#"{"cmd":"restart","mode":"warm","mode":"cold"}"#),
+            Err(RequestError::DuplicateKey("mode".into()))
+        );
+        assert_eq!(
+            parse_request(br#"{"cmd":"status","x":[{"a":1,"a":2}]}"#),
+            Err(RequestError::DuplicateKey("a".into()))
+        );
+        // the same key in different objects is fine
+        assert_eq!(
+            parse_request(br#"{"cmd":"status","x":{"cmd":1},"y":[{"cmd":2}]}"#),
+            Ok(Request::Status)
+        );
+        assert!(matches!(
+            parse_request(br#"{"cmd":"status"} trailing"#),
+            Err(RequestError::Json(_))
+        ));
     }
 
     #[test]
@@ -458,7 +827,14 @@ mod tests {
         r.push(b"{\"cmd\":\"sta", &mut out);
         assert!(out.is_empty());
         r.push(b"tus\"}\n\n{\"cmd\":\"stop\"}\n", &mut out);
-        assert_eq!(out, vec![Ok(Request::Status), Ok(Request::Stop)]);
+        assert_eq!(
+            out,
+            vec![
+                Ok(Request::Status),
+                Err(RequestError::Empty), // an empty line is answered too
+                Ok(Request::Stop)
+            ]
+        );
 
         out.clear();
         let big = vec![b'x'; 70000];

@@ -12,6 +12,7 @@ pub mod decide;
 pub mod event;
 pub mod metrics;
 pub mod notify;
+pub mod orphan;
 pub mod procfs;
 pub mod proto;
 pub mod runtime_dir;

@@ -1,10 +1,19 @@
 use clap::Parser;
 
-use rekindle::cli::{Cli, Command};
+use rekindle::cli::{self, Cli, Command};
 use rekindle::{client, supervisor};
 
 fn main() {
-    let cli = Cli::parse(); // usage errors exit 2
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => match cli::unknown_option_text(&e) {
+            Some(text) => {
+                eprint!("{text}");
+                std::process::exit(2);
+            }
+            None => e.exit(), // usage errors exit 2, --help and --version 0
+        },
+    };
     let r = match cli.cmd {
         Command::Run(args) => match supervisor::Config::from_args(*args) {
             Ok(cfg) => match supervisor::Supervisor::new(cfg) {

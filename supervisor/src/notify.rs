@@ -310,6 +310,13 @@ impl AppNotify {
     }
 }
 
+/// A supervisor that fails to start, or ends, leaves no socket file behind.
+impl Drop for AppNotify {
+    fn drop(&mut self) {
+        self.remove_file();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

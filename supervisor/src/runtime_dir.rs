@@ -5,16 +5,36 @@ use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
+
+/// Where `dir()` came from: it decides the hint of an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// $REKINDLE_RUNTIME_DIR
+    Rekindle,
+    /// $XDG_RUNTIME_DIR/rekindle
+    Xdg,
+    /// /run/rekindle, the system default
+    System,
+}
+
+fn env_dir(var: &str) -> Option<std::ffi::OsString> {
+    std::env::var_os(var).filter(|d| !d.is_empty())
+}
+
+/// The runtime directory and where it came from.
+pub fn dir_with_source() -> (PathBuf, Source) {
+    if let Some(d) = env_dir("REKINDLE_RUNTIME_DIR") {
+        return (PathBuf::from(d), Source::Rekindle);
+    }
+    if let Some(d) = env_dir("XDG_RUNTIME_DIR") {
+        return (PathBuf::from(d).join("rekindle"), Source::Xdg);
+    }
+    (PathBuf::from("/run/rekindle"), Source::System)
+}
 
 pub fn dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("REKINDLE_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("rekindle");
-    }
-    PathBuf::from("/run/rekindle")
+    dir_with_source().0
 }
 
 /// Where clients look: $REKINDLE_RUNTIME_DIR alone if set, else
@@ -23,7 +43,7 @@ pub fn dir() -> PathBuf {
 pub fn search_dirs() -> Vec<PathBuf> {
     let first = dir();
     let mut v = vec![first.clone()];
-    let overridden = std::env::var_os("REKINDLE_RUNTIME_DIR").is_some_and(|d| !d.is_empty());
+    let overridden = env_dir("REKINDLE_RUNTIME_DIR").is_some();
     let system = PathBuf::from("/run/rekindle");
     if !overridden && first != system {
         v.push(system);
@@ -31,32 +51,103 @@ pub fn search_dirs() -> Vec<PathBuf> {
     v
 }
 
+/// What to do about a runtime directory we may not use: choose another one
+/// with the variable it came from, or run as its owner.
+pub fn hint(source: Source, owner: Option<u32>) -> String {
+    let other = match source {
+        Source::Rekindle => "set REKINDLE_RUNTIME_DIR to a directory of your own",
+        Source::Xdg => "set XDG_RUNTIME_DIR (or REKINDLE_RUNTIME_DIR) to a directory of your own",
+        Source::System => {
+            "set XDG_RUNTIME_DIR (or REKINDLE_RUNTIME_DIR) to a directory of your own \
+             (XDG_RUNTIME_DIR is usually /run/user/$(id -u))"
+        }
+    };
+    let owner = match owner {
+        Some(0) => "run as root".to_string(),
+        Some(u) => format!("run as uid {u}"),
+        None if source == Source::System => "run as root".to_string(),
+        None => "run as the directory's owner".to_string(),
+    };
+    format!("{other}, or {owner}")
+}
+
+/// Why the runtime directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    #[error("cannot create {dir}: {source}; {hint}")]
+    Create {
+        dir: PathBuf,
+        source: std::io::Error,
+        hint: String,
+    },
+    #[error("{dir}: {source}")]
+    Stat {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0} is not a directory")]
+    NotDir(PathBuf),
+    #[error("{dir} belongs to uid {owner}, not to us (uid {me}): {hint}")]
+    Owner {
+        dir: PathBuf,
+        owner: u32,
+        me: u32,
+        hint: String,
+    },
+    #[error("chmod 0700 {dir}: {source}")]
+    Chmod {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Creates the directory 0700 if needed; refuses one owned by someone else
-/// (other than root for root) or open to others.
-pub fn ensure(d: &Path) -> Result<()> {
+/// (other than root for root) or open to others.  `source` says where the
+/// path came from, for the hint of an error.
+pub fn ensure(d: &Path, source: Source) -> Result<(), DirError> {
     if !d.exists() {
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(d)
-            .with_context(|| format!("creating {}", d.display()))?;
+            .map_err(|e| {
+                let denied = matches!(
+                    e.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+                );
+                DirError::Create {
+                    dir: d.to_path_buf(),
+                    hint: if denied {
+                        hint(source, None)
+                    } else {
+                        "check the path".into()
+                    },
+                    source: e,
+                }
+            })?;
     }
-    let md = fs::symlink_metadata(d).with_context(|| format!("{}", d.display()))?;
+    let md = fs::symlink_metadata(d).map_err(|e| DirError::Stat {
+        dir: d.to_path_buf(),
+        source: e,
+    })?;
     if !md.is_dir() {
-        bail!("{} is not a directory", d.display());
+        return Err(DirError::NotDir(d.to_path_buf()));
     }
     // SAFETY: geteuid cannot fail.
     let me = unsafe { libc::geteuid() };
     if md.uid() != me {
-        bail!(
-            "{} belongs to uid {}, not to us (uid {me})",
-            d.display(),
-            md.uid()
-        );
+        return Err(DirError::Owner {
+            dir: d.to_path_buf(),
+            owner: md.uid(),
+            me,
+            hint: hint(source, Some(md.uid())),
+        });
     }
     if md.mode() & 0o777 != 0o700 {
-        fs::set_permissions(d, fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("chmod 0700 {}", d.display()))?;
+        fs::set_permissions(d, fs::Permissions::from_mode(0o700)).map_err(|e| DirError::Chmod {
+            dir: d.to_path_buf(),
+            source: e,
+        })?;
     }
     Ok(())
 }
@@ -123,5 +214,29 @@ mod tests {
         assert_eq!(name_from_program("/usr/bin/my app"), "my_app");
         assert_eq!(name_from_program("..."), "app");
         assert_eq!(name_from_program("build/apps/service"), "service");
+    }
+
+    #[test]
+    fn a_directory_of_someone_else_says_what_to_do() {
+        let e = DirError::Owner {
+            dir: "/run/rekindle".into(),
+            owner: 0,
+            me: 1000,
+            hint: hint(Source::System, Some(0)),
+        }
+        .to_string();
+        assert!(
+            e.starts_with(
+                "/run/rekindle belongs to uid 0, not to us (uid 1000): set XDG_RUNTIME_DIR"
+            ),
+            "{e}"
+        );
+        assert!(e.ends_with("or run as root"), "{e}");
+        let h = hint(Source::Rekindle, Some(1001));
+        assert_eq!(
+            h,
+            "set REKINDLE_RUNTIME_DIR to a directory of your own, or run as uid 1001"
+        );
+        assert!(hint(Source::System, None).ends_with("or run as root"));
     }
 }

@@ -10,21 +10,82 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
+
+/// Why PROGRAM cannot be run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProgramError {
+    #[error("empty program name")]
+    Empty,
+    #[error("{0}: not found")]
+    NotFound(PathBuf),
+    #[error("{0}: not found in PATH")]
+    NotFoundInPath(PathBuf),
+    #[error("{0}: not executable ({1})")]
+    NotExecutable(PathBuf, NotExecutable),
+}
+
+/// Why a file that exists cannot be executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotExecutable {
+    Directory,
+    NotAFile,
+    NoPermission,
+}
+
+impl std::fmt::Display for NotExecutable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NotExecutable::Directory => "a directory",
+            NotExecutable::NotAFile => "not a regular file",
+            NotExecutable::NoPermission => "no execute permission",
+        })
+    }
+}
+
+/// What a path names, for `resolve_program`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Candidate {
+    Missing,
+    Executable,
+    Not(NotExecutable),
+}
+
+fn candidate(p: &Path) -> Candidate {
+    let Ok(md) = p.metadata() else {
+        return Candidate::Missing;
+    };
+    if md.is_dir() {
+        return Candidate::Not(NotExecutable::Directory);
+    }
+    if !md.is_file() {
+        return Candidate::Not(NotExecutable::NotAFile);
+    }
+    let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
+        return Candidate::Missing;
+    };
+    // SAFETY: access with a valid C string.
+    if unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0 {
+        Candidate::Executable
+    } else {
+        Candidate::Not(NotExecutable::NoPermission)
+    }
+}
 
 /// Resolves PROGRAM like execvp: a name with a '/' is used as is, anything
-/// else is searched in $PATH (default "/usr/local/bin:/usr/bin:/bin").
-pub fn resolve_program(prog: &OsStr) -> Result<PathBuf> {
+/// else is searched in $PATH (default "/usr/local/bin:/usr/bin:/bin"),
+/// where files that cannot be executed are skipped.
+pub fn resolve_program(prog: &OsStr) -> Result<PathBuf, ProgramError> {
     let p = Path::new(prog);
     if prog.as_bytes().contains(&b'/') {
-        return if is_executable(p) {
-            Ok(p.to_path_buf())
-        } else {
-            Err(anyhow!("{}: not an executable file", p.display()))
+        return match candidate(p) {
+            Candidate::Executable => Ok(p.to_path_buf()),
+            Candidate::Missing => Err(ProgramError::NotFound(p.to_path_buf())),
+            Candidate::Not(why) => Err(ProgramError::NotExecutable(p.to_path_buf(), why)),
         };
     }
     if prog.is_empty() {
-        return Err(anyhow!("empty program name"));
+        return Err(ProgramError::Empty);
     }
     let path =
         std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"));
@@ -35,20 +96,11 @@ pub fn resolve_program(prog: &OsStr) -> Result<PathBuf> {
             dir
         };
         let cand = dir.join(p);
-        if is_executable(&cand) {
+        if candidate(&cand) == Candidate::Executable {
             return Ok(cand);
         }
     }
-    Err(anyhow!("{}: not found in PATH", p.display()))
-}
-
-fn is_executable(p: &Path) -> bool {
-    let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: access with a valid C string.
-    let ok = unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0;
-    ok && p.metadata().map(|m| m.is_file()).unwrap_or(false)
+    Err(ProgramError::NotFoundInPath(p.to_path_buf()))
 }
 
 /// What stays the same for every incarnation.
@@ -218,6 +270,25 @@ mod tests {
         assert!(resolve_program(OsStr::new("no-such-program-rekindle")).is_err());
         assert!(resolve_program(OsStr::new("/etc/passwd")).is_err());
         assert!(resolve_program(OsStr::new("")).is_err());
+    }
+
+    #[test]
+    fn says_not_found_or_not_executable() {
+        let r = |s: &str| resolve_program(OsStr::new(s)).map_err(|e| e.to_string());
+        assert_eq!(
+            r("/no/such/program"),
+            Err("/no/such/program: not found".into())
+        );
+        assert_eq!(
+            r("no-such-program-rekindle"),
+            Err("no-such-program-rekindle: not found in PATH".into())
+        );
+        assert_eq!(
+            r("/etc/passwd"),
+            Err("/etc/passwd: not executable (no execute permission)".into())
+        );
+        assert_eq!(r("/etc"), Err("/etc: not executable (a directory)".into()));
+        assert_eq!(r(""), Err("empty program name".into()));
     }
 
     #[test]

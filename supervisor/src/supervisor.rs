@@ -24,6 +24,7 @@ use crate::decide::{self, Facts, Mode};
 use crate::event::{EventLog, ev};
 use crate::metrics::{self, Metrics};
 use crate::notify::{self, AppNotify, Notice, Systemd};
+use crate::orphan::{self, StartError};
 use crate::proto::{self, AppMsg, FdKind, Hello, Inherit, Restarting, StartKind, SupMsg};
 use crate::spawn::{self, ChildFds, Program};
 use crate::{procfs, runtime_dir, signame};
@@ -167,7 +168,7 @@ pub struct Supervisor {
     base_env: Vec<CString>,
     listen: Vec<(String, OwnedFd)>,
     /// `--listen unix:PATH` files we created, removed at exit.
-    unix_listen: Vec<std::path::PathBuf>,
+    unix_listen: UnixListenFiles,
     held: Vec<Held>,
     app: Option<App>,
     next_spawn: Option<(u64, Plan)>,
@@ -244,12 +245,31 @@ impl Supervisor {
 
         let systemd = Systemd::from_env();
         let inherited = notify::take_listen_fds();
-        let events = EventLog::open(&cfg.name, cfg.events.as_deref())
-            .with_context(|| format!("opening the events file {:?}", cfg.events))?;
+        let events = EventLog::open(&cfg.name, cfg.events.as_deref()).with_context(|| {
+            let shown = cfg.events.as_deref().unwrap_or(std::path::Path::new("-"));
+            format!("cannot open the events file {}", shown.display())
+        })?;
 
-        let dir = runtime_dir::dir();
-        runtime_dir::ensure(&dir)?;
-        let control = control_socket::Server::bind(&runtime_dir::socket_path(&dir, &cfg.name))?;
+        let (dir, dir_source) = runtime_dir::dir_with_source();
+        runtime_dir::ensure(&dir, dir_source)?;
+        let sock_path = runtime_dir::socket_path(&dir, &cfg.name);
+        // No supervisor listens there: an app of a killed one may still run.
+        if !control_socket::listening(&sock_path)
+            && let Err(e) = orphan::check(&cfg.name, &sock_path)
+        {
+            let StartError::OrphanApp { orphans, .. } = &e;
+            let pids: Vec<i64> = orphans.iter().map(|o| o.pid as i64).collect();
+            let mut events = events;
+            events.emit(
+                ev("error")
+                    .s("what", "cannot start")
+                    .s("code", e.code())
+                    .v("pids", pids)
+                    .s("error", e.to_string()),
+            );
+            return Err(e.into());
+        }
+        let control = control_socket::Server::bind(&sock_path)?;
         let app_notify = match AppNotify::bind(&runtime_dir::notify_path(&dir, &cfg.name)) {
             Ok(n) => Some(n),
             Err(e) => {
@@ -258,9 +278,16 @@ impl Supervisor {
             }
         };
 
+        // From here on, every file bound is removed again on an early
+        // return: the sockets' and UnixListenFiles' Drop.
         let mut listen: Vec<(String, OwnedFd)> = inherited.listen;
+        let mut unix_listen = UnixListenFiles::default();
         for a in &cfg.listen {
-            listen.push((format!("listen{}", listen.len()), bind_listen(a)?));
+            let fd = bind_listen(a)?;
+            if let ListenAddr::Unix(p) = a {
+                unix_listen.add(p);
+            }
+            listen.push((format!("listen{}", listen.len()), fd));
         }
         let held = inherited
             .held
@@ -275,7 +302,7 @@ impl Supervisor {
             None => None,
         };
         let program = Program::new(&cfg.program_path, &cfg.args)?;
-        let base_env = spawn::base_env(&[
+        let mut base_env = spawn::base_env(&[
             "REKINDLE_SUPERVISOR_FD",
             "REKINDLE_CONTROL_FD",
             "REKINDLE_RESTART_SIGNAL",
@@ -288,21 +315,17 @@ impl Supervisor {
             "LISTEN_FDNAMES",
             "WATCHDOG_USEC",
             "WATCHDOG_PID",
+            orphan::SOCKET_ENV,
         ]);
+        // names this supervisor in every incarnation: orphan::find
+        base_env.push(spawn::env_entry(orphan::SOCKET_ENV, control.path()));
         let now = now_ns();
         let mut s = Supervisor {
             ctl: ControlBlock::create()?,
             events,
             program,
             base_env,
-            unix_listen: cfg
-                .listen
-                .iter()
-                .filter_map(|l| match l {
-                    ListenAddr::Unix(p) => Some(p.clone()),
-                    ListenAddr::Tcp(_) => None,
-                })
-                .collect(),
+            unix_listen,
             listen,
             held,
             app: None,
@@ -438,9 +461,7 @@ impl Supervisor {
         if let Some(n) = &self.app_notify {
             n.remove_file();
         }
-        for p in &self.unix_listen {
-            let _ = std::fs::remove_file(p);
-        }
+        self.unix_listen.remove_all();
         code
     }
 
@@ -527,6 +548,7 @@ impl Supervisor {
         // SAFETY: pfds is a live array of pollfd of the given length.
         let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
         if n <= 0 {
+            self.control.sweep(); // idle control connections time out
             return;
         }
         let mut metrics_active = false;
@@ -538,7 +560,12 @@ impl Supervisor {
                 Src::Sig => self.on_signals(),
                 Src::App => self.on_app_readable(p.revents & (libc::POLLHUP | libc::POLLERR) != 0),
                 Src::Notify => self.on_notify(),
-                Src::CtlListen => self.control.accept(),
+                Src::CtlListen => {
+                    // a newcomer's request may be there already: serve it now
+                    for id in self.control.accept() {
+                        self.on_control_client(id);
+                    }
+                }
                 Src::Ctl(id) => self.on_control_client(id),
                 Src::MetListen => {
                     if let Some(m) = &mut self.metrics_server {
@@ -1929,6 +1956,35 @@ fn ensure_stdio() {
                 libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
             }
         }
+    }
+}
+
+/// The `--listen unix:PATH` socket files we bound, by inode: removed at
+/// exit, and on a failed start (Drop), if they are still ours.
+#[derive(Default)]
+struct UnixListenFiles(Vec<(std::path::PathBuf, u64)>);
+
+impl UnixListenFiles {
+    fn add(&mut self, p: &std::path::Path) {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(md) = std::fs::symlink_metadata(p) {
+            self.0.push((p.to_path_buf(), md.ino()));
+        }
+    }
+
+    fn remove_all(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        for (p, ino) in self.0.drain(..) {
+            if std::fs::symlink_metadata(&p).map(|m| m.ino()).ok() == Some(ino) {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+}
+
+impl Drop for UnixListenFiles {
+    fn drop(&mut self) {
+        self.remove_all();
     }
 }
 

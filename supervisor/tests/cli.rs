@@ -212,6 +212,8 @@ fn control_socket_commands_and_garbage() {
         b"\x00\xff\xfe garbage\n",
         b"{\"cmd\":\"restart\",\"mode\":\"lukewarm\"}\n",
         b"[1,2,3]\n",
+        b"\n",
+        b"{\"cmd\":\"status\",\"cmd\":\"stop\"}\n",
     ] {
         let r = request(&sock, bad);
         assert_eq!(r["ok"], false, "{r}");
@@ -321,6 +323,7 @@ fn the_app_gets_the_contract_environment_and_fds() {
         "LISTEN_FDS=1".into(),
         format!("LISTEN_PID={pid}"),
         "LISTEN_FDNAMES=listen0".into(),
+        format!("REKINDLE_SOCKET={}", t.run_dir().join("env.sock").display()),
     ] {
         assert!(text.lines().any(|l| l == want), "{want} missing in\n{text}");
     }
@@ -344,4 +347,147 @@ fn the_app_gets_the_contract_environment_and_fds() {
         .filter(|l| !l.contains("/proc/"))
         .collect();
     assert!(extra.is_empty(), "leaked fds: {extra:?}");
+}
+
+fn rekindle(t: &Tmp, args: &[&str]) -> (Option<i32>, String) {
+    let out = t
+        .cmd()
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_unknown_option_is_a_usage_error() {
+    let t = Tmp::new("bogus");
+    let (code, err) = rekindle(&t, &["run", "--bogus", "--", "/bin/true"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("unknown option '--bogus'"), "{err}");
+    assert!(!err.contains("PATH"), "{err}");
+}
+
+#[test]
+fn an_events_file_that_cannot_be_opened_is_named_plainly() {
+    let t = Tmp::new("evfile");
+    let (code, err) = rekindle(
+        &t,
+        &["run", "--events", "/nonexistent/x", "--", "/bin/true"],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("cannot open the events file /nonexistent/x: No such file or directory"),
+        "{err}"
+    );
+    assert!(!err.contains("Some("), "{err}");
+}
+
+#[test]
+fn a_missing_program_is_not_found_and_a_plain_file_not_executable() {
+    let t = Tmp::new("prog");
+    let (code, err) = rekindle(&t, &["run", "--", "/no/such/program"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("/no/such/program: not found"), "{err}");
+    let plain = t.0.join("plain");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap_or_else(|e| panic!("{e}"));
+    let plain = plain.to_string_lossy().into_owned();
+    let (code, err) = rekindle(&t, &["run", "--", &plain]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("not executable (no execute permission)"),
+        "{err}"
+    );
+    let dir = t.0.to_string_lossy().into_owned();
+    let (code, err) = rekindle(&t, &["run", "--", &dir]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not executable (a directory)"), "{err}");
+}
+
+#[test]
+fn a_stale_socket_is_reported_as_a_supervisor_that_is_not_running() {
+    let t = Tmp::new("stale");
+    std::fs::create_dir_all(t.run_dir()).unwrap_or_else(|e| panic!("{e}"));
+    let sock = t.run_dir().join("gone.sock");
+    // a socket file nobody listens on, as a SIGKILLed supervisor leaves it
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap_or_else(|e| panic!("{e}")));
+    let (code, err) = rekindle(&t, &["status", "gone"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the supervisor \"gone\" is not running: stale socket at {}",
+            sock.display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("Connection refused"), "{err}");
+    let (code, err) = rekindle(&t, &["stop", "gone"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("is not running"), "{err}");
+    let out = t
+        .cmd()
+        .args(["ps"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("gone ") && l.contains(" stale ")),
+        "{text}"
+    );
+    let out = t
+        .cmd()
+        .args(["ps", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
+
+#[test]
+fn a_failed_start_leaves_no_socket_files_behind() {
+    let t = Tmp::new("bindfail");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let port = busy
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = format!("127.0.0.1:{port}");
+    let unix = t.0.join("app.sock");
+    let unix_arg = format!("unix:{}", unix.display());
+    for (what, opts) in [
+        (
+            "--listen",
+            vec!["--listen", unix_arg.as_str(), "--listen", &addr],
+        ),
+        (
+            "metrics",
+            vec!["--listen", unix_arg.as_str(), "--metrics", &addr],
+        ),
+    ] {
+        let (code, err) = rekindle(
+            &t,
+            &[
+                &["run", "--name", "bindfail"][..],
+                &opts,
+                &["--", "/bin/true"],
+            ]
+            .concat(),
+        );
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains(what) && err.contains("Address already in use"),
+            "{err}"
+        );
+        let left: Vec<String> = std::fs::read_dir(t.run_dir())
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{what}: left behind: {left:?}");
+        assert!(!unix.exists(), "{what}: {} left behind", unix.display());
+    }
 }
