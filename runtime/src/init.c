@@ -133,13 +133,6 @@ void rk_manifest_sync(void)
 	manifest_sync_arenas();
 }
 
-static void set_fd_cloexec(int fd)
-{
-	int fl = fcntl(fd, F_GETFD);
-	if (fl >= 0)
-		(void)fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
-}
-
 /* The previous incarnation's spare memfd if it handed one on (no memfd to
  * create, no fresh pages to fault in: 20-30 us of a restart on cold caches),
  * else a new one.  *reused says which. */
@@ -150,7 +143,7 @@ static int manifest_memfd(const struct rk_manifest *old, size_t size, bool *reus
 		struct stat st;
 		if (fstat(old->spare_fd, &st) == 0 &&
 		    (st.st_size >= (off_t)size || ftruncate(old->spare_fd, (off_t)size) == 0)) {
-			set_fd_cloexec(old->spare_fd);
+			rk_fd_set_cloexec(old->spare_fd, true);
 			*reused = true;
 			return old->spare_fd;
 		}
@@ -222,39 +215,6 @@ static void manifest_offer_spare(int inherited_fd, bool supervisor_has_ours)
 	rk_g.manifest_spare_fd = inherited_fd;
 }
 
-bool rk_fd_is_memfd(int fd, const char *want, bool exact)
-{
-	char link[64], target[128];
-	size_t wn = strlen(want);
-	snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-	ssize_t n = readlink(link, target, sizeof target - 1);
-	if (n < (ssize_t)wn)
-		return false;
-	target[n] = 0;
-	/* a memfd's link is "/memfd:NAME (deleted)" */
-	return strncmp(target, want, wn) == 0 && (!exact || target[wn] == 0 || target[wn] == ' ');
-}
-
-bool rk_fd_is_shmem(int fd)
-{
-	return fcntl(fd, F_GET_SEALS) >= 0;
-}
-
-void rk_fd_file_id(int fd, uint64_t *dev, uint64_t *ino)
-{
-	struct stat st;
-	bool ok = fstat(fd, &st) == 0;
-	*dev = ok ? (uint64_t)st.st_dev : 0;
-	*ino = ok ? (uint64_t)st.st_ino : 0;
-}
-
-bool rk_fd_is_file(int fd, uint64_t dev, uint64_t ino)
-{
-	uint64_t d, i;
-	rk_fd_file_id(fd, &d, &i);
-	return i != 0 && d == dev && i == ino;
-}
-
 /* Maps a manifest memfd (a private copy: writes stay ours) and checks it.
  * On success closes fd unless keep; on failure closes it unless it is a
  * stray fd of the app's: ours says it is the runtime's anyway (handed over
@@ -302,7 +262,7 @@ static const struct rk_manifest *manifest_inherit(uint64_t *size, int *kept_fd, 
 	const struct rk_manifest *m = manifest_map((int)fd, false, true, size, why, wl);
 	if (m != MAP_FAILED) {
 		*kept_fd = (int)fd;
-		set_fd_cloexec((int)fd); /* not for the app's children; a restart hands it on */
+		rk_fd_set_cloexec((int)fd, true); /* not for the app's children; a restart hands it on */
 	}
 	return m;
 }
@@ -484,7 +444,7 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 		memset(a, 0, sizeof *a);
 		a->hdr = p;
 		a->hdr_max = d->max;
-		set_fd_cloexec(d->fd); /* the restart cleared it; not for the app's children */
+		rk_fd_set_cloexec(d->fd, true); /* the restart cleared it; not for the app's children */
 		a->fd = d->fd;
 		a->dev = d->dev;
 		a->ino = d->ino;
@@ -516,7 +476,7 @@ static int attach_ranges(const struct rk_manifest *m, char *why, size_t wl)
 				 (unsigned long long)d->addr, (unsigned long long)d->len);
 			return -EEXIST;
 		}
-		set_fd_cloexec(d->fd);
+		rk_fd_set_cloexec(d->fd, true);
 		rk_ranges[rk_nranges].fd = d->fd;
 		rk_ranges[rk_nranges].dev = d->dev;
 		rk_ranges[rk_nranges].ino = d->ino;

@@ -388,13 +388,6 @@ void rk_teardown_holder_stand(void)
 
 /* ---- the decision and the exec ---- */
 
-static void set_cloexec(int fd, bool on)
-{
-	int fl = fcntl(fd, F_GETFD);
-	if (fl >= 0)
-		fcntl(fd, F_SETFD, on ? (fl | FD_CLOEXEC) : (fl & ~FD_CLOEXEC));
-}
-
 /* The next incarnation starts with stdio, socket-activation fds and ours
  * only: every other fd of the old one is closed by the exec. */
 static void close_transient_fds_at_exec(void)
@@ -403,30 +396,32 @@ static void close_transient_fds_at_exec(void)
 	if (syscall(SYS_close_range, first, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) == 0)
 		return;
 	for (unsigned fd = first; fd < 65536; fd++)
-		set_cloexec((int)fd, true);
+		rk_fd_set_cloexec((int)fd, true);
 }
 
 static void hand_over_fds(bool warm, bool hot_switch, uint32_t drop, bool on)
 {
 	if (on)
 		close_transient_fds_at_exec();
-	set_cloexec(rk_g.manifest_fd, !on);
+	rk_fd_set_cloexec(rk_g.manifest_fd, !on);
 	/* the spare only if it still is (the app may have closed and reused
 	 * that number): a stranger must not leak into the next incarnation */
 	if (rk_g.manifest_spare_fd >= 0 &&
 	    rk_fd_is_file(rk_g.manifest_spare_fd, rk_g.manifest->spare_dev, rk_g.manifest->spare_ino))
-		set_cloexec(rk_g.manifest_spare_fd, !on);
+		rk_fd_set_cloexec(rk_g.manifest_spare_fd, !on);
 	if (rk_sup_fd() >= 0)
-		set_cloexec(rk_sup_fd(), !on);
+		rk_fd_set_cloexec(rk_sup_fd(), !on);
 	if (rk_control_fd() >= 0)
-		set_cloexec(rk_control_fd(), !on);
+		rk_fd_set_cloexec(rk_control_fd(), !on);
 	if (!warm)
 		return;
-	for (unsigned i = 0; i < rk_g.narenas; i++)
+	for (unsigned i = 0; i < rk_g.narenas; i++) {
+		bool switched = hot_switch && (int)i == rk_g.switch_index;
 		if (rk_g.arenas[i].hdr && !(drop & (1u << i)))
-			set_cloexec(hot_switch && (int)i == rk_g.switch_index ? rk_g.switch_fd : rk_g.arenas[i].fd, !on);
+			rk_fd_set_cloexec(switched ? rk_g.switch_fd : rk_g.arenas[i].fd, !on);
+	}
 	for (unsigned i = 0; i < rk_nranges; i++)
-		set_cloexec(rk_ranges[i].fd, !on);
+		rk_fd_set_cloexec(rk_ranges[i].fd, !on);
 }
 
 static bool pc_in_runtime(const void *uc)

@@ -418,6 +418,10 @@ void rk_ev_hex(struct rk_ev *e, const char *key, uint64_t v) RK_HIDDEN;
 void rk_ev_end(struct rk_ev *e) RK_HIDDEN; /* writes the line to stderr */
 size_t rk_strlcpy(char *dst, const char *src, size_t cap) RK_HIDDEN;
 size_t rk_strlcat(char *dst, const char *src, size_t cap) RK_HIDDEN;
+size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
+const char *rk_signame(int sig) RK_HIDDEN;
+
+/* ---- fds.c: what an fd is, and whether it survives an exec ---- */
 /* True if fd is a memfd whose /proc/self/fd link starts with want ("/memfd:
  * rekindle:..."); with exact, the name must end there too. */
 bool rk_fd_is_memfd(int fd, const char *want, bool exact) RK_HIDDEN;
@@ -427,8 +431,8 @@ bool rk_fd_is_shmem(int fd) RK_HIDDEN;
 void rk_fd_file_id(int fd, uint64_t *dev, uint64_t *ino) RK_HIDDEN;
 /* True if fd refers to exactly that file. */
 bool rk_fd_is_file(int fd, uint64_t dev, uint64_t ino) RK_HIDDEN; /* async-signal-safe too */
-size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
-const char *rk_signame(int sig) RK_HIDDEN;
+/* Sets or clears FD_CLOEXEC (a failed F_GETFD: left alone); async-signal-safe. */
+void rk_fd_set_cloexec(int fd, bool on) RK_HIDDEN;
 
 /* ---- pkeys.c: write protection of arenas (memory protection keys) -------
  * An arena opened RK_ARENA_WRITE_PROTECT gets a key whose write access is off
