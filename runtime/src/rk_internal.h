@@ -181,7 +181,7 @@ uint32_t rk_gettid(void) RK_HIDDEN;
 int rk_arena_sweep(struct rk_arena *a, struct rk_sweep_stats *st) RK_HIDDEN;
 int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
 
-/* ---- the manifest: a memfd handed to the next incarnation -----------------
+/* ---- manifest.c: the manifest, a memfd handed to the next incarnation ----
  * Written by the dying incarnation (signal-safe: plain stores into a shared
  * mapping), read and validated by the next one's rk_init.  Its fd number is
  * passed in $REKINDLE_MANIFEST_FD. */
@@ -247,6 +247,21 @@ static inline uint64_t rk_manifest_checksum(const struct rk_manifest *m)
 	h = h * k ^ rk_hash_words(m->ranges, m->nranges * sizeof m->ranges[0]);
 	return h * k ^ rk_hash_words(m->statics, m->nstatics * sizeof m->statics[0]);
 }
+/* This incarnation's manifest (rk_g.manifest), from rk_g and old (the
+ * previous incarnation's, or NULL); 0 or -errno. */
+int rk_manifest_create(const struct rk_manifest *old) RK_HIDDEN;
+void rk_manifest_sync(void) RK_HIDDEN; /* after the arena or range list changed */
+/* The previous incarnation's manifest, mapped privately (*size bytes, for
+ * munmap): NULL if there is none, MAP_FAILED if it is refused (why says
+ * why).  rk_manifest_inherit looks in $REKINDLE_MANIFEST_FD (an in-place
+ * restart) and keeps that fd open in *kept_fd, the spare for our successor;
+ * rk_manifest_inherit_supervised asks the supervisor (a respawn), and for a
+ * fresh or cold start fills in rk_g.info and returns NULL. */
+const struct rk_manifest *rk_manifest_inherit(uint64_t *size, int *kept_fd, char *why, size_t wl) RK_HIDDEN;
+const struct rk_manifest *rk_manifest_inherit_supervised(uint64_t *size, char *why, size_t wl) RK_HIDDEN;
+/* Hands inherited_fd (the previous manifest's memfd, -1 if none) on as the
+ * spare, or closes it if a supervisor does not yet hold our manifest. */
+void rk_manifest_offer_spare(int inherited_fd, bool supervisor_has_ours) RK_HIDDEN;
 
 /* ---- init.c: process-wide state ---- */
 struct rk_state {
@@ -293,7 +308,6 @@ void rk_teardown_holder_stand(void) RK_HIDDEN; /* keep one for the whole incarna
 extern struct rk_state rk_g RK_HIDDEN;
 
 uint64_t rk_now_ns(void) RK_HIDDEN;
-void rk_manifest_sync(void) RK_HIDDEN; /* after the arena or range list changed */
 
 /* ---- statics.c ---- */
 size_t rk_statics_total(void) RK_HIDDEN;  /* bytes of saved data needed */
