@@ -4,7 +4,6 @@
 #include "rk_internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,7 +20,6 @@
 
 #define DEFAULT_ARENA_BASE 0x200000000000ull /* 32 TiB: far from PIE, heap, mmap, stack */
 #define RESERVE_BYTES 0x100000000000ull      /* 16 TiB of address space, PROT_NONE */
-#define ARENA_SLOT_ALIGN (1ull << 30)
 
 struct rk_state rk_g = {.manifest_fd = -1, .manifest_spare_fd = -1, .switch_fd = -1};
 
@@ -49,33 +47,6 @@ static uint64_t env_u64(const char *name, uint64_t dflt)
 		return dflt;
 	}
 	return x;
-}
-
-static void *reserve_range(uint64_t base, uint64_t len)
-{
-	void *p = mmap((void *)(uintptr_t)base, len, PROT_NONE,
-		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-	if (p == MAP_FAILED)
-		return NULL;
-	if (p != (void *)(uintptr_t)base) { /* kernel without MAP_FIXED_NOREPLACE */
-		munmap(p, len);
-		errno = EEXIST;
-		return NULL;
-	}
-	return p;
-}
-
-/* Puts the reservation back over [base, base+len). */
-static void unreserve_to_none(uint64_t base, uint64_t len)
-{
-	if (mmap((void *)(uintptr_t)base, len, PROT_NONE,
-		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
-		munmap((void *)(uintptr_t)base, len);
-}
-
-static uint64_t arena_slot_bytes(uint64_t max)
-{
-	return RK_ALIGN_UP(max + RK_PAGE, ARENA_SLOT_ALIGN); /* at least one guard page */
 }
 
 /* ---- reattaching inherited state ----------------------------------------- */
@@ -134,7 +105,7 @@ static bool drop_independent(const struct rk_manifest_arena *d, struct rk_arena 
 	char msg[240];
 	snprintf(msg, sizeof msg, "independent arena failed its checks: %s", why);
 	log_arena_dropped(d->name, msg);
-	unreserve_to_none(d->base, d->max);
+	rk_arena_unreserve(d->base, d->max);
 	close(d->fd);
 	memset(a, 0, sizeof *a);
 	rk_g.narenas--;
@@ -215,7 +186,7 @@ static int try_warm(const struct rk_manifest *m, uint64_t msize, char *why, size
 	rk_g.reserve_base = m->reserve_base;
 	rk_g.reserve_len = m->reserve_len;
 	rk_g.next_arena_addr = m->next_arena_addr;
-	if (!reserve_range(m->reserve_base, m->reserve_len)) {
+	if (!rk_arena_reserve_range(m->reserve_base, m->reserve_len)) {
 		snprintf(why, wl, "arena address range 0x%llx+0x%llx is already taken in the new process",
 			 (unsigned long long)m->reserve_base, (unsigned long long)m->reserve_len);
 		return -EEXIST;
@@ -325,7 +296,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		/* The range only has to stay the same from now on: if the usual one
 		 * is taken, use the next one and say so. */
 		uint64_t try = base;
-		for (int k = 0; k < 3 && !reserve_range(try, RESERVE_BYTES); k++)
+		for (int k = 0; k < 3 && !rk_arena_reserve_range(try, RESERVE_BYTES); k++)
 			try += RESERVE_BYTES;
 		if (try != base && try < base + 3 * RESERVE_BYTES) {
 			struct rk_ev ev;
@@ -413,186 +384,6 @@ const struct rk_restart_info *rk_restart_info(void)
 	return &rk_g.info;
 }
 
-/* ---- arenas ----------------------------------------------------------- */
-
-static int arena_name_ok(const char *name)
-{
-	size_t n = name ? strnlen(name, RK_NAME_MAX + 1) : 0;
-	if (n == 0 || n > RK_NAME_MAX)
-		return 0;
-	for (size_t i = 0; i < n; i++) {
-		char c = name[i];
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-		      c == '-' || c == '.'))
-			return 0;
-	}
-	return 1;
-}
-
-uint64_t rk_arena_reserve_slot(uint64_t max)
-{
-	uint64_t base = rk_g.next_arena_addr, slot = arena_slot_bytes(max);
-	if (base + slot > rk_g.reserve_base + rk_g.reserve_len)
-		return 0;
-	rk_g.next_arena_addr = base + slot;
-	return base;
-}
-
-void rk_arena_unreserve(uint64_t base, uint64_t max)
-{
-	unreserve_to_none(base, max);
-}
-
-/* Formats a new arena on fd at base and registers it; the caller owns the
- * address slot.  NULL with errno on failure (fd left open). */
-static rk_arena *arena_format_at(const char *name, int fd, uint64_t base, uint64_t max, unsigned flags)
-{
-	struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
-	memset(a, 0, sizeof *a);
-	a->fd = fd;
-	rk_fd_file_id(fd, &a->dev, &a->ino);
-	uint64_t heap_off = rk_arena_heap_offset(max);
-	int r = -EINVAL;
-	if (heap_off + 65536 <= max && ftruncate(fd, (off_t)heap_off) == 0) {
-		void *p = mmap((void *)(uintptr_t)base, max, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
-		if (p != MAP_FAILED) {
-			a->hdr = p;
-			r = rk_arena_format(a, name, base, max);
-		} else {
-			r = -errno;
-		}
-	} else if (heap_off + 65536 <= max) {
-		r = -errno;
-	}
-	if (r < 0) {
-		if (a->hdr)
-			unreserve_to_none(base, max);
-		memset(a, 0, sizeof *a);
-		errno = -r;
-		return NULL;
-	}
-	(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK); /* a stray ftruncate must not SIGBUS us */
-	a->hdr_max = max;
-	a->index = rk_g.narenas++;
-	a->reopened = true;
-	a->flags = flags;
-	rk_strlcpy(a->name, name, sizeof a->name);
-	return a;
-}
-
-struct rk_arena *rk_arena_create_at(const char *name, int fd, uint64_t base, uint64_t max)
-{
-	if (rk_g.narenas == RK_MAX_ARENAS) {
-		errno = ENOSPC;
-		return NULL;
-	}
-	return arena_format_at(name, fd, base, max, 0);
-}
-
-static rk_arena *arena_create(const char *name, uint64_t max, unsigned flags)
-{
-	uint64_t base = rk_g.next_arena_addr, slot = arena_slot_bytes(max);
-	if (base + slot > rk_g.reserve_base + rk_g.reserve_len) {
-		errno = ENOSPC;
-		return NULL;
-	}
-	char fdname[64];
-	snprintf(fdname, sizeof fdname, "rekindle:%s", name);
-	int fd = memfd_create(fdname, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return NULL;
-	rk_arena *a = arena_format_at(name, fd, base, max, flags);
-	if (!a) {
-		int e = errno;
-		close(fd);
-		errno = e;
-		return NULL;
-	}
-	rk_g.next_arena_addr = base + slot;
-	rk_manifest_sync();
-	return a;
-}
-
-/* The protection follows what this incarnation asked for. */
-static rk_arena *arena_protect(rk_arena *a)
-{
-	if ((a->flags & RK_ARENA_WRITE_PROTECT) && a->pkey == 0)
-		(void)rk_wp_protect(a); /* without pkeys: warned once, unprotected */
-	return a;
-}
-
-rk_arena *rk_arena_open_flags(const char *name, size_t max_bytes, unsigned flags)
-{
-	if (!rk_g.initialized) {
-		errno = EPERM; /* rk_init first */
-		return NULL;
-	}
-	if (!arena_name_ok(name) || (flags & ~(RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT))) {
-		errno = EINVAL;
-		return NULL;
-	}
-	uint64_t max = RK_ALIGN_UP((uint64_t)max_bytes, 2u << 20);
-	if (max_bytes == 0 || max < max_bytes) {
-		errno = EINVAL;
-		return NULL;
-	}
-	for (unsigned i = 0; i < rk_g.narenas; i++) {
-		struct rk_arena *a = &rk_g.arenas[i];
-		if (!a->hdr || strcmp(a->name, name) != 0)
-			continue;
-		if (a->inherited && max != a->hdr->max_bytes && !a->reopened) {
-			struct rk_ev e;
-			rk_ev_begin(&e, "warning");
-			rk_ev_str(&e, "what", "arena reopened with another max_bytes; keeping the preserved size");
-			rk_ev_str(&e, "arena", name);
-			rk_ev_u64(&e, "max_bytes", a->hdr->max_bytes);
-			rk_ev_end(&e);
-		}
-		a->reopened = true;
-		if (a->flags != flags) {
-			a->flags = flags;
-			rk_manifest_sync();
-		}
-		return arena_protect(a);
-	}
-	if (rk_g.narenas == RK_MAX_ARENAS) {
-		errno = ENOSPC;
-		return NULL;
-	}
-	rk_arena *a = arena_create(name, max, flags);
-	return a ? arena_protect(a) : NULL;
-}
-
-rk_arena *rk_arena_open(const char *name, size_t max_bytes)
-{
-	return rk_arena_open_flags(name, max_bytes, 0);
-}
-
-bool rk_arena_preserved(const rk_arena *a)
-{
-	return a && a->hdr && a->inherited;
-}
-
-bool rk_arena_write_protected(const rk_arena *a)
-{
-	return a && a->pkey > 0;
-}
-
-static void arena_drop(struct rk_arena *a)
-{
-	struct rk_ev e;
-	rk_ev_begin(&e, "arena_dropped");
-	rk_ev_str(&e, "arena", a->name);
-	rk_ev_str(&e, "why", "not reopened during recovery");
-	rk_ev_end(&e);
-	unreserve_to_none((uint64_t)(uintptr_t)a->hdr, a->hdr_max);
-	close(a->fd);
-	a->hdr = NULL;
-	a->map = NULL;
-	a->fd = -1;
-	rk_manifest_sync();
-}
-
 int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
 {
 	struct rk_sweep_stats total = {0};
@@ -607,7 +398,7 @@ int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
 		if (!a->hdr || !a->inherited || !a->sweep_pending)
 			continue;
 		if (!a->reopened) {
-			arena_drop(a);
+			rk_arena_drop(a);
 			continue;
 		}
 		struct rk_sweep_stats st = {0};

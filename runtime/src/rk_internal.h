@@ -160,6 +160,15 @@ uint64_t rk_arena_hdr_checksum(const struct rk_arena_hdr *h) RK_HIDDEN;
 uint64_t rk_arena_roots_checksum(const struct rk_arena_hdr *h) RK_HIDDEN;
 uint64_t rk_fnv1a(const void *p, size_t n, uint64_t h) RK_HIDDEN;
 uint64_t rk_hash_words(const void *p, size_t n) RK_HIDDEN; /* the manifest's checksum */
+/* The address range of arenas (PROT_NONE where no arena is mapped). */
+void *rk_arena_reserve_range(uint64_t base, uint64_t len) RK_HIDDEN;
+/* Reserves address space for an arena of max bytes; returns its base or 0. */
+uint64_t rk_arena_reserve_slot(uint64_t max) RK_HIDDEN;
+void rk_arena_unreserve(uint64_t base, uint64_t max) RK_HIDDEN; /* back to PROT_NONE */
+/* A formatted arena on fd at base, registered in this process only (the
+ * cross-check validator's scratch arena). */
+struct rk_arena *rk_arena_create_at(const char *name, int fd, uint64_t base, uint64_t max) RK_HIDDEN;
+void rk_arena_drop(struct rk_arena *a) RK_HIDDEN; /* unmapped, closed, logged */
 
 /* ---- alloc.c ---- */
 /* Allocator locks live in the arena; holding one counts as an open unsafe
@@ -292,12 +301,6 @@ struct rk_state {
 	uint64_t switch_base, switch_max, switch_dev, switch_ino;
 };
 void rk_reap_teardown_holder(void) RK_HIDDEN; /* and a killed validator */
-/* A formatted arena on fd at base, registered in this process only (the
- * cross-check validator's scratch arena). */
-struct rk_arena *rk_arena_create_at(const char *name, int fd, uint64_t base, uint64_t max) RK_HIDDEN;
-/* Reserves address space for an arena of max bytes; returns its base or 0. */
-uint64_t rk_arena_reserve_slot(uint64_t max) RK_HIDDEN;
-void rk_arena_unreserve(uint64_t base, uint64_t max) RK_HIDDEN;
 /* In a forked validator: write nothing the serving process or the
  * supervisor can see (manifest, control block, supervisor socket). */
 void rk_validator_detach(void) RK_HIDDEN;
