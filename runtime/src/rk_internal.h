@@ -190,6 +190,8 @@ uint32_t rk_gettid(void) RK_HIDDEN;
 int rk_arena_sweep(struct rk_arena *a, struct rk_sweep_stats *st) RK_HIDDEN;
 int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
 
+/* ---- prefault.c: exports only the public rk_prefault ---- */
+
 /* ---- manifest.c: the manifest, a memfd handed to the next incarnation ----
  * Written by the dying incarnation (signal-safe: plain stores into a shared
  * mapping), read and validated by the next one's rk_init.  Its fd number is
