@@ -190,8 +190,6 @@ uint32_t rk_gettid(void) RK_HIDDEN;
 int rk_arena_sweep(struct rk_arena *a, struct rk_sweep_stats *st) RK_HIDDEN;
 int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
 
-/* ---- prefault.c: exports only the public rk_prefault ---- */
-
 /* ---- manifest.c: the manifest, a memfd handed to the next incarnation ----
  * Written by the dying incarnation (signal-safe: plain stores into a shared
  * mapping), read and validated by the next one's rk_init.  Its fd number is
@@ -273,6 +271,15 @@ const struct rk_manifest *rk_manifest_inherit_supervised(uint64_t *size, char *w
 /* Hands inherited_fd (the previous manifest's memfd, -1 if none) on as the
  * spare, or closes it if a supervisor does not yet hold our manifest. */
 void rk_manifest_offer_spare(int inherited_fd, bool supervisor_has_ours) RK_HIDDEN;
+
+/* ---- recovery.c: a warm start, from rk_init to rk_finish_recovery ---- */
+/* Maps and checks what the manifest m (msize bytes) hands on, restores the
+ * statics; 0, or -errno with everything undone (why says why) but the
+ * inherited fds, which rk_recovery_close_inherited closes. */
+int rk_recovery_attach(const struct rk_manifest *m, uint64_t msize, char *why, size_t wl) RK_HIDDEN;
+void rk_recovery_close_inherited(const struct rk_manifest *m) RK_HIDDEN;
+
+/* ---- prefault.c: exports only the public rk_prefault ---- */
 
 /* ---- init.c: process-wide state ---- */
 struct rk_state {
