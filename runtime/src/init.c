@@ -16,7 +16,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_ARENA_BASE 0x200000000000ull /* 32 TiB: far from PIE, heap, mmap, stack */
 #define RESERVE_BYTES 0x100000000000ull      /* 16 TiB of address space, PROT_NONE */
 
 struct rk_state rk_g = {.manifest_fd = -1, .manifest_spare_fd = -1, .switch_fd = -1};
@@ -30,21 +29,6 @@ uint64_t rk_now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t env_u64(const char *name, uint64_t dflt)
-{
-	const char *v = getenv(name);
-	if (!v || !*v)
-		return dflt;
-	char *end;
-	errno = 0;
-	unsigned long long x = strtoull(v, &end, 0);
-	if (errno || *end) {
-		fprintf(stderr, "{\"rekindle\":\"warning\",\"what\":\"ignoring malformed %s\"}\n", name);
-		return dflt;
-	}
-	return x;
 }
 
 /* An in-place restart execs /proc/self/exe, which names the process "exe":
@@ -99,11 +83,8 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		return -EALREADY;
 	rk_g.start_ns = rk_now_ns();
 	rk_g.pid = getpid();
-	rk_g.flags = opts ? opts->flags : 0;
-	rk_g.crashloop_ms = opts && opts->crashloop_window_ms ? opts->crashloop_window_ms
-							      : (unsigned)env_u64("REKINDLE_CRASHLOOP_MS", 1000);
-	rk_g.max_fast_failures = opts && opts->max_fast_failures ? opts->max_fast_failures : 5;
-	uint64_t base = opts && opts->arena_base ? opts->arena_base : env_u64("REKINDLE_ARENA_BASE", DEFAULT_ARENA_BASE);
+	rk_options_parse(opts);
+	uint64_t base = rk_cfg.arena_base;
 
 	int r = rk_control_open();
 	if (r < 0)
@@ -182,7 +163,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		munmap((void *)old, msize);
 	if (r == 0)
 		r = rk_restart_setup(argc, argv, rk_g.manifest_fd);
-	if (r == 0 && !(rk_g.flags & RK_OPT_NO_SIGNAL_HANDLERS))
+	if (r == 0 && !(rk_cfg.flags & RK_OPT_NO_SIGNAL_HANDLERS))
 		r = rk_signals_install();
 	if (r < 0) {
 		if (inherited_manifest_fd >= 0)
@@ -192,7 +173,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 	rk_g.initialized = true;
 	rk_reap_teardown_holder();
 	rk_g.info.preserved_bytes = preserved_bytes();
-	if (rk_g.info.kind == RK_START_WARM && (rk_g.flags & RK_OPT_PREFAULT))
+	if (rk_g.info.kind == RK_START_WARM && (rk_cfg.flags & RK_OPT_PREFAULT))
 		(void)rk_prefault(true);
 	rk_teardown_holder_stand();
 	rk_control_begin(rk_g.info.generation, rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);

@@ -34,13 +34,7 @@ extern char **environ;
 
 static char **exec_argv, **exec_envp;
 static char manifest_env[48], sup_env[48], ctl_env[48];
-static int restart_signal; /* $REKINDLE_RESTART_SIGNAL: the supervisor asks for a restart */
 static _Atomic int restarting; /* 0, or the tid of the thread restarting */
-static bool sync_teardown; /* $REKINDLE_SYNC_TEARDOWN=1: no helper (for measurements) */
-#define EXEC_POOL_DEFAULT_KB 512u
-#define EXEC_POOL_MAX_KB (64u << 10)
-static size_t exec_pool_len; /* $REKINDLE_EXEC_POOL_KB, in bytes; 0: no pool */
-static unsigned listen_fds;  /* $LISTEN_FDS at init: fds 3.. kept (socket activation) */
 
 /* A restart that returns (failed, or given up) lets the next one in. */
 static void restarting_done(void)
@@ -118,17 +112,6 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 		rk_fmt_u64(ctl_env + strlen(ctl_env), (uint64_t)rk_control_fd());
 		exec_envp[n++] = ctl_env;
 	}
-	const char *rs = getenv("REKINDLE_RESTART_SIGNAL");
-	restart_signal = rs ? (int)strtol(rs, NULL, 10) : 0;
-	if (restart_signal < SIGRTMIN || restart_signal > SIGRTMAX)
-		restart_signal = 0;
-	const char *lf = getenv("LISTEN_FDS");
-	listen_fds = lf ? (unsigned)strtoul(lf, NULL, 10) : 0;
-	const char *s = getenv("REKINDLE_SYNC_TEARDOWN");
-	sync_teardown = s && strcmp(s, "1") == 0;
-	const char *kb = getenv("REKINDLE_EXEC_POOL_KB");
-	uint64_t pool_kb = kb && *kb ? strtoull(kb, NULL, 10) : EXEC_POOL_DEFAULT_KB;
-	exec_pool_len = RK_ALIGN_UP((pool_kb < EXEC_POOL_MAX_KB ? pool_kb : EXEC_POOL_MAX_KB) << 10, RK_PAGE);
 	return 0;
 }
 
@@ -149,11 +132,15 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
  * that returns (failed exec) leaves the incarnation without a pool. */
 
 static void *exec_pool;
+static size_t exec_pool_len; /* bytes; 0: no pool */
 
 /* Maps the pool (not yet populated: the standing helper writes it). */
 static void exec_pool_map(void)
 {
-	if (exec_pool || !exec_pool_len)
+	if (exec_pool)
+		return;
+	exec_pool_len = RK_ALIGN_UP((size_t)rk_cfg.exec_pool_kb << 10, RK_PAGE);
+	if (!exec_pool_len)
 		return;
 	void *p = mmap(NULL, exec_pool_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED) {
@@ -303,7 +290,7 @@ static void holder_wait_fds_closed(void)
 /* Clones a helper; returns the pipe's write end (its pid in *pid) or -1. */
 static int holder_clone(pid_t *pid, bool standing)
 {
-	if (sync_teardown || pipe2(holder_pipe, O_CLOEXEC) < 0)
+	if (rk_cfg.sync_teardown || pipe2(holder_pipe, O_CLOEXEC) < 0)
 		return -1;
 	atomic_store(&holder_fds_closed, 0);
 	/* The helper carries the app's name, so `pkill -HUP app` reaches it too;
@@ -392,7 +379,7 @@ void rk_teardown_holder_stand(void)
  * only: every other fd of the old one is closed by the exec. */
 static void close_transient_fds_at_exec(void)
 {
-	unsigned first = 3 + listen_fds;
+	unsigned first = 3 + rk_cfg.listen_fds;
 	if (syscall(SYS_close_range, first, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) == 0)
 		return;
 	for (unsigned fd = first; fd < 65536; fd++)
@@ -622,19 +609,19 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 	}
 	uint64_t t0 = rk_now_ns();
 	uint64_t age_ms = (t0 - rk_g.start_ns) / 1000000;
-	bool fast = age_ms < rk_g.crashloop_ms && !hot_switch;
+	bool fast = age_ms < rk_cfg.crashloop_ms && !hot_switch;
 	uint32_t fast_failures = fast ? m->fast_failures + 1 : (hot_switch ? m->fast_failures : 0);
 	char decision[160] = "";
 	bool warm = want_warm;
 	const char *ctl_damage;
 	int repeat_owner = -1;
 
-	if (fast_failures >= rk_g.max_fast_failures) {
+	if (fast_failures >= rk_cfg.max_fast_failures) {
 		struct rk_ev e;
 		rk_ev_begin(&e, "giveup");
 		rk_ev_str(&e, "reason", reason);
 		rk_ev_u64(&e, "consecutive_fast_failures", fast_failures);
-		rk_ev_u64(&e, "window_ms", rk_g.crashloop_ms);
+		rk_ev_u64(&e, "window_ms", rk_cfg.crashloop_ms);
 		rk_ev_end(&e);
 		restarting_done();
 		return -ELOOP;
@@ -654,7 +641,7 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 		rk_strlcat(decision, "second failure ", sizeof decision);
 		sb_u64(decision, sizeof decision, age_ms);
 		rk_strlcat(decision, " ms after a warm restart (window ", sizeof decision);
-		sb_u64(decision, sizeof decision, rk_g.crashloop_ms);
+		sb_u64(decision, sizeof decision, rk_cfg.crashloop_ms);
 		rk_strlcat(decision, " ms)", sizeof decision);
 	} else if ((ctl_damage = rk_control_damage()) != NULL) {
 		warm = false; /* the evidence of open unsafe regions is gone */
@@ -831,7 +818,7 @@ static void on_restart_signal(int sig, siginfo_t *si, void *uc)
 
 static int restart_signal_install(void)
 {
-	if (!restart_signal)
+	if (!rk_cfg.restart_signal)
 		return 0;
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
@@ -840,9 +827,9 @@ static int restart_signal_install(void)
 	sigemptyset(&sa.sa_mask);
 	sigset_t s;
 	sigemptyset(&s);
-	sigaddset(&s, restart_signal);
+	sigaddset(&s, rk_cfg.restart_signal);
 	sigprocmask(SIG_UNBLOCK, &s, NULL);
-	return sigaction(restart_signal, &sa, NULL) < 0 ? -errno : 0;
+	return sigaction(rk_cfg.restart_signal, &sa, NULL) < 0 ? -errno : 0;
 }
 
 int rk_signals_install(void)

@@ -286,9 +286,7 @@ struct rk_state {
 	bool initialized;
 	bool recovery;        /* warm start, recovery not finished */
 	pid_t pid;            /* the process rk_init ran in (a forked child does not restart) */
-	unsigned flags;
 	uint64_t reserve_base, reserve_len, next_arena_addr;
-	unsigned crashloop_ms, max_fast_failures;
 	struct rk_arena arenas[RK_MAX_ARENAS];
 	unsigned narenas;
 	struct rk_restart_info info;
@@ -446,6 +444,23 @@ size_t rk_strlcpy(char *dst, const char *src, size_t cap) RK_HIDDEN;
 size_t rk_strlcat(char *dst, const char *src, size_t cap) RK_HIDDEN;
 size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
 const char *rk_signame(int sig) RK_HIDDEN;
+
+/* ---- options.c: every setting, parsed once at the start of rk_init ---- */
+struct rk_config {
+	unsigned flags;             /* rk_options.flags: RK_OPT_* */
+	uint64_t arena_base;        /* start of the address range reserved for arenas */
+	unsigned crashloop_ms;      /* a failure this soon after a warm restart goes cold; 0: no window */
+	unsigned max_fast_failures; /* consecutive quick failures before giving up */
+	int restart_signal;         /* the supervisor's request for a restart; 0: none */
+	bool sync_teardown;         /* no teardown helper (for measurements) */
+	unsigned exec_pool_kb;      /* the exec page pool; 0: none */
+	unsigned listen_fds;        /* fds 3.. of socket activation, kept open by a restart */
+	uint64_t stages_tear_at;    /* stages.c's fault injection; 0: off */
+};
+extern struct rk_config rk_cfg RK_HIDDEN;
+/* Fills rk_cfg from opts (may be NULL) and the environment; each malformed
+ * or out-of-range variable gets one warning event, and its default. */
+void rk_options_parse(const struct rk_options *opts) RK_HIDDEN;
 
 /* ---- fds.c: what an fd is, and whether it survives an exec ---- */
 /* True if fd is a memfd whose /proc/self/fd link starts with want ("/memfd:
