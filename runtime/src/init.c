@@ -20,10 +20,6 @@
 
 struct rk_state rk_g = {.manifest_fd = -1, .manifest_spare_fd = -1, .switch_fd = -1};
 
-/* restart.c */
-int rk_restart_setup(int argc, char **argv, int manifest_fd) RK_HIDDEN;
-int rk_signals_install(void) RK_HIDDEN;
-
 uint64_t rk_now_ns(void)
 {
 	struct timespec ts;

@@ -307,14 +307,9 @@ struct rk_state {
 	int switch_index, switch_fd;
 	uint64_t switch_base, switch_max, switch_dev, switch_ino;
 };
-void rk_reap_teardown_holder(void) RK_HIDDEN; /* and a killed validator */
 /* In a forked validator: write nothing the serving process or the
  * supervisor can see (manifest, control block, supervisor socket). */
 void rk_validator_detach(void) RK_HIDDEN;
-/* restart.c: the warm restart of a cross-check mismatch, onto the
- * validated arena (switch_* above).  Returns only on failure. */
-int rk_restart_hot_switch(const char *why) RK_HIDDEN;
-void rk_teardown_holder_stand(void) RK_HIDDEN; /* keep one for the whole incarnation */
 extern struct rk_state rk_g RK_HIDDEN;
 
 uint64_t rk_now_ns(void) RK_HIDDEN;
@@ -474,6 +469,26 @@ void rk_fd_file_id(int fd, uint64_t *dev, uint64_t *ino) RK_HIDDEN;
 bool rk_fd_is_file(int fd, uint64_t dev, uint64_t ino) RK_HIDDEN; /* async-signal-safe too */
 /* Sets or clears FD_CLOEXEC (a failed F_GETFD: left alone); async-signal-safe. */
 void rk_fd_set_cloexec(int fd, bool on) RK_HIDDEN;
+
+/* ---- restart.c: the decision, warm or cold, and the exec ---- */
+/* Copies argv and the environment for the exec (may allocate: rk_init). */
+int rk_restart_setup(int argc, char **argv, int manifest_fd) RK_HIDDEN;
+int rk_signals_install(void) RK_HIDDEN;
+/* The warm restart of a cross-check mismatch, onto the validated arena
+ * (rk_g.switch_*).  Returns only on failure. */
+int rk_restart_hot_switch(const char *why) RK_HIDDEN;
+/* 0, or the tid of the thread restarting; only restart.c writes it. */
+extern _Atomic int rk_restarting RK_HIDDEN;
+
+/* ---- teardown.c: the old address space's teardown, off the restart path ---- */
+void rk_teardown_holder_stand(void) RK_HIDDEN; /* at rk_init: one helper for the whole incarnation */
+void rk_reap_teardown_holder(void) RK_HIDDEN;  /* the last restart's helper, and a killed validator */
+/* At a restart (async-signal-safe): the write end of the helper's pipe,
+ * which the exec closes, or -1 (then the exec tears down, only slower);
+ * after a failed exec, rk_teardown_holder_exec_failed with it. */
+int rk_teardown_holder_for_exec(void) RK_HIDDEN;
+void rk_teardown_holder_exec_failed(int wr) RK_HIDDEN;
+void rk_exec_pool_release(void) RK_HIDDEN; /* just before execve; async-signal-safe */
 
 /* ---- pkeys.c: write protection of arenas (memory protection keys) -------
  * An arena opened RK_ARENA_WRITE_PROTECT gets a key whose write access is off
