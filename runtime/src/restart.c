@@ -1,6 +1,7 @@
-/* restart.c - the restart itself: fatal-signal handlers, the warm/cold
- * decision, and the re-execution of the same binary with the arena fds
- * inherited.  Everything reachable from a signal handler here is
+/* restart.c - the restart itself: the warm/cold decision, and the
+ * re-execution of the same binary with the arena fds inherited, for
+ * rk_restart, a cross-check's hot switch and the signal handlers
+ * (signals.c).  Everything reachable from a signal handler here is
  * async-signal-safe: no allocation, no stdio, no locks.
  *
  * The old address space is torn down off the restart path, by a helper that
@@ -10,17 +11,12 @@
 #include "rk_internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
-#include <sys/wait.h>
 #include <linux/futex.h>
-#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -36,8 +32,6 @@ static void restarting_done(void)
 	atomic_store(&rk_restarting, 0);
 	(void)syscall(SYS_futex, &rk_restarting, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
-
-static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
 /* ---- small signal-safe string building ---- */
 
@@ -305,11 +299,11 @@ static void manifest_switch_arena(bool on)
 	}
 }
 
-/* do_restart's hot_switch: a cross-check found the preserved state wrong;
+/* hot_switch: a cross-check found the preserved state wrong;
  * not a failure of the app, so no crash-loop count, and whatever was open in
  * the replaced arena does not matter (it is discarded). */
-static int do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, const siginfo_t *si,
-		      const void *uc)
+int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, const siginfo_t *si,
+		  const void *uc)
 {
 	struct rk_manifest *m = rk_g.manifest;
 	if (!m)
@@ -491,103 +485,17 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 
 int rk_restart(const char *reason)
 {
-	return do_restart(true, false, reason ? reason : "app request", 0, NULL, NULL);
+	return rk_do_restart(true, false, reason ? reason : "app request", 0, NULL, NULL);
 }
 
 int rk_restart_hot_switch(const char *why)
 {
-	int r = do_restart(true, true, why, 0, NULL, NULL);
+	int r = rk_do_restart(true, true, why, 0, NULL, NULL);
 	rk_g.switch_fd = -1;
 	return r;
 }
 
 int rk_restart_cold(const char *reason)
 {
-	return do_restart(false, false, reason ? reason : "app request", 0, NULL, NULL);
-}
-
-/* ---- fatal signals ---- */
-
-static void on_fatal_signal(int sig, siginfo_t *si, void *uc)
-{
-	rk_wp_signal_entry();
-	char reason[64] = "signal ";
-	rk_strlcat(reason, rk_signame(sig), sizeof reason);
-	int saved = errno;
-	(void)do_restart(true, false, reason, sig, si, uc);
-	/* Restart impossible or given up: die of the signal as if unhandled. */
-	struct sigaction dfl;
-	memset(&dfl, 0, sizeof dfl);
-	dfl.sa_handler = SIG_DFL;
-	sigaction(sig, &dfl, NULL);
-	sigset_t s;
-	sigemptyset(&s);
-	sigaddset(&s, sig);
-	sigprocmask(SIG_UNBLOCK, &s, NULL);
-	errno = saved;
-	if (si && si->si_code <= 0) /* sent by kill/raise/abort: send it again */
-		raise(sig);
-	/* a faulting instruction faults again on return, now fatally */
-}
-
-/* The supervisor asks for a restart it could not wait for at a heartbeat
- * (the app does not beat, or hangs): act on the request now, from wherever
- * the app was, with the same checks as after a fault. */
-static void on_restart_signal(int sig, siginfo_t *si, void *uc)
-{
-	(void)si;
-	(void)uc;
-	int saved = errno;
-	rk_wp_signal_entry(); /* the kernel puts the interrupted PKRU back at return */
-	char reason[128];
-	enum rk_request_mode m = rk_control_take_request(reason, sizeof reason);
-	if (m == RK_REQ_NONE) {
-		rk_strlcpy(reason, "supervisor: restart signal ", sizeof reason);
-		rk_strlcat(reason, rk_signame(sig), sizeof reason);
-	}
-	(void)do_restart(m != RK_REQ_COLD, false, reason, 0, NULL, NULL);
-	errno = saved; /* restart impossible: carry on */
-}
-
-static int restart_signal_install(void)
-{
-	if (!rk_cfg.restart_signal)
-		return 0;
-	struct sigaction sa;
-	memset(&sa, 0, sizeof sa);
-	sa.sa_sigaction = on_restart_signal;
-	sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
-	sigemptyset(&sa.sa_mask);
-	sigset_t s;
-	sigemptyset(&s);
-	sigaddset(&s, rk_cfg.restart_signal);
-	sigprocmask(SIG_UNBLOCK, &s, NULL);
-	return sigaction(rk_cfg.restart_signal, &sa, NULL) < 0 ? -errno : 0;
-}
-
-int rk_signals_install(void)
-{
-	const size_t altsz = 64 * 1024;
-	void *alt = mmap(NULL, altsz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (alt == MAP_FAILED)
-		return -errno;
-	stack_t ss = {.ss_sp = alt, .ss_size = altsz, .ss_flags = 0};
-	if (sigaltstack(&ss, NULL) < 0)
-		return -errno;
-	/* A restart from a handler execs with that signal still blocked: unblock
-	 * them all, or the next fault of this incarnation could not be caught. */
-	sigset_t fatal;
-	sigemptyset(&fatal);
-	for (size_t i = 0; i < sizeof fatal_signals / sizeof fatal_signals[0]; i++)
-		sigaddset(&fatal, fatal_signals[i]);
-	sigprocmask(SIG_UNBLOCK, &fatal, NULL);
-	struct sigaction sa;
-	memset(&sa, 0, sizeof sa);
-	sa.sa_sigaction = on_fatal_signal;
-	sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-	sigemptyset(&sa.sa_mask);
-	for (size_t i = 0; i < sizeof fatal_signals / sizeof fatal_signals[0]; i++)
-		if (sigaction(fatal_signals[i], &sa, NULL) < 0)
-			return -errno;
-	return restart_signal_install();
+	return rk_do_restart(false, false, reason ? reason : "app request", 0, NULL, NULL);
 }

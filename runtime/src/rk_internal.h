@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #endif
 #define RK_INTERNAL
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -473,7 +474,12 @@ void rk_fd_set_cloexec(int fd, bool on) RK_HIDDEN;
 /* ---- restart.c: the decision, warm or cold, and the exec ---- */
 /* Copies argv and the environment for the exec (may allocate: rk_init). */
 int rk_restart_setup(int argc, char **argv, int manifest_fd) RK_HIDDEN;
-int rk_signals_install(void) RK_HIDDEN;
+/* The restart (async-signal-safe): decides warm or cold, records it in the
+ * manifest and execs; returns -errno only if it did not happen (refused,
+ * given up, or the exec failed).  sig, si, uc: the signal that caused it,
+ * or 0 and NULL. */
+int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, const siginfo_t *si,
+		  const void *uc) RK_HIDDEN;
 /* The warm restart of a cross-check mismatch, onto the validated arena
  * (rk_g.switch_*).  Returns only on failure. */
 int rk_restart_hot_switch(const char *why) RK_HIDDEN;
@@ -489,6 +495,9 @@ void rk_reap_teardown_holder(void) RK_HIDDEN;  /* the last restart's helper, and
 int rk_teardown_holder_for_exec(void) RK_HIDDEN;
 void rk_teardown_holder_exec_failed(int wr) RK_HIDDEN;
 void rk_exec_pool_release(void) RK_HIDDEN; /* just before execve; async-signal-safe */
+
+/* ---- signals.c: the fatal-signal and restart-signal handlers ---- */
+int rk_signals_install(void) RK_HIDDEN;
 
 /* ---- pkeys.c: write protection of arenas (memory protection keys) -------
  * An arena opened RK_ARENA_WRITE_PROTECT gets a key whose write access is off
