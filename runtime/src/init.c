@@ -8,15 +8,13 @@
 
 #include <errno.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
-#define RESERVE_BYTES 0x100000000000ull      /* 16 TiB of address space, PROT_NONE */
+#define RESERVE_BYTES 0x100000000000ull /* 16 TiB of address space, PROT_NONE */
 
 struct rk_state rk_g = {.manifest_fd = -1, .manifest_spare_fd = -1, .switch_fd = -1};
 

@@ -17,6 +17,8 @@
 
 /* ---- reattaching inherited state ---- */
 
+/* After a failed warm attempt: closes the fds the manifest hands on, each
+ * only if it still is the file the manifest names (never an app's fd). */
 void rk_recovery_close_inherited(const struct rk_manifest *m)
 {
 	for (unsigned i = 0; i < m->narenas; i++)

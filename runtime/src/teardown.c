@@ -12,8 +12,10 @@
  * The new incarnation's first pages come from a pool the old one frees just
  * before execve (see "the exec page pool").
  *
- * What the restart calls here (rk_teardown_holder_for_exec,
- * rk_exec_pool_release) is async-signal-safe. */
+ * $REKINDLE_SYNC_TEARDOWN=1 turns the helper off and $REKINDLE_EXEC_POOL_KB
+ * sizes the pool (options.c).  What the restart calls here
+ * (rk_teardown_holder_for_exec, rk_exec_pool_release,
+ * rk_teardown_holder_exec_failed) is async-signal-safe. */
 #include "rk_internal.h"
 
 #include <errno.h>
