@@ -108,6 +108,19 @@ static _Atomic int freezing;
  * allocator to the next incarnation. */
 TLS unsigned tls_locks_held;
 
+/* A spin-wait hint to the CPU: pause on x86, yield on arm64; elsewhere only
+ * a compiler barrier (the loop below yields to the scheduler soon anyway). */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ volatile("yield" ::: "memory");
+#else
+	__asm__ volatile("" ::: "memory");
+#endif
+}
+
 /* One try: true with the lock held; false if the thread stepped back for a
  * restart's freeze, holding nothing and no longer counted. */
 static inline bool lock_try_or_step_back(struct rk_arena *a, rk_lock *l, uint32_t me)
@@ -132,7 +145,7 @@ static inline bool lock_try_or_step_back(struct rk_arena *a, rk_lock *l, uint32_
 			return false;
 		}
 		if (spins < 100)
-			__builtin_ia32_pause();
+			cpu_relax();
 		else
 			sched_yield();
 	}

@@ -1,10 +1,15 @@
-/* arena.c - arena headers: format, validation of an inherited arena, growth,
- * named roots.  Mapping and naming of arenas is in init.c. */
+/* arena.c - arenas: the address range they live in, opening them by name
+ * (a new arena is a memfd formatted at the next free slot of the range; an
+ * inherited one is found by name), their write protection and dropping, and
+ * their headers: format, validation of an inherited arena, growth, named
+ * roots.  Reattaching an inherited arena at rk_init is in recovery.c. */
 #include "rk_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -206,10 +211,226 @@ void rk_arena_recover(struct rk_arena *a)
 	}
 }
 
+/* ---- the address range of arenas ---- */
+
+#define ARENA_SLOT_ALIGN (1ull << 30)
+
+/* Maps [base, base+len) PROT_NONE, there and nowhere else: NULL (errno set)
+ * if any of it is taken. */
+void *rk_arena_reserve_range(uint64_t base, uint64_t len)
+{
+	void *p = mmap((void *)(uintptr_t)base, len, PROT_NONE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	if (p != (void *)(uintptr_t)base) { /* kernel without MAP_FIXED_NOREPLACE */
+		munmap(p, len);
+		errno = EEXIST;
+		return NULL;
+	}
+	return p;
+}
+
+/* Puts the reservation back over [base, base+len). */
+static void unreserve_to_none(uint64_t base, uint64_t len)
+{
+	if (mmap((void *)(uintptr_t)base, len, PROT_NONE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+		munmap((void *)(uintptr_t)base, len);
+}
+
+static uint64_t arena_slot_bytes(uint64_t max)
+{
+	return RK_ALIGN_UP(max + RK_PAGE, ARENA_SLOT_ALIGN); /* at least one guard page */
+}
+
+uint64_t rk_arena_reserve_slot(uint64_t max)
+{
+	uint64_t base = rk_g.next_arena_addr, slot = arena_slot_bytes(max);
+	if (base + slot > rk_g.reserve_base + rk_g.reserve_len)
+		return 0;
+	rk_g.next_arena_addr = base + slot;
+	return base;
+}
+
+void rk_arena_unreserve(uint64_t base, uint64_t max)
+{
+	unreserve_to_none(base, max);
+}
+
+/* ---- opening and dropping arenas ---- */
+
+static int arena_name_ok(const char *name)
+{
+	size_t n = name ? strnlen(name, RK_NAME_MAX + 1) : 0;
+	if (n == 0 || n > RK_NAME_MAX)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = name[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+		      c == '-' || c == '.'))
+			return 0;
+	}
+	return 1;
+}
+
+/* Formats a new arena on fd at base and registers it; the caller owns the
+ * address slot.  NULL with errno on failure (fd left open). */
+static rk_arena *arena_format_at(const char *name, int fd, uint64_t base, uint64_t max, unsigned flags)
+{
+	struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
+	memset(a, 0, sizeof *a);
+	a->fd = fd;
+	rk_fd_file_id(fd, &a->dev, &a->ino);
+	uint64_t heap_off = rk_arena_heap_offset(max);
+	int r = -EINVAL;
+	if (heap_off + 65536 <= max && ftruncate(fd, (off_t)heap_off) == 0) {
+		void *p = mmap((void *)(uintptr_t)base, max, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+		if (p != MAP_FAILED) {
+			a->hdr = p;
+			r = rk_arena_format(a, name, base, max);
+		} else {
+			r = -errno;
+		}
+	} else if (heap_off + 65536 <= max) {
+		r = -errno;
+	}
+	if (r < 0) {
+		if (a->hdr)
+			unreserve_to_none(base, max);
+		memset(a, 0, sizeof *a);
+		errno = -r;
+		return NULL;
+	}
+	(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK); /* a stray ftruncate must not SIGBUS us */
+	a->hdr_max = max;
+	a->index = rk_g.narenas++;
+	a->reopened = true;
+	a->flags = flags;
+	rk_strlcpy(a->name, name, sizeof a->name);
+	return a;
+}
+
+struct rk_arena *rk_arena_create_at(const char *name, int fd, uint64_t base, uint64_t max)
+{
+	if (rk_g.narenas == RK_MAX_ARENAS) {
+		errno = ENOSPC;
+		return NULL;
+	}
+	return arena_format_at(name, fd, base, max, 0);
+}
+
+static rk_arena *arena_create(const char *name, uint64_t max, unsigned flags)
+{
+	uint64_t base = rk_g.next_arena_addr, slot = arena_slot_bytes(max);
+	if (base + slot > rk_g.reserve_base + rk_g.reserve_len) {
+		errno = ENOSPC;
+		return NULL;
+	}
+	char fdname[64];
+	snprintf(fdname, sizeof fdname, "rekindle:%s", name);
+	int fd = memfd_create(fdname, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return NULL;
+	rk_arena *a = arena_format_at(name, fd, base, max, flags);
+	if (!a) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return NULL;
+	}
+	rk_g.next_arena_addr = base + slot;
+	rk_manifest_sync();
+	return a;
+}
+
+/* The protection follows what this incarnation asked for. */
+static rk_arena *arena_protect(rk_arena *a)
+{
+	if ((a->flags & RK_ARENA_WRITE_PROTECT) && a->pkey == 0)
+		(void)rk_wp_protect(a); /* without pkeys: warned once, unprotected */
+	return a;
+}
+
+rk_arena *rk_arena_open_flags(const char *name, size_t max_bytes, unsigned flags)
+{
+	if (!rk_g.initialized) {
+		errno = EPERM; /* rk_init first */
+		return NULL;
+	}
+	if (!arena_name_ok(name) || (flags & ~(RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT))) {
+		errno = EINVAL;
+		return NULL;
+	}
+	uint64_t max = RK_ALIGN_UP((uint64_t)max_bytes, 2u << 20);
+	if (max_bytes == 0 || max < max_bytes) {
+		errno = EINVAL;
+		return NULL;
+	}
+	for (unsigned i = 0; i < rk_g.narenas; i++) {
+		struct rk_arena *a = &rk_g.arenas[i];
+		if (!a->hdr || strcmp(a->name, name) != 0)
+			continue;
+		if (a->inherited && max != a->hdr->max_bytes && !a->reopened) {
+			struct rk_ev e;
+			rk_ev_begin(&e, "warning");
+			rk_ev_str(&e, "what", "arena reopened with another max_bytes; keeping the preserved size");
+			rk_ev_str(&e, "arena", name);
+			rk_ev_u64(&e, "max_bytes", a->hdr->max_bytes);
+			rk_ev_end(&e);
+		}
+		a->reopened = true;
+		if (a->flags != flags) {
+			a->flags = flags;
+			rk_manifest_sync();
+		}
+		return arena_protect(a);
+	}
+	if (rk_g.narenas == RK_MAX_ARENAS) {
+		errno = ENOSPC;
+		return NULL;
+	}
+	rk_arena *a = arena_create(name, max, flags);
+	return a ? arena_protect(a) : NULL;
+}
+
+rk_arena *rk_arena_open(const char *name, size_t max_bytes)
+{
+	return rk_arena_open_flags(name, max_bytes, 0);
+}
+
+bool rk_arena_preserved(const rk_arena *a)
+{
+	return a && a->hdr && a->inherited;
+}
+
+bool rk_arena_write_protected(const rk_arena *a)
+{
+	return a && a->pkey > 0;
+}
+
+/* An inherited arena that the new incarnation did not reopen. */
+void rk_arena_drop(struct rk_arena *a)
+{
+	struct rk_ev e;
+	rk_ev_begin(&e, "arena_dropped");
+	rk_ev_str(&e, "arena", a->name);
+	rk_ev_str(&e, "why", "not reopened during recovery");
+	rk_ev_end(&e);
+	unreserve_to_none((uint64_t)(uintptr_t)a->hdr, a->hdr_max);
+	close(a->fd);
+	a->hdr = NULL;
+	a->map = NULL;
+	a->fd = -1;
+	rk_manifest_sync();
+}
+
 bool rk_arena_contains(const rk_arena *a, const void *p)
 {
 	return a && a->hdr && (uintptr_t)p >= a->hdr->base && (uintptr_t)p < a->hdr->base + a->hdr->max_bytes;
 }
+
+/* ---- roots ---- */
 
 static int root_name_ok(const char *name)
 {

@@ -1,35 +1,22 @@
-/* init.c - rk_init and the life of arenas across incarnations: reserving the
- * address range, creating and reattaching arenas, deciding warm or cold from
- * what the previous incarnation left in the manifest, ending recovery. */
+/* init.c - rk_init and the process-wide state (rk_g).  rk_init starts an
+ * incarnation: it finds what the previous one left (manifest.c), decides
+ * warm or cold, reattaches the preserved state (recovery.c) or reserves a new
+ * address range for arenas (arena.c), creates this incarnation's manifest,
+ * gets ready for the next restart (restart.c, teardown.c, signals.c) and
+ * says how it started. */
 #include "rk_internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
-
-#define DEFAULT_ARENA_BASE 0x200000000000ull /* 32 TiB: far from PIE, heap, mmap, stack */
-#define RESERVE_BYTES 0x100000000000ull      /* 16 TiB of address space, PROT_NONE */
-#define ARENA_SLOT_ALIGN (1ull << 30)
+#define RESERVE_BYTES 0x100000000000ull /* 16 TiB of address space, PROT_NONE */
 
 struct rk_state rk_g = {.manifest_fd = -1, .manifest_spare_fd = -1, .switch_fd = -1};
-
-/* restart.c */
-int rk_restart_setup(int argc, char **argv, int manifest_fd) RK_HIDDEN;
-int rk_signals_install(void) RK_HIDDEN;
 
 uint64_t rk_now_ns(void)
 {
@@ -37,365 +24,6 @@ uint64_t rk_now_ns(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
-
-static uint64_t env_u64(const char *name, uint64_t dflt)
-{
-	const char *v = getenv(name);
-	if (!v || !*v)
-		return dflt;
-	char *end;
-	errno = 0;
-	unsigned long long x = strtoull(v, &end, 0);
-	if (errno || *end) {
-		fprintf(stderr, "{\"rekindle\":\"warning\",\"what\":\"ignoring malformed %s\"}\n", name);
-		return dflt;
-	}
-	return x;
-}
-
-static void *reserve_range(uint64_t base, uint64_t len)
-{
-	void *p = mmap((void *)(uintptr_t)base, len, PROT_NONE,
-		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-	if (p == MAP_FAILED)
-		return NULL;
-	if (p != (void *)(uintptr_t)base) { /* kernel without MAP_FIXED_NOREPLACE */
-		munmap(p, len);
-		errno = EEXIST;
-		return NULL;
-	}
-	return p;
-}
-
-/* Puts the reservation back over [base, base+len). */
-static void unreserve_to_none(uint64_t base, uint64_t len)
-{
-	if (mmap((void *)(uintptr_t)base, len, PROT_NONE,
-		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
-		munmap((void *)(uintptr_t)base, len);
-}
-
-static uint64_t arena_slot_bytes(uint64_t max)
-{
-	return RK_ALIGN_UP(max + RK_PAGE, ARENA_SLOT_ALIGN); /* at least one guard page */
-}
-
-/* ---- manifest ------------------------------------------------------------ */
-
-static void manifest_sync_arenas(void)
-{
-	struct rk_manifest *m = rk_g.manifest;
-	/* a forked child (validator or not) shares the manifest with its
-	 * parent's successor-to-be: it writes none of it */
-	if (!m || rk_g.validator || getpid() != rk_g.pid)
-		return;
-	rk_g.manifest_busy = 1;
-	atomic_signal_fence(memory_order_seq_cst);
-	unsigned n = 0;
-	for (unsigned i = 0; i < rk_g.narenas; i++) {
-		const struct rk_arena *a = &rk_g.arenas[i];
-		if (!a->hdr)
-			continue;
-		struct rk_manifest_arena *d = &m->arenas[n++];
-		memset(d, 0, sizeof *d);
-		rk_strlcpy(d->name, a->name, sizeof d->name);
-		d->fd = a->fd;
-		d->flags = a->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT);
-		d->base = a->hdr->base;
-		d->max = a->hdr->max_bytes;
-		d->dev = a->dev;
-		d->ino = a->ino;
-	}
-	m->narenas = n;
-	n = 0;
-	for (unsigned i = 0; i < rk_nranges; i++) {
-		m->ranges[n].fd = rk_ranges[i].fd;
-		m->ranges[n].addr = rk_ranges[i].addr;
-		m->ranges[n].len = rk_ranges[i].len;
-		m->ranges[n].dev = rk_ranges[i].dev;
-		m->ranges[n].ino = rk_ranges[i].ino;
-		n++;
-	}
-	m->nranges = n;
-	m->next_arena_addr = rk_g.next_arena_addr;
-	/* Valid at every moment but mid-update: after a death that runs no
-	 * handler (SIGKILL) the supervisor hands this manifest on as it is. */
-	m->checksum = rk_manifest_checksum(m);
-	atomic_signal_fence(memory_order_seq_cst);
-	rk_g.manifest_busy = 0;
-	rk_control_name_arenas();
-	if (rk_g.initialized)
-		(void)rk_sup_send_fds(); /* the supervisor holds the new set from now on */
-}
-
-void rk_manifest_sync(void)
-{
-	manifest_sync_arenas();
-}
-
-static void set_fd_cloexec(int fd)
-{
-	int fl = fcntl(fd, F_GETFD);
-	if (fl >= 0)
-		(void)fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
-}
-
-/* The previous incarnation's spare memfd if it handed one on (no memfd to
- * create, no fresh pages to fault in: 20-30 us of a restart on cold caches),
- * else a new one.  *reused says which. */
-static int manifest_memfd(const struct rk_manifest *old, size_t size, bool *reused)
-{
-	*reused = false;
-	if (old && old->spare_fd >= 0 && rk_fd_is_file(old->spare_fd, old->spare_dev, old->spare_ino)) {
-		struct stat st;
-		if (fstat(old->spare_fd, &st) == 0 &&
-		    (st.st_size >= (off_t)size || ftruncate(old->spare_fd, (off_t)size) == 0)) {
-			set_fd_cloexec(old->spare_fd);
-			*reused = true;
-			return old->spare_fd;
-		}
-	}
-	int fd = memfd_create("rekindle:manifest", MFD_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	if (ftruncate(fd, (off_t)size) < 0) {
-		int e = -errno;
-		close(fd);
-		return e;
-	}
-	return fd;
-}
-
-static int manifest_create(const struct rk_manifest *old)
-{
-	size_t size = RK_ALIGN_UP(RK_MANIFEST_FIXED + rk_statics_total(), RK_PAGE);
-	bool reused;
-	int fd = manifest_memfd(old, size, &reused);
-	if (fd < 0)
-		return fd;
-	struct rk_manifest *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (m == MAP_FAILED) {
-		int e = -errno;
-		close(fd);
-		return e;
-	}
-	if (reused)
-		memset(m, 0, sizeof *m); /* the manifest of two incarnations ago */
-	m->spare_fd = -1; /* until manifest_offer_spare */
-	m->magic = RK_MANIFEST_MAGIC;
-	m->version = RK_MANIFEST_VERSION;
-	m->generation = rk_g.info.generation;
-	m->last_kind = rk_g.info.kind;
-	m->fast_failures = old ? old->fast_failures : 0;
-	m->reserve_base = rk_g.reserve_base;
-	m->reserve_len = rk_g.reserve_len;
-	(void)prctl(PR_GET_NAME, m->comm);
-	rk_statics_describe(m);
-	rk_g.manifest = m;
-	rk_g.manifest_fd = fd;
-	rk_g.manifest_size = size;
-	manifest_sync_arenas();
-	return 0;
-}
-
-/* The previous manifest's memfd (inherited_fd, -1 if none) becomes our
- * successor's to write, but only once a supervisor, if there is one, holds
- * ours instead: nobody may rewrite the manifest a supervisor holds (it hands
- * that one on after a death).  Updated like the arena list: a restart in
- * the middle goes cold rather than trust a half-written manifest. */
-static void manifest_offer_spare(int inherited_fd, bool supervisor_has_ours)
-{
-	struct rk_manifest *m = rk_g.manifest;
-	if (inherited_fd < 0)
-		return;
-	if (!supervisor_has_ours || !m) {
-		close(inherited_fd);
-		return;
-	}
-	rk_g.manifest_busy = 1;
-	atomic_signal_fence(memory_order_seq_cst);
-	m->spare_fd = inherited_fd;
-	rk_fd_file_id(inherited_fd, &m->spare_dev, &m->spare_ino);
-	m->checksum = rk_manifest_checksum(m);
-	atomic_signal_fence(memory_order_seq_cst);
-	rk_g.manifest_busy = 0;
-	rk_g.manifest_spare_fd = inherited_fd;
-}
-
-bool rk_fd_is_memfd(int fd, const char *want, bool exact)
-{
-	char link[64], target[128];
-	size_t wn = strlen(want);
-	snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-	ssize_t n = readlink(link, target, sizeof target - 1);
-	if (n < (ssize_t)wn)
-		return false;
-	target[n] = 0;
-	/* a memfd's link is "/memfd:NAME (deleted)" */
-	return strncmp(target, want, wn) == 0 && (!exact || target[wn] == 0 || target[wn] == ' ');
-}
-
-bool rk_fd_is_shmem(int fd)
-{
-	return fcntl(fd, F_GET_SEALS) >= 0;
-}
-
-void rk_fd_file_id(int fd, uint64_t *dev, uint64_t *ino)
-{
-	struct stat st;
-	bool ok = fstat(fd, &st) == 0;
-	*dev = ok ? (uint64_t)st.st_dev : 0;
-	*ino = ok ? (uint64_t)st.st_ino : 0;
-}
-
-bool rk_fd_is_file(int fd, uint64_t dev, uint64_t ino)
-{
-	uint64_t d, i;
-	rk_fd_file_id(fd, &d, &i);
-	return i != 0 && d == dev && i == ino;
-}
-
-/* Maps a manifest memfd (a private copy: writes stay ours) and checks it.
- * On success closes fd unless keep; on failure closes it unless it is a
- * stray fd of the app's: ours says it is the runtime's anyway (handed over
- * by the supervisor); otherwise only one that carries the manifest magic is
- * closed. */
-static struct rk_manifest *manifest_map(int fd, bool ours, bool keep, uint64_t *size, char *why, size_t wl)
-{
-	struct stat st;
-	struct rk_manifest *m = MAP_FAILED;
-	if (fstat(fd, &st) < 0 || st.st_size < (off_t)sizeof(struct rk_manifest)) {
-		snprintf(why, wl, "the manifest is truncated");
-	} else if ((m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0)) == MAP_FAILED) {
-		snprintf(why, wl, "cannot map the manifest: %s", strerror(errno));
-	} else if (m->magic != RK_MANIFEST_MAGIC || m->version != RK_MANIFEST_VERSION || m->narenas > RK_MAX_ARENAS ||
-		   m->nranges > RK_MAX_RANGES || m->nstatics > RK_MAX_STATICS ||
-		   m->checksum != rk_manifest_checksum(m)) {
-		snprintf(why, wl, "manifest from the previous incarnation is corrupt");
-		ours = ours || m->magic == RK_MANIFEST_MAGIC;
-		munmap((void *)m, (size_t)st.st_size);
-		m = MAP_FAILED;
-	}
-	if ((m != MAP_FAILED && !keep) || (m == MAP_FAILED && ours))
-		close(fd); /* a private mapping needs no fd */
-	if (m != MAP_FAILED)
-		*size = (uint64_t)st.st_size;
-	return m;
-}
-
-/* Maps the previous incarnation's manifest, if an in-place restart handed
- * one on; its fd stays open in *kept_fd (the spare for our successor). */
-static const struct rk_manifest *manifest_inherit(uint64_t *size, int *kept_fd, char *why, size_t wl)
-{
-	const char *v = getenv("REKINDLE_MANIFEST_FD");
-	if (!v)
-		return NULL;
-	char *end;
-	long fd = strtol(v, &end, 10);
-	unsetenv("REKINDLE_MANIFEST_FD"); /* not for the app's own children */
-	/* a shmem file, then magic, version and checksum: no readlink in /proc
-	 * (20 us for a new process's first one) on the restart path */
-	if (*end || fd < 0 || fd > INT_MAX || !rk_fd_is_shmem((int)fd)) {
-		snprintf(why, wl, "REKINDLE_MANIFEST_FD=%.40s is not a rekindle manifest", v);
-		return MAP_FAILED; /* not ours: leave that fd alone */
-	}
-	const struct rk_manifest *m = manifest_map((int)fd, false, true, size, why, wl);
-	if (m != MAP_FAILED) {
-		*kept_fd = (int)fd;
-		set_fd_cloexec((int)fd); /* not for the app's children; a restart hands it on */
-	}
-	return m;
-}
-
-/* Takes the handed-over fd whose memfd is called exactly "rekindle:<name>". */
-static int take_fd_named(struct rk_inherit *inh, bool *used, const char *name)
-{
-	char want[96];
-	snprintf(want, sizeof want, "/memfd:rekindle:%s", name);
-	for (unsigned i = 1; i < inh->nfds; i++) {
-		if (!used[i] && rk_fd_is_memfd(inh->fds[i], want, true)) {
-			used[i] = true;
-			return inh->fds[i];
-		}
-	}
-	return -1;
-}
-
-/* The supervisor respawned us after a death and vouches for warm: take the
- * dead incarnation's manifest and point its entries at the fds the
- * supervisor handed over, matched by memfd name.  The rest of the warm path
- * (mapping, header checks) is the same as after an in-place restart. */
-static const struct rk_manifest *manifest_from_supervisor(struct rk_inherit *inh, uint64_t *size, char *why,
-							  size_t wl)
-{
-	bool used[1 + 2 * RK_MAX_ARENAS] = {true};
-	struct rk_manifest *m = MAP_FAILED;
-	bool matched = false;
-	if (!rk_fd_is_memfd(inh->fds[0], "/memfd:rekindle:manifest", false)) {
-		snprintf(why, wl, "the supervisor handed over a manifest fd that is not a rekindle manifest");
-		close(inh->fds[0]); /* handed to us: ours to close */
-	} else
-		m = manifest_map(inh->fds[0], true, false, size, why, wl);
-	if (m != MAP_FAILED) {
-		matched = true;
-		/* The supervisor keeps back the arenas it found half-changed
-		 * (independent ones) and says how many: exactly those lack an fd. */
-		unsigned missing = 0;
-		for (unsigned i = 0; i < m->narenas; i++)
-			if ((m->arenas[i].fd = take_fd_named(inh, used, m->arenas[i].name)) < 0) {
-				m->arenas[i].flags |= RK_MARENA_DROPPED;
-				missing++;
-			}
-		matched = missing == inh->dropped;
-		for (unsigned i = 0; i < m->nranges && matched; i++) {
-			char name[48];
-			snprintf(name, sizeof name, "range:%llx", (unsigned long long)m->ranges[i].addr);
-			matched = (m->ranges[i].fd = take_fd_named(inh, used, name)) >= 0;
-		}
-		if (!matched)
-			snprintf(why, wl, "the fds the supervisor handed over do not match the manifest's arenas");
-	}
-	for (unsigned i = 1; i < inh->nfds; i++)
-		if (!used[i] || !matched)
-			close(inh->fds[i]);
-	if (!matched) {
-		if (m != MAP_FAILED)
-			munmap(m, *size);
-		return MAP_FAILED;
-	}
-	m->next_mode = RK_NEXT_WARM;
-	m->generation = inh->generation ? inh->generation - 1 : 0;
-	m->signal = inh->signal;
-	m->fault_addr = 0;
-	m->t_restart_ns = inh->t_detect_ns;
-	m->holder_pid = 0; /* the dead one's helper is the supervisor's to reap */
-	m->spare_fd = -1;  /* a number in the dead process, not in ours */
-	m->statics_saved = 0; /* no handler ran to save them */
-	rk_strlcpy(m->reason, inh->reason, sizeof m->reason);
-	rk_strlcpy(m->decision, inh->decision, sizeof m->decision);
-	return m;
-}
-
-/* Under a supervisor, a process not started by an in-place restart asks the
- * supervisor what it inherits.  Returns a manifest (warm), NULL (fresh or
- * cold: rk_g.info is filled in) or MAP_FAILED (why says it). */
-static const struct rk_manifest *inherit_from_supervisor(uint64_t *size, char *why, size_t wl)
-{
-	struct rk_inherit inh;
-	if (rk_sup_attach(&inh, why, wl) < 0)
-		return MAP_FAILED;
-	if (inh.mode == 0)
-		return NULL;
-	rk_g.info.kind = RK_START_COLD;
-	rk_g.info.generation = inh.generation;
-	rk_g.info.signal = inh.signal;
-	rk_g.t_restart_ns = inh.t_detect_ns;
-	rk_strlcpy(rk_g.info.reason, inh.reason, sizeof rk_g.info.reason);
-	rk_strlcpy(rk_g.info.decision, inh.decision, sizeof rk_g.info.decision);
-	return inh.mode == 1 ? manifest_from_supervisor(&inh, size, why, wl) : NULL;
-}
-
-/* ---- reattaching inherited state ----------------------------------------- */
 
 /* An in-place restart execs /proc/self/exe, which names the process "exe":
  * give it back the name it had at the previous rk_init, or, if the manifest
@@ -407,149 +35,6 @@ static void process_name_restore(const struct rk_manifest *m)
 		(void)prctl(PR_SET_NAME, m->comm);
 	else if (prctl(PR_GET_NAME, now) == 0 && !strcmp(now, "exe"))
 		(void)prctl(PR_SET_NAME, program_invocation_short_name);
-}
-
-static void close_inherited_fds(const struct rk_manifest *m)
-{
-	for (unsigned i = 0; i < m->narenas; i++)
-		if (!(m->arenas[i].flags & RK_MARENA_DROPPED) &&
-		    rk_fd_is_file(m->arenas[i].fd, m->arenas[i].dev, m->arenas[i].ino))
-			close(m->arenas[i].fd);
-	for (unsigned i = 0; i < m->nranges; i++)
-		if (rk_fd_is_file(m->ranges[i].fd, m->ranges[i].dev, m->ranges[i].ino))
-			close(m->ranges[i].fd);
-}
-
-/* Unmaps everything a failed warm attempt mapped, reservation included;
- * the caller closes the inherited fds. */
-static void undo_warm(void)
-{
-	munmap((void *)(uintptr_t)rk_g.reserve_base, rk_g.reserve_len);
-	memset(rk_g.arenas, 0, sizeof rk_g.arenas);
-	rk_g.narenas = 0;
-	for (unsigned i = 0; i < rk_nranges; i++)
-		munmap((void *)(uintptr_t)rk_ranges[i].addr, rk_ranges[i].len);
-	rk_nranges = 0;
-}
-
-static void log_arena_dropped(const char *name, const char *why)
-{
-	struct rk_ev e;
-	rk_ev_begin(&e, "arena_dropped");
-	rk_ev_str(&e, "arena", name);
-	rk_ev_str(&e, "why", why);
-	rk_ev_end(&e);
-	rk_g.info.arenas_dropped++;
-}
-
-/* An independent arena that fails its checks is dropped alone: the others
- * stay warm.  Returns true if it was dropped. */
-static bool drop_independent(const struct rk_manifest_arena *d, struct rk_arena *a, const char *why)
-{
-	if (!(d->flags & RK_ARENA_INDEPENDENT))
-		return false;
-	char msg[240];
-	snprintf(msg, sizeof msg, "independent arena failed its checks: %s", why);
-	log_arena_dropped(d->name, msg);
-	unreserve_to_none(d->base, d->max);
-	close(d->fd);
-	memset(a, 0, sizeof *a);
-	rk_g.narenas--;
-	return true;
-}
-
-static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
-{
-	for (unsigned i = 0; i < m->narenas; i++) {
-		const struct rk_manifest_arena *d = &m->arenas[i];
-		struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
-		if (d->flags & RK_MARENA_DROPPED) {
-			char msg[240];
-			snprintf(msg, sizeof msg, "half-changed at the failure: %s", m->decision);
-			log_arena_dropped(d->name, msg);
-			continue;
-		}
-		if (d->base < rk_g.reserve_base || d->base + d->max > rk_g.reserve_base + rk_g.reserve_len ||
-		    !rk_fd_is_file(d->fd, d->dev, d->ino)) {
-			snprintf(why, wl, "arena %.47s: foreign fd or address outside the reserved range", d->name);
-			return -EINVAL;
-		}
-		void *p = mmap((void *)(uintptr_t)d->base, d->max, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-			       d->fd, 0);
-		if (p == MAP_FAILED) {
-			snprintf(why, wl, "arena %.47s: cannot map at 0x%llx: %s", d->name, (unsigned long long)d->base,
-				 strerror(errno));
-			return -errno;
-		}
-		memset(a, 0, sizeof *a);
-		a->hdr = p;
-		a->hdr_max = d->max;
-		set_fd_cloexec(d->fd); /* the restart cleared it; not for the app's children */
-		a->fd = d->fd;
-		a->dev = d->dev;
-		a->ino = d->ino;
-		a->index = rk_g.narenas++;
-		a->inherited = true;
-		a->flags = d->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT);
-		rk_strlcpy(a->name, d->name, sizeof a->name);
-		int r = rk_arena_validate(a, d->base, d->max, why, wl);
-		if (r < 0 && !drop_independent(d, a, why))
-			return r;
-	}
-	return 0;
-}
-
-static int attach_ranges(const struct rk_manifest *m, char *why, size_t wl)
-{
-	for (unsigned i = 0; i < m->nranges; i++) {
-		const struct rk_manifest_range *d = &m->ranges[i];
-		if (!rk_fd_is_file(d->fd, d->dev, d->ino)) {
-			snprintf(why, wl, "preserved range 0x%llx: foreign fd", (unsigned long long)d->addr);
-			return -EINVAL;
-		}
-		void *p = mmap((void *)(uintptr_t)d->addr, d->len, PROT_READ | PROT_WRITE,
-			       MAP_SHARED | MAP_FIXED_NOREPLACE, d->fd, 0);
-		if (p != (void *)(uintptr_t)d->addr) {
-			if (p != MAP_FAILED)
-				munmap(p, d->len);
-			snprintf(why, wl, "preserved range 0x%llx+%llu: address already taken in the new process",
-				 (unsigned long long)d->addr, (unsigned long long)d->len);
-			return -EEXIST;
-		}
-		set_fd_cloexec(d->fd);
-		rk_ranges[rk_nranges].fd = d->fd;
-		rk_ranges[rk_nranges].dev = d->dev;
-		rk_ranges[rk_nranges].ino = d->ino;
-		rk_ranges[rk_nranges].addr = d->addr;
-		rk_ranges[rk_nranges].len = d->len;
-		rk_nranges++;
-	}
-	return 0;
-}
-
-static int try_warm(const struct rk_manifest *m, uint64_t msize, char *why, size_t wl)
-{
-	rk_g.reserve_base = m->reserve_base;
-	rk_g.reserve_len = m->reserve_len;
-	rk_g.next_arena_addr = m->next_arena_addr;
-	if (!reserve_range(m->reserve_base, m->reserve_len)) {
-		snprintf(why, wl, "arena address range 0x%llx+0x%llx is already taken in the new process",
-			 (unsigned long long)m->reserve_base, (unsigned long long)m->reserve_len);
-		return -EEXIST;
-	}
-	int r = attach_arenas(m, why, wl);
-	if (r == 0)
-		r = attach_ranges(m, why, wl);
-	if (r < 0) {
-		undo_warm();
-		return r;
-	}
-	for (unsigned i = 0; i < rk_g.narenas; i++) {
-		rk_arena_recover(&rk_g.arenas[i]);
-		rk_g.arenas[i].sweep_pending = true;
-	}
-	rk_g.info.statics_restored = rk_statics_restore(m, msize);
-	return 0;
 }
 
 static uint64_t preserved_bytes(void)
@@ -592,11 +77,8 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		return -EALREADY;
 	rk_g.start_ns = rk_now_ns();
 	rk_g.pid = getpid();
-	rk_g.flags = opts ? opts->flags : 0;
-	rk_g.crashloop_ms = opts && opts->crashloop_window_ms ? opts->crashloop_window_ms
-							      : (unsigned)env_u64("REKINDLE_CRASHLOOP_MS", 1000);
-	rk_g.max_fast_failures = opts && opts->max_fast_failures ? opts->max_fast_failures : 5;
-	uint64_t base = opts && opts->arena_base ? opts->arena_base : env_u64("REKINDLE_ARENA_BASE", DEFAULT_ARENA_BASE);
+	rk_options_parse(opts);
+	uint64_t base = rk_cfg.arena_base;
 
 	int r = rk_control_open();
 	if (r < 0)
@@ -604,9 +86,9 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 	(void)rk_sup_open();
 	uint64_t msize = 0;
 	int inherited_manifest_fd = -1;
-	const struct rk_manifest *old = manifest_inherit(&msize, &inherited_manifest_fd, why, sizeof why);
+	const struct rk_manifest *old = rk_manifest_inherit(&msize, &inherited_manifest_fd, why, sizeof why);
 	if (!old && rk_sup_active())
-		old = inherit_from_supervisor(&msize, why, sizeof why);
+		old = rk_manifest_inherit_supervised(&msize, why, sizeof why);
 	if (old == MAP_FAILED) {
 		process_name_restore(NULL);
 		rk_g.info.kind = RK_START_COLD;
@@ -623,7 +105,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		rk_g.holder_pid = old->holder_pid;
 		rk_g.validator_reap = old->validator_pid;
 		rk_strlcpy(rk_g.info.reason, old->reason, sizeof rk_g.info.reason);
-		if (old->next_mode == RK_NEXT_WARM && try_warm(old, msize, why, sizeof why) == 0) {
+		if (old->next_mode == RK_NEXT_WARM && rk_recovery_attach(old, msize, why, sizeof why) == 0) {
 			rk_g.info.kind = RK_START_WARM;
 			rk_g.validated = (old->flags & RK_MANIFEST_VALIDATED) != 0;
 			rk_strlcpy(rk_g.info.decision, old->decision, sizeof rk_g.info.decision);
@@ -631,7 +113,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		} else {
 			rk_g.info.kind = RK_START_COLD;
 			if (old->next_mode == RK_NEXT_WARM) {
-				close_inherited_fds(old);
+				rk_recovery_close_inherited(old);
 				rk_strlcpy(rk_g.info.decision, why, sizeof rk_g.info.decision);
 			} else {
 				rk_strlcpy(rk_g.info.decision, old->decision, sizeof rk_g.info.decision);
@@ -642,7 +124,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		/* The range only has to stay the same from now on: if the usual one
 		 * is taken, use the next one and say so. */
 		uint64_t try = base;
-		for (int k = 0; k < 3 && !reserve_range(try, RESERVE_BYTES); k++)
+		for (int k = 0; k < 3 && !rk_arena_reserve_range(try, RESERVE_BYTES); k++)
 			try += RESERVE_BYTES;
 		if (try != base && try < base + 3 * RESERVE_BYTES) {
 			struct rk_ev ev;
@@ -670,12 +152,12 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 			return -e;
 		}
 	}
-	r = manifest_create(old);
+	r = rk_manifest_create(old);
 	if (old)
 		munmap((void *)old, msize);
 	if (r == 0)
 		r = rk_restart_setup(argc, argv, rk_g.manifest_fd);
-	if (r == 0 && !(rk_g.flags & RK_OPT_NO_SIGNAL_HANDLERS))
+	if (r == 0 && !(rk_cfg.flags & RK_OPT_NO_SIGNAL_HANDLERS))
 		r = rk_signals_install();
 	if (r < 0) {
 		if (inherited_manifest_fd >= 0)
@@ -685,7 +167,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 	rk_g.initialized = true;
 	rk_reap_teardown_holder();
 	rk_g.info.preserved_bytes = preserved_bytes();
-	if (rk_g.info.kind == RK_START_WARM && (rk_g.flags & RK_OPT_PREFAULT))
+	if (rk_g.info.kind == RK_START_WARM && (rk_cfg.flags & RK_OPT_PREFAULT))
 		(void)rk_prefault(true);
 	rk_teardown_holder_stand();
 	rk_control_begin(rk_g.info.generation, rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);
@@ -697,7 +179,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		rk_g.info.restart_ns = rk_now_ns() - rk_g.t_restart_ns;
 	log_start();
 	rk_sup_hello();
-	manifest_offer_spare(inherited_manifest_fd, rk_sup_send_fds() == 0);
+	rk_manifest_offer_spare(inherited_manifest_fd, rk_sup_send_fds() == 0);
 	return 0;
 }
 
@@ -728,287 +210,4 @@ bool rk_is_recovery(void)
 const struct rk_restart_info *rk_restart_info(void)
 {
 	return &rk_g.info;
-}
-
-/* ---- arenas ----------------------------------------------------------- */
-
-static int arena_name_ok(const char *name)
-{
-	size_t n = name ? strnlen(name, RK_NAME_MAX + 1) : 0;
-	if (n == 0 || n > RK_NAME_MAX)
-		return 0;
-	for (size_t i = 0; i < n; i++) {
-		char c = name[i];
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-		      c == '-' || c == '.'))
-			return 0;
-	}
-	return 1;
-}
-
-uint64_t rk_arena_reserve_slot(uint64_t max)
-{
-	uint64_t base = rk_g.next_arena_addr, slot = arena_slot_bytes(max);
-	if (base + slot > rk_g.reserve_base + rk_g.reserve_len)
-		return 0;
-	rk_g.next_arena_addr = base + slot;
-	return base;
-}
-
-void rk_arena_unreserve(uint64_t base, uint64_t max)
-{
-	unreserve_to_none(base, max);
-}
-
-/* Formats a new arena on fd at base and registers it; the caller owns the
- * address slot.  NULL with errno on failure (fd left open). */
-static rk_arena *arena_format_at(const char *name, int fd, uint64_t base, uint64_t max, unsigned flags)
-{
-	struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
-	memset(a, 0, sizeof *a);
-	a->fd = fd;
-	rk_fd_file_id(fd, &a->dev, &a->ino);
-	uint64_t heap_off = rk_arena_heap_offset(max);
-	int r = -EINVAL;
-	if (heap_off + 65536 <= max && ftruncate(fd, (off_t)heap_off) == 0) {
-		void *p = mmap((void *)(uintptr_t)base, max, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
-		if (p != MAP_FAILED) {
-			a->hdr = p;
-			r = rk_arena_format(a, name, base, max);
-		} else {
-			r = -errno;
-		}
-	} else if (heap_off + 65536 <= max) {
-		r = -errno;
-	}
-	if (r < 0) {
-		if (a->hdr)
-			unreserve_to_none(base, max);
-		memset(a, 0, sizeof *a);
-		errno = -r;
-		return NULL;
-	}
-	(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK); /* a stray ftruncate must not SIGBUS us */
-	a->hdr_max = max;
-	a->index = rk_g.narenas++;
-	a->reopened = true;
-	a->flags = flags;
-	rk_strlcpy(a->name, name, sizeof a->name);
-	return a;
-}
-
-struct rk_arena *rk_arena_create_at(const char *name, int fd, uint64_t base, uint64_t max)
-{
-	if (rk_g.narenas == RK_MAX_ARENAS) {
-		errno = ENOSPC;
-		return NULL;
-	}
-	return arena_format_at(name, fd, base, max, 0);
-}
-
-static rk_arena *arena_create(const char *name, uint64_t max, unsigned flags)
-{
-	uint64_t base = rk_g.next_arena_addr, slot = arena_slot_bytes(max);
-	if (base + slot > rk_g.reserve_base + rk_g.reserve_len) {
-		errno = ENOSPC;
-		return NULL;
-	}
-	char fdname[64];
-	snprintf(fdname, sizeof fdname, "rekindle:%s", name);
-	int fd = memfd_create(fdname, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return NULL;
-	rk_arena *a = arena_format_at(name, fd, base, max, flags);
-	if (!a) {
-		int e = errno;
-		close(fd);
-		errno = e;
-		return NULL;
-	}
-	rk_g.next_arena_addr = base + slot;
-	manifest_sync_arenas();
-	return a;
-}
-
-/* The protection follows what this incarnation asked for. */
-static rk_arena *arena_protect(rk_arena *a)
-{
-	if ((a->flags & RK_ARENA_WRITE_PROTECT) && a->pkey == 0)
-		(void)rk_wp_protect(a); /* without pkeys: warned once, unprotected */
-	return a;
-}
-
-rk_arena *rk_arena_open_flags(const char *name, size_t max_bytes, unsigned flags)
-{
-	if (!rk_g.initialized) {
-		errno = EPERM; /* rk_init first */
-		return NULL;
-	}
-	if (!arena_name_ok(name) || (flags & ~(RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT))) {
-		errno = EINVAL;
-		return NULL;
-	}
-	uint64_t max = RK_ALIGN_UP((uint64_t)max_bytes, 2u << 20);
-	if (max_bytes == 0 || max < max_bytes) {
-		errno = EINVAL;
-		return NULL;
-	}
-	for (unsigned i = 0; i < rk_g.narenas; i++) {
-		struct rk_arena *a = &rk_g.arenas[i];
-		if (!a->hdr || strcmp(a->name, name) != 0)
-			continue;
-		if (a->inherited && max != a->hdr->max_bytes && !a->reopened) {
-			struct rk_ev e;
-			rk_ev_begin(&e, "warning");
-			rk_ev_str(&e, "what", "arena reopened with another max_bytes; keeping the preserved size");
-			rk_ev_str(&e, "arena", name);
-			rk_ev_u64(&e, "max_bytes", a->hdr->max_bytes);
-			rk_ev_end(&e);
-		}
-		a->reopened = true;
-		if (a->flags != flags) {
-			a->flags = flags;
-			manifest_sync_arenas();
-		}
-		return arena_protect(a);
-	}
-	if (rk_g.narenas == RK_MAX_ARENAS) {
-		errno = ENOSPC;
-		return NULL;
-	}
-	rk_arena *a = arena_create(name, max, flags);
-	return a ? arena_protect(a) : NULL;
-}
-
-rk_arena *rk_arena_open(const char *name, size_t max_bytes)
-{
-	return rk_arena_open_flags(name, max_bytes, 0);
-}
-
-bool rk_arena_preserved(const rk_arena *a)
-{
-	return a && a->hdr && a->inherited;
-}
-
-bool rk_arena_write_protected(const rk_arena *a)
-{
-	return a && a->pkey > 0;
-}
-
-static void arena_drop(struct rk_arena *a)
-{
-	struct rk_ev e;
-	rk_ev_begin(&e, "arena_dropped");
-	rk_ev_str(&e, "arena", a->name);
-	rk_ev_str(&e, "why", "not reopened during recovery");
-	rk_ev_end(&e);
-	unreserve_to_none((uint64_t)(uintptr_t)a->hdr, a->hdr_max);
-	close(a->fd);
-	a->hdr = NULL;
-	a->map = NULL;
-	a->fd = -1;
-	manifest_sync_arenas();
-}
-
-int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
-{
-	struct rk_sweep_stats total = {0};
-	if (stats)
-		*stats = total;
-	rk_reap_teardown_holder();
-	if (!rk_g.recovery)
-		return 0;
-	uint64_t t0 = rk_now_ns();
-	for (unsigned i = 0; i < rk_g.narenas; i++) {
-		struct rk_arena *a = &rk_g.arenas[i];
-		if (!a->hdr || !a->inherited || !a->sweep_pending)
-			continue;
-		if (!a->reopened) {
-			arena_drop(a);
-			continue;
-		}
-		struct rk_sweep_stats st = {0};
-		uint32_t wp = rk_wp_write_begin(a);
-		/* without cleanup and with no mark set there is nothing to walk:
-		 * recovery ends in O(1), whatever the arena's size */
-		bool marks = a->marks_set || a->hdr->marks_dirty;
-		int r = cleanup ? rk_arena_sweep(a, &st) : marks ? rk_arena_clear_marks(a) : 0;
-		if (r == 0)
-			a->hdr->marks_dirty = 0;
-		rk_wp_write_end(wp);
-		a->marks_set = false;
-		if (r < 0)
-			return r;
-		a->sweep_pending = false;
-		total.objects_freed += st.objects_freed;
-		total.bytes_freed += st.bytes_freed;
-		total.objects_kept += st.objects_kept;
-		total.bytes_kept += st.bytes_kept;
-	}
-	rk_g.recovery = false;
-	rk_control_set_state(RK_CTL_RUNNING);
-	if (stats)
-		*stats = total;
-	struct rk_ev e;
-	rk_ev_begin(&e, "recovered");
-	rk_ev_u64(&e, "generation", rk_g.info.generation);
-	rk_ev_str(&e, "cleanup", cleanup ? "sweep" : "none");
-	rk_ev_u64(&e, "objects_freed", total.objects_freed);
-	rk_ev_u64(&e, "bytes_freed", total.bytes_freed);
-	rk_ev_u64(&e, "objects_kept", total.objects_kept);
-	rk_ev_u64(&e, "bytes_kept", total.bytes_kept);
-	rk_ev_u64(&e, "sweep_us", (rk_now_ns() - t0) / 1000);
-	rk_ev_end(&e);
-	return 0;
-}
-
-/* ---- pre-faulting ------------------------------------------------------- */
-
-static void *prefault_all(void *unused)
-{
-	(void)unused;
-	uint64_t t0 = rk_now_ns(), bytes = 0;
-	const uint64_t chunk = 64ull << 20;
-	for (unsigned i = 0; i < rk_g.narenas; i++) {
-		struct rk_arena *a = &rk_g.arenas[i];
-		if (!a->hdr)
-			continue;
-		uint64_t end = a->hdr->heap_offset + a->hdr->top;
-		for (uint64_t off = 0; off < end; off += chunk) {
-			uint64_t n = end - off < chunk ? end - off : chunk;
-			/* read faults on shmem map whole fault-around blocks, and the
-			 * shared mapping is writable once mapped */
-			if (madvise((char *)a->hdr + off, n, MADV_POPULATE_READ) == 0)
-				bytes += n;
-		}
-	}
-	rk_reap_teardown_holder();
-	struct rk_ev e;
-	rk_ev_begin(&e, "prefaulted");
-	rk_ev_u64(&e, "bytes", bytes);
-	rk_ev_u64(&e, "duration_us", (rk_now_ns() - t0) / 1000);
-	rk_ev_end(&e);
-	return NULL;
-}
-
-/* Started in rk_init, before the app reopens (and protects) its arenas. */
-static void *prefault_thread(void *unused)
-{
-	rk_wp_reader_thread();
-	return prefault_all(unused);
-}
-
-int rk_prefault(bool background)
-{
-	if (!background) {
-		prefault_all(NULL);
-		return 0;
-	}
-	pthread_t t;
-	pthread_attr_t at;
-	pthread_attr_init(&at);
-	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-	int r = pthread_create(&t, &at, prefault_thread, NULL);
-	pthread_attr_destroy(&at);
-	return -r;
 }

@@ -137,7 +137,7 @@ void rk_ev_end(struct rk_ev *e)
 {
 	e->buf[e->len++] = '}';
 	e->buf[e->len++] = '\n';
-	if (rk_g.flags & RK_OPT_QUIET)
+	if (rk_cfg.flags & RK_OPT_QUIET)
 		return;
 	size_t off = 0;
 	while (off < e->len) {

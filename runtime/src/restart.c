@@ -1,32 +1,22 @@
-/* restart.c - the restart itself: fatal-signal handlers, the warm/cold
- * decision, and the re-execution of the same binary with the arena fds
- * inherited.  Everything reachable from a signal handler here is
+/* restart.c - the restart itself: the warm/cold decision, and the
+ * re-execution of the same binary with the arena fds inherited, for
+ * rk_restart, a cross-check's hot switch and the signal handlers
+ * (signals.c).  Everything reachable from a signal handler here is
  * async-signal-safe: no allocation, no stdio, no locks.
  *
- * The old address space is torn down off the restart path: a helper process
- * shares our mm (CLONE_VM), so exec only drops a reference; the helper exits
- * when our exec closes its pipe, and the kernel unmaps the old pages in the
- * helper's context, in parallel with our new main().  The next incarnation
- * reaps it (rk_reap_teardown_holder).  The helper is cloned at rk_init and
- * stands for the whole incarnation (a restart clones one only if that
- * failed).
- *
- * The new incarnation's first pages come from a pool the old one frees just
- * before execve (see "the exec page pool"). */
+ * The old address space is torn down off the restart path, by a helper that
+ * stands for the whole incarnation, and the new incarnation's first pages
+ * come from a pool the old one frees just before execve: both in
+ * teardown.c. */
 #include "rk_internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
-#include <sys/wait.h>
 #include <linux/futex.h>
-#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -34,22 +24,14 @@ extern char **environ;
 
 static char **exec_argv, **exec_envp;
 static char manifest_env[48], sup_env[48], ctl_env[48];
-static int restart_signal; /* $REKINDLE_RESTART_SIGNAL: the supervisor asks for a restart */
-static _Atomic int restarting; /* 0, or the tid of the thread restarting */
-static bool sync_teardown; /* $REKINDLE_SYNC_TEARDOWN=1: no helper (for measurements) */
-#define EXEC_POOL_DEFAULT_KB 512u
-#define EXEC_POOL_MAX_KB (64u << 10)
-static size_t exec_pool_len; /* $REKINDLE_EXEC_POOL_KB, in bytes; 0: no pool */
-static unsigned listen_fds;  /* $LISTEN_FDS at init: fds 3.. kept (socket activation) */
+_Atomic int rk_restarting; /* 0, or the tid of the thread restarting */
 
 /* A restart that returns (failed, or given up) lets the next one in. */
 static void restarting_done(void)
 {
-	atomic_store(&restarting, 0);
-	(void)syscall(SYS_futex, &restarting, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+	atomic_store(&rk_restarting, 0);
+	(void)syscall(SYS_futex, &rk_restarting, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
-
-static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
 /* ---- small signal-safe string building ---- */
 
@@ -118,315 +100,45 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 		rk_fmt_u64(ctl_env + strlen(ctl_env), (uint64_t)rk_control_fd());
 		exec_envp[n++] = ctl_env;
 	}
-	const char *rs = getenv("REKINDLE_RESTART_SIGNAL");
-	restart_signal = rs ? (int)strtol(rs, NULL, 10) : 0;
-	if (restart_signal < SIGRTMIN || restart_signal > SIGRTMAX)
-		restart_signal = 0;
-	const char *lf = getenv("LISTEN_FDS");
-	listen_fds = lf ? (unsigned)strtoul(lf, NULL, 10) : 0;
-	const char *s = getenv("REKINDLE_SYNC_TEARDOWN");
-	sync_teardown = s && strcmp(s, "1") == 0;
-	const char *kb = getenv("REKINDLE_EXEC_POOL_KB");
-	uint64_t pool_kb = kb && *kb ? strtoull(kb, NULL, 10) : EXEC_POOL_DEFAULT_KB;
-	exec_pool_len = RK_ALIGN_UP((pool_kb < EXEC_POOL_MAX_KB ? pool_kb : EXEC_POOL_MAX_KB) << 10, RK_PAGE);
 	return 0;
-}
-
-/* ---- the exec page pool ----
- * The kernel gives the new incarnation's first pages (page tables, the
- * loader's and libc's data, stacks: about 60 up to rk_init's return for
- * bench/restart_bench, so the default 512 KiB is twice that) from this
- * CPU's list of recently freed pages first.  After a bare fork+exec that list
- * holds what the previous child just freed.  After a warm restart the old
- * incarnation's pages are still held (the helper frees them later, on another
- * CPU), so they come from the buddy allocator, and on a VM whose host takes
- * free memory back (virtio-balloon free page reporting) each such page costs
- * a host fault on first touch: 0.3-0.4 ms per restart at 8 GiB preserved,
- * where a long incarnation had emptied that list (docs/results.md).  So each
- * incarnation keeps a small pool of pages that it owns (written by the
- * standing helper, off the restart path) and frees it on the restarting CPU
- * just before execve; freeing costs about 0.1 us per KiB there.  A restart
- * that returns (failed exec) leaves the incarnation without a pool. */
-
-static void *exec_pool;
-
-/* Maps the pool (not yet populated: the standing helper writes it). */
-static void exec_pool_map(void)
-{
-	if (exec_pool || !exec_pool_len)
-		return;
-	void *p = mmap(NULL, exec_pool_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED) {
-		struct rk_ev e;
-		rk_ev_begin(&e, "warning");
-		rk_ev_str(&e, "what", "exec page pool not mapped; restarts may take longer");
-		rk_ev_i64(&e, "errno", errno);
-		rk_ev_end(&e);
-		return;
-	}
-	(void)madvise(p, exec_pool_len, MADV_NOHUGEPAGE); /* small pages, like the ones exec needs */
-	exec_pool = p;
-}
-
-static void exec_pool_unmap(void)
-{
-	if (exec_pool)
-		munmap(exec_pool, exec_pool_len);
-	exec_pool = NULL;
-}
-
-static _Atomic bool exec_pool_ready; /* the helper has written every page */
-
-/* A write per page: a read would only map the shared zero page.  Stops
- * when a restart begins: the pool is then no longer of use. */
-static void exec_pool_populate(void)
-{
-	for (size_t off = 0; off < exec_pool_len; off += RK_PAGE) {
-		if (atomic_load_explicit(&restarting, memory_order_relaxed))
-			return;
-		((volatile char *)exec_pool)[off] = 1;
-	}
-	atomic_store(&exec_pool_ready, true);
-}
-
-/* Async-signal-safe: hands the pool's pages to this CPU's free list.  Not
- * while the helper is still writing them (a restart within a millisecond
- * of rk_init): the zap would race its faults, for pages that are mostly
- * not there yet. */
-static void exec_pool_release(void)
-{
-	if (exec_pool && atomic_load(&exec_pool_ready))
-		(void)madvise(exec_pool, exec_pool_len, MADV_DONTNEED);
-}
-
-/* ---- the teardown helper ---- */
-
-static int holder_pipe[2];
-static char holder_stack[16384] __attribute__((aligned(64)));
-static _Atomic uint32_t holder_fds_closed; /* futex word, shared through CLONE_VM */
-static int holder_app_cpu;                  /* the app's CPU when it cloned the standing helper */
-static _Atomic int holder_off_cpu = -1;     /* the CPU the standing helper keeps off */
-
-static void holder_move_off_cpu(pid_t pid, int cpu);
-
-/* The helper has no thread-local storage of its own (CLONE_VM without
- * CLONE_SETTLS): it runs on the TLS of the app thread that cloned it, so it
- * calls no libc function, which could write that thread's errno or resolve
- * a lazily bound symbol with it.  Raw system calls only; -errno on failure.
- * The restart path uses them too (no errno to save there). */
-static long raw_syscall3(long nr, long a, long b, long c)
-{
-#if defined(__x86_64__)
-	long ret;
-	__asm__ volatile("syscall" : "=a"(ret) : "a"(nr), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
-	return ret;
-#elif defined(__aarch64__)
-	register long x8 __asm__("x8") = nr;
-	register long x0 __asm__("x0") = a;
-	register long x1 __asm__("x1") = b;
-	register long x2 __asm__("x2") = c;
-	__asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2) : "memory", "cc");
-	return x0;
-#else
-#error "raw_syscall3: add this architecture"
-#endif
-}
-
-/* arg != NULL: the standing helper, which also writes the exec page pool */
-static int holder_main(void *arg)
-{
-	int rd = holder_pipe[0];
-	/* Hold no fd of the app (a listening socket would stay bound), and say
-	 * so before the exec: the next incarnation may bind at once.  Above all
-	 * not our copy of the pipe's write end, or the exec would not wake us. */
-	raw_syscall3(SYS_close, holder_pipe[1], 0, 0);
-	if ((rd > 0 && raw_syscall3(SYS_close_range, 0, rd - 1, 0) < 0) ||
-	    raw_syscall3(SYS_close_range, rd + 1, ~0u, 0) < 0) {
-		for (int fd = 0; fd < 4096; fd++) /* no close_range (before 5.9, seccomp) */
-			if (fd != rd)
-				raw_syscall3(SYS_close, fd, 0, 0);
-	}
-	if (arg) {
-		/* off the app's path: the restart only checks it still holds */
-		holder_move_off_cpu(0, holder_app_cpu);
-		atomic_store(&holder_off_cpu, holder_app_cpu);
-	}
-	atomic_store(&holder_fds_closed, 1);
-	raw_syscall3(SYS_futex, (long)&holder_fds_closed, FUTEX_WAKE, 1);
-	if (arg && exec_pool)
-		exec_pool_populate(); /* we share the app's mm: these become its pages */
-	char c;
-	while (raw_syscall3(SYS_read, rd, (long)&c, 1) < 0)
-		;
-	if (arg && !atomic_load(&restarting)) {
-		/* The app died without an exec (SIGKILL, say): a supervisor
-		 * starts the next incarnation on whichever CPU; the teardown
-		 * must not be tied to one of them. */
-		unsigned long all[1024 / (8 * sizeof(unsigned long))];
-		for (unsigned i = 0; i < sizeof all / sizeof all[0]; i++)
-			all[i] = ~0ul;
-		raw_syscall3(SYS_sched_setaffinity, 0, sizeof all, (long)all);
-	}
-	raw_syscall3(SYS_exit_group, 0, 0, 0); /* drops the last reference to the old mm */
-	return 0;
-}
-
-/* Reaps the previous restart's helper once it is done (no SIGCHLD is sent:
- * its exit signal is 0, so the app's own wait() never sees it). */
-void rk_reap_teardown_holder(void)
-{
-	if (rk_g.holder_pid > 0 && waitpid(rk_g.holder_pid, NULL, WNOHANG | __WALL) != 0)
-		rk_g.holder_pid = 0;
-	if (rk_g.validator_reap > 0 && waitpid(rk_g.validator_reap, NULL, WNOHANG) != 0)
-		rk_g.validator_reap = 0;
-}
-
-/* The helper stands for the whole incarnation: cloned at rk_init, it costs
- * the restart path nothing but a look at holder_fds_closed, and a death that
- * runs no handler (SIGKILL, the OOM killer) also only drops a reference to
- * the mm, so a supervisor hears of it without waiting for the teardown.  The
- * write end stays with us (O_CLOEXEC): the helper exits when we exec or die.
- * If it could not be started, the restart clones one itself. */
-static int standing_holder_wr = -1;
-static pid_t standing_holder_pid;
-
-/* Waits (bounded) until the helper holds none of the app's fds: the next
- * incarnation may bind a listening port at once. */
-static void holder_wait_fds_closed(void)
-{
-	struct timespec limit = {0, 20 * 1000 * 1000};
-	while (!atomic_load(&holder_fds_closed) &&
-	       (syscall(SYS_futex, &holder_fds_closed, FUTEX_WAIT, 0, &limit, NULL, 0) == 0 || errno != ETIMEDOUT))
-		;
-}
-
-/* Clones a helper; returns the pipe's write end (its pid in *pid) or -1. */
-static int holder_clone(pid_t *pid, bool standing)
-{
-	if (sync_teardown || pipe2(holder_pipe, O_CLOEXEC) < 0)
-		return -1;
-	atomic_store(&holder_fds_closed, 0);
-	/* The helper carries the app's name, so `pkill -HUP app` reaches it too;
-	 * blocked signals cannot end it early (which would put the teardown
-	 * back on the restart path).  It inherits the mask. */
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	pid_t child = clone(holder_main, holder_stack + sizeof holder_stack, CLONE_VM, standing ? &holder_pipe : NULL);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	close(holder_pipe[0]);
-	if (child < 0) {
-		close(holder_pipe[1]);
-		return -1;
-	}
-	*pid = child;
-	return holder_pipe[1];
-}
-
-/* The exec wakes the helper by closing its pipe, and a woken task lands on
- * the waker's CPU: its unmapping would then share the core with the new
- * incarnation until the idle core pulls one of them away.  Send it to the
- * other CPUs instead.  (Idle priority measured the same, but an idle task
- * preempted inside the kernel's unmapping, holding the memfd's locks, could
- * stall the next incarnation.)  The standing helper does this to itself
- * (pid 0) for the CPU the app ran on when it was cloned; a restart from
- * another CPU moves it again (20-30 us there).  Async-signal-safe. */
-static void holder_move_off_cpu(pid_t pid, int cpu)
-{
-	unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {0};
-	const unsigned bits = 8 * sizeof mask[0];
-	/* the caller's own mask is the app's (the helper inherited it) */
-	long n = raw_syscall3(SYS_sched_getaffinity, 0, sizeof mask, (long)mask);
-	if (pid < 0 || cpu < 0 || (unsigned)cpu >= sizeof mask * 8 || n <= 0)
-		return;
-	unsigned count = 0;
-	for (unsigned i = 0; i < (size_t)n / sizeof mask[0]; i++)
-		for (unsigned long w = mask[i]; w; w &= w - 1) /* no libgcc call: see raw_syscall3 */
-			count++;
-	if (count < 2) {
-		/* Pinned to one CPU (taskset, cpuset): the helper cannot leave
-		 * it, so it yields it.  The inversion feared above resolves
-		 * itself here: a new incarnation that waits on a lock the helper
-		 * holds leaves the CPU idle, and the helper runs. */
-		struct sched_param sp = {0};
-		(void)raw_syscall3(SYS_sched_setscheduler, pid, SCHED_IDLE, (long)&sp);
-		return;
-	}
-	mask[(unsigned)cpu / bits] &= ~(1ul << ((unsigned)cpu % bits));
-	(void)raw_syscall3(SYS_sched_setaffinity, pid, n, (long)mask);
-}
-
-/* At a restart: returns the write end of the pipe to close at exec, or -1
- * (then the exec tears the old address space down itself, only slower). */
-static int teardown_holder_for_exec(void)
-{
-	pid_t pid = 0;
-	int wr = standing_holder_wr >= 0 ? standing_holder_wr : holder_clone(&pid, false);
-	rk_g.manifest->holder_pid = standing_holder_wr >= 0 ? standing_holder_pid : pid;
-	if (wr >= 0) {
-		holder_wait_fds_closed();
-		int cpu = sched_getcpu();
-		if (wr != standing_holder_wr || cpu != atomic_load(&holder_off_cpu)) {
-			holder_move_off_cpu(rk_g.manifest->holder_pid, cpu);
-			if (wr == standing_holder_wr)
-				atomic_store(&holder_off_cpu, cpu); /* if the exec fails, it stays there */
-		}
-	}
-	return wr;
-}
-
-void rk_teardown_holder_stand(void)
-{
-	if (standing_holder_wr >= 0)
-		return;
-	exec_pool_map();
-	holder_app_cpu = sched_getcpu();
-	standing_holder_wr = holder_clone(&standing_holder_pid, true);
-	if (standing_holder_wr < 0)
-		exec_pool_unmap(); /* nobody would fill it */
 }
 
 /* ---- the decision and the exec ---- */
-
-static void set_cloexec(int fd, bool on)
-{
-	int fl = fcntl(fd, F_GETFD);
-	if (fl >= 0)
-		fcntl(fd, F_SETFD, on ? (fl | FD_CLOEXEC) : (fl & ~FD_CLOEXEC));
-}
 
 /* The next incarnation starts with stdio, socket-activation fds and ours
  * only: every other fd of the old one is closed by the exec. */
 static void close_transient_fds_at_exec(void)
 {
-	unsigned first = 3 + listen_fds;
+	unsigned first = 3 + rk_cfg.listen_fds;
 	if (syscall(SYS_close_range, first, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) == 0)
 		return;
 	for (unsigned fd = first; fd < 65536; fd++)
-		set_cloexec((int)fd, true);
+		rk_fd_set_cloexec((int)fd, true);
 }
 
 static void hand_over_fds(bool warm, bool hot_switch, uint32_t drop, bool on)
 {
 	if (on)
 		close_transient_fds_at_exec();
-	set_cloexec(rk_g.manifest_fd, !on);
+	rk_fd_set_cloexec(rk_g.manifest_fd, !on);
 	/* the spare only if it still is (the app may have closed and reused
 	 * that number): a stranger must not leak into the next incarnation */
 	if (rk_g.manifest_spare_fd >= 0 &&
 	    rk_fd_is_file(rk_g.manifest_spare_fd, rk_g.manifest->spare_dev, rk_g.manifest->spare_ino))
-		set_cloexec(rk_g.manifest_spare_fd, !on);
+		rk_fd_set_cloexec(rk_g.manifest_spare_fd, !on);
 	if (rk_sup_fd() >= 0)
-		set_cloexec(rk_sup_fd(), !on);
+		rk_fd_set_cloexec(rk_sup_fd(), !on);
 	if (rk_control_fd() >= 0)
-		set_cloexec(rk_control_fd(), !on);
+		rk_fd_set_cloexec(rk_control_fd(), !on);
 	if (!warm)
 		return;
-	for (unsigned i = 0; i < rk_g.narenas; i++)
+	for (unsigned i = 0; i < rk_g.narenas; i++) {
+		bool switched = hot_switch && (int)i == rk_g.switch_index;
 		if (rk_g.arenas[i].hdr && !(drop & (1u << i)))
-			set_cloexec(hot_switch && (int)i == rk_g.switch_index ? rk_g.switch_fd : rk_g.arenas[i].fd, !on);
+			rk_fd_set_cloexec(switched ? rk_g.switch_fd : rk_g.arenas[i].fd, !on);
+	}
 	for (unsigned i = 0; i < rk_nranges; i++)
-		set_cloexec(rk_ranges[i].fd, !on);
+		rk_fd_set_cloexec(rk_ranges[i].fd, !on);
 }
 
 static bool pc_in_runtime(const void *uc)
@@ -587,11 +299,11 @@ static void manifest_switch_arena(bool on)
 	}
 }
 
-/* do_restart's hot_switch: a cross-check found the preserved state wrong;
+/* hot_switch: a cross-check found the preserved state wrong;
  * not a failure of the app, so no crash-loop count, and whatever was open in
  * the replaced arena does not matter (it is discarded). */
-static int do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, const siginfo_t *si,
-		      const void *uc)
+int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, const siginfo_t *si,
+		  const void *uc)
 {
 	struct rk_manifest *m = rk_g.manifest;
 	if (!m)
@@ -607,7 +319,7 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 		return -ECHILD;
 	}
 	int self = (int)syscall(SYS_gettid), owner = 0;
-	while (!atomic_compare_exchange_strong(&restarting, &owner, self)) {
+	while (!atomic_compare_exchange_strong(&rk_restarting, &owner, self)) {
 		if (owner == self) {
 			/* A fault or a restart request inside our own restart (the
 			 * app's failure hook, or the supervisor's signal landing
@@ -622,24 +334,24 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 		/* Another thread is restarting: its exec ends us.  If that
 		 * fails, it clears the flag and wakes us, and we try ourselves
 		 * (a fault of ours then dies of its signal if we fail too). */
-		while ((owner = atomic_load(&restarting)) != 0)
-			(void)syscall(SYS_futex, &restarting, FUTEX_WAIT, owner, NULL, NULL, 0);
+		while ((owner = atomic_load(&rk_restarting)) != 0)
+			(void)syscall(SYS_futex, &rk_restarting, FUTEX_WAIT, owner, NULL, NULL, 0);
 	}
 	uint64_t t0 = rk_now_ns();
 	uint64_t age_ms = (t0 - rk_g.start_ns) / 1000000;
-	bool fast = age_ms < rk_g.crashloop_ms && !hot_switch;
+	bool fast = age_ms < rk_cfg.crashloop_ms && !hot_switch;
 	uint32_t fast_failures = fast ? m->fast_failures + 1 : (hot_switch ? m->fast_failures : 0);
 	char decision[160] = "";
 	bool warm = want_warm;
 	const char *ctl_damage;
 	int repeat_owner = -1;
 
-	if (fast_failures >= rk_g.max_fast_failures) {
+	if (fast_failures >= rk_cfg.max_fast_failures) {
 		struct rk_ev e;
 		rk_ev_begin(&e, "giveup");
 		rk_ev_str(&e, "reason", reason);
 		rk_ev_u64(&e, "consecutive_fast_failures", fast_failures);
-		rk_ev_u64(&e, "window_ms", rk_g.crashloop_ms);
+		rk_ev_u64(&e, "window_ms", rk_cfg.crashloop_ms);
 		rk_ev_end(&e);
 		restarting_done();
 		return -ELOOP;
@@ -659,7 +371,7 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 		rk_strlcat(decision, "second failure ", sizeof decision);
 		sb_u64(decision, sizeof decision, age_ms);
 		rk_strlcat(decision, " ms after a warm restart (window ", sizeof decision);
-		sb_u64(decision, sizeof decision, rk_g.crashloop_ms);
+		sb_u64(decision, sizeof decision, rk_cfg.crashloop_ms);
 		rk_strlcat(decision, " ms)", sizeof decision);
 	} else if ((ctl_damage = rk_control_damage()) != NULL) {
 		warm = false; /* the evidence of open unsafe regions is gone */
@@ -741,13 +453,13 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 
 	rk_sup_restarting(warm, sig, t0, m->fault_addr, reason, decision);
 	rk_reap_teardown_holder();
-	int holder_wr = teardown_holder_for_exec();
+	int holder_wr = rk_teardown_holder_for_exec();
 	manifest_mark_dropped(drop, true);
 	if (hot_switch && warm)
 		manifest_switch_arena(true);
 	m->checksum = rk_manifest_checksum(m);
 	hand_over_fds(warm, hot_switch, drop, true);
-	exec_pool_release(); /* last: nothing may take these pages back before the exec */
+	rk_exec_pool_release(); /* last: nothing may take these pages back before the exec */
 	/* the very binary that is running, even if a newer one has replaced it
 	 * on disk (the arenas' layout is this one's); rk_init puts the process
 	 * name back, which this exec would make "exe" */
@@ -761,10 +473,7 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 	rk_allocator_thaw();
 	rk_unsafe_thaw();
 	rk_control_set_state(rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);
-	if (holder_wr >= 0 && holder_wr != standing_holder_wr) {
-		close(holder_wr); /* the helper exits; reap it later */
-		rk_g.holder_pid = m->holder_pid;
-	}
+	rk_teardown_holder_exec_failed(holder_wr);
 	rk_ev_begin(&e, "error");
 	rk_ev_str(&e, "what", "restart failed: execve");
 	rk_ev_i64(&e, "errno", err);
@@ -776,103 +485,17 @@ static int do_restart(bool want_warm, bool hot_switch, const char *reason, int s
 
 int rk_restart(const char *reason)
 {
-	return do_restart(true, false, reason ? reason : "app request", 0, NULL, NULL);
+	return rk_do_restart(true, false, reason ? reason : "app request", 0, NULL, NULL);
 }
 
 int rk_restart_hot_switch(const char *why)
 {
-	int r = do_restart(true, true, why, 0, NULL, NULL);
+	int r = rk_do_restart(true, true, why, 0, NULL, NULL);
 	rk_g.switch_fd = -1;
 	return r;
 }
 
 int rk_restart_cold(const char *reason)
 {
-	return do_restart(false, false, reason ? reason : "app request", 0, NULL, NULL);
-}
-
-/* ---- fatal signals ---- */
-
-static void on_fatal_signal(int sig, siginfo_t *si, void *uc)
-{
-	rk_wp_signal_entry();
-	char reason[64] = "signal ";
-	rk_strlcat(reason, rk_signame(sig), sizeof reason);
-	int saved = errno;
-	(void)do_restart(true, false, reason, sig, si, uc);
-	/* Restart impossible or given up: die of the signal as if unhandled. */
-	struct sigaction dfl;
-	memset(&dfl, 0, sizeof dfl);
-	dfl.sa_handler = SIG_DFL;
-	sigaction(sig, &dfl, NULL);
-	sigset_t s;
-	sigemptyset(&s);
-	sigaddset(&s, sig);
-	sigprocmask(SIG_UNBLOCK, &s, NULL);
-	errno = saved;
-	if (si && si->si_code <= 0) /* sent by kill/raise/abort: send it again */
-		raise(sig);
-	/* a faulting instruction faults again on return, now fatally */
-}
-
-/* The supervisor asks for a restart it could not wait for at a heartbeat
- * (the app does not beat, or hangs): act on the request now, from wherever
- * the app was, with the same checks as after a fault. */
-static void on_restart_signal(int sig, siginfo_t *si, void *uc)
-{
-	(void)si;
-	(void)uc;
-	int saved = errno;
-	rk_wp_signal_entry(); /* the kernel puts the interrupted PKRU back at return */
-	char reason[128];
-	enum rk_request_mode m = rk_control_take_request(reason, sizeof reason);
-	if (m == RK_REQ_NONE) {
-		rk_strlcpy(reason, "supervisor: restart signal ", sizeof reason);
-		rk_strlcat(reason, rk_signame(sig), sizeof reason);
-	}
-	(void)do_restart(m != RK_REQ_COLD, false, reason, 0, NULL, NULL);
-	errno = saved; /* restart impossible: carry on */
-}
-
-static int restart_signal_install(void)
-{
-	if (!restart_signal)
-		return 0;
-	struct sigaction sa;
-	memset(&sa, 0, sizeof sa);
-	sa.sa_sigaction = on_restart_signal;
-	sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
-	sigemptyset(&sa.sa_mask);
-	sigset_t s;
-	sigemptyset(&s);
-	sigaddset(&s, restart_signal);
-	sigprocmask(SIG_UNBLOCK, &s, NULL);
-	return sigaction(restart_signal, &sa, NULL) < 0 ? -errno : 0;
-}
-
-int rk_signals_install(void)
-{
-	const size_t altsz = 64 * 1024;
-	void *alt = mmap(NULL, altsz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (alt == MAP_FAILED)
-		return -errno;
-	stack_t ss = {.ss_sp = alt, .ss_size = altsz, .ss_flags = 0};
-	if (sigaltstack(&ss, NULL) < 0)
-		return -errno;
-	/* A restart from a handler execs with that signal still blocked: unblock
-	 * them all, or the next fault of this incarnation could not be caught. */
-	sigset_t fatal;
-	sigemptyset(&fatal);
-	for (size_t i = 0; i < sizeof fatal_signals / sizeof fatal_signals[0]; i++)
-		sigaddset(&fatal, fatal_signals[i]);
-	sigprocmask(SIG_UNBLOCK, &fatal, NULL);
-	struct sigaction sa;
-	memset(&sa, 0, sizeof sa);
-	sa.sa_sigaction = on_fatal_signal;
-	sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-	sigemptyset(&sa.sa_mask);
-	for (size_t i = 0; i < sizeof fatal_signals / sizeof fatal_signals[0]; i++)
-		if (sigaction(fatal_signals[i], &sa, NULL) < 0)
-			return -errno;
-	return restart_signal_install();
+	return rk_do_restart(false, false, reason ? reason : "app request", 0, NULL, NULL);
 }

@@ -1,4 +1,15 @@
-/* rk_internal.h - layouts and helpers shared by the runtime's files. */
+/* rk_internal.h - what the runtime's files share.  One section per .c file,
+ * headed by its name, declares what that file defines for the others
+ * (layouts, variables, functions; the public API is rekindle.h).  The
+ * sections go from the bottom layer up, so that each one's declarations use
+ * only what is declared above them:
+ *
+ *   helpers            log.c fds.c options.c
+ *   arenas             arena.c alloc.c sweep.c pkeys.c
+ *   preserved state    ranges.c manifest.c statics.c control.c supervisor_link.c
+ *   an incarnation     init.c recovery.c prefault.c crosscheck.c stages.c
+ *   the restart        restart.c teardown.c signals.c
+ */
 #ifndef RK_INTERNAL_H
 #define RK_INTERNAL_H
 
@@ -6,6 +17,7 @@
 #define _GNU_SOURCE
 #endif
 #define RK_INTERNAL
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -20,7 +32,58 @@
 #define RK_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define RK_HIDDEN __attribute__((visibility("hidden")))
 
-/* ---- arena layout --------------------------------------------------------
+/* The runtime's own code, from the linker (objcopy renames the runtime's
+ * .text to rk_text): a fault there makes a restart cold (restart.c). */
+extern char __start_rk_text[] __attribute__((weak)) RK_HIDDEN;
+extern char __stop_rk_text[] __attribute__((weak)) RK_HIDDEN;
+
+/* ---- log.c: async-signal-safe JSON event lines ---- */
+struct rk_ev {
+	char buf[1024];
+	size_t len;
+};
+void rk_ev_begin(struct rk_ev *e, const char *event) RK_HIDDEN;
+void rk_ev_str(struct rk_ev *e, const char *key, const char *val) RK_HIDDEN;
+void rk_ev_u64(struct rk_ev *e, const char *key, uint64_t v) RK_HIDDEN;
+void rk_ev_i64(struct rk_ev *e, const char *key, int64_t v) RK_HIDDEN;
+void rk_ev_hex(struct rk_ev *e, const char *key, uint64_t v) RK_HIDDEN;
+void rk_ev_end(struct rk_ev *e) RK_HIDDEN; /* writes the line to stderr */
+size_t rk_strlcpy(char *dst, const char *src, size_t cap) RK_HIDDEN;
+size_t rk_strlcat(char *dst, const char *src, size_t cap) RK_HIDDEN;
+size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
+const char *rk_signame(int sig) RK_HIDDEN;
+
+/* ---- fds.c: what an fd is, and whether it survives an exec ---- */
+/* True if fd is a memfd whose /proc/self/fd link starts with want ("/memfd:
+ * rekindle:..."); with exact, the name must end there too. */
+bool rk_fd_is_memfd(int fd, const char *want, bool exact) RK_HIDDEN;
+/* True if fd is a memfd or another shmem file (F_GET_SEALS accepts it). */
+bool rk_fd_is_shmem(int fd) RK_HIDDEN;
+/* st_dev and st_ino of fd's file (0 if fstat fails); async-signal-safe. */
+void rk_fd_file_id(int fd, uint64_t *dev, uint64_t *ino) RK_HIDDEN;
+/* True if fd refers to exactly that file. */
+bool rk_fd_is_file(int fd, uint64_t dev, uint64_t ino) RK_HIDDEN; /* async-signal-safe too */
+/* Sets or clears FD_CLOEXEC (a failed F_GETFD: left alone); async-signal-safe. */
+void rk_fd_set_cloexec(int fd, bool on) RK_HIDDEN;
+
+/* ---- options.c: every setting, parsed once at the start of rk_init ---- */
+struct rk_config {
+	unsigned flags;             /* rk_options.flags: RK_OPT_* */
+	uint64_t arena_base;        /* start of the address range reserved for arenas */
+	unsigned crashloop_ms;      /* a failure this soon after a warm restart goes cold; 0: no window */
+	unsigned max_fast_failures; /* consecutive quick failures before giving up */
+	int restart_signal;         /* the supervisor's request for a restart; 0: none */
+	bool sync_teardown;         /* no teardown helper (for measurements) */
+	unsigned exec_pool_kb;      /* the exec page pool; 0: none */
+	unsigned listen_fds;        /* fds 3.. of socket activation, kept open by a restart */
+	uint64_t stages_tear_at;    /* stages.c's fault injection; 0: off */
+};
+extern struct rk_config rk_cfg RK_HIDDEN;
+/* Fills rk_cfg from opts (may be NULL) and the environment; each malformed
+ * or out-of-range variable gets one warning event, and its default. */
+void rk_options_parse(const struct rk_options *opts) RK_HIDDEN;
+
+/* ---- arena.c: arenas, their layout and the address range they live in ----
  * [header | page map (8 B per page of max_bytes) | heap ...]
  * All allocator metadata lives in the arena, as absolute pointers (the arena
  * is always mapped at the same address).  Every metadata change happens under
@@ -146,11 +209,6 @@ struct rk_arena {
 	char name[RK_NAME_MAX + 1];
 };
 
-/* ---- size classes (alloc.c) ---- */
-extern uint32_t rk_class_size[RK_NCLASSES] RK_HIDDEN;
-uint64_t rk_layout_hash(void) RK_HIDDEN;
-
-/* ---- arena.c ---- */
 uint64_t rk_arena_heap_offset(uint64_t max) RK_HIDDEN;
 int rk_arena_format(struct rk_arena *a, const char *name, uint64_t base, uint64_t max) RK_HIDDEN;
 int rk_arena_validate(struct rk_arena *a, uint64_t base, uint64_t max, char *why, size_t whylen) RK_HIDDEN;
@@ -160,8 +218,19 @@ uint64_t rk_arena_hdr_checksum(const struct rk_arena_hdr *h) RK_HIDDEN;
 uint64_t rk_arena_roots_checksum(const struct rk_arena_hdr *h) RK_HIDDEN;
 uint64_t rk_fnv1a(const void *p, size_t n, uint64_t h) RK_HIDDEN;
 uint64_t rk_hash_words(const void *p, size_t n) RK_HIDDEN; /* the manifest's checksum */
+/* The address range of arenas (PROT_NONE where no arena is mapped). */
+void *rk_arena_reserve_range(uint64_t base, uint64_t len) RK_HIDDEN;
+/* Reserves address space for an arena of max bytes; returns its base or 0. */
+uint64_t rk_arena_reserve_slot(uint64_t max) RK_HIDDEN;
+void rk_arena_unreserve(uint64_t base, uint64_t max) RK_HIDDEN; /* back to PROT_NONE */
+/* A formatted arena on fd at base, registered in this process only (the
+ * cross-check validator's scratch arena). */
+struct rk_arena *rk_arena_create_at(const char *name, int fd, uint64_t base, uint64_t max) RK_HIDDEN;
+void rk_arena_drop(struct rk_arena *a) RK_HIDDEN; /* unmapped, closed, logged */
 
-/* ---- alloc.c ---- */
+/* ---- alloc.c: the allocator inside arenas ---- */
+extern uint32_t rk_class_size[RK_NCLASSES] RK_HIDDEN;
+uint64_t rk_layout_hash(void) RK_HIDDEN;
 /* Allocator locks live in the arena; holding one counts as an open unsafe
  * region of that arena (a death there leaves its metadata half-changed). */
 void rk_lock_acquire(struct rk_arena *a, rk_lock *l) RK_HIDDEN;
@@ -177,11 +246,63 @@ void rk_tcache_release(struct rk_arena *a) RK_HIDDEN; /* flush this thread's cac
 void rk_run_free(struct rk_arena *a, uint64_t page, uint64_t npages) RK_HIDDEN;
 uint32_t rk_gettid(void) RK_HIDDEN;
 
-/* ---- sweep.c ---- */
+/* ---- sweep.c: the cleanup after a warm restart ---- */
 int rk_arena_sweep(struct rk_arena *a, struct rk_sweep_stats *st) RK_HIDDEN;
 int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
 
-/* ---- the manifest: a memfd handed to the next incarnation -----------------
+/* ---- pkeys.c: write protection of arenas (memory protection keys) -------
+ * An arena opened RK_ARENA_WRITE_PROTECT gets a key whose write access is off
+ * in every thread outside its unsafe regions; the runtime's own writes (the
+ * allocator, roots, marks, the sweep, progress records) open it for their
+ * duration. */
+int rk_wp_protect(struct rk_arena *a) RK_HIDDEN; /* sets a->pkey; -ENOTSUP without pkeys */
+void rk_wp_signal_entry(void) RK_HIDDEN; /* our handlers: the kernel reset PKRU */
+void rk_wp_reader_thread(void) RK_HIDDEN; /* a runtime thread that only reads arenas */
+#if defined(__x86_64__)
+static inline uint32_t rk_pkru_read(void)
+{
+	uint32_t eax, edx, ecx = 0;
+	__asm__ volatile(".byte 0x0f,0x01,0xee" : "=a"(eax), "=d"(edx) : "c"(ecx)); /* rdpkru */
+	return eax;
+}
+static inline void rk_pkru_write(uint32_t v)
+{
+	__asm__ volatile(".byte 0x0f,0x01,0xef" : : "a"(v), "c"(0), "d"(0) : "memory"); /* wrpkru */
+}
+#else
+static inline uint32_t rk_pkru_read(void) { return 0; }
+static inline void rk_pkru_write(uint32_t v) { (void)v; }
+#endif
+#define RK_PKRU_WD(key) (2u << (2 * (key))) /* write-disable bit of a key */
+#define RK_PKRU_AD(key) (1u << (2 * (key))) /* access-disable bit */
+/* What rk_wp_write_begin returns when it changed nothing.  No real PKRU can
+ * be all ones: that denies key 0, so the thread could not have read `a`. */
+#define RK_WP_UNCHANGED UINT32_MAX
+/* Opens the arena for writing in this thread; returns what to pass to
+ * rk_wp_write_end.  The key is read once, and end looks only at what begin
+ * returned: another thread may protect the arena in between (it sets
+ * a->pkey), and end must not then install a PKRU begin never saved. */
+static inline uint32_t rk_wp_write_begin(const struct rk_arena *a)
+{
+	int key = a->pkey;
+	if (RK_LIKELY(key <= 0))
+		return RK_WP_UNCHANGED;
+	uint32_t old = rk_pkru_read();
+	rk_pkru_write(old & ~(RK_PKRU_WD(key) | RK_PKRU_AD(key)));
+	return old;
+}
+static inline void rk_wp_write_end(uint32_t old)
+{
+	if (RK_UNLIKELY(old != RK_WP_UNCHANGED))
+		rk_pkru_write(old);
+}
+
+/* ---- ranges.c: memory the app preserves itself (rk_preserve_range) ---- */
+struct rk_range { int fd; uint64_t addr, len, dev, ino; };
+extern struct rk_range rk_ranges[RK_MAX_RANGES] RK_HIDDEN;
+extern unsigned rk_nranges RK_HIDDEN;
+
+/* ---- manifest.c: the manifest, a memfd handed to the next incarnation ----
  * Written by the dying incarnation (signal-safe: plain stores into a shared
  * mapping), read and validated by the next one's rk_init.  Its fd number is
  * passed in $REKINDLE_MANIFEST_FD. */
@@ -247,64 +368,27 @@ static inline uint64_t rk_manifest_checksum(const struct rk_manifest *m)
 	h = h * k ^ rk_hash_words(m->ranges, m->nranges * sizeof m->ranges[0]);
 	return h * k ^ rk_hash_words(m->statics, m->nstatics * sizeof m->statics[0]);
 }
-
-/* ---- init.c: process-wide state ---- */
-struct rk_state {
-	bool initialized;
-	bool recovery;        /* warm start, recovery not finished */
-	pid_t pid;            /* the process rk_init ran in (a forked child does not restart) */
-	unsigned flags;
-	uint64_t reserve_base, reserve_len, next_arena_addr;
-	unsigned crashloop_ms, max_fast_failures;
-	struct rk_arena arenas[RK_MAX_ARENAS];
-	unsigned narenas;
-	struct rk_restart_info info;
-	struct rk_manifest *manifest; /* shared with the next incarnation */
-	int manifest_fd;
-	int manifest_spare_fd;        /* see rk_manifest.spare_fd; -1 if none */
-	uint64_t manifest_size;
-	volatile int manifest_busy; /* arena list being rewritten: restart goes cold */
-	uint64_t start_ns;
-	uint64_t t_restart_ns;      /* the previous incarnation's rk_restart entry */
-	pid_t holder_pid;           /* teardown helper still to reap */
-	bool validated;             /* started from a cross-check's validated state */
-	bool validator;             /* this process is a cross-check validator */
-	_Atomic bool no_punch;      /* a cross-check runs: keep freed pages in the memfd */
-	_Atomic pid_t validator_pid; /* running validator, killed by a restart */
-	pid_t validator_reap;       /* previous incarnation's validator, to reap */
-	/* a cross-check hot switch: this arena index is replaced at the exec */
-	int switch_index, switch_fd;
-	uint64_t switch_base, switch_max, switch_dev, switch_ino;
-};
-void rk_reap_teardown_holder(void) RK_HIDDEN; /* and a killed validator */
-/* A formatted arena on fd at base, registered in this process only (the
- * cross-check validator's scratch arena). */
-struct rk_arena *rk_arena_create_at(const char *name, int fd, uint64_t base, uint64_t max) RK_HIDDEN;
-/* Reserves address space for an arena of max bytes; returns its base or 0. */
-uint64_t rk_arena_reserve_slot(uint64_t max) RK_HIDDEN;
-void rk_arena_unreserve(uint64_t base, uint64_t max) RK_HIDDEN;
-/* In a forked validator: write nothing the serving process or the
- * supervisor can see (manifest, control block, supervisor socket). */
-void rk_validator_detach(void) RK_HIDDEN;
-/* restart.c: the warm restart of a cross-check mismatch, onto the
- * validated arena (switch_* above).  Returns only on failure. */
-int rk_restart_hot_switch(const char *why) RK_HIDDEN;
-void rk_teardown_holder_stand(void) RK_HIDDEN; /* keep one for the whole incarnation */
-extern struct rk_state rk_g RK_HIDDEN;
-
-uint64_t rk_now_ns(void) RK_HIDDEN;
+/* This incarnation's manifest (rk_g.manifest), from rk_g and old (the
+ * previous incarnation's, or NULL); 0 or -errno. */
+int rk_manifest_create(const struct rk_manifest *old) RK_HIDDEN;
 void rk_manifest_sync(void) RK_HIDDEN; /* after the arena or range list changed */
+/* The previous incarnation's manifest, mapped privately (*size bytes, for
+ * munmap): NULL if there is none, MAP_FAILED if it is refused (why says
+ * why).  rk_manifest_inherit looks in $REKINDLE_MANIFEST_FD (an in-place
+ * restart) and keeps that fd open in *kept_fd, the spare for our successor;
+ * rk_manifest_inherit_supervised asks the supervisor (a respawn), and for a
+ * fresh or cold start fills in rk_g.info and returns NULL. */
+const struct rk_manifest *rk_manifest_inherit(uint64_t *size, int *kept_fd, char *why, size_t wl) RK_HIDDEN;
+const struct rk_manifest *rk_manifest_inherit_supervised(uint64_t *size, char *why, size_t wl) RK_HIDDEN;
+/* Hands inherited_fd (the previous manifest's memfd, -1 if none) on as the
+ * spare, or closes it if a supervisor does not yet hold our manifest. */
+void rk_manifest_offer_spare(int inherited_fd, bool supervisor_has_ours) RK_HIDDEN;
 
-/* ---- statics.c ---- */
+/* ---- statics.c: RK_PRESERVED variables, saved into the manifest ---- */
 size_t rk_statics_total(void) RK_HIDDEN;  /* bytes of saved data needed */
 void rk_statics_describe(struct rk_manifest *m) RK_HIDDEN;
 void rk_statics_save(struct rk_manifest *m) RK_HIDDEN; /* async-signal-safe */
 unsigned rk_statics_restore(const struct rk_manifest *old, uint64_t old_size) RK_HIDDEN;
-
-/* ---- ranges.c ---- */
-struct rk_range { int fd; uint64_t addr, len, dev, ino; };
-extern struct rk_range rk_ranges[RK_MAX_RANGES] RK_HIDDEN;
-extern unsigned rk_nranges RK_HIDDEN;
 
 /* ---- control.c: the control block (docs/supervisor-protocol.md) ----------
  * Heartbeat, state, unsafe-region counters and restart requests, in memory
@@ -405,80 +489,78 @@ void rk_sup_forget(void) RK_HIDDEN; /* a validator child: never speak for the ap
 void rk_sup_restarting(bool warm, int sig, uint64_t t_ns, uint64_t fault_addr, const char *reason,
 		       const char *decision) RK_HIDDEN;
 
-/* ---- log.c: async-signal-safe JSON event lines ---- */
-struct rk_ev {
-	char buf[1024];
-	size_t len;
+/* ---- init.c: rk_init and the process-wide state ---- */
+struct rk_state {
+	bool initialized;
+	bool recovery;        /* warm start, recovery not finished */
+	pid_t pid;            /* the process rk_init ran in (a forked child does not restart) */
+	uint64_t reserve_base, reserve_len, next_arena_addr;
+	struct rk_arena arenas[RK_MAX_ARENAS];
+	unsigned narenas;
+	struct rk_restart_info info;
+	struct rk_manifest *manifest; /* shared with the next incarnation */
+	int manifest_fd;
+	int manifest_spare_fd;        /* see rk_manifest.spare_fd; -1 if none */
+	uint64_t manifest_size;
+	volatile int manifest_busy; /* arena list being rewritten: restart goes cold */
+	uint64_t start_ns;
+	uint64_t t_restart_ns;      /* the previous incarnation's rk_restart entry */
+	pid_t holder_pid;           /* teardown helper still to reap */
+	bool validated;             /* started from a cross-check's validated state */
+	bool validator;             /* this process is a cross-check validator */
+	_Atomic bool no_punch;      /* a cross-check runs: keep freed pages in the memfd */
+	_Atomic pid_t validator_pid; /* running validator, killed by a restart */
+	pid_t validator_reap;       /* previous incarnation's validator, to reap */
+	/* a cross-check hot switch: this arena index is replaced at the exec */
+	int switch_index, switch_fd;
+	uint64_t switch_base, switch_max, switch_dev, switch_ino;
 };
-void rk_ev_begin(struct rk_ev *e, const char *event) RK_HIDDEN;
-void rk_ev_str(struct rk_ev *e, const char *key, const char *val) RK_HIDDEN;
-void rk_ev_u64(struct rk_ev *e, const char *key, uint64_t v) RK_HIDDEN;
-void rk_ev_i64(struct rk_ev *e, const char *key, int64_t v) RK_HIDDEN;
-void rk_ev_hex(struct rk_ev *e, const char *key, uint64_t v) RK_HIDDEN;
-void rk_ev_end(struct rk_ev *e) RK_HIDDEN; /* writes the line to stderr */
-size_t rk_strlcpy(char *dst, const char *src, size_t cap) RK_HIDDEN;
-size_t rk_strlcat(char *dst, const char *src, size_t cap) RK_HIDDEN;
-/* True if fd is a memfd whose /proc/self/fd link starts with want ("/memfd:
- * rekindle:..."); with exact, the name must end there too. */
-bool rk_fd_is_memfd(int fd, const char *want, bool exact) RK_HIDDEN;
-/* True if fd is a memfd or another shmem file (F_GET_SEALS accepts it). */
-bool rk_fd_is_shmem(int fd) RK_HIDDEN;
-/* st_dev and st_ino of fd's file (0 if fstat fails); async-signal-safe. */
-void rk_fd_file_id(int fd, uint64_t *dev, uint64_t *ino) RK_HIDDEN;
-/* True if fd refers to exactly that file. */
-bool rk_fd_is_file(int fd, uint64_t dev, uint64_t ino) RK_HIDDEN; /* async-signal-safe too */
-size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
-const char *rk_signame(int sig) RK_HIDDEN;
+/* In a forked validator: write nothing the serving process or the
+ * supervisor can see (manifest, control block, supervisor socket). */
+void rk_validator_detach(void) RK_HIDDEN;
+extern struct rk_state rk_g RK_HIDDEN;
 
-/* ---- pkeys.c: write protection of arenas (memory protection keys) -------
- * An arena opened RK_ARENA_WRITE_PROTECT gets a key whose write access is off
- * in every thread outside its unsafe regions; the runtime's own writes (the
- * allocator, roots, marks, the sweep, progress records) open it for their
- * duration. */
-int rk_wp_protect(struct rk_arena *a) RK_HIDDEN; /* sets a->pkey; -ENOTSUP without pkeys */
-void rk_wp_signal_entry(void) RK_HIDDEN; /* our handlers: the kernel reset PKRU */
-void rk_wp_reader_thread(void) RK_HIDDEN; /* a runtime thread that only reads arenas */
-#if defined(__x86_64__)
-static inline uint32_t rk_pkru_read(void)
-{
-	uint32_t eax, edx, ecx = 0;
-	__asm__ volatile(".byte 0x0f,0x01,0xee" : "=a"(eax), "=d"(edx) : "c"(ecx)); /* rdpkru */
-	return eax;
-}
-static inline void rk_pkru_write(uint32_t v)
-{
-	__asm__ volatile(".byte 0x0f,0x01,0xef" : : "a"(v), "c"(0), "d"(0) : "memory"); /* wrpkru */
-}
-#else
-static inline uint32_t rk_pkru_read(void) { return 0; }
-static inline void rk_pkru_write(uint32_t v) { (void)v; }
-#endif
-#define RK_PKRU_WD(key) (2u << (2 * (key))) /* write-disable bit of a key */
-#define RK_PKRU_AD(key) (1u << (2 * (key))) /* access-disable bit */
-/* What rk_wp_write_begin returns when it changed nothing.  No real PKRU can
- * be all ones: that denies key 0, so the thread could not have read `a`. */
-#define RK_WP_UNCHANGED UINT32_MAX
-/* Opens the arena for writing in this thread; returns what to pass to
- * rk_wp_write_end.  The key is read once, and end looks only at what begin
- * returned: another thread may protect the arena in between (it sets
- * a->pkey), and end must not then install a PKRU begin never saved. */
-static inline uint32_t rk_wp_write_begin(const struct rk_arena *a)
-{
-	int key = a->pkey;
-	if (RK_LIKELY(key <= 0))
-		return RK_WP_UNCHANGED;
-	uint32_t old = rk_pkru_read();
-	rk_pkru_write(old & ~(RK_PKRU_WD(key) | RK_PKRU_AD(key)));
-	return old;
-}
-static inline void rk_wp_write_end(uint32_t old)
-{
-	if (RK_UNLIKELY(old != RK_WP_UNCHANGED))
-		rk_pkru_write(old);
-}
+uint64_t rk_now_ns(void) RK_HIDDEN;
 
-/* text range of the runtime itself (objcopy renames .text to rk_text) */
-extern char __start_rk_text[] __attribute__((weak)) RK_HIDDEN;
-extern char __stop_rk_text[] __attribute__((weak)) RK_HIDDEN;
+/* ---- recovery.c: a warm start, from rk_init to rk_finish_recovery ---- */
+/* Maps and checks what the manifest m (msize bytes) hands on, restores the
+ * statics; 0, or -errno with everything undone (why says why) but the
+ * inherited fds, which rk_recovery_close_inherited closes. */
+int rk_recovery_attach(const struct rk_manifest *m, uint64_t msize, char *why, size_t wl) RK_HIDDEN;
+void rk_recovery_close_inherited(const struct rk_manifest *m) RK_HIDDEN;
+
+/* ---- prefault.c: exports only the public rk_prefault ---- */
+
+/* ---- crosscheck.c: exports only the public rk_crosscheck_* ---- */
+
+/* ---- stages.c: exports only the public API of rekindle_stages.h ---- */
+
+/* ---- restart.c: the decision, warm or cold, and the exec ---- */
+/* Copies argv and the environment for the exec (may allocate: rk_init). */
+int rk_restart_setup(int argc, char **argv, int manifest_fd) RK_HIDDEN;
+/* The restart (async-signal-safe): decides warm or cold, records it in the
+ * manifest and execs; returns -errno only if it did not happen (refused,
+ * given up, or the exec failed).  sig, si, uc: the signal that caused it,
+ * or 0 and NULL. */
+int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, const siginfo_t *si,
+		  const void *uc) RK_HIDDEN;
+/* The warm restart of a cross-check mismatch, onto the validated arena
+ * (rk_g.switch_*).  Returns only on failure. */
+int rk_restart_hot_switch(const char *why) RK_HIDDEN;
+/* 0, or the tid of the thread restarting; only restart.c writes it. */
+extern _Atomic int rk_restarting RK_HIDDEN;
+
+/* ---- teardown.c: the old address space's teardown, off the restart path ---- */
+void rk_teardown_holder_stand(void) RK_HIDDEN; /* at rk_init: one helper for the whole incarnation */
+void rk_reap_teardown_holder(void) RK_HIDDEN;  /* the last restart's helper, and a killed validator */
+/* At a restart (async-signal-safe): the write end of the helper's pipe,
+ * which the exec closes, or -1 (then the exec tears down, only slower);
+ * after a failed exec, rk_teardown_holder_exec_failed with it. */
+int rk_teardown_holder_for_exec(void) RK_HIDDEN;
+void rk_teardown_holder_exec_failed(int wr) RK_HIDDEN;
+void rk_exec_pool_release(void) RK_HIDDEN; /* just before execve; async-signal-safe */
+
+/* ---- signals.c: the fatal-signal and restart-signal handlers ---- */
+int rk_signals_install(void) RK_HIDDEN;
 
 #endif

@@ -245,13 +245,13 @@ static void describe_resume(rk_progress *p, const struct prog_slot *s)
 		 s->iteration, s->stage, s->name[0] ? " (" : "", s->name, s->name[0] ? ")" : "", what[s->phase]);
 }
 
+/* $REKINDLE_STAGES_TEAR_AT (options.c), in the first incarnation only. */
 static uint64_t env_tear_at(void)
 {
-	const char *v = getenv("REKINDLE_STAGES_TEAR_AT");
 	const struct rk_restart_info *info = rk_restart_info();
-	if (!v || !info || info->generation != 0)
+	if (!info || info->generation != 0)
 		return 0;
-	return strtoull(v, NULL, 10);
+	return rk_cfg.stages_tear_at;
 }
 
 rk_progress *rk_progress_open(rk_arena *a, const char *job, uint64_t fingerprint)

@@ -280,8 +280,9 @@ static void finish_recovery_sweeps_and_drops(void)
 	void *stale_obj = rk_alloc(stale, 100);
 	CHECK(rk_arena_contains(stale, stale_obj));
 
-	/* what try_warm leaves: arenas inherited, sweep pending, recovery on;
-	 * "sweep-stale" was not reopened by the new incarnation */
+	/* what a warm rk_init (rk_recovery_attach) leaves: arenas inherited,
+	 * sweep pending, recovery on; "sweep-stale" was not reopened by the
+	 * new incarnation */
 	warm->inherited = stale->inherited = true;
 	warm->sweep_pending = stale->sweep_pending = true;
 	stale->reopened = false;
