@@ -9,6 +9,10 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 pub const ARENA_MAGIC: u64 = 0x414e_4552_414b_5231; // "1RKARENA"
 pub const ARENA_VERSION: u32 = 1;
+pub const OFF_MAGIC: usize = 0;
+pub const OFF_VERSION: usize = 8;
+/// The checksum covers [0, CHECKED_LEN) and is stored at CHECKED_LEN
+/// (checked against the C header by tests/layout.rs).
 pub const CHECKED_LEN: usize = 112;
 pub const HDR_PREFIX: usize = 120;
 
@@ -31,12 +35,12 @@ pub fn check_header_bytes(b: &[u8]) -> Result<(), String> {
         a.copy_from_slice(&b[o..o + 8]);
         u64::from_le_bytes(a)
     };
-    let magic = u64_at(0);
+    let magic = u64_at(OFF_MAGIC);
     if magic != ARENA_MAGIC {
         return Err(format!("header magic {magic:#x} is wrong"));
     }
     let mut v = [0u8; 4];
-    v.copy_from_slice(&b[8..12]);
+    v.copy_from_slice(&b[OFF_VERSION..OFF_VERSION + 4]);
     let version = u32::from_le_bytes(v);
     if version != ARENA_VERSION {
         return Err(format!("header version {version} is not {ARENA_VERSION}"));

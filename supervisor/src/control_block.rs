@@ -41,6 +41,16 @@ pub const OFF_INDEPENDENT: usize = 204;
 pub const OFF_SLOTS: usize = 256;
 pub const OFF_ARENA_NAMES: usize = 16640;
 
+/// In each 64-byte slot (struct rk_ctl_slot): the owner's tid, then one
+/// u16 depth of open unsafe regions per arena index.
+pub const SLOT_OFF_TID: usize = 0;
+pub const SLOT_OFF_DEPTH: usize = 4;
+pub const SLOT_DEPTH_SIZE: usize = 2;
+
+/// `request_mode` values (enum rk_request_mode).
+pub const REQ_WARM: u32 = 1;
+pub const REQ_COLD: u32 = 2;
+
 pub const FLAG_WARM_DISABLED: u32 = 1;
 /// The runtime's shared overflow slot (rk_control: OVERFLOW_TID).
 pub const OVERFLOW_TID: u32 = 0xffff_ffff;
@@ -137,12 +147,12 @@ pub trait Fields {
         let mut found: Vec<OpenRegion> = Vec::new();
         for i in 0..NSLOTS {
             let base = OFF_SLOTS + i * SLOT_SIZE;
-            let tid = self.load_u32(base);
+            let tid = self.load_u32(base + SLOT_OFF_TID);
             if tid == 0 {
                 continue;
             }
             for k in 0..MAX_ARENAS {
-                let depth = self.load_u16(base + 4 + 2 * k);
+                let depth = self.load_u16(base + SLOT_OFF_DEPTH + SLOT_DEPTH_SIZE * k);
                 if depth != 0 && !found.iter().any(|r| r.arena_index == k) {
                     found.push(OpenRegion {
                         arena_index: k,

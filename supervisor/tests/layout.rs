@@ -1,0 +1,97 @@
+//! One contract, one definition: the control block and arena header layouts
+//! the supervisor reads are defined by the runtime's C headers.  This test
+//! compiles `tests/layout/probe.c` against them, runs it, and compares every
+//! value with the Rust constants.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+use rekindle::{arena, control_block as cb};
+
+fn c_layout() -> HashMap<String, u64> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::env::temp_dir().join(format!("rekindle-layout-probe-{}", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-std=c11", "-D_GNU_SOURCE", "-pthread", "-I"])
+        .arg(root.join("runtime/include"))
+        .arg("-I")
+        .arg(root.join("runtime/src"))
+        .arg(root.join("supervisor/tests/layout/probe.c"))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap_or_else(|e| panic!("running {cc}: {e}"));
+    assert!(status.success(), "compiling the layout probe failed");
+    let run = Command::new(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("running the layout probe: {e}"));
+    let _ = std::fs::remove_file(&out);
+    assert!(run.status.success());
+    String::from_utf8_lossy(&run.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn rust_constants_match_the_c_headers() {
+    let c = c_layout();
+    let want = |name: &str| -> u64 {
+        *c.get(name)
+            .unwrap_or_else(|| panic!("the probe printed no {name}"))
+    };
+    let same = |name: &str, rust: u64| assert_eq!(rust, want(name), "{name}: Rust {rust}");
+    same("CONTROL_MAGIC", cb::MAGIC);
+    same("CONTROL_VERSION", cb::VERSION as u64);
+    same("CONTROL_SIZE", cb::SIZE as u64);
+    same("CONTROL_NSLOTS", cb::NSLOTS as u64);
+    same("CONTROL_SLOT_SIZE", cb::SLOT_SIZE as u64);
+    same("CONTROL_MAX_ARENAS", cb::MAX_ARENAS as u64);
+    same("CONTROL_ARENA_NAME_LEN", cb::ARENA_NAME_LEN as u64);
+    same("CONTROL_REQUEST_REASON_LEN", cb::REQUEST_REASON_LEN as u64);
+    same("CONTROL_FLAG_WARM_DISABLED", cb::FLAG_WARM_DISABLED as u64);
+    same("OFF_MAGIC", cb::OFF_MAGIC as u64);
+    same("OFF_VERSION", cb::OFF_VERSION as u64);
+    same("OFF_SIZE", cb::OFF_SIZE as u64);
+    same("OFF_PID", cb::OFF_PID as u64);
+    same("OFF_GENERATION", cb::OFF_GENERATION as u64);
+    same("OFF_STATE", cb::OFF_STATE as u64);
+    same("OFF_FLAGS", cb::OFF_FLAGS as u64);
+    same("OFF_HEARTBEAT_COUNT", cb::OFF_HEARTBEAT_COUNT as u64);
+    same("OFF_HEARTBEAT_NS", cb::OFF_HEARTBEAT_NS as u64);
+    same("OFF_PRESERVED", cb::OFF_PRESERVED as u64);
+    same("OFF_REQUEST_MODE", cb::OFF_REQUEST_MODE as u64);
+    same("OFF_REQUEST_REASON", cb::OFF_REQUEST_REASON as u64);
+    same("OFF_NSLOTS", cb::OFF_NSLOTS as u64);
+    same("OFF_SLOT_SIZE", cb::OFF_SLOT_SIZE as u64);
+    same("OFF_NARENAS", cb::OFF_NARENAS as u64);
+    same("OFF_INDEPENDENT", cb::OFF_INDEPENDENT as u64);
+    same("OFF_SLOTS", cb::OFF_SLOTS as u64);
+    same("OFF_ARENA_NAMES", cb::OFF_ARENA_NAMES as u64);
+    same("SLOT_OFF_TID", cb::SLOT_OFF_TID as u64);
+    same("SLOT_OFF_DEPTH", cb::SLOT_OFF_DEPTH as u64);
+    same("SLOT_DEPTH_SIZE", cb::SLOT_DEPTH_SIZE as u64);
+    // the supervisor names states by number (control_block::state_name)
+    for (name, words) in [
+        ("CONTROL_STATE_NONE", "none"),
+        ("CONTROL_STATE_RUNNING", "running"),
+        ("CONTROL_STATE_RECOVERING", "recovering"),
+        ("CONTROL_STATE_READY", "ready"),
+        ("CONTROL_STATE_RESTARTING", "restarting"),
+    ] {
+        assert_eq!(cb::state_name(want(name) as u32), words, "{name}");
+    }
+    same("CONTROL_REQ_WARM", cb::REQ_WARM as u64);
+    same("CONTROL_REQ_COLD", cb::REQ_COLD as u64);
+    same("ARENA_MAGIC", arena::ARENA_MAGIC);
+    same("ARENA_VERSION", arena::ARENA_VERSION as u64);
+    same("ARENA_OFF_MAGIC", arena::OFF_MAGIC as u64);
+    same("ARENA_OFF_VERSION", arena::OFF_VERSION as u64);
+    same("ARENA_CHECKED_LEN", arena::CHECKED_LEN as u64);
+    same("ARENA_HDR_PREFIX", arena::HDR_PREFIX as u64);
+}
