@@ -59,6 +59,8 @@ def test_clobbered_control_block_goes_cold_is_replaced_and_reported(supervise):
     sup.wait_up(1)
     decision = sup.wait_event("decision")
     assert (decision["mode"], decision["reason"]) == ("cold", "control block corrupt: bad magic"), decision
+    assert decision["code"] == "control_block_corrupt"
+    assert sup.wait_up(1)["code"] == "control_block_corrupt", "the new incarnation was told the code (INHERIT)"
     sup.wait_event("control_block", lambda e: e["status"] == "recreated")
     after = sup.state()
     assert after["kind"] == "cold" and after["supervised"], after
@@ -71,6 +73,7 @@ def test_clobbered_control_block_goes_cold_is_replaced_and_reported(supervise):
     sup.wait_up(2)
     decision = sup.wait_event("decision", count=2)
     assert decision["mode"] == "cold" and "unsafe region open in arena table" in decision["reason"], decision
+    assert decision["code"] == "unsafe_region_open"
     sup.command("kill", expect_reply=False)
     sup.wait_up(3)
     assert sup.wait_event("decision", count=3)["mode"] == "warm"

@@ -174,6 +174,8 @@ def test_same_fault_on_preserved_data_after_a_warm_restart_goes_cold():
     assert [s["kind"] for s in run.states] == ["fresh", "warm", "cold"]
     restarts = run.events_of("restart")
     assert [r["mode"] for r in restarts] == ["warm", "cold"]
+    assert [r["code"] for r in restarts] == ["all_checks_passed", "repeated_fault"]
+    assert run.events_of("start")[2]["code"] == "repeated_fault"
     assert restarts[0]["addr"] == restarts[1]["addr"]
     assert run.states[2]["decision"] == (
         f"same fault again after a warm restart: SIGBUS at {restarts[1]['addr']} in arena data"
@@ -213,6 +215,7 @@ def test_clobbered_control_block_makes_the_restart_cold():
     assert run.returncode == 0, run.stderr
     assert [s["kind"] for s in run.states] == ["fresh", "cold"]
     assert run.states[1]["decision"] == "control block corrupt: bad magic"
+    assert run.events_of("restart")[0]["code"] == "control_block_corrupt"
 
 
 def test_crash_loop_gives_up_and_dies_of_the_signal():

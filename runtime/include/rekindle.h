@@ -53,6 +53,47 @@ enum rk_start_kind {
 	RK_START_COLD = 2,  /* restarted, preserved state dropped */
 };
 
+/* Why a start is warm or cold: a stable number per reason, the same in the
+ * runtime's events (as rk_reason_name), rk_restart_info, the supervisor's
+ * protocol and its events.  Numbers are never reused; new reasons are
+ * appended.  tests/contract/decisions.tsv holds the cases both deciders
+ * (runtime/src/decide.c and supervisor/src/decide.rs) must agree on. */
+enum rk_reason {
+	RK_REASON_NONE = 0,                  /* first start: nothing was decided */
+	RK_REASON_ALL_CHECKS_PASSED = 1,     /* warm */
+	RK_REASON_COLD_REQUESTED = 2,        /* rk_restart_cold, `rekindle restart --cold` */
+	RK_REASON_FAULT_IN_RUNTIME = 3,      /* the faulting pc is inside librekindle */
+	RK_REASON_NO_MANIFEST = 4,           /* the supervisor holds no preserved state */
+	RK_REASON_CONTROL_BLOCK_CORRUPT = 5, /* the evidence of unsafe regions is gone */
+	RK_REASON_CRASH_LOOP = 6,            /* a failure within the window after a warm start */
+	RK_REASON_REPEATED_FAULT = 7,        /* the same fault on the same preserved page again */
+	RK_REASON_MANIFEST_BUSY = 8,         /* a failure while the arena list was rewritten */
+	RK_REASON_WARM_DISABLED = 9,         /* rk_set_warm_allowed(false) */
+	RK_REASON_HOOK_COLD = 10,            /* the app's failure hook chose cold */
+	RK_REASON_UNSAFE_REGION_OPEN = 11,   /* a dependent arena was being changed */
+	RK_REASON_ARENA_CHECK_FAILED = 12,   /* an arena failed its header or consistency checks */
+	RK_REASON_INDEPENDENT_DROPPED = 13,  /* warm, some independent arenas dropped */
+	RK_REASON_CROSSCHECK_MISMATCH = 14,  /* warm onto a cross-check's validated state */
+	RK_REASON_MANIFEST_CORRUPT = 15,     /* the previous incarnation's manifest is unusable */
+	RK_REASON_ADDRESS_TAKEN = 16,        /* an arena's or range's address is taken */
+	RK_REASON_FOREIGN_FD = 17,           /* an inherited fd is not the file the manifest names */
+};
+#define RK_REASON_COUNT 18
+
+/* The stable snake_case name of a reason ("unsafe_region_open"), as events
+ * carry it; "unknown" for a number this header does not know. */
+static inline const char *rk_reason_name(enum rk_reason r)
+{
+	static const char *const names[RK_REASON_COUNT] = {
+		"none",           "all_checks_passed",   "cold_requested",          "fault_in_runtime",
+		"no_manifest",    "control_block_corrupt", "crash_loop",            "repeated_fault",
+		"manifest_busy",  "warm_disabled",       "hook_cold",               "unsafe_region_open",
+		"arena_check_failed", "independent_dropped", "crosscheck_mismatch", "manifest_corrupt",
+		"address_taken",  "foreign_fd",
+	};
+	return (unsigned)r < RK_REASON_COUNT ? names[r] : "unknown";
+}
+
 /* rk_options.flags */
 #define RK_OPT_NO_SIGNAL_HANDLERS 0x1u /* do not catch SEGV/BUS/FPE/ILL/ABRT */
 #define RK_OPT_PREFAULT 0x2u           /* pre-fault preserved pages in the background */
@@ -83,6 +124,7 @@ struct rk_restart_info {
 	uint64_t preserved_bytes; /* bytes in use in the arenas we inherited */
 	unsigned statics_restored; /* RK_PRESERVED sections restored */
 	unsigned arenas_dropped;   /* half-changed arenas not reused (independent ones) */
+	enum rk_reason decision_code; /* `decision` as a stable code */
 };
 
 /* Sweep statistics from rk_finish_recovery(true, ...). */

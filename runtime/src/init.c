@@ -60,6 +60,7 @@ static void log_start(void)
 	if (in->kind != RK_START_FRESH) {
 		rk_ev_str(&e, "reason", in->reason);
 		rk_ev_str(&e, "decision", in->decision);
+		rk_ev_str(&e, "code", rk_reason_name(in->decision_code));
 		rk_ev_u64(&e, "restart_us", in->restart_ns / 1000);
 	}
 	rk_ev_u64(&e, "arenas", rk_g.narenas);
@@ -95,6 +96,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		if (!rk_g.info.reason[0])
 			rk_strlcpy(rk_g.info.reason, "unknown: no valid manifest", sizeof rk_g.info.reason);
 		rk_strlcpy(rk_g.info.decision, why, sizeof rk_g.info.decision);
+		rk_g.info.decision_code = RK_REASON_MANIFEST_CORRUPT;
 		old = NULL;
 	} else if (old) {
 		process_name_restore(old);
@@ -109,14 +111,18 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 			rk_g.info.kind = RK_START_WARM;
 			rk_g.validated = (old->flags & RK_MANIFEST_VALIDATED) != 0;
 			rk_strlcpy(rk_g.info.decision, old->decision, sizeof rk_g.info.decision);
+			rk_g.info.decision_code = (enum rk_reason)old->decision_code;
 			rk_g.recovery = true;
 		} else {
 			rk_g.info.kind = RK_START_COLD;
 			if (old->next_mode == RK_NEXT_WARM) {
 				rk_recovery_close_inherited(old);
 				rk_strlcpy(rk_g.info.decision, why, sizeof rk_g.info.decision);
+				if (rk_g.info.decision_code == RK_REASON_NONE)
+					rk_g.info.decision_code = RK_REASON_ARENA_CHECK_FAILED;
 			} else {
 				rk_strlcpy(rk_g.info.decision, old->decision, sizeof rk_g.info.decision);
+				rk_g.info.decision_code = (enum rk_reason)old->decision_code;
 			}
 		}
 	}

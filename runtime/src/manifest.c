@@ -265,6 +265,7 @@ static const struct rk_manifest *manifest_from_supervisor(struct rk_inherit *inh
 	m->statics_saved = 0; /* no handler ran to save them */
 	rk_strlcpy(m->reason, inh->reason, sizeof m->reason);
 	rk_strlcpy(m->decision, inh->decision, sizeof m->decision);
+	m->decision_code = inh->decision_code;
 	return m;
 }
 
@@ -284,5 +285,6 @@ const struct rk_manifest *rk_manifest_inherit_supervised(uint64_t *size, char *w
 	rk_g.t_restart_ns = inh.t_detect_ns;
 	rk_strlcpy(rk_g.info.reason, inh.reason, sizeof rk_g.info.reason);
 	rk_strlcpy(rk_g.info.decision, inh.decision, sizeof rk_g.info.decision);
+	rk_g.info.decision_code = (enum rk_reason)inh.decision_code;
 	return inh.mode == 1 ? manifest_from_supervisor(&inh, size, why, wl) : NULL;
 }

@@ -82,14 +82,17 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 		if (d->base < rk_g.reserve_base || d->base + d->max > rk_g.reserve_base + rk_g.reserve_len ||
 		    !rk_fd_is_file(d->fd, d->dev, d->ino)) {
 			snprintf(why, wl, "arena %.47s: foreign fd or address outside the reserved range", d->name);
+			rk_g.info.decision_code = RK_REASON_FOREIGN_FD;
 			return -EINVAL;
 		}
 		void *p = mmap((void *)(uintptr_t)d->base, d->max, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
 			       d->fd, 0);
 		if (p == MAP_FAILED) {
+			int err = errno;
 			snprintf(why, wl, "arena %.47s: cannot map at 0x%llx: %s", d->name, (unsigned long long)d->base,
-				 strerror(errno));
-			return -errno;
+				 strerror(err));
+			rk_g.info.decision_code = RK_REASON_ADDRESS_TAKEN;
+			return -err;
 		}
 		memset(a, 0, sizeof *a);
 		a->hdr = p;
@@ -103,8 +106,10 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 		a->flags = d->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT);
 		rk_strlcpy(a->name, d->name, sizeof a->name);
 		int r = rk_arena_validate(a, d->base, d->max, why, wl);
-		if (r < 0 && !drop_independent(d, a, why))
+		if (r < 0 && !drop_independent(d, a, why)) {
+			rk_g.info.decision_code = RK_REASON_ARENA_CHECK_FAILED;
 			return r;
+		}
 	}
 	return 0;
 }
@@ -115,6 +120,7 @@ static int attach_ranges(const struct rk_manifest *m, char *why, size_t wl)
 		const struct rk_manifest_range *d = &m->ranges[i];
 		if (!rk_fd_is_file(d->fd, d->dev, d->ino)) {
 			snprintf(why, wl, "preserved range 0x%llx: foreign fd", (unsigned long long)d->addr);
+			rk_g.info.decision_code = RK_REASON_FOREIGN_FD;
 			return -EINVAL;
 		}
 		void *p = mmap((void *)(uintptr_t)d->addr, d->len, PROT_READ | PROT_WRITE,
@@ -124,6 +130,7 @@ static int attach_ranges(const struct rk_manifest *m, char *why, size_t wl)
 				munmap(p, d->len);
 			snprintf(why, wl, "preserved range 0x%llx+%llu: address already taken in the new process",
 				 (unsigned long long)d->addr, (unsigned long long)d->len);
+			rk_g.info.decision_code = RK_REASON_ADDRESS_TAKEN;
 			return -EEXIST;
 		}
 		rk_fd_set_cloexec(d->fd, true);
@@ -145,6 +152,7 @@ int rk_recovery_attach(const struct rk_manifest *m, uint64_t msize, char *why, s
 	if (!rk_arena_reserve_range(m->reserve_base, m->reserve_len)) {
 		snprintf(why, wl, "arena address range 0x%llx+0x%llx is already taken in the new process",
 			 (unsigned long long)m->reserve_base, (unsigned long long)m->reserve_len);
+		rk_g.info.decision_code = RK_REASON_ADDRESS_TAKEN;
 		return -EEXIST;
 	}
 	int r = attach_arenas(m, why, wl);

@@ -186,35 +186,21 @@ static uint32_t independent_arenas(void)
 	return m;
 }
 
-/* With the other threads frozen: warm (dropping *drop) or cold?  An arena
- * with an open unsafe region is not reused; if it is independent it alone
- * is dropped.  Async-signal-safe. */
-static bool decide_components(int sig, uint32_t ignore, char *decision, size_t cap, uint32_t *drop)
+/* With the other threads frozen: the open regions and what the app's
+ * failure hook says (not for a hot switch, whose failure is not the app's;
+ * the replaced arena's regions do not count).  Async-signal-safe. */
+static void gather_region_facts(int sig, uint32_t ignore, struct rk_facts *f)
 {
-	uint32_t open = rk_unsafe_open_mask() & ~ignore;
+	f->unsafe_open = rk_unsafe_open_mask() & ~ignore;
+	f->independent = independent_arenas();
 	hook_drop_mask = 0; /* not what the hook chose at an earlier, failed restart */
 	if (failure_hook && !ignore) {
 		in_failure_hook = true;
-		bool go_on = failure_hook(sig, failure_hook_ctx);
+		f->hook_cold = !failure_hook(sig, failure_hook_ctx);
 		in_failure_hook = false;
-		if (!go_on) {
-			rk_strlcpy(decision, "the app's failure hook chose a cold restart", cap);
-			return false;
-		}
 	}
-	uint32_t unsafe_dependent = open & ~independent_arenas();
-	if (unsafe_dependent) {
-		rk_unsafe_describe((unsigned)__builtin_ctz(unsafe_dependent), decision, cap);
-		return false;
-	}
-	*drop = open | hook_drop_mask;
-	if (open) {
-		rk_unsafe_describe((unsigned)__builtin_ctz(open), decision, cap);
-		rk_strlcat(decision, ": independent, dropped alone; the rest warm", cap);
-	} else if (*drop) {
-		rk_strlcpy(decision, "the app's failure hook dropped a component; the rest warm", cap);
-	}
-	return true;
+	f->hook_drop = hook_drop_mask;
+	f->regions_known = true;
 }
 
 /* The arena whose mapping holds addr (its index), RK_MAX_ARENAS for a
@@ -260,6 +246,71 @@ static void describe_repeated_fault(int sig, const siginfo_t *si, int owner, cha
 		rk_strlcat(decision, rk_g.arenas[owner].name, cap);
 	} else {
 		rk_strlcat(decision, " in a preserved range", cap);
+	}
+}
+
+/* The verdict in words, for events, the manifest and the next incarnation's
+ * rk_restart_info (hot_switch_why: the cross-check's words).
+ * Async-signal-safe. */
+static void word_decision(const struct rk_verdict *v, const struct rk_facts *f, const char *hot_switch_why, int sig,
+			  const siginfo_t *si, const void *uc, uint64_t age_ms, char *out, size_t cap)
+{
+	out[0] = 0;
+	switch (v->code) {
+	case RK_REASON_COLD_REQUESTED:
+		rk_strlcpy(out, "cold restart requested", cap);
+		break;
+	case RK_REASON_FAULT_IN_RUNTIME:
+		rk_strlcpy(out, "fault inside the rekindle runtime at pc ", cap);
+#if defined(__x86_64__)
+		sb_hex(out, cap, (uint64_t)((const ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP]);
+#else
+		(void)uc;
+#endif
+		break;
+	case RK_REASON_CONTROL_BLOCK_CORRUPT: {
+		const char *d = rk_control_damage();
+		rk_strlcpy(out, d ? d : "control block corrupt", cap);
+		break;
+	}
+	case RK_REASON_CRASH_LOOP:
+		rk_strlcpy(out, "second failure ", cap);
+		sb_u64(out, cap, age_ms);
+		rk_strlcat(out, " ms after a warm restart (window ", cap);
+		sb_u64(out, cap, rk_cfg.crashloop_ms);
+		rk_strlcat(out, " ms)", cap);
+		break;
+	case RK_REASON_REPEATED_FAULT:
+		describe_repeated_fault(sig, si, f->repeat_owner, out, cap);
+		break;
+	case RK_REASON_MANIFEST_BUSY:
+		rk_strlcpy(out, "failure while the arena list was being updated", cap);
+		break;
+	case RK_REASON_WARM_DISABLED:
+		rk_strlcpy(out, "warm restarts disabled by the app", cap);
+		break;
+	case RK_REASON_HOOK_COLD:
+		rk_strlcpy(out, "the app's failure hook chose a cold restart", cap);
+		break;
+	case RK_REASON_UNSAFE_REGION_OPEN:
+		rk_unsafe_describe((unsigned)v->arena, out, cap);
+		break;
+	case RK_REASON_INDEPENDENT_DROPPED:
+		if (f->unsafe_open)
+			rk_unsafe_describe((unsigned)v->arena, out, cap);
+		else if (f->repeat_owner >= 0 && (v->drop & (1u << f->repeat_owner)))
+			describe_repeated_fault(sig, si, f->repeat_owner, out, cap);
+		if (out[0])
+			rk_strlcat(out, ": independent, dropped alone; the rest warm", cap);
+		else
+			rk_strlcpy(out, "the app's failure hook dropped a component; the rest warm", cap);
+		break;
+	case RK_REASON_CROSSCHECK_MISMATCH:
+		rk_strlcpy(out, hot_switch_why ? hot_switch_why : "cross-check mismatch", cap);
+		break;
+	default:
+		rk_strlcpy(out, "all checks passed", cap);
+		break;
 	}
 }
 
@@ -342,9 +393,7 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 	bool fast = age_ms < rk_cfg.crashloop_ms && !hot_switch;
 	uint32_t fast_failures = fast ? m->fast_failures + 1 : (hot_switch ? m->fast_failures : 0);
 	char decision[160] = "";
-	bool warm = want_warm;
-	const char *ctl_damage;
-	int repeat_owner = -1;
+	uint32_t ignore = hot_switch ? 1u << rk_g.switch_index : 0;
 
 	if (fast_failures >= rk_cfg.max_fast_failures) {
 		struct rk_ev e;
@@ -356,57 +405,31 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 		restarting_done();
 		return -ELOOP;
 	}
-	if (!want_warm) {
-		rk_strlcat(decision, "cold restart requested", sizeof decision);
-	} else if (hot_switch) {
-		rk_strlcpy(decision, reason, sizeof decision);
-	} else if (pc_in_runtime(uc)) {
-		warm = false;
-		rk_strlcat(decision, "fault inside the rekindle runtime at pc ", sizeof decision);
-#if defined(__x86_64__)
-		sb_hex(decision, sizeof decision, (uint64_t)((const ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP]);
-#endif
-	} else if (rk_g.info.kind == RK_START_WARM && fast) {
-		warm = false;
-		rk_strlcat(decision, "second failure ", sizeof decision);
-		sb_u64(decision, sizeof decision, age_ms);
-		rk_strlcat(decision, " ms after a warm restart (window ", sizeof decision);
-		sb_u64(decision, sizeof decision, rk_cfg.crashloop_ms);
-		rk_strlcat(decision, " ms)", sizeof decision);
-	} else if ((ctl_damage = rk_control_damage()) != NULL) {
-		warm = false; /* the evidence of open unsafe regions is gone */
-		rk_strlcpy(decision, ctl_damage, sizeof decision);
-	} else if ((repeat_owner = repeated_fault_owner(sig, si)) >= 0 &&
-		   (repeat_owner == RK_MAX_ARENAS || !(rk_g.arenas[repeat_owner].flags & RK_ARENA_INDEPENDENT))) {
-		warm = false;
-		describe_repeated_fault(sig, si, repeat_owner, decision, sizeof decision);
-	} else if (rk_g.manifest_busy) {
-		warm = false;
-		rk_strlcat(decision, "failure while the arena list was being updated", sizeof decision);
-	} else if (rk_ctl && (atomic_load(&rk_ctl->flags) & RK_CTL_WARM_DISABLED)) {
-		warm = false;
-		rk_strlcat(decision, "warm restarts disabled by the app", sizeof decision);
-	} else {
-		rk_strlcat(decision, "all checks passed", sizeof decision);
-	}
-
-	uint32_t drop = 0;
-	if (warm) {
+	struct rk_facts f = {
+		.cold_requested = !want_warm,
+		.hot_switch = hot_switch,
+		.fault_in_runtime = pc_in_runtime(uc),
+		.control_damaged = rk_control_damage() != NULL,
+		.crash_loop = rk_g.info.kind == RK_START_WARM && fast,
+		.repeat_owner = repeated_fault_owner(sig, si),
+		.manifest_busy = rk_g.manifest_busy != 0,
+		.warm_disabled = rk_ctl && (atomic_load(&rk_ctl->flags) & RK_CTL_WARM_DISABLED),
+		.independent = independent_arenas(),
+	};
+	struct rk_verdict v = rk_decide(&f);
+	if (v.warm) {
 		/* Let other threads finish what they are changing, then look. */
 		rk_unsafe_freeze(50ull * 1000 * 1000);
 		(void)rk_allocator_freeze(50ull * 1000 * 1000);
 		/* A thread may have counted itself into an allocator critical
 		 * section just before the allocator froze; it leaves at once. */
 		rk_unsafe_freeze(50ull * 1000 * 1000);
-		uint32_t ignore = hot_switch ? 1u << rk_g.switch_index : 0;
-		warm = decide_components(sig, ignore, decision, sizeof decision, &drop);
-		if (warm && repeat_owner >= 0 && repeat_owner < RK_MAX_ARENAS) {
-			/* an independent arena faulting again: it alone goes */
-			drop |= 1u << repeat_owner;
-			describe_repeated_fault(sig, si, repeat_owner, decision, sizeof decision);
-			rk_strlcat(decision, ": independent, dropped alone; the rest warm", sizeof decision);
-		}
+		gather_region_facts(sig, ignore, &f);
+		v = rk_decide(&f);
 	}
+	word_decision(&v, &f, hot_switch ? reason : NULL, sig, si, uc, age_ms, decision, sizeof decision);
+	bool warm = v.warm;
+	uint32_t drop = warm ? v.drop : 0;
 	rk_control_set_state(RK_CTL_RESTARTING);
 	m->next_mode = warm ? RK_NEXT_WARM : RK_NEXT_COLD;
 	m->signal = sig;
@@ -418,6 +441,7 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 	m->fast_failures = fast_failures;
 	rk_strlcpy(m->reason, hot_switch ? "cross-check mismatch" : reason, sizeof m->reason);
 	rk_strlcpy(m->decision, decision, sizeof m->decision);
+	m->decision_code = (uint32_t)v.code;
 	/* statics may point into the replaced arena: not after a hot switch */
 	if (warm && !hot_switch)
 		rk_statics_save(m);
@@ -434,6 +458,7 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 	rk_ev_str(&e, "mode", warm ? "warm" : "cold");
 	rk_ev_str(&e, "reason", reason);
 	rk_ev_str(&e, "decision", decision);
+	rk_ev_str(&e, "code", rk_reason_name(v.code));
 	if (sig) {
 		rk_ev_str(&e, "signal", rk_signame(sig));
 		rk_ev_hex(&e, "addr", m->fault_addr);
@@ -451,7 +476,7 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 	}
 	rk_ev_end(&e);
 
-	rk_sup_restarting(warm, sig, t0, m->fault_addr, reason, decision);
+	rk_sup_restarting(warm, sig, t0, m->fault_addr, reason, decision, v.code);
 	rk_reap_teardown_holder();
 	int holder_wr = rk_teardown_holder_for_exec();
 	manifest_mark_dropped(drop, true);

@@ -350,7 +350,8 @@ struct rk_manifest {
 	/* The previous incarnation's manifest memfd, handed on with this one:
 	 * the next incarnation writes its manifest there instead of creating
 	 * a memfd on its restart path.  Never the one a supervisor holds. */
-	int32_t spare_fd, pad2_;
+	int32_t spare_fd;
+	uint32_t decision_code; /* enum rk_reason of `decision` */
 	uint64_t spare_dev, spare_ino;
 	struct rk_manifest_arena arenas[RK_MAX_ARENAS];
 	struct rk_manifest_range ranges[RK_MAX_RANGES];
@@ -470,6 +471,7 @@ struct rk_inherit {
 	uint64_t t_detect_ns;
 	char reason[128];
 	char decision[160];
+	uint32_t decision_code; /* enum rk_reason */
 	int fds[1 + 2 * RK_MAX_ARENAS]; /* with mode 1: manifest first */
 	unsigned nfds;
 };
@@ -487,7 +489,7 @@ void rk_sup_ready(void) RK_HIDDEN;
 void rk_sup_forget(void) RK_HIDDEN; /* a validator child: never speak for the app */
 /* Async-signal-safe, non-blocking. */
 void rk_sup_restarting(bool warm, int sig, uint64_t t_ns, uint64_t fault_addr, const char *reason,
-		       const char *decision) RK_HIDDEN;
+		       const char *decision, enum rk_reason code) RK_HIDDEN;
 
 /* ---- init.c: rk_init and the process-wide state ---- */
 struct rk_state {
@@ -534,6 +536,35 @@ void rk_recovery_close_inherited(const struct rk_manifest *m) RK_HIDDEN;
 /* ---- crosscheck.c: exports only the public rk_crosscheck_* ---- */
 
 /* ---- stages.c: exports only the public API of rekindle_stages.h ---- */
+
+/* ---- decide.c: warm or cold, as a pure function of the facts ----
+ * The order of the checks is shared with the supervisor's decider
+ * (supervisor/src/decide.rs): both run tests/contract/decisions.tsv.  The
+ * facts above `regions_known` are cheap; the restart looks at open regions
+ * (a freeze of the other threads) only when those alone say warm. */
+struct rk_facts {
+	bool cold_requested;
+	bool hot_switch;        /* a cross-check mismatch: warm onto the validated state */
+	bool fault_in_runtime;
+	bool control_damaged;
+	bool crash_loop;        /* a failure within the window after a warm start */
+	int repeat_owner;       /* a repeated fault: its arena, RK_MAX_ARENAS for a range, -1 none */
+	bool manifest_busy;
+	bool warm_disabled;
+	bool regions_known;     /* the fields below are valid (the freeze ran) */
+	bool hook_cold;         /* the app's failure hook chose cold */
+	uint32_t unsafe_open;   /* arenas with an open unsafe region */
+	uint32_t independent;   /* arenas opened RK_ARENA_INDEPENDENT */
+	uint32_t hook_drop;     /* arenas the failure hook dropped */
+};
+struct rk_verdict {
+	bool warm;
+	enum rk_reason code;
+	uint32_t drop;          /* with warm: arenas not handed on */
+	int arena;              /* the arena the reason is about, -1 if none */
+};
+/* Async-signal-safe. */
+struct rk_verdict rk_decide(const struct rk_facts *f) RK_HIDDEN;
 
 /* ---- restart.c: the decision, warm or cold, and the exec ---- */
 /* Copies argv and the environment for the exec (may allocate: rk_init). */

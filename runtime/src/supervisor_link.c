@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #define MSG_MAGIC 0x4d534b52u /* "RKSM" */
-#define MSG_VERSION 1u
+#define MSG_VERSION 2u /* 2: decision codes in HELLO, RESTARTING and INHERIT */
 #define MSG_MAX 4096u
 #define ATTACH_TIMEOUT_MS 10000
 
@@ -48,6 +48,7 @@ struct msg_hello {
 	uint64_t restart_ns, preserved_bytes;
 	char reason[128];
 	char decision[160];
+	uint32_t decision_code, reserved; /* enum rk_reason */
 };
 
 struct msg_fds_entry {
@@ -58,7 +59,7 @@ struct msg_fds_entry {
 struct msg_restarting {
 	uint32_t mode;
 	int32_t signal;
-	uint32_t generation, reserved;
+	uint32_t generation, decision_code;
 	uint64_t t_ns, fault_addr;
 	char reason[128];
 	char decision[160];
@@ -71,13 +72,14 @@ struct msg_inherit {
 	uint64_t t_detect_ns;
 	char reason[128];
 	char decision[160];
+	uint32_t decision_code, reserved;
 };
 
 _Static_assert(sizeof(struct msg_hdr) == 16, "protocol layout");
-_Static_assert(sizeof(struct msg_hello) == 320, "protocol layout");
+_Static_assert(sizeof(struct msg_hello) == 328, "protocol layout");
 _Static_assert(sizeof(struct msg_fds_entry) == 56, "protocol layout");
 _Static_assert(sizeof(struct msg_restarting) == 320, "protocol layout");
-_Static_assert(sizeof(struct msg_inherit) == 312, "protocol layout");
+_Static_assert(sizeof(struct msg_inherit) == 320, "protocol layout");
 
 #define MAX_FDS (1 + 2 * RK_MAX_ARENAS)
 
@@ -187,6 +189,7 @@ void rk_sup_hello(void)
 	m.preserved_bytes = in->preserved_bytes;
 	rk_strlcpy(m.reason, in->reason, sizeof m.reason);
 	rk_strlcpy(m.decision, in->decision, sizeof m.decision);
+	m.decision_code = (uint32_t)in->decision_code;
 	(void)send_msg(MSG_HELLO, &m, sizeof m, NULL, 0);
 }
 
@@ -238,7 +241,7 @@ void rk_sup_ready(void)
 }
 
 void rk_sup_restarting(bool warm, int sig, uint64_t t_ns, uint64_t fault_addr, const char *reason,
-		       const char *decision)
+		       const char *decision, enum rk_reason code)
 {
 	struct msg_restarting m;
 	memset(&m, 0, sizeof m);
@@ -249,6 +252,7 @@ void rk_sup_restarting(bool warm, int sig, uint64_t t_ns, uint64_t fault_addr, c
 	m.fault_addr = fault_addr;
 	rk_strlcpy(m.reason, reason, sizeof m.reason);
 	rk_strlcpy(m.decision, decision, sizeof m.decision);
+	m.decision_code = (uint32_t)code;
 	(void)send_msg(MSG_RESTARTING, &m, sizeof m, NULL, 0);
 }
 
@@ -352,6 +356,7 @@ int rk_sup_attach(struct rk_inherit *inh, char *why, size_t wl)
 		inh->t_detect_ns = body.in.t_detect_ns;
 		rk_strlcpy(inh->reason, body.in.reason, sizeof inh->reason);
 		rk_strlcpy(inh->decision, body.in.decision, sizeof inh->decision);
+		inh->decision_code = body.in.decision_code < RK_REASON_COUNT ? body.in.decision_code : RK_REASON_NONE;
 		return 0;
 	}
 	close_fds(inh->fds, inh->nfds);

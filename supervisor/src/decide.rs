@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::reason::Reason;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Warm,
@@ -66,40 +68,59 @@ pub struct Facts {
     pub cold_requested: bool,
 }
 
-/// The decision: the mode, why, and with Warm the arenas not handed on.
+/// The decision: the mode, why (a stable code and words), and with Warm the
+/// arenas not handed on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub mode: Mode,
+    pub code: Reason,
     pub why: String,
     pub dropped: Vec<String>,
 }
 
-fn cold(why: impl Into<String>) -> Decision {
+fn cold(code: Reason, why: impl Into<String>) -> Decision {
     Decision {
         mode: Mode::Cold,
+        code,
         why: why.into(),
         dropped: Vec::new(),
     }
 }
 
 /// Warm only when every check passes; the reason names the first that
-/// failed.  An independent arena that is half-changed or fails its header
-/// check is dropped alone and the rest stays warm.
+/// failed, in the order the runtime's decider uses too (runtime/src/decide.c;
+/// both run tests/contract/decisions.tsv): cold requested, no preserved
+/// state, the control block, the crash loop, the app's veto, open regions,
+/// arena checks.  An independent arena that is half-changed or fails its
+/// header check is dropped alone and the rest stays warm.
 pub fn decide(f: &Facts) -> Decision {
     if f.cold_requested {
-        return cold("cold restart requested");
+        return cold(Reason::ColdRequested, "cold restart requested");
     }
     if !f.has_manifest {
-        return cold("no preserved state held (the app never handed over a manifest)");
+        return cold(
+            Reason::NoManifest,
+            "no preserved state held (the app never handed over a manifest)",
+        );
     }
     if let Some(why) = &f.control_damage {
-        return cold(why.clone());
+        return cold(Reason::ControlBlockCorrupt, why.clone());
+    }
+    if f.last_start_warm && !f.crashloop_window.is_zero() && f.uptime < f.crashloop_window {
+        return cold(
+            Reason::CrashLoop,
+            format!(
+                "second failure {} ms after a warm restart (window {} ms)",
+                f.uptime.as_millis(),
+                f.crashloop_window.as_millis()
+            ),
+        );
     }
     if f.warm_disabled {
-        return cold("warm restarts disabled by the app");
+        return cold(Reason::WarmDisabled, "warm restarts disabled by the app");
     }
     if let Some(u) = &f.unsafe_elsewhere {
-        return cold(u.clone());
+        return cold(Reason::UnsafeRegionOpen, u.clone());
     }
     if let Some(u) = f
         .arenas
@@ -107,18 +128,11 @@ pub fn decide(f: &Facts) -> Decision {
         .filter(|a| !a.independent)
         .find_map(|a| a.unsafe_open.as_ref())
     {
-        return cold(u.clone());
-    }
-    if f.last_start_warm && !f.crashloop_window.is_zero() && f.uptime < f.crashloop_window {
-        return cold(format!(
-            "second failure {} ms after a warm restart (window {} ms)",
-            f.uptime.as_millis(),
-            f.crashloop_window.as_millis()
-        ));
+        return cold(Reason::UnsafeRegionOpen, u.clone());
     }
     for a in f.arenas.iter().filter(|a| !a.independent) {
         if let Err(why) = &a.check {
-            return cold(format!("arena {}: {why}", a.name));
+            return cold(Reason::ArenaCheckFailed, format!("arena {}: {why}", a.name));
         }
     }
     let mut why = String::new();
@@ -134,11 +148,15 @@ pub fn decide(f: &Facts) -> Decision {
         }
         dropped.push(a.name.clone());
     }
-    if why.is_empty() {
+    let code = if dropped.is_empty() {
         why = "all checks passed".into();
-    }
+        Reason::AllChecksPassed
+    } else {
+        Reason::IndependentDropped
+    };
     Decision {
         mode: Mode::Warm,
+        code,
         why,
         dropped,
     }
@@ -195,6 +213,7 @@ mod tests {
             decide(&good()),
             Decision {
                 mode: Mode::Warm,
+                code: Reason::AllChecksPassed,
                 why: "all checks passed".into(),
                 dropped: vec![]
             }

@@ -15,6 +15,7 @@ pub mod notify;
 pub mod orphan;
 pub mod procfs;
 pub mod proto;
+pub mod reason;
 pub mod runtime_dir;
 pub mod signame;
 pub mod spawn;

@@ -10,8 +10,11 @@
 
 use thiserror::Error;
 
+use crate::reason::Reason;
+
 pub const MAGIC: u32 = 0x4d53_4b52; // "RKSM"
-pub const VERSION: u16 = 1;
+/// 2: decision codes (`enum rk_reason`) in HELLO, RESTARTING and INHERIT.
+pub const VERSION: u16 = 2;
 pub const HDR_LEN: usize = 16;
 /// Largest message, header included.
 pub const MSG_MAX: usize = 4096;
@@ -32,13 +35,13 @@ pub const T_INHERIT: u16 = 101;
 pub const T_ERROR: u16 = 199;
 
 pub const ATTACH_LEN: usize = 8;
-pub const HELLO_LEN: usize = 320;
+pub const HELLO_LEN: usize = 328;
 pub const FDS_HDR_LEN: usize = 8;
 pub const FDS_ENTRY_LEN: usize = 56;
 pub const RESTARTING_LEN: usize = 320;
 pub const READY_LEN: usize = 8;
 pub const RESTART_FAILED_LEN: usize = 8;
-pub const INHERIT_LEN: usize = 312;
+pub const INHERIT_LEN: usize = 320;
 
 /// How an incarnation started (HELLO `kind`, INHERIT `mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +119,7 @@ pub struct Hello {
     pub preserved_bytes: u64,
     pub reason: String,
     pub decision: String,
+    pub decision_code: Reason,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +137,7 @@ pub struct Restarting {
     pub fault_addr: u64,
     pub reason: String,
     pub decision: String,
+    pub decision_code: Reason,
 }
 
 /// A message from the runtime.
@@ -182,6 +187,7 @@ pub struct Inherit {
     pub t_detect_ns: u64,
     pub reason: String,
     pub decision: String,
+    pub decision_code: Reason,
     /// With Warm: arenas of the manifest deliberately not handed over
     /// (half-changed independent ones).
     pub dropped: u32,
@@ -376,6 +382,7 @@ pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
             let preserved_bytes = r.u64();
             let reason = r.cstr(REASON_LEN, "reason")?;
             let decision = r.cstr(DECISION_LEN, "decision")?;
+            let decision_code = Reason::from_code(r.u32());
             Ok(AppMsg::Hello(Hello {
                 pid,
                 generation,
@@ -385,6 +392,7 @@ pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
                 preserved_bytes,
                 reason,
                 decision,
+                decision_code,
             }))
         }
         T_FDS => {
@@ -430,7 +438,7 @@ pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
                 return Err(ProtoError::BadValue("signal", signal as u32 as u64));
             }
             let generation = r.u32();
-            let _reserved = r.u32();
+            let decision_code = Reason::from_code(r.u32());
             let t_ns = r.u64();
             let fault_addr = r.u64();
             let reason = r.cstr(REASON_LEN, "reason")?;
@@ -443,6 +451,7 @@ pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
                 fault_addr,
                 reason,
                 decision,
+                decision_code,
             }))
         }
         T_READY => {
@@ -489,6 +498,8 @@ pub fn encode_app(m: &AppMsg) -> Vec<u8> {
             p.extend_from_slice(&h.preserved_bytes.to_le_bytes());
             put_cstr(&mut p, &h.reason, REASON_LEN);
             put_cstr(&mut p, &h.decision, DECISION_LEN);
+            p.extend_from_slice(&h.decision_code.code().to_le_bytes());
+            p.extend_from_slice(&0u32.to_le_bytes());
         }
         AppMsg::Fds(entries) => {
             p.extend_from_slice(&(entries.len() as u32).to_le_bytes());
@@ -503,7 +514,7 @@ pub fn encode_app(m: &AppMsg) -> Vec<u8> {
             p.extend_from_slice(&(if r.warm { 1u32 } else { 2u32 }).to_le_bytes());
             p.extend_from_slice(&r.signal.to_le_bytes());
             p.extend_from_slice(&r.generation.to_le_bytes());
-            p.extend_from_slice(&0u32.to_le_bytes());
+            p.extend_from_slice(&r.decision_code.code().to_le_bytes());
             p.extend_from_slice(&r.t_ns.to_le_bytes());
             p.extend_from_slice(&r.fault_addr.to_le_bytes());
             put_cstr(&mut p, &r.reason, REASON_LEN);
@@ -533,6 +544,8 @@ pub fn encode_sup(m: &SupMsg) -> Vec<u8> {
             p.extend_from_slice(&i.t_detect_ns.to_le_bytes());
             put_cstr(&mut p, &i.reason, REASON_LEN);
             put_cstr(&mut p, &i.decision, DECISION_LEN);
+            p.extend_from_slice(&i.decision_code.code().to_le_bytes());
+            p.extend_from_slice(&0u32.to_le_bytes());
             T_INHERIT
         }
         SupMsg::Error(e) => {
@@ -561,6 +574,7 @@ pub fn parse_sup(buf: &[u8]) -> Result<SupMsg, ProtoError> {
             let t_detect_ns = r.u64();
             let reason = r.cstr(REASON_LEN, "reason")?;
             let decision = r.cstr(DECISION_LEN, "decision")?;
+            let decision_code = Reason::from_code(r.u32());
             Ok(SupMsg::Inherit(Inherit {
                 mode,
                 generation,
@@ -568,6 +582,7 @@ pub fn parse_sup(buf: &[u8]) -> Result<SupMsg, ProtoError> {
                 t_detect_ns,
                 reason,
                 decision,
+                decision_code,
                 dropped,
             }))
         }
@@ -593,13 +608,14 @@ mod tests {
             preserved_bytes: 8 << 20,
             reason: "signal SIGSEGV".into(),
             decision: "all checks passed".into(),
+            decision_code: Reason::AllChecksPassed,
         }
     }
 
     #[test]
     fn sizes_match_the_contract() {
         assert_eq!(encode_app(&AppMsg::Attach { pid: 1 }).len(), HDR_LEN + 8);
-        assert_eq!(encode_app(&AppMsg::Hello(hello())).len(), HDR_LEN + 320);
+        assert_eq!(encode_app(&AppMsg::Hello(hello())).len(), HDR_LEN + 328);
         assert_eq!(encode_app(&AppMsg::Ready { t_ns: 5 }).len(), HDR_LEN + 8);
         let r = Restarting {
             warm: true,
@@ -609,6 +625,7 @@ mod tests {
             fault_addr: 0,
             reason: "x".into(),
             decision: "y".into(),
+            decision_code: Reason::CrashLoop,
         };
         assert_eq!(encode_app(&AppMsg::Restarting(r)).len(), HDR_LEN + 320);
         let fds = AppMsg::Fds(vec![
@@ -629,9 +646,10 @@ mod tests {
             t_detect_ns: 7,
             reason: "signal SIGKILL".into(),
             decision: "x".into(),
+            decision_code: Reason::UnsafeRegionOpen,
             dropped: 0,
         });
-        assert_eq!(encode_sup(&inh).len(), HDR_LEN + 312);
+        assert_eq!(encode_sup(&inh).len(), HDR_LEN + 320);
         assert_eq!(encode_sup(&SupMsg::Error("e".into())).len(), HDR_LEN + 256);
     }
 
@@ -639,7 +657,7 @@ mod tests {
     fn header_layout_is_little_endian() {
         let b = encode_app(&AppMsg::Attach { pid: 0x01020304 });
         assert_eq!(&b[0..4], b"RKSM");
-        assert_eq!(&b[4..6], &[1, 0]);
+        assert_eq!(&b[4..6], &[2, 0]);
         assert_eq!(&b[6..8], &[1, 0]);
         assert_eq!(&b[8..12], &[8, 0, 0, 0]);
         assert_eq!(&b[16..20], &[4, 3, 2, 1]);
@@ -740,6 +758,7 @@ mod tests {
             t_detect_ns: 0,
             reason: String::new(),
             decision: String::new(),
+            decision_code: Reason::IndependentDropped,
             dropped: 1,
         }));
         // the supervisor's own types are refused from the app

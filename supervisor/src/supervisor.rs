@@ -26,6 +26,7 @@ use crate::metrics::{self, Metrics};
 use crate::notify::{self, AppNotify, Notice, Systemd};
 use crate::orphan::{self, StartError};
 use crate::proto::{self, AppMsg, FdKind, Hello, Inherit, Restarting, StartKind, SupMsg};
+use crate::reason::Reason;
 use crate::spawn::{self, ChildFds, Program};
 use crate::{procfs, runtime_dir, signame};
 
@@ -104,6 +105,7 @@ struct Plan {
     t_detect_ns: u64,
     reason: String,
     decision: String,
+    decision_code: Reason,
     backoff_ms: u64,
     /// With Warm: arenas found half-changed (independent ones), not handed on.
     dropped: u32,
@@ -414,6 +416,7 @@ impl Supervisor {
                 t_detect_ns: 0,
                 reason: String::new(),
                 decision: String::new(),
+                decision_code: Reason::None,
                 backoff_ms: 0,
                 dropped: 0,
             }
@@ -428,7 +431,7 @@ impl Supervisor {
             };
             let d = decide::decide(&facts);
             let (mode, why) = (d.mode, d.why.clone());
-            self.emit_decision(mode.as_str(), &why, "respawn", "supervisor-restart");
+            self.emit_decision_coded(mode.as_str(), &why, "respawn", "supervisor-restart", d.code);
             let dropped = self.apply_decision(&d);
             Plan {
                 mode: if mode == Mode::Warm {
@@ -441,6 +444,7 @@ impl Supervisor {
                 t_detect_ns: now_ns(),
                 reason: "supervisor restarted".into(),
                 decision: why,
+                decision_code: d.code,
                 backoff_ms: 0,
                 dropped,
             }
@@ -1039,14 +1043,30 @@ impl Supervisor {
     }
 
     fn emit_decision(&mut self, mode: &str, reason: &str, path: &str, failure: &str) {
+        self.emit_decision_coded(mode, reason, path, failure, Reason::None)
+    }
+
+    /// A warm/cold decision carries its stable code (`enum rk_reason`).
+    fn emit_decision_coded(
+        &mut self,
+        mode: &str,
+        reason: &str,
+        path: &str,
+        failure: &str,
+        code: Reason,
+    ) {
         let mut e = ev("decision").s("mode", mode).s("reason", reason);
+        if code != Reason::None {
+            e = e.s("code", code.as_str());
+        }
         if !path.is_empty() {
             e = e.s("path", path);
         }
         if !failure.is_empty() {
             e = e.s("failure", failure);
         }
-        self.last_decision = Some(json!({"mode": mode, "reason": reason, "path": path}));
+        self.last_decision = Some(json!({"mode": mode, "reason": reason, "path": path,
+                   "code": (code != Reason::None).then(|| code.as_str())}));
         self.events.emit(e);
     }
 
@@ -1186,7 +1206,7 @@ impl Supervisor {
         };
         let d = decide::decide(&facts);
         let (mode, why) = (d.mode, d.why.clone());
-        self.emit_decision(mode.as_str(), &why, "respawn", noted.kind);
+        self.emit_decision_coded(mode.as_str(), &why, "respawn", noted.kind, d.code);
         let dropped = self.apply_decision(&d);
         if damage.is_some() {
             self.replace_control_block();
@@ -1212,6 +1232,7 @@ impl Supervisor {
             t_detect_ns: noted.t_detect_ns.min(now),
             reason: noted.reason.clone(),
             decision: why,
+            decision_code: d.code,
             backoff_ms: backoff.as_millis() as u64,
             dropped,
         };
@@ -1549,6 +1570,7 @@ impl Supervisor {
             t_detect_ns: p.t_detect_ns,
             reason: p.reason.clone(),
             decision: p.decision.clone(),
+            decision_code: p.decision_code,
             dropped: p.dropped,
         };
         let bytes = proto::encode_sup(&SupMsg::Inherit(inh));
@@ -1612,7 +1634,13 @@ impl Supervisor {
                 .and_then(|a| a.noted.as_ref())
                 .map(|n| n.t_detect_ns)
                 .unwrap_or(now);
-            self.emit_decision(h.kind.as_str(), &h.decision, "in-place", kind);
+            self.emit_decision_coded(
+                h.kind.as_str(),
+                &h.decision,
+                "in-place",
+                kind,
+                h.decision_code,
+            );
             self.pending = Some(Pending {
                 path: "in-place",
                 failure: kind,
@@ -1648,6 +1676,7 @@ impl Supervisor {
                 .s("kind", h.kind.as_str())
                 .s("reason", &h.reason)
                 .s("decision", &h.decision)
+                .s("code", h.decision_code.as_str())
                 .u("restart_us", h.restart_ns / 1000)
                 .u("preserved_bytes", h.preserved_bytes)
                 .u("narenas", h.narenas as u64),
@@ -1726,7 +1755,13 @@ impl Supervisor {
         let t_detect = noted.as_ref().map(|n| n.t_detect_ns).unwrap_or(now);
         let t_failure = noted.and_then(|n| n.t_failure_ns).unwrap_or(r.t_ns);
         let mode = if r.warm { Mode::Warm } else { Mode::Cold };
-        self.emit_decision(mode.as_str(), &r.decision, "in-place", kind);
+        self.emit_decision_coded(
+            mode.as_str(),
+            &r.decision,
+            "in-place",
+            kind,
+            r.decision_code,
+        );
         if let Some(a) = &mut self.app {
             a.in_place = true;
             // our request was taken: no signal now, but a deadline for the HELLO

@@ -12,6 +12,7 @@ use rekindle::proto::{
     self, AppMsg, DECISION_LEN, FdEntry, FdKind, Hello, Inherit, NAME_LEN, REASON_LEN, Restarting,
     StartKind, SupMsg,
 };
+use rekindle::reason::Reason;
 
 fn corpus(sub: &str) -> Vec<(String, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -144,6 +145,7 @@ fn app_msg() -> impl Strategy<Value = AppMsg> {
                         preserved_bytes,
                         reason,
                         decision,
+                        decision_code: any_reason(generation),
                     })
                 }
             ),
@@ -173,11 +175,17 @@ fn app_msg() -> impl Strategy<Value = AppMsg> {
                         fault_addr,
                         reason,
                         decision,
+                        decision_code: any_reason(generation),
                     })
                 }
             ),
         any::<u64>().prop_map(|t_ns| AppMsg::Ready { t_ns }),
     ]
+}
+
+/// A decision code picked by another random field (keeps the tuples short).
+fn any_reason(pick: u32) -> Reason {
+    Reason::ALL[pick as usize % Reason::ALL.len()]
 }
 
 fn sup_msg() -> impl Strategy<Value = SupMsg> {
@@ -200,6 +208,7 @@ fn sup_msg() -> impl Strategy<Value = SupMsg> {
                         t_detect_ns,
                         reason,
                         decision,
+                        decision_code: any_reason(generation),
                         dropped,
                     })
                 }

@@ -6,12 +6,20 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use rekindle::reason::Reason;
 use rekindle::{arena, control_block as cb};
 
-fn c_layout() -> HashMap<String, u64> {
+fn probe_output() -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = std::env::temp_dir().join(format!("rekindle-layout-probe-{}", std::process::id()));
+    // one binary per call: the tests run in parallel threads
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let out = std::env::temp_dir().join(format!(
+        "rekindle-layout-probe-{}-{}",
+        std::process::id(),
+        CALLS.fetch_add(1, Ordering::Relaxed)
+    ));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .args(["-std=c11", "-D_GNU_SOURCE", "-pthread", "-I"])
@@ -29,7 +37,11 @@ fn c_layout() -> HashMap<String, u64> {
         .unwrap_or_else(|e| panic!("running the layout probe: {e}"));
     let _ = std::fs::remove_file(&out);
     assert!(run.status.success());
-    String::from_utf8_lossy(&run.stdout)
+    String::from_utf8_lossy(&run.stdout).into_owned()
+}
+
+fn c_layout() -> HashMap<String, u64> {
+    probe_output()
         .lines()
         .filter_map(|l| {
             let (k, v) = l.split_once(' ')?;
@@ -94,4 +106,27 @@ fn rust_constants_match_the_c_headers() {
     same("ARENA_OFF_VERSION", arena::OFF_VERSION as u64);
     same("ARENA_CHECKED_LEN", arena::CHECKED_LEN as u64);
     same("ARENA_HDR_PREFIX", arena::HDR_PREFIX as u64);
+}
+
+#[test]
+fn reason_codes_and_names_match_the_c_header() {
+    let out = probe_output();
+    let mut seen = 0;
+    for line in out
+        .lines()
+        .filter(|l| l.starts_with("REASON_") && !l.starts_with("REASON_COUNT"))
+    {
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f.len(), 3, "{line}");
+        let n: u32 = f[1].parse().unwrap_or(u32::MAX);
+        let r = Reason::from_code(n);
+        assert_eq!(r.code(), n, "C reason {n} ({}) unknown to Rust", f[2]);
+        assert_eq!(r.as_str(), f[2], "reason {n}");
+        seen += 1;
+    }
+    assert_eq!(
+        seen,
+        Reason::ALL.len(),
+        "C and Rust know different numbers of reasons"
+    );
 }

@@ -46,6 +46,7 @@ static const struct {
 	OFF(rk_restart_info, preserved_bytes),
 	OFF(rk_restart_info, statics_restored),
 	OFF(rk_restart_info, arenas_dropped),
+	OFF(rk_restart_info, decision_code),
 
 	SZ(struct rk_sweep_stats),
 	OFF(rk_sweep_stats, objects_freed),

@@ -65,6 +65,8 @@ pub struct rk_restart_info {
     pub preserved_bytes: u64,
     pub statics_restored: c_uint,
     pub arenas_dropped: c_uint,
+    /// `enum rk_reason`
+    pub decision_code: c_uint,
 }
 
 /// `struct rk_sweep_stats`
@@ -224,6 +226,10 @@ mod tests {
         m.insert(
             "offsetof(rk_restart_info, arenas_dropped)",
             offset_of!(rk_restart_info, arenas_dropped),
+        );
+        m.insert(
+            "offsetof(rk_restart_info, decision_code)",
+            offset_of!(rk_restart_info, decision_code),
         );
 
         m.insert("sizeof(struct rk_sweep_stats)", size_of::<rk_sweep_stats>());

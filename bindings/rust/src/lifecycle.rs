@@ -220,6 +220,9 @@ pub struct Start {
     pub reason: String,
     /// Why this start is warm or cold.
     pub decision: String,
+    /// The same as a stable number (`enum rk_reason` in rekindle.h: 1 all
+    /// checks passed, 11 an unsafe region was open, ...; 0 on a fresh start).
+    pub decision_code: u32,
     /// From the previous incarnation's restart to this `init`'s return.
     pub restart_time: Duration,
     /// Bytes in use in the arenas this incarnation inherited.
@@ -248,6 +251,7 @@ impl Start {
             fault_addr: info.fault_addr,
             reason: c_chars_to_string(&info.reason),
             decision: c_chars_to_string(&info.decision),
+            decision_code: info.decision_code,
             restart_time: Duration::from_nanos(info.restart_ns),
             preserved_bytes: info.preserved_bytes,
             statics_restored: info.statics_restored,

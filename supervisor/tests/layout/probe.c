@@ -55,5 +55,8 @@ int main(void)
 	P("ARENA_OFF_VERSION", offsetof(struct rk_arena_hdr, version));
 	P("ARENA_CHECKED_LEN", offsetof(struct rk_arena_hdr, hdr_checksum));
 	P("ARENA_HDR_PREFIX", offsetof(struct rk_arena_hdr, hdr_checksum) + sizeof(uint64_t));
+	for (int r = 0; r < RK_REASON_COUNT; r++)
+		printf("REASON_%d %d %s\n", r, r, rk_reason_name((enum rk_reason)r));
+	P("REASON_COUNT", RK_REASON_COUNT);
 	return 0;
 }
