@@ -60,7 +60,7 @@ def test_clobbered_control_block_goes_cold_is_replaced_and_reported(supervise):
     decision = sup.wait_event("decision")
     assert (decision["mode"], decision["reason"]) == ("cold", "control block corrupt: bad magic"), decision
     assert decision["code"] == "control_block_corrupt"
-    assert sup.wait_up(1)["code"] == "control_block_corrupt", "the new incarnation was told the code (INHERIT)"
+    assert sup.wait_up(1)["code"] == "control_block_corrupt", "the new incarnation got the code (INHERIT)"
     sup.wait_event("control_block", lambda e: e["status"] == "recreated")
     after = sup.state()
     assert after["kind"] == "cold" and after["supervised"], after
