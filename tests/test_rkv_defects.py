@@ -5,10 +5,14 @@ next save overwrote, the accept loop that spun when out of fds, a corrupt
 entry that a warm start kept, query buffers that never shrank, and
 misleading messages (--arena-size units, OOM without maxmemory)."""
 
+import os
+import pwd
 import random
 import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -133,3 +137,89 @@ def test_glob_fuzz_agrees_with_redis(rkv, real_redis):
     # each KEYS walks ~150 keys: milliseconds; exponential time takes seconds
     assert slowest < 1.0
     ours.close()
+
+
+# ---- 2. a snapshot rkv could not load is kept, never overwritten ----------------
+
+
+def files_holding(d, data):
+    return [p for p in d.iterdir() if p.is_file() and p.read_bytes() == data]
+
+
+def saved_snapshot(tmp_path, n=300):
+    """The bytes of a real snapshot of n keys (about 30 KB), written by rkv."""
+    s = Rkv(tmp_path, *NO_SAVE)
+    with s.client() as c:
+        c.mset({f"key:{i}": "v" * 80 for i in range(n)})
+        assert c.save()
+    s.close()
+    return (tmp_path / "rkv.snap").read_bytes()
+
+
+def test_truncated_snapshot_is_moved_aside_not_overwritten(tmp_path):
+    snap = tmp_path / "rkv.snap"
+    torn = saved_snapshot(tmp_path)[:-100]
+    snap.write_bytes(torn)
+    # earlier rejected files under the names rkv would pick now: never replaced
+    now = int(time.time())
+    decoys = {tmp_path / f"rkv.snap.rejected-{t}": b"earlier %d" % t for t in range(now - 1, now + 5)}
+    for path, data in decoys.items():
+        path.write_bytes(data)
+    s = Rkv(tmp_path)  # the default save points: SIGTERM saves
+    with s.client() as c:
+        assert c.dbsize() == 0
+    s.close()
+    assert files_holding(tmp_path, torn), "the rejected snapshot was overwritten"
+    rejected = s.log("snapshot_rejected")[0]
+    assert rejected["code"] == "corrupt" and rejected["action"] == "starting empty"
+    assert "checksum mismatch" in rejected["why"]
+    assert Path(rejected["kept_as"]).read_bytes() == torn  # byte for byte
+    assert all(path.read_bytes() == data for path, data in decoys.items())
+    assert s.log("shutdown")[0]["saved"] is True  # a new rkv.snap beside it
+    assert snap.read_bytes() != torn
+
+
+def test_snapshot_path_that_is_a_directory_is_moved_aside(tmp_path):
+    (tmp_path / "rkv.snap").mkdir()
+    (tmp_path / "rkv.snap" / "inside").write_bytes(b"keep me")
+    s = Rkv(tmp_path)
+    with s.client() as c:
+        c.set("k", "v")
+    s.close()
+    rejected = s.log("snapshot_rejected")[0]
+    assert rejected["code"] == "unreadable" and "directory" in rejected["why"]
+    assert (Path(rejected["kept_as"]) / "inside").read_bytes() == b"keep me"
+    assert s.log("shutdown")[0]["saved"] is True
+    s2 = Rkv(tmp_path, *NO_SAVE)
+    try:
+        assert s2.client().get("k") == b"v"  # the shutdown save took its place
+    finally:
+        s2.close()
+
+
+def test_unreadable_snapshot_is_moved_aside_not_overwritten(tmp_path):
+    """rkv as nobody, the snapshot mode 000: it cannot be read, and after
+    start and SIGTERM its bytes are still there, moved aside."""
+    nobody = pwd.getpwnam("nobody")
+
+    def drop_to_nobody():
+        os.setgroups([])
+        os.setgid(nobody.pw_gid)
+        os.setuid(nobody.pw_uid)
+
+    data = saved_snapshot(tmp_path)
+    d = Path(tempfile.mkdtemp(prefix="rkv-nobody-"))  # tmp_path's parents are root's alone
+    try:
+        d.chmod(0o777)
+        (d / "rkv.snap").write_bytes(data)
+        (d / "rkv.snap").chmod(0)
+        s = Rkv(d, preexec_fn=drop_to_nobody)
+        s.close()
+        assert files_holding(d, data), "the rejected snapshot was overwritten"
+        rejected = s.log("snapshot_rejected")[0]
+        assert rejected["code"] == "unreadable" and "Permission denied" in rejected["why"]
+        assert Path(rejected["kept_as"]).read_bytes() == data
+        assert s.log("shutdown")[0]["saved"] is True
+        assert (d / "rkv.snap").read_bytes() != data
+    finally:
+        shutil.rmtree(d)

@@ -520,6 +520,28 @@ static void raise_fd_limit(void)
 	}
 }
 
+/* A snapshot rkv could not load must survive: the next save would replace
+ * it with the (empty) keyspace.  It is moved aside and rkv starts empty; if
+ * it cannot be moved, rkv refuses to start.  code is the stable reason. */
+static void keep_rejected_snapshot(const char *path, const char *why, int err)
+{
+	const char *code = err == -EINVAL ? "corrupt" : err == -ENOMEM ? "no_room" : "unreadable";
+	char kept[4600];
+	int r = snapshot_set_aside(kept, sizeof kept);
+	if (r == 0) {
+		rkv_log("snapshot_rejected",
+			"\"path\":%s,\"code\":\"%s\",\"why\":%s,\"kept_as\":%s,\"action\":\"starting empty\"", js(path),
+			code, js(why), js(kept));
+		return;
+	}
+	rkv_log("snapshot_rejected",
+		"\"path\":%s,\"code\":\"%s\",\"why\":%s,\"action\":\"refusing to start\",\"set_aside_error\":%s", js(path),
+		code, js(why), js(strerror(-r)));
+	fprintf(stderr, "rkv: cannot load the snapshot %s (%s) nor move it aside (%s); "
+			"refusing to start, so that no save replaces it\n", path, why, strerror(-r));
+	exit(1);
+}
+
 /* The keyspace after a start of any kind: the preserved one if warm, else
  * a new one filled from the snapshot. */
 static uint64_t open_keyspace(void)
@@ -544,7 +566,7 @@ static uint64_t open_keyspace(void)
 	int r = snapshot_load(srv.db, &keys, &why);
 	srv.loading = false;
 	if (r < 0)
-		rkv_log("snapshot_rejected", "\"path\":%s,\"why\":%s,\"action\":\"starting empty\"", js(path), js(why));
+		keep_rejected_snapshot(path, why, r);
 	else
 		rkv_log("snapshot", "\"path\":%s,\"result\":%s", js(path), js(why));
 	glue_publish(srv.db);

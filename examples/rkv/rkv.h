@@ -185,6 +185,10 @@ void snapshot_reap(struct db *db);    /* collects a finished child */
  * empty) if unusable; *why says what happened. */
 int snapshot_load(struct db *db, uint64_t *keys, const char **why);
 void snapshot_path(char *out, size_t n);
+/* Moves the snapshot file that could not be loaded to
+ * NAME.rejected-<unix seconds>[.N], never over an existing file, so that no
+ * save replaces it; 0 with the new path in kept, or -errno. */
+int snapshot_set_aside(char *kept, size_t n);
 
 /* main.c */
 double mono_ms(void); /* CLOCK_MONOTONIC in ms */
