@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from rkv_harness import Rkv
+from rkv_harness import RKV, Rkv
 from supervisor_harness import free_port
 
 NO_SAVE = ("--save", "")
@@ -197,16 +197,16 @@ def test_snapshot_path_that_is_a_directory_is_moved_aside(tmp_path):
         s2.close()
 
 
+def drop_to_nobody():
+    nobody = pwd.getpwnam("nobody")
+    os.setgroups([])
+    os.setgid(nobody.pw_gid)
+    os.setuid(nobody.pw_uid)
+
+
 def test_unreadable_snapshot_is_moved_aside_not_overwritten(tmp_path):
     """rkv as nobody, the snapshot mode 000: it cannot be read, and after
     start and SIGTERM its bytes are still there, moved aside."""
-    nobody = pwd.getpwnam("nobody")
-
-    def drop_to_nobody():
-        os.setgroups([])
-        os.setgid(nobody.pw_gid)
-        os.setuid(nobody.pw_uid)
-
     data = saved_snapshot(tmp_path)
     d = Path(tempfile.mkdtemp(prefix="rkv-nobody-"))  # tmp_path's parents are root's alone
     try:
@@ -221,5 +221,31 @@ def test_unreadable_snapshot_is_moved_aside_not_overwritten(tmp_path):
         assert Path(rejected["kept_as"]).read_bytes() == data
         assert s.log("shutdown")[0]["saved"] is True
         assert (d / "rkv.snap").read_bytes() != data
+    finally:
+        shutil.rmtree(d)
+
+
+def test_snapshot_that_cannot_be_moved_aside_stops_the_start(tmp_path):
+    """Unreadable, in a directory rkv (nobody) cannot write: it refuses to
+    start rather than run where a save could replace the file."""
+    data = saved_snapshot(tmp_path)
+    d = Path(tempfile.mkdtemp(prefix="rkv-nobody-"))
+    try:
+        d.chmod(0o755)
+        (d / "rkv.snap").write_bytes(data)
+        (d / "rkv.snap").chmod(0)
+        run = d / "run"
+        run.mkdir(mode=0o777)
+        run.chmod(0o777)
+        env = {k: v for k, v in os.environ.items() if k not in ("LISTEN_FDS", "LISTEN_PID")}
+        env["REKINDLE_RUNTIME_DIR"] = str(run)
+        argv = [str(RKV), "--port", str(free_port()), "--dir", str(d)]
+        p = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, env=env, preexec_fn=drop_to_nobody, check=False
+        )
+        assert p.returncode == 1
+        assert "nor move it aside (Permission denied); refusing to start" in p.stderr
+        assert '"action":"refusing to start"' in p.stderr
+        assert (d / "rkv.snap").read_bytes() == data
     finally:
         shutil.rmtree(d)
