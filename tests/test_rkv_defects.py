@@ -8,7 +8,10 @@ misleading messages (--arena-size units, OOM without maxmemory)."""
 import os
 import pwd
 import random
+import resource
+import selectors
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from rkv_harness import RKV, Rkv
+from rkv_harness import RKV, Rkv, resp
 from supervisor_harness import free_port
 
 NO_SAVE = ("--save", "")
@@ -249,3 +252,72 @@ def test_snapshot_that_cannot_be_moved_aside_stops_the_start(tmp_path):
         assert (d / "rkv.snap").read_bytes() == data
     finally:
         shutil.rmtree(d)
+
+
+# ---- 4. out of fds: maxclients fits the limit, and nothing spins ------------------
+
+
+def limit_fds_to_64():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))  # hard too: rkv cannot raise it
+
+
+def cpu_seconds(pid):
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def read_until_closed(socks, want, timeout):
+    """What each socket received; stops when want of them were closed by
+    the server, or at the timeout.  Returns (received, closed)."""
+    got, closed = {x: b"" for x in socks}, set()
+    with selectors.DefaultSelector() as sel:
+        for x in socks:
+            sel.register(x, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while len(closed) < want and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=0.2):
+                data = key.fileobj.recv(4096)
+                got[key.fileobj] += data
+                if not data:
+                    closed.add(key.fileobj)
+                    sel.unregister(key.fileobj)
+    return got, closed
+
+
+def test_clients_over_the_fd_limit_are_refused_without_spinning(tmp_path):
+    """ulimit -n 64: maxclients becomes 64 - 32, the clients over it get
+    Redis's error and are closed, the others are served, and rkv neither
+    spins nor floods its log."""
+    s = Rkv(tmp_path, *NO_SAVE, preexec_fn=limit_fds_to_64)
+    socks = []
+    try:
+        socks = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(100)]
+        cpu0 = cpu_seconds(s.proc.pid)
+        time.sleep(2)
+        assert cpu_seconds(s.proc.pid) - cpu0 < 0.3  # the accept loop that spun took ~1.8 s
+        lowered = [e for e in s.log("warning") if e.get("what") == "maxclients"]
+        assert lowered and lowered[0]["requested"] == 10000 and lowered[0]["maxclients"] == 32
+        got, refused = read_until_closed(socks, want=100 - 32, timeout=10)
+        assert len(refused) == 100 - 32
+        assert all(got[x] == b"-ERR max number of clients reached\r\n" for x in refused)
+        served = [x for x in socks if x not in refused]
+        for x in served:
+            x.sendall(resp("PING"))
+        assert all(x.recv(64) == b"+PONG\r\n" for x in served)
+        # a slot that frees up takes a new client (redis-py, after rkv saw the close)
+        served[0].close()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with s.client() as c:
+                    assert c.set("after", "1") and c.info("clients")["maxclients"] == 32
+                    assert c.info("stats")["rejected_connections"] >= 100 - 32
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert len(s.stderr().splitlines()) < 100
+    finally:
+        for x in socks:
+            x.close()
+        s.close()

@@ -803,7 +803,8 @@ static void cmd_info(struct conn *c)
 			  RKV_VERSION, (int)getpid(), srv.cfg.port, (long long)up, (long long)up / 86400, srv.exe,
 			  srv.start_kind, srv.generation);
 	if (want(c, "clients", true))
-		sb_printf(&b, "# Clients\r\nconnected_clients:%llu\r\n\r\n", (unsigned long long)srv.clients);
+		sb_printf(&b, "# Clients\r\nconnected_clients:%llu\r\nmaxclients:%u\r\n\r\n", (unsigned long long)srv.clients,
+			  srv.cfg.maxclients);
 	if (want(c, "memory", true)) {
 		char h1[32], h2[32];
 		human(h1, sizeof h1, db->mem);
@@ -824,8 +825,10 @@ static void cmd_info(struct conn *c)
 	if (want(c, "stats", true))
 		sb_printf(&b,
 			  "# Stats\r\ntotal_connections_received:%llu\r\ntotal_commands_processed:%llu\r\n"
-			  "expired_keys:%llu\r\nkeyspace_hits:%llu\r\nkeyspace_misses:%llu\r\n\r\n",
+			  "rejected_connections:%llu\r\nexpired_keys:%llu\r\nkeyspace_hits:%llu\r\n"
+			  "keyspace_misses:%llu\r\n\r\n",
 			  (unsigned long long)db->st.connections, (unsigned long long)db->st.commands,
+			  (unsigned long long)srv.rejected_connections,
 			  (unsigned long long)db->st.expired, (unsigned long long)db->st.hits,
 			  (unsigned long long)db->st.misses);
 	if (want(c, "keyspace", true)) {
@@ -872,6 +875,8 @@ static void config_value(const char *name, char *out, size_t n)
 		snprintf(out, n, "%lld", RKV_MAX_BULK);
 	} else if (!strcmp(name, "hz")) {
 		snprintf(out, n, "10");
+	} else if (!strcmp(name, "maxclients")) {
+		snprintf(out, n, "%u", cf->maxclients);
 	} else if (!strcmp(name, "timeout")) {
 		snprintf(out, n, "0");
 	}
@@ -879,7 +884,7 @@ static void config_value(const char *name, char *out, size_t n)
 
 static const char *const config_names[] = {"save", "appendonly", "maxmemory", "maxmemory-policy", "port", "bind",
 					   "dir", "dbfilename", "databases", "enable-debug-command",
-					   "proto-max-bulk-len", "hz", "timeout"};
+					   "proto-max-bulk-len", "hz", "timeout", "maxclients"};
 #define NCONFIG (sizeof config_names / sizeof config_names[0])
 
 int parse_save(const char *s, struct config *cf);

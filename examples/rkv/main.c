@@ -31,11 +31,14 @@
 #define OUT_PAUSE (4u << 20)        /* stop reading a client whose replies pile up */
 #define MAX_QUERY (1024ull << 20)   /* Redis: client-query-buffer-limit */
 #define CRON_MS 100                 /* Redis hz 10 */
+#define RESERVED_FDS 32             /* Redis: fds kept for the process itself, not for clients */
 
 struct server srv;
 static volatile sig_atomic_t stop_signal;
 static int epfd;
 static char listen_tag; /* epoll data.ptr of the listening socket */
+static bool listen_paused; /* not polled until the next cron tick */
+static int spare_fd = -1; /* let go to accept and refuse a client when out of fds */
 static uint64_t next_client_id = 1;
 
 /* ---- time, log ---------------------------------------------------------- */
@@ -112,6 +115,8 @@ static void usage(FILE *f)
 		   "  --maxmemory BYTES        refuse writes above this (100mb, 1gb; 0 = no limit)\n"
 		   "  --enable-debug yes|no|local  allow DEBUG (default no)\n"
 		   "  --arena-size BYTES       address space reserved for the keyspace (default 16gb)\n"
+		   "  --maxclients N           most clients at once (default 10000; lowered to fit\n"
+		   "                           the open file limit less 32)\n"
 		   "  --recovery-sweep yes|no  after a warm restart, mark and sweep before serving (yes), or\n"
 		   "                           serve at once and check the table in the background (no,\n"
 		   "                           default; the crashed request's objects leak)\n"
@@ -186,7 +191,7 @@ static void die_usage(const char *fmt, const char *arg)
 static void parse_options(int argc, char **argv, struct config *cf)
 {
 	*cf = (struct config){.port = 6379, .bind = "127.0.0.1", .dir = ".", .dbfilename = "rkv.snap",
-			      .arena_size = 16ull << 30};
+			      .arena_size = 16ull << 30, .maxclients = 10000};
 	parse_save("3600 1 300 100 60 10000", cf);
 	for (int i = 1; i < argc; i++) {
 		const char *o = argv[i];
@@ -200,7 +205,8 @@ static void parse_options(int argc, char **argv, struct config *cf)
 		}
 		static const char *const with_value[] = {"--port",      "--bind",       "--dir",
 							 "--dbfilename", "--save",      "--maxmemory",
-							 "--enable-debug", "--arena-size", "--recovery-sweep"};
+							 "--enable-debug", "--arena-size", "--recovery-sweep",
+							 "--maxclients"};
 		bool known = false;
 		for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
 			known |= !strcmp(o, with_value[k]);
@@ -237,6 +243,11 @@ static void parse_options(int argc, char **argv, struct config *cf)
 		} else if (!strcmp(o, "--arena-size")) {
 			if (parse_bytes(v, &cf->arena_size) < 0 || cf->arena_size < (1u << 20))
 				die_usage("bad --arena-size '%s': expected at least 1mb", v);
+		} else if (!strcmp(o, "--maxclients")) {
+			long n = strtol(v, &end, 10);
+			if (*end || end == v || n < 1 || n > 10000000)
+				die_usage("bad --maxclients '%s': expected 1..10000000", v);
+			cf->maxclients = (unsigned)n;
 		} else if (!strcmp(o, "--recovery-sweep")) {
 			if (strcmp(v, "yes") && strcmp(v, "no"))
 				die_usage("bad --recovery-sweep '%s': expected yes or no", v);
@@ -328,14 +339,108 @@ static void conn_free(struct conn *c)
 	srv.clients--;
 }
 
+/* A flood of one event must not flood the log: one line per second per
+ * code at most; quiet counts the events not logged since the last line. */
+struct log_limit {
+	int64_t last_ms;
+	int last_code;
+	uint64_t quiet;
+};
+
+static bool log_allowed(struct log_limit *l, int code)
+{
+	if (code == l->last_code && srv.now_ms - l->last_ms < 1000) {
+		l->quiet++;
+		return false;
+	}
+	l->last_code = code;
+	l->last_ms = srv.now_ms;
+	return true;
+}
+
+/* Redis's answer to a client over maxclients, then close. */
+static void refuse_client(int fd)
+{
+	static const char msg[] = "-ERR max number of clients reached\r\n";
+	static struct log_limit limit;
+	if (write(fd, msg, sizeof msg - 1) != (ssize_t)sizeof msg - 1) {
+		/* a new socket takes 37 bytes; if not, the client is gone anyway */
+	}
+	close(fd);
+	srv.rejected_connections++;
+	if (log_allowed(&limit, 0)) {
+		rkv_log("client_refused", "\"why\":\"max number of clients reached\",\"maxclients\":%u,\"not_logged\":%llu",
+			srv.cfg.maxclients, (unsigned long long)limit.quiet);
+		limit.quiet = 0;
+	}
+}
+
+/* The listening socket stays readable while clients wait, so a failing
+ * accept retried at once would spin: it is left out of epoll until the
+ * next cron tick. */
+static void pause_listener(void)
+{
+	struct epoll_event e = {.events = 0, .data.ptr = &listen_tag};
+	if (listen_paused)
+		return;
+	if (epoll_ctl(epfd, EPOLL_CTL_MOD, srv.listen_fd, &e) < 0)
+		rkv_log("error", "\"what\":\"pause the listener\",\"error\":%s", js(strerror(errno)));
+	else
+		listen_paused = true;
+}
+
+static void resume_listener(void)
+{
+	struct epoll_event e = {.events = EPOLLIN, .data.ptr = &listen_tag};
+	if (!listen_paused)
+		return;
+	if (epoll_ctl(epfd, EPOLL_CTL_MOD, srv.listen_fd, &e) < 0)
+		rkv_log("error", "\"what\":\"resume the listener\",\"error\":%s", js(strerror(errno)));
+	else
+		listen_paused = false;
+}
+
+/* accept failed with err (not EAGAIN and the like).  Out of fds (EMFILE,
+ * ENFILE), the spare fd is let go for one accept, to refuse that client
+ * with Redis's error instead of leaving it waiting; true: accept again.
+ * Otherwise, or without a spare, the listener pauses. */
+static bool accept_failed(int lfd, int err)
+{
+	static struct log_limit limit;
+	if (log_allowed(&limit, err)) {
+		rkv_log("accept_failed", "\"error\":%s,\"errno\":%d,\"not_logged\":%llu", js(strerror(err)), err,
+			(unsigned long long)limit.quiet);
+		limit.quiet = 0;
+	}
+	if ((err == EMFILE || err == ENFILE) && spare_fd >= 0) {
+		close(spare_fd);
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int accept_err = errno;
+		if (fd >= 0)
+			refuse_client(fd);
+		spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		if (spare_fd >= 0 && (fd >= 0 || accept_err == EAGAIN || accept_err == EWOULDBLOCK))
+			return fd >= 0; /* refused one, or none was waiting */
+	}
+	pause_listener();
+	return false;
+}
+
 static void accept_clients(int lfd)
 {
 	for (;;) {
 		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-				rkv_log("accept_failed", "\"error\":%s", js(strerror(errno)));
+			int err = errno;
+			if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED)
+				return;
+			if (accept_failed(lfd, err))
+				continue;
 			return;
+		}
+		if (srv.clients >= srv.cfg.maxclients) {
+			refuse_client(fd);
+			continue;
 		}
 		int one = 1;
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails harmlessly on unix sockets */
@@ -476,6 +581,7 @@ static void conn_writable(struct conn *c)
 static void cron(void)
 {
 	struct db *db = srv.db;
+	resume_listener();
 	ks_active_expire(db, srv.now_ms, 25000); /* at most 25% of a 100 ms tick */
 	snapshot_reap(db);
 	int64_t now_s = srv.now_ms / 1000;
@@ -542,6 +648,32 @@ static void keep_rejected_snapshot(const char *path, const char *why, int err)
 	exit(1);
 }
 
+/* Like Redis: clients may use the open file limit less RESERVED_FDS (the
+ * runtime's, the listener, epoll, the snapshot, the spare); maxclients is
+ * lowered to fit, with a warning.  A limit that leaves no room is fatal. */
+static void fit_maxclients(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+		rkv_log("warning", "\"what\":\"getrlimit\",\"error\":%s", js(strerror(errno)));
+		return;
+	}
+	if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= (rlim_t)srv.cfg.maxclients + RESERVED_FDS)
+		return;
+	unsigned long long limit = (unsigned long long)rl.rlim_cur;
+	if (limit <= RESERVED_FDS) {
+		rkv_log("error", "\"what\":\"maxclients\",\"fd_limit\":%llu,\"reserved_fds\":%d", limit, RESERVED_FDS);
+		fprintf(stderr, "rkv: the open file limit (ulimit -n) of %llu leaves no room for clients; raise it to at least %d\n",
+			limit, RESERVED_FDS + 1);
+		exit(1);
+	}
+	rkv_log("warning",
+		"\"what\":\"maxclients\",\"requested\":%u,\"maxclients\":%llu,\"fd_limit\":%llu,\"reserved_fds\":%d,"
+		"\"why\":\"lowered to fit the open file limit (ulimit -n)\"",
+		srv.cfg.maxclients, limit - RESERVED_FDS, limit, RESERVED_FDS);
+	srv.cfg.maxclients = (unsigned)(limit - RESERVED_FDS);
+}
+
 /* The keyspace after a start of any kind: the preserved one if warm, else
  * a new one filled from the snapshot. */
 static uint64_t open_keyspace(void)
@@ -594,6 +726,10 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	raise_fd_limit();
+	fit_maxclients();
+	spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (spare_fd < 0)
+		rkv_log("warning", "\"what\":\"spare fd\",\"error\":%s", js(strerror(errno)));
 	commands_init();
 
 	/* Listen before loading: clients queue in the backlog meanwhile. */

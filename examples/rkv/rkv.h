@@ -150,6 +150,7 @@ struct config {
 	int enable_debug;               /* 0 no, 1 yes, 2 local (loopback clients) */
 	uint64_t arena_size;
 	bool recovery_sweep;            /* mark and sweep before serving after a warm restart */
+	unsigned maxclients;            /* lowered at start to fit the open file limit */
 };
 
 struct server {
@@ -160,6 +161,7 @@ struct server {
 	const char *start_kind;         /* fresh, warm, cold */
 	unsigned generation;
 	uint64_t clients;
+	uint64_t rejected_connections;  /* over maxclients (this incarnation) */
 	int listen_fd;
 	bool listen_inherited;
 	bool loading;
