@@ -11,7 +11,9 @@ import random
 import resource
 import selectors
 import shutil
+import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -320,4 +322,76 @@ def test_clients_over_the_fd_limit_are_refused_without_spinning(tmp_path):
     finally:
         for x in socks:
             x.close()
+        s.close()
+
+
+# ---- 5a. a corrupt entry found by the warm start's check ------------------------
+
+# struct entry: next, xprev, xnext, hash, expire_ms (8 bytes each), then
+# klen, vlen, cap (u32 each), then the key and the value.
+KLEN_BEFORE_KEY, VLEN_BEFORE_KEY, CAP_BEFORE_KEY = 12, 8, 4
+
+
+def arena_fd_path(pid):
+    """/proc path of the process's keyspace arena memfd."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if os.readlink(path).startswith("/memfd:rekindle:keyspace"):
+                return path
+        except FileNotFoundError:
+            continue
+    raise AssertionError(f"no keyspace memfd in /proc/{pid}/fd")
+
+
+def corrupt_vlen(pid, key, vlen, bad_vlen):
+    """Writes bad_vlen into the arena entry of key (found by its bytes)."""
+    with open(arena_fd_path(pid), "r+b") as f:
+        data = f.read()
+        at = data.find(key)
+        assert at > 0 and data.find(key, at + 1) < 0, "the key is in the arena once"
+        klen, old, cap = struct.unpack_from("<III", data, at - KLEN_BEFORE_KEY)
+        assert (klen, old) == (len(key), vlen) and klen + vlen <= cap
+        f.seek(at - VLEN_BEFORE_KEY)
+        f.write(struct.pack("<I", bad_vlen))
+
+
+def wait_cold_ready(s, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cold = [e for e in s.log("ready") if e["start"] == "cold"]
+        if cold:
+            return cold[0]
+        time.sleep(0.02)
+    raise AssertionError(f"no cold start; stderr:\n{s.stderr()[-4000:]}")
+
+
+@pytest.mark.parametrize("sweep", ["no", "yes"])
+def test_entry_longer_than_its_block_makes_the_warm_start_cold(tmp_path, sweep):
+    """vlen 0x7fffff in one arena entry, then SIGKILL under the supervisor:
+    the warm start's check (in slices while serving, or the mark pass)
+    finds it, goes cold with the reason logged, and the snapshot brings the
+    key back whole; GET does not crash."""
+    s = Rkv(tmp_path, *NO_SAVE, "--recovery-sweep", sweep, supervised=True)
+    try:
+        key, value = b"corrupt-me:%d" % random.getrandbits(48), b"v" * 100
+        c = s.client()
+        c.mset({f"key:{i}": f"value:{i}" for i in range(500)})
+        c.set(key, value)
+        assert c.save()
+        c.close()
+        pid = s.app_pid()
+        corrupt_vlen(pid, key, len(value), 0x7FFFFF)
+        os.kill(pid, signal.SIGKILL)
+        failed = s.wait_log("recovery_check_failed")
+        assert failed["why"] == "an entry whose key and value lengths exceed its block"
+        cold = wait_cold_ready(s)
+        assert cold["keys"] == 501  # reloaded from the snapshot
+        assert "lengths exceed its block" in s.runtime_events("start")[-1]["reason"]
+        c = s.wait_serving()
+        assert c.get(key) == value and c.get("key:7") == b"value:7"
+        assert c.dbsize() == 501
+        starts = len(s.log("ready"))
+        assert c.get(key) == value and len(s.log("ready")) == starts  # no crash, no restart
+    finally:
         s.close()
