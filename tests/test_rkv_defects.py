@@ -395,3 +395,34 @@ def test_entry_longer_than_its_block_makes_the_warm_start_cold(tmp_path, sweep):
         assert c.get(key) == value and len(s.log("ready")) == starts  # no crash, no restart
     finally:
         s.close()
+
+
+# ---- 6. query buffers shrink --------------------------------------------------
+
+
+def rss_anon(pid):
+    """Private anonymous memory of pid in bytes (the arena is shared memory)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/PID/status")
+
+
+def test_query_buffers_of_idle_clients_shrink(rkv):
+    """8 connections each SET 50 MB and stay open, idle: rkv's private
+    memory falls back well below 8 x 50 MB, and each connection still works."""
+    big = b"x" * (50 << 20)
+    clients = [rkv.client() for _ in range(8)]
+    try:
+        for i, c in enumerate(clients):
+            assert c.set(f"big:{i}", big)
+        deadline = time.monotonic() + 10
+        while rss_anon(rkv.proc.pid) > 150 << 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rss_anon(rkv.proc.pid) < 150 << 20  # was 400 MB until the clients closed
+        for i, c in enumerate(clients):
+            assert c.strlen(f"big:{i}") == len(big) and c.set(f"small:{i}", "v")
+        assert clients[0].get("big:7") == big  # a big reply still goes out whole
+    finally:
+        for c in clients:
+            c.close()

@@ -30,6 +30,9 @@
 #define READ_CHUNK (16 * 1024)
 #define OUT_PAUSE (4u << 20)        /* stop reading a client whose replies pile up */
 #define MAX_QUERY (1024ull << 20)   /* Redis: client-query-buffer-limit */
+#define INPUT_SHRINK_MIN (32u << 10) /* Redis: PROTO_RESIZE_THRESHOLD */
+#define INPUT_BIG (1u << 20)        /* freed as soon as all of it is consumed */
+#define INPUT_IDLE_MS 2000          /* Redis: a query buffer idle over 2 s shrinks */
 #define CRON_MS 100                 /* Redis hz 10 */
 #define RESERVED_FDS 32             /* Redis: fds kept for the process itself, not for clients */
 
@@ -40,6 +43,7 @@ static char listen_tag; /* epoll data.ptr of the listening socket */
 static bool listen_paused; /* not polled until the next cron tick */
 static int spare_fd = -1; /* let go to accept and refuse a client when out of fds */
 static uint64_t next_client_id = 1;
+static struct conn *conns_head, *conns_tail; /* cron walks them from the head */
 
 /* ---- time, log ---------------------------------------------------------- */
 
@@ -326,8 +330,33 @@ static void conn_events(struct conn *c)
 		c->closing = true;
 }
 
+static void conns_link_tail(struct conn *c)
+{
+	c->next = NULL;
+	c->prev = conns_tail;
+	if (conns_tail)
+		conns_tail->next = c;
+	else
+		conns_head = c;
+	conns_tail = c;
+}
+
+static void conns_unlink(struct conn *c)
+{
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		conns_head = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	else
+		conns_tail = c->prev;
+	c->prev = c->next = NULL;
+}
+
 static void conn_free(struct conn *c)
 {
+	conns_unlink(c);
 	close(c->fd); /* also removes it from the epoll set */
 	free(c->ibuf);
 	free(c->obuf);
@@ -453,11 +482,91 @@ static void accept_clients(int lfd)
 		}
 		c->fd = fd;
 		c->id = next_client_id++;
+		c->last_read_ms = srv.now_ms;
+		conns_link_tail(c);
 		c->bulk_len = -1;
 		c->proto = 2;
 		c->reading = true;
 		srv.clients++;
 		srv.db->st.connections++;
+	}
+}
+
+/* Where the bytes still needed begin: the request being read, if any. */
+static size_t input_base(const struct conn *c)
+{
+	return c->mb_left > 0 ? c->req_start : c->ipos;
+}
+
+/* Moves the bytes still needed to the start of the buffer. */
+static void input_compact(struct conn *c)
+{
+	size_t base = input_base(c);
+	if (base == 0)
+		return;
+	memmove(c->ibuf, c->ibuf + base, c->ilen - base);
+	for (size_t i = 0; i < c->argc; i++)
+		c->argoff[i] -= base;
+	c->ilen -= base;
+	c->ipos -= base;
+	c->req_start -= base;
+}
+
+/* Bytes the buffer must keep: what it holds unparsed, or the whole bulk
+ * being read. */
+static size_t input_needed(const struct conn *c)
+{
+	size_t base = input_base(c), held = c->ilen - base;
+	if (c->mb_left > 0 && c->bulk_len >= 0) {
+		size_t bulk_end = c->ipos - base + (size_t)c->bulk_len + 2;
+		return bulk_end > held ? bulk_end : held;
+	}
+	return held;
+}
+
+static void input_free(struct conn *c)
+{
+	free(c->ibuf);
+	c->ibuf = NULL;
+	c->icap = c->ilen = c->ipos = c->req_start = 0;
+}
+
+/* Redis's clientsCronResizeQueryBuffer: a buffer over 32 KB shrinks when its
+ * connection has been idle for 2 s, or when it is more than twice the peak
+ * use since cron last looked; never below what is still needed.  An empty
+ * one is freed: a new one is 16 KB away. */
+static void input_cron(struct conn *c)
+{
+	size_t need = input_needed(c);
+	bool idle = srv.now_ms - c->last_read_ms >= INPUT_IDLE_MS;
+	if (c->icap > INPUT_SHRINK_MIN && (idle || c->icap / 2 > c->ipeak)) {
+		size_t to = idle || need > c->ipeak ? need : c->ipeak;
+		if (need == 0) {
+			input_free(c);
+		} else if (to < c->icap) {
+			input_compact(c);
+			char *p = realloc(c->ibuf, to);
+			if (p) { /* a shrink that fails keeps the old buffer */
+				c->ibuf = p;
+				c->icap = to;
+			}
+		}
+	}
+	c->ipeak = need;
+}
+
+/* Like Redis's clientsCron: max(5, clients / 10) connections a tick, so each
+ * is looked at once a second; the one at the head moves to the tail. */
+static void clients_cron(void)
+{
+	uint64_t n = srv.clients / (1000 / CRON_MS);
+	n = n < 5 ? 5 : n;
+	n = n > srv.clients ? srv.clients : n;
+	for (; n && conns_head; n--) {
+		struct conn *c = conns_head;
+		conns_unlink(c);
+		conns_link_tail(c);
+		input_cron(c);
 	}
 }
 
@@ -500,6 +609,10 @@ static void conn_process(struct conn *c)
 		command_exec(c);
 		resp_done(c);
 	}
+	/* A big request's buffer is not kept for the connection's life (Redis
+	 * hands such a buffer over to the value it holds). */
+	if (c->icap > INPUT_BIG && input_needed(c) == 0)
+		input_free(c);
 	bool paused = c->olen - c->opos > OUT_PAUSE;
 	if (!conn_flush(c)) {
 		conn_free(c);
@@ -516,15 +629,9 @@ static void conn_process(struct conn *c)
 /* Makes room to read: drops consumed bytes, grows for a big bulk. */
 static bool conn_make_room(struct conn *c)
 {
-	size_t base = c->mb_left > 0 ? c->req_start : c->ipos;
-	if (base > 0 && (base == c->ilen || base >= c->icap / 2 || c->icap - c->ilen < READ_CHUNK)) {
-		memmove(c->ibuf, c->ibuf + base, c->ilen - base);
-		for (size_t i = 0; i < c->argc; i++)
-			c->argoff[i] -= base;
-		c->ilen -= base;
-		c->ipos -= base;
-		c->req_start -= base;
-	}
+	size_t base = input_base(c);
+	if (base > 0 && (base == c->ilen || base >= c->icap / 2 || c->icap - c->ilen < READ_CHUNK))
+		input_compact(c);
 	size_t need = READ_CHUNK;
 	if (c->mb_left > 0 && c->bulk_len >= 0 && c->ilen - c->ipos < (size_t)c->bulk_len + 2)
 		need = (size_t)c->bulk_len + 2 - (c->ilen - c->ipos); /* the whole bulk in one go */
@@ -559,6 +666,9 @@ static void conn_readable(struct conn *c)
 		return;
 	}
 	c->ilen += (size_t)n;
+	c->last_read_ms = srv.now_ms;
+	if (c->ilen > c->ipeak)
+		c->ipeak = c->ilen;
 	conn_process(c);
 }
 
@@ -582,6 +692,7 @@ static void cron(void)
 {
 	struct db *db = srv.db;
 	resume_listener();
+	clients_cron();
 	ks_active_expire(db, srv.now_ms, 25000); /* at most 25% of a 100 ms tick */
 	snapshot_reap(db);
 	int64_t now_s = srv.now_ms / 1000;

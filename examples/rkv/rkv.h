@@ -113,6 +113,9 @@ struct conn {
 	bool close_after_reply, closing, reading;
 	int proto;                      /* 2, or 3 after HELLO 3 */
 	char *name;
+	int64_t last_read_ms;           /* for the idle rule of the input buffer */
+	size_t ipeak;                   /* most of ibuf in use since cron last looked */
+	struct conn *prev, *next;       /* every connection, for cron */
 };
 
 /* resp.c */
