@@ -426,3 +426,46 @@ def test_query_buffers_of_idle_clients_shrink(rkv):
     finally:
         for c in clients:
             c.close()
+
+
+# ---- 8a. messages that say what is wrong ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--arena-size", "64tb", "unknown unit 'tb' (expected b, k, kb, m, mb, g or gb)"),
+        ("--arena-size", "16384gb", "more than the 16 TiB of address space Rekindle reserves for arenas"),
+        ("--arena-size", str((16 << 40) - (2 << 20) + 1), "at most 17592183947264 bytes"),
+        ("--arena-size", "99999999999999999999", "more than 2^64 bytes"),
+        ("--arena-size", "512kb", "expected at least 1mb"),
+        ("--arena-size", "lots", "expected bytes like 100mb or 1gb"),
+        ("--maxmemory", "2tb", "unknown unit 'tb'"),
+    ],
+)
+def test_size_options_say_what_is_wrong(option, value, message):
+    p = subprocess.run([str(RKV), option, value], capture_output=True, text=True, timeout=10, check=False)
+    assert p.returncode == 1 and message in p.stderr
+    assert ("at least 1mb" in p.stderr) == (value == "512kb")  # said only when it is the problem
+
+
+def test_largest_arena_size_is_accepted():
+    """16 TiB less 2 MiB parses (--version then exits before the arena is made)."""
+    argv = [str(RKV), "--arena-size", str((16 << 40) - (2 << 20)), "--version"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    assert p.returncode == 0 and p.stdout.startswith("rkv v=")
+
+
+def test_full_arena_without_maxmemory_does_not_blame_maxmemory(tmp_path):
+    s = Rkv(tmp_path, *NO_SAVE, "--arena-size", "1mb")
+    try:
+        with s.client() as c:
+            with pytest.raises(redis.exceptions.OutOfMemoryError) as e:
+                for i in range(100):
+                    c.set(f"k{i}", "x" * 65536)
+            assert "out of memory: the keyspace arena is full (--arena-size)" in str(e.value)
+            assert "maxmemory" not in str(e.value)
+            assert c.get("k0") == b"x" * 65536  # what fitted is still there
+            assert c.delete("k0") == 1 and c.set("k0", "small")  # and room comes back
+    finally:
+        s.close()

@@ -85,7 +85,14 @@ static struct entry *lookup(struct arg k)
 	return e;
 }
 
+/* The keyspace could not allocate: with maxmemory 0 too, so the reply must
+ * not blame maxmemory.  (Redis aborts when its malloc fails.) */
 static void reply_oom(struct conn *c)
+{
+	reply_error(c, glue_oom_reply());
+}
+
+static void reply_over_maxmemory(struct conn *c)
 {
 	reply_error(c, "OOM command not allowed when used memory > 'maxmemory'.");
 }
@@ -888,7 +895,6 @@ static const char *const config_names[] = {"save", "appendonly", "maxmemory", "m
 #define NCONFIG (sizeof config_names / sizeof config_names[0])
 
 int parse_save(const char *s, struct config *cf);
-int parse_bytes(const char *s, uint64_t *out);
 
 static void cmd_config(struct conn *c)
 {
@@ -1082,7 +1088,7 @@ void command_exec(struct conn *c)
 		return;
 	}
 	if ((cmd->flags & CMD_DENYOOM) && srv.cfg.maxmemory && srv.db->mem > srv.cfg.maxmemory) {
-		reply_oom(c);
+		reply_over_maxmemory(c);
 		return;
 	}
 	cmd->fn(c);

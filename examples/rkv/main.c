@@ -35,6 +35,9 @@
 #define INPUT_IDLE_MS 2000          /* Redis: a query buffer idle over 2 s shrinks */
 #define CRON_MS 100                 /* Redis hz 10 */
 #define RESERVED_FDS 32             /* Redis: fds kept for the process itself, not for clients */
+/* The runtime reserves 16 TiB of address space for all arenas; one takes
+ * its size rounded up to 2 MiB, and a guard page. */
+#define ARENA_SIZE_MAX ((16ull << 40) - (2ull << 20))
 
 struct server srv;
 static volatile sig_atomic_t stop_signal;
@@ -128,16 +131,18 @@ static void usage(FILE *f)
 		   "Under `rekindle run --listen`, the socket in $LISTEN_FDS is used instead of --port.\n");
 }
 
-/* Redis's memtoull: k=1000, kb=1024, m, mb, g, gb. */
+/* Redis's memtoull: k=1000, kb=1024, m, mb, g, gb.  0 or a BYTES_ error. */
 int parse_bytes(const char *s, uint64_t *out)
 {
 	char *end;
 	errno = 0;
 	if (!*s || *s == '-')
-		return -EINVAL;
+		return BYTES_NOT_A_NUMBER;
 	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -EINVAL;
+	if (end == s)
+		return BYTES_NOT_A_NUMBER;
+	if (errno == ERANGE)
+		return BYTES_TOO_LARGE;
 	static const struct {
 		const char *suffix;
 		unsigned long long mul;
@@ -146,11 +151,11 @@ int parse_bytes(const char *s, uint64_t *out)
 	for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
 		if (!strcasecmp(end, units[i].suffix)) {
 			if (v > ULLONG_MAX / units[i].mul)
-				return -ERANGE;
+				return BYTES_TOO_LARGE;
 			*out = v * units[i].mul;
 			return 0;
 		}
-	return -EINVAL;
+	return BYTES_UNKNOWN_UNIT;
 }
 
 int parse_save(const char *s, struct config *cf)
@@ -184,12 +189,29 @@ int parse_save(const char *s, struct config *cf)
 	return 0;
 }
 
-static void die_usage(const char *fmt, const char *arg)
+static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die_usage(const char *fmt, ...)
 {
+	va_list ap;
+	va_start(ap, fmt);
 	fprintf(stderr, "rkv: ");
-	fprintf(stderr, fmt, arg);
+	vfprintf(stderr, fmt, ap);
 	fprintf(stderr, " (try --help)\n");
+	va_end(ap);
 	exit(1);
+}
+
+/* Exits saying why parse_bytes refused value r for option opt. */
+static void die_bytes(const char *opt, const char *v, int r)
+{
+	char *unit;
+	errno = 0;
+	(void)strtoull(v, &unit, 10);
+	if (r == BYTES_UNKNOWN_UNIT)
+		die_usage("bad %s '%s': unknown unit '%s' (expected b, k, kb, m, mb, g or gb)", opt, v, unit);
+	if (r == BYTES_TOO_LARGE)
+		die_usage("bad %s '%s': more than 2^64 bytes", opt, v);
+	die_usage("bad %s '%s': expected bytes like 100mb or 1gb", opt, v);
 }
 
 static void parse_options(int argc, char **argv, struct config *cf)
@@ -242,11 +264,19 @@ static void parse_options(int argc, char **argv, struct config *cf)
 			if (parse_save(v, cf) < 0)
 				die_usage("bad --save '%s': expected \"SECONDS [CHANGES] ...\" or \"\"", v);
 		} else if (!strcmp(o, "--maxmemory")) {
-			if (parse_bytes(v, &cf->maxmemory) < 0)
-				die_usage("bad --maxmemory '%s': expected bytes like 100mb or 1gb", v);
+			int r = parse_bytes(v, &cf->maxmemory);
+			if (r < 0)
+				die_bytes(o, v, r);
 		} else if (!strcmp(o, "--arena-size")) {
-			if (parse_bytes(v, &cf->arena_size) < 0 || cf->arena_size < (1u << 20))
+			int r = parse_bytes(v, &cf->arena_size);
+			if (r < 0)
+				die_bytes(o, v, r);
+			if (cf->arena_size < (1u << 20))
 				die_usage("bad --arena-size '%s': expected at least 1mb", v);
+			if (cf->arena_size > ARENA_SIZE_MAX)
+				die_usage("bad --arena-size '%s': more than the 16 TiB of address space Rekindle reserves "
+					  "for arenas (at most %llu bytes: 16 TiB less 2 MiB)",
+					  v, ARENA_SIZE_MAX);
 		} else if (!strcmp(o, "--maxclients")) {
 			long n = strtol(v, &end, 10);
 			if (*end || end == v || n < 1 || n > 10000000)

@@ -194,6 +194,8 @@ uint64_t glue_arena_bytes(void)
 	return rk_arena_stats(rkv_arena, &st) == 0 ? st.allocated_bytes : 0;
 }
 
+const char *glue_oom_reply(void) { return "OOM out of memory: the keyspace arena is full (--arena-size)"; }
+
 #else /* RKV_PLAIN_MALLOC: the baseline, with no preserved state */
 
 int glue_init(int argc, char **argv, uint64_t arena_size)
@@ -219,5 +221,6 @@ unsigned glue_generation(void) { return 0; }
 const char *glue_start_kind(void) { return "fresh"; }
 const char *glue_reason(void) { return "plain malloc build"; }
 uint64_t glue_arena_bytes(void) { return 0; }
+const char *glue_oom_reply(void) { return "OOM out of memory: malloc failed"; }
 
 #endif

@@ -138,6 +138,10 @@ bool out_reserve(struct conn *c, size_t n);
 
 /* ---- configuration and server-wide state (main.c) --------------------- */
 
+/* Why parse_bytes refused a size (main.c; CONFIG SET maxmemory too). */
+enum { BYTES_NOT_A_NUMBER = -1, BYTES_UNKNOWN_UNIT = -2, BYTES_TOO_LARGE = -3 };
+int parse_bytes(const char *s, uint64_t *out);
+
 struct save_point {
 	long seconds, changes;
 };
@@ -214,5 +218,7 @@ unsigned glue_generation(void);
 void glue_ready(void);
 void glue_heartbeat(void);
 uint64_t glue_arena_bytes(void);
+/* The error reply when the keyspace cannot allocate (not maxmemory's). */
+const char *glue_oom_reply(void);
 
 #endif /* RKV_H */
