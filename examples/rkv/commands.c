@@ -810,8 +810,8 @@ static void cmd_info(struct conn *c)
 			  RKV_VERSION, (int)getpid(), srv.cfg.port, (long long)up, (long long)up / 86400, srv.exe,
 			  srv.start_kind, srv.generation);
 	if (want(c, "clients", true))
-		sb_printf(&b, "# Clients\r\nconnected_clients:%llu\r\nmaxclients:%u\r\n\r\n", (unsigned long long)srv.clients,
-			  srv.cfg.maxclients);
+		sb_printf(&b, "# Clients\r\nconnected_clients:%llu\r\nmaxclients:%u\r\n\r\n",
+			  (unsigned long long)srv.clients, srv.cfg.maxclients);
 	if (want(c, "memory", true)) {
 		char h1[32], h2[32];
 		human(h1, sizeof h1, db->mem);

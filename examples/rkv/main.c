@@ -428,7 +428,8 @@ static void refuse_client(int fd)
 	close(fd);
 	srv.rejected_connections++;
 	if (log_allowed(&limit, 0)) {
-		rkv_log("client_refused", "\"why\":\"max number of clients reached\",\"maxclients\":%u,\"not_logged\":%llu",
+		rkv_log("client_refused",
+			"\"why\":\"max number of clients reached\",\"maxclients\":%u,\"not_logged\":%llu",
 			srv.cfg.maxclients, (unsigned long long)limit.quiet);
 		limit.quiet = 0;
 	}
@@ -804,8 +805,8 @@ static void fit_maxclients(void)
 	unsigned long long limit = (unsigned long long)rl.rlim_cur;
 	if (limit <= RESERVED_FDS) {
 		rkv_log("error", "\"what\":\"maxclients\",\"fd_limit\":%llu,\"reserved_fds\":%d", limit, RESERVED_FDS);
-		fprintf(stderr, "rkv: the open file limit (ulimit -n) of %llu leaves no room for clients; raise it to at least %d\n",
-			limit, RESERVED_FDS + 1);
+		fprintf(stderr, "rkv: the open file limit (ulimit -n) of %llu leaves no room for clients; "
+				"raise it to at least %d\n", limit, RESERVED_FDS + 1);
 		exit(1);
 	}
 	rkv_log("warning",
