@@ -184,6 +184,19 @@ def test_truncated_snapshot_is_moved_aside_not_overwritten(tmp_path):
     assert snap.read_bytes() != torn
 
 
+def test_periodic_bgsave_does_not_overwrite_a_rejected_snapshot(tmp_path):
+    torn = saved_snapshot(tmp_path)[:-100]
+    (tmp_path / "rkv.snap").write_bytes(torn)
+    s = Rkv(tmp_path, "--save", "1 1")  # a BGSAVE 1 s after the first change
+    try:
+        with s.client() as c:
+            c.set("k", "v")
+        assert s.wait_log("bgsave_done")["ok"] is True
+        assert files_holding(tmp_path, torn), "the periodic BGSAVE overwrote the rejected snapshot"
+    finally:
+        s.close()
+
+
 def test_snapshot_path_that_is_a_directory_is_moved_aside(tmp_path):
     (tmp_path / "rkv.snap").mkdir()
     (tmp_path / "rkv.snap" / "inside").write_bytes(b"keep me")
