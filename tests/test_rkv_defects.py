@@ -1,5 +1,6 @@
 """Regression tests of rkv defects from the issue tracker, each against real
-processes and unmodified clients (redis-py, redis-cli), loopback only:
+processes, redis-py and plain RESP sockets, and a real Redis 7 to compare
+with, loopback only:
 glob patterns that took exponential time, a rejected snapshot that the
 next save overwrote, the accept loop that spun when out of fds, a corrupt
 entry that a warm start kept, query buffers that never shrank, and
