@@ -25,7 +25,8 @@ RKV_MALLOC = BUILD / "examples" / "rkv-malloc"
 class Rkv:
     """One rkv server with its own directory; stopped by close()."""
 
-    def __init__(self, tmp_path, *args, supervised=False, exe=RKV, env=None):
+    def __init__(self, tmp_path, *args, supervised=False, exe=RKV, env=None, **popen_kw):
+        """popen_kw goes to subprocess.Popen (preexec_fn, for example)."""
         if not exe.exists():
             pytest.fail(f"{exe} missing: run `make` first")
         self.dir = Path(tmp_path)
@@ -44,7 +45,9 @@ class Rkv:
                 "--listen", f"127.0.0.1:{self.port}", "--", *cmd,
             ]  # fmt: skip
         self.err = open(self.err_path, "w")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.err, env=self.env)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=self.err, env=self.env, **popen_kw
+        )
         self.wait_log("ready")
 
     # ---- log ------------------------------------------------------------------

@@ -85,7 +85,14 @@ static struct entry *lookup(struct arg k)
 	return e;
 }
 
+/* The keyspace could not allocate: with maxmemory 0 too, so the reply must
+ * not blame maxmemory.  (Redis aborts when its malloc fails.) */
 static void reply_oom(struct conn *c)
+{
+	reply_error(c, glue_oom_reply());
+}
+
+static void reply_over_maxmemory(struct conn *c)
 {
 	reply_error(c, "OOM command not allowed when used memory > 'maxmemory'.");
 }
@@ -803,7 +810,8 @@ static void cmd_info(struct conn *c)
 			  RKV_VERSION, (int)getpid(), srv.cfg.port, (long long)up, (long long)up / 86400, srv.exe,
 			  srv.start_kind, srv.generation);
 	if (want(c, "clients", true))
-		sb_printf(&b, "# Clients\r\nconnected_clients:%llu\r\n\r\n", (unsigned long long)srv.clients);
+		sb_printf(&b, "# Clients\r\nconnected_clients:%llu\r\nmaxclients:%u\r\n\r\n",
+			  (unsigned long long)srv.clients, srv.cfg.maxclients);
 	if (want(c, "memory", true)) {
 		char h1[32], h2[32];
 		human(h1, sizeof h1, db->mem);
@@ -824,8 +832,10 @@ static void cmd_info(struct conn *c)
 	if (want(c, "stats", true))
 		sb_printf(&b,
 			  "# Stats\r\ntotal_connections_received:%llu\r\ntotal_commands_processed:%llu\r\n"
-			  "expired_keys:%llu\r\nkeyspace_hits:%llu\r\nkeyspace_misses:%llu\r\n\r\n",
+			  "rejected_connections:%llu\r\nexpired_keys:%llu\r\nkeyspace_hits:%llu\r\n"
+			  "keyspace_misses:%llu\r\n\r\n",
 			  (unsigned long long)db->st.connections, (unsigned long long)db->st.commands,
+			  (unsigned long long)srv.rejected_connections,
 			  (unsigned long long)db->st.expired, (unsigned long long)db->st.hits,
 			  (unsigned long long)db->st.misses);
 	if (want(c, "keyspace", true)) {
@@ -872,6 +882,8 @@ static void config_value(const char *name, char *out, size_t n)
 		snprintf(out, n, "%lld", RKV_MAX_BULK);
 	} else if (!strcmp(name, "hz")) {
 		snprintf(out, n, "10");
+	} else if (!strcmp(name, "maxclients")) {
+		snprintf(out, n, "%u", cf->maxclients);
 	} else if (!strcmp(name, "timeout")) {
 		snprintf(out, n, "0");
 	}
@@ -879,11 +891,10 @@ static void config_value(const char *name, char *out, size_t n)
 
 static const char *const config_names[] = {"save", "appendonly", "maxmemory", "maxmemory-policy", "port", "bind",
 					   "dir", "dbfilename", "databases", "enable-debug-command",
-					   "proto-max-bulk-len", "hz", "timeout"};
+					   "proto-max-bulk-len", "hz", "timeout", "maxclients"};
 #define NCONFIG (sizeof config_names / sizeof config_names[0])
 
 int parse_save(const char *s, struct config *cf);
-int parse_bytes(const char *s, uint64_t *out);
 
 static void cmd_config(struct conn *c)
 {
@@ -1077,7 +1088,7 @@ void command_exec(struct conn *c)
 		return;
 	}
 	if ((cmd->flags & CMD_DENYOOM) && srv.cfg.maxmemory && srv.db->mem > srv.cfg.maxmemory) {
-		reply_oom(c);
+		reply_over_maxmemory(c);
 		return;
 	}
 	cmd->fn(c);

@@ -441,80 +441,83 @@ uint64_t ks_scan(struct db *db, uint64_t v, uint64_t count, int64_t now, void (*
 	return v;
 }
 
-/* Redis's glob: * ? [abc] [^a] [a-z] and \x; depth-limited like Redis.
- * *exhausted: a '*' tried every rest of the string and none matched, so an
- * outer '*' trying a shorter rest cannot match either (Redis 7.0.10's fix
- * of CVE-2022-36021: without it "*a*a*a*...b" takes exponential time). */
-static bool glob_at(const char *p, size_t pn, const char *s, size_t sn, int depth, bool *exhausted)
+/* ---- glob patterns (KEYS, SCAN MATCH, CONFIG GET) ------------------------ */
+
+/* Does the class whose body starts at p[k] (just past '[') admit ch?  Sets
+ * *next past its ']'.  Redis's rules: '^' first negates, \x is x, a-z
+ * is a range (either order), and a class without ']' runs to the end of
+ * the pattern.  Ranges compare as char, which is signed on x86-64, so that
+ * a range across 0x7f/0x80 means what it means to Redis there. */
+static bool class_admits(const char *p, size_t pn, size_t k, char ch, size_t *next)
 {
-	size_t i = 0, j = 0;
-	if (depth > 1000)
-		return false;
-	while (i < pn) {
-		char c = p[i];
-		if (c == '*') {
-			while (i + 1 < pn && p[i + 1] == '*')
-				i++;
-			if (i + 1 == pn)
-				return true;
-			for (; j <= sn; j++) {
-				if (glob_at(p + i + 1, pn - i - 1, s + j, sn - j, depth + 1, exhausted))
-					return true;
-				if (*exhausted)
-					return false;
-			}
-			*exhausted = true;
-			return false;
+	bool neg = k < pn && p[k] == '^', match = false;
+	k += neg;
+	while (k < pn && p[k] != ']') {
+		if (p[k] == '\\' && k + 1 < pn) {
+			match |= p[k + 1] == ch;
+			k += 2;
+		} else if (k + 2 < pn && p[k + 1] == '-') {
+			signed char lo = (signed char)p[k], hi = (signed char)p[k + 2], c = (signed char)ch;
+			match |= lo <= hi ? c >= lo && c <= hi : c >= hi && c <= lo;
+			k += 3;
+		} else {
+			match |= p[k] == ch;
+			k++;
 		}
-		if (j >= sn)
-			return false;
-		if (c == '?') {
-			i++, j++;
-			continue;
-		}
-		if (c == '[') {
-			size_t k = i + 1;
-			bool neg = false, match = false;
-			unsigned char x = (unsigned char)s[j];
-			if (k < pn && p[k] == '^')
-				neg = true, k++;
-			while (k < pn && p[k] != ']') {
-				if (p[k] == '\\' && k + 1 < pn) {
-					match |= (unsigned char)p[k + 1] == x;
-					k += 2;
-				} else if (k + 2 < pn && p[k + 1] == '-') {
-					unsigned char lo = (unsigned char)p[k], hi = (unsigned char)p[k + 2];
-					if (lo > hi) {
-						unsigned char t = lo;
-						lo = hi;
-						hi = t;
-					}
-					match |= x >= lo && x <= hi;
-					k += 3;
-				} else {
-					match |= (unsigned char)p[k] == x;
-					k++;
-				}
-			}
-			if (neg == match)
-				return false;
-			i = k < pn ? k + 1 : pn;
-			j++;
-			continue;
-		}
-		if (c == '\\' && i + 1 < pn)
-			c = p[++i];
-		if (c != s[j])
-			return false;
-		i++, j++;
 	}
-	return j == sn;
+	*next = k < pn ? k + 1 : pn;
+	return match != neg;
 }
 
-bool ks_glob(const char *pat, size_t pn, const char *s, size_t sn)
+/* Does the token at p[i] (anything but '*': '?', a class, \x or a plain
+ * char) match ch?  Sets *next past the token.  A backslash that ends the
+ * pattern stands for itself. */
+static bool token_matches(const char *p, size_t pn, size_t i, char ch, size_t *next)
 {
-	bool exhausted = false;
-	return glob_at(pat, pn, s, sn, 0, &exhausted);
+	if (p[i] == '?') {
+		*next = i + 1;
+		return true;
+	}
+	if (p[i] == '[')
+		return class_admits(p, pn, i + 1, ch, next);
+	if (p[i] == '\\' && i + 1 < pn)
+		i++;
+	*next = i + 1;
+	return p[i] == ch;
+}
+
+/* Redis's glob: * ? [abc] [^a] [a-z] and \x.  Every token but '*' takes
+ * one char, so only the last star needs remembering: on a mismatch, that
+ * star takes one more char and the rest is tried again from there.  A
+ * longer match of an earlier star could only start the rest later, which
+ * the last star already covers.  O(pattern * string) steps, where the
+ * recursive matcher this replaces took exponential time ("*a*a*a...b"
+ * against "aaa...", the CVE-2022-36021 kind). */
+bool ks_glob(const char *p, size_t pn, const char *s, size_t sn)
+{
+	size_t i = 0, j = 0, star_i = SIZE_MAX, star_j = 0;
+	if (sn == 0)
+		return pn == 0; /* Redis: even "**" does not match an empty key */
+	while (j < sn) {
+		size_t next;
+		if (i < pn && p[i] == '*') {
+			while (i < pn && p[i] == '*')
+				i++;
+			star_i = i;
+			star_j = j;
+		} else if (i < pn && token_matches(p, pn, i, s[j], &next)) {
+			i = next;
+			j++;
+		} else if (star_i != SIZE_MAX) {
+			i = star_i;
+			j = ++star_j;
+		} else {
+			return false;
+		}
+	}
+	while (i < pn && p[i] == '*')
+		i++;
+	return i == pn;
 }
 
 void ks_crash_in_mutation(struct db *db, const char *k, size_t kn)

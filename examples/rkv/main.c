@@ -30,13 +30,23 @@
 #define READ_CHUNK (16 * 1024)
 #define OUT_PAUSE (4u << 20)        /* stop reading a client whose replies pile up */
 #define MAX_QUERY (1024ull << 20)   /* Redis: client-query-buffer-limit */
+#define INPUT_SHRINK_MIN (32u << 10) /* Redis: PROTO_RESIZE_THRESHOLD */
+#define INPUT_BIG (1u << 20)        /* freed as soon as all of it is consumed */
+#define INPUT_IDLE_MS 2000          /* Redis: a query buffer idle over 2 s shrinks */
 #define CRON_MS 100                 /* Redis hz 10 */
+#define RESERVED_FDS 32             /* Redis: fds kept for the process itself, not for clients */
+/* The runtime reserves 16 TiB of address space for all arenas; one takes
+ * its size rounded up to 2 MiB, and a guard page. */
+#define ARENA_SIZE_MAX ((16ull << 40) - (2ull << 20))
 
 struct server srv;
 static volatile sig_atomic_t stop_signal;
 static int epfd;
 static char listen_tag; /* epoll data.ptr of the listening socket */
+static bool listen_paused; /* not polled until the next cron tick */
+static int spare_fd = -1; /* let go to accept and refuse a client when out of fds */
 static uint64_t next_client_id = 1;
+static struct conn *conns_head, *conns_tail; /* cron walks them from the head */
 
 /* ---- time, log ---------------------------------------------------------- */
 
@@ -112,6 +122,8 @@ static void usage(FILE *f)
 		   "  --maxmemory BYTES        refuse writes above this (100mb, 1gb; 0 = no limit)\n"
 		   "  --enable-debug yes|no|local  allow DEBUG (default no)\n"
 		   "  --arena-size BYTES       address space reserved for the keyspace (default 16gb)\n"
+		   "  --maxclients N           most clients at once (default 10000; lowered to fit\n"
+		   "                           the open file limit less 32)\n"
 		   "  --recovery-sweep yes|no  after a warm restart, mark and sweep before serving (yes), or\n"
 		   "                           serve at once and check the table in the background (no,\n"
 		   "                           default; the crashed request's objects leak)\n"
@@ -119,16 +131,18 @@ static void usage(FILE *f)
 		   "Under `rekindle run --listen`, the socket in $LISTEN_FDS is used instead of --port.\n");
 }
 
-/* Redis's memtoull: k=1000, kb=1024, m, mb, g, gb. */
+/* Redis's memtoull: k=1000, kb=1024, m, mb, g, gb.  0 or a BYTES_ error. */
 int parse_bytes(const char *s, uint64_t *out)
 {
 	char *end;
 	errno = 0;
 	if (!*s || *s == '-')
-		return -EINVAL;
+		return BYTES_NOT_A_NUMBER;
 	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -EINVAL;
+	if (end == s)
+		return BYTES_NOT_A_NUMBER;
+	if (errno == ERANGE)
+		return BYTES_TOO_LARGE;
 	static const struct {
 		const char *suffix;
 		unsigned long long mul;
@@ -137,11 +151,11 @@ int parse_bytes(const char *s, uint64_t *out)
 	for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
 		if (!strcasecmp(end, units[i].suffix)) {
 			if (v > ULLONG_MAX / units[i].mul)
-				return -ERANGE;
+				return BYTES_TOO_LARGE;
 			*out = v * units[i].mul;
 			return 0;
 		}
-	return -EINVAL;
+	return BYTES_UNKNOWN_UNIT;
 }
 
 int parse_save(const char *s, struct config *cf)
@@ -175,18 +189,35 @@ int parse_save(const char *s, struct config *cf)
 	return 0;
 }
 
-static void die_usage(const char *fmt, const char *arg)
+static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die_usage(const char *fmt, ...)
 {
+	va_list ap;
+	va_start(ap, fmt);
 	fprintf(stderr, "rkv: ");
-	fprintf(stderr, fmt, arg);
+	vfprintf(stderr, fmt, ap);
 	fprintf(stderr, " (try --help)\n");
+	va_end(ap);
 	exit(1);
+}
+
+/* Exits saying why parse_bytes refused value r for option opt. */
+static void die_bytes(const char *opt, const char *v, int r)
+{
+	char *unit;
+	errno = 0;
+	(void)strtoull(v, &unit, 10);
+	if (r == BYTES_UNKNOWN_UNIT)
+		die_usage("bad %s '%s': unknown unit '%s' (expected b, k, kb, m, mb, g or gb)", opt, v, unit);
+	if (r == BYTES_TOO_LARGE)
+		die_usage("bad %s '%s': more than 2^64 bytes", opt, v);
+	die_usage("bad %s '%s': expected bytes like 100mb or 1gb", opt, v);
 }
 
 static void parse_options(int argc, char **argv, struct config *cf)
 {
 	*cf = (struct config){.port = 6379, .bind = "127.0.0.1", .dir = ".", .dbfilename = "rkv.snap",
-			      .arena_size = 16ull << 30};
+			      .arena_size = 16ull << 30, .maxclients = 10000};
 	parse_save("3600 1 300 100 60 10000", cf);
 	for (int i = 1; i < argc; i++) {
 		const char *o = argv[i];
@@ -200,7 +231,8 @@ static void parse_options(int argc, char **argv, struct config *cf)
 		}
 		static const char *const with_value[] = {"--port",      "--bind",       "--dir",
 							 "--dbfilename", "--save",      "--maxmemory",
-							 "--enable-debug", "--arena-size", "--recovery-sweep"};
+							 "--enable-debug", "--arena-size", "--recovery-sweep",
+							 "--maxclients"};
 		bool known = false;
 		for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
 			known |= !strcmp(o, with_value[k]);
@@ -232,11 +264,24 @@ static void parse_options(int argc, char **argv, struct config *cf)
 			if (parse_save(v, cf) < 0)
 				die_usage("bad --save '%s': expected \"SECONDS [CHANGES] ...\" or \"\"", v);
 		} else if (!strcmp(o, "--maxmemory")) {
-			if (parse_bytes(v, &cf->maxmemory) < 0)
-				die_usage("bad --maxmemory '%s': expected bytes like 100mb or 1gb", v);
+			int r = parse_bytes(v, &cf->maxmemory);
+			if (r < 0)
+				die_bytes(o, v, r);
 		} else if (!strcmp(o, "--arena-size")) {
-			if (parse_bytes(v, &cf->arena_size) < 0 || cf->arena_size < (1u << 20))
+			int r = parse_bytes(v, &cf->arena_size);
+			if (r < 0)
+				die_bytes(o, v, r);
+			if (cf->arena_size < (1u << 20))
 				die_usage("bad --arena-size '%s': expected at least 1mb", v);
+			if (cf->arena_size > ARENA_SIZE_MAX)
+				die_usage("bad --arena-size '%s': more than the 16 TiB of address space Rekindle reserves "
+					  "for arenas (at most %llu bytes: 16 TiB less 2 MiB)",
+					  v, ARENA_SIZE_MAX);
+		} else if (!strcmp(o, "--maxclients")) {
+			long n = strtol(v, &end, 10);
+			if (*end || end == v || n < 1 || n > 10000000)
+				die_usage("bad --maxclients '%s': expected 1..10000000", v);
+			cf->maxclients = (unsigned)n;
 		} else if (!strcmp(o, "--recovery-sweep")) {
 			if (strcmp(v, "yes") && strcmp(v, "no"))
 				die_usage("bad --recovery-sweep '%s': expected yes or no", v);
@@ -315,8 +360,33 @@ static void conn_events(struct conn *c)
 		c->closing = true;
 }
 
+static void conns_link_tail(struct conn *c)
+{
+	c->next = NULL;
+	c->prev = conns_tail;
+	if (conns_tail)
+		conns_tail->next = c;
+	else
+		conns_head = c;
+	conns_tail = c;
+}
+
+static void conns_unlink(struct conn *c)
+{
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		conns_head = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	else
+		conns_tail = c->prev;
+	c->prev = c->next = NULL;
+}
+
 static void conn_free(struct conn *c)
 {
+	conns_unlink(c);
 	close(c->fd); /* also removes it from the epoll set */
 	free(c->ibuf);
 	free(c->obuf);
@@ -328,14 +398,109 @@ static void conn_free(struct conn *c)
 	srv.clients--;
 }
 
+/* A flood of one event must not flood the log: one line per second per
+ * code at most; quiet counts the events not logged since the last line. */
+struct log_limit {
+	int64_t last_ms;
+	int last_code;
+	uint64_t quiet;
+};
+
+static bool log_allowed(struct log_limit *l, int code)
+{
+	if (code == l->last_code && srv.now_ms - l->last_ms < 1000) {
+		l->quiet++;
+		return false;
+	}
+	l->last_code = code;
+	l->last_ms = srv.now_ms;
+	return true;
+}
+
+/* Redis's answer to a client over maxclients, then close. */
+static void refuse_client(int fd)
+{
+	static const char msg[] = "-ERR max number of clients reached\r\n";
+	static struct log_limit limit;
+	if (write(fd, msg, sizeof msg - 1) != (ssize_t)sizeof msg - 1) {
+		/* a new socket takes 37 bytes; if not, the client is gone anyway */
+	}
+	close(fd);
+	srv.rejected_connections++;
+	if (log_allowed(&limit, 0)) {
+		rkv_log("client_refused",
+			"\"why\":\"max number of clients reached\",\"maxclients\":%u,\"not_logged\":%llu",
+			srv.cfg.maxclients, (unsigned long long)limit.quiet);
+		limit.quiet = 0;
+	}
+}
+
+/* The listening socket stays readable while clients wait, so a failing
+ * accept retried at once would spin: it is left out of epoll until the
+ * next cron tick. */
+static void pause_listener(void)
+{
+	struct epoll_event e = {.events = 0, .data.ptr = &listen_tag};
+	if (listen_paused)
+		return;
+	if (epoll_ctl(epfd, EPOLL_CTL_MOD, srv.listen_fd, &e) < 0)
+		rkv_log("error", "\"what\":\"pause the listener\",\"error\":%s", js(strerror(errno)));
+	else
+		listen_paused = true;
+}
+
+static void resume_listener(void)
+{
+	struct epoll_event e = {.events = EPOLLIN, .data.ptr = &listen_tag};
+	if (!listen_paused)
+		return;
+	if (epoll_ctl(epfd, EPOLL_CTL_MOD, srv.listen_fd, &e) < 0)
+		rkv_log("error", "\"what\":\"resume the listener\",\"error\":%s", js(strerror(errno)));
+	else
+		listen_paused = false;
+}
+
+/* accept failed with err (not EAGAIN and the like).  Out of fds (EMFILE,
+ * ENFILE), the spare fd is let go for one accept, to refuse that client
+ * with Redis's error instead of leaving it waiting; true: accept again.
+ * Otherwise, or without a spare, the listener pauses. */
+static bool accept_failed(int lfd, int err)
+{
+	static struct log_limit limit;
+	if (log_allowed(&limit, err)) {
+		rkv_log("accept_failed", "\"error\":%s,\"errno\":%d,\"not_logged\":%llu", js(strerror(err)), err,
+			(unsigned long long)limit.quiet);
+		limit.quiet = 0;
+	}
+	if ((err == EMFILE || err == ENFILE) && spare_fd >= 0) {
+		close(spare_fd);
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int accept_err = errno;
+		if (fd >= 0)
+			refuse_client(fd);
+		spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		if (spare_fd >= 0 && (fd >= 0 || accept_err == EAGAIN || accept_err == EWOULDBLOCK))
+			return fd >= 0; /* refused one, or none was waiting */
+	}
+	pause_listener();
+	return false;
+}
+
 static void accept_clients(int lfd)
 {
 	for (;;) {
 		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-				rkv_log("accept_failed", "\"error\":%s", js(strerror(errno)));
+			int err = errno;
+			if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED)
+				return;
+			if (accept_failed(lfd, err))
+				continue;
 			return;
+		}
+		if (srv.clients >= srv.cfg.maxclients) {
+			refuse_client(fd);
+			continue;
 		}
 		int one = 1;
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails harmlessly on unix sockets */
@@ -348,11 +513,91 @@ static void accept_clients(int lfd)
 		}
 		c->fd = fd;
 		c->id = next_client_id++;
+		c->last_read_ms = srv.now_ms;
+		conns_link_tail(c);
 		c->bulk_len = -1;
 		c->proto = 2;
 		c->reading = true;
 		srv.clients++;
 		srv.db->st.connections++;
+	}
+}
+
+/* Where the bytes still needed begin: the request being read, if any. */
+static size_t input_base(const struct conn *c)
+{
+	return c->mb_left > 0 ? c->req_start : c->ipos;
+}
+
+/* Moves the bytes still needed to the start of the buffer. */
+static void input_compact(struct conn *c)
+{
+	size_t base = input_base(c);
+	if (base == 0)
+		return;
+	memmove(c->ibuf, c->ibuf + base, c->ilen - base);
+	for (size_t i = 0; i < c->argc; i++)
+		c->argoff[i] -= base;
+	c->ilen -= base;
+	c->ipos -= base;
+	c->req_start -= base;
+}
+
+/* Bytes the buffer must keep: what it holds unparsed, or the whole bulk
+ * being read. */
+static size_t input_needed(const struct conn *c)
+{
+	size_t base = input_base(c), held = c->ilen - base;
+	if (c->mb_left > 0 && c->bulk_len >= 0) {
+		size_t bulk_end = c->ipos - base + (size_t)c->bulk_len + 2;
+		return bulk_end > held ? bulk_end : held;
+	}
+	return held;
+}
+
+static void input_free(struct conn *c)
+{
+	free(c->ibuf);
+	c->ibuf = NULL;
+	c->icap = c->ilen = c->ipos = c->req_start = 0;
+}
+
+/* Redis's clientsCronResizeQueryBuffer: a buffer over 32 KB shrinks when its
+ * connection has been idle for 2 s, or when it is more than twice the peak
+ * use since cron last looked; never below what is still needed.  An empty
+ * one is freed: a new one is 16 KB away. */
+static void input_cron(struct conn *c)
+{
+	size_t need = input_needed(c);
+	bool idle = srv.now_ms - c->last_read_ms >= INPUT_IDLE_MS;
+	if (c->icap > INPUT_SHRINK_MIN && (idle || c->icap / 2 > c->ipeak)) {
+		size_t to = idle || need > c->ipeak ? need : c->ipeak;
+		if (need == 0) {
+			input_free(c);
+		} else if (to < c->icap) {
+			input_compact(c);
+			char *p = realloc(c->ibuf, to);
+			if (p) { /* a shrink that fails keeps the old buffer */
+				c->ibuf = p;
+				c->icap = to;
+			}
+		}
+	}
+	c->ipeak = need;
+}
+
+/* Like Redis's clientsCron: max(5, clients / 10) connections a tick, so each
+ * is looked at once a second; the one at the head moves to the tail. */
+static void clients_cron(void)
+{
+	uint64_t n = srv.clients / (1000 / CRON_MS);
+	n = n < 5 ? 5 : n;
+	n = n > srv.clients ? srv.clients : n;
+	for (; n && conns_head; n--) {
+		struct conn *c = conns_head;
+		conns_unlink(c);
+		conns_link_tail(c);
+		input_cron(c);
 	}
 }
 
@@ -395,6 +640,10 @@ static void conn_process(struct conn *c)
 		command_exec(c);
 		resp_done(c);
 	}
+	/* A big request's buffer is not kept for the connection's life (Redis
+	 * hands such a buffer over to the value it holds). */
+	if (c->icap > INPUT_BIG && input_needed(c) == 0)
+		input_free(c);
 	bool paused = c->olen - c->opos > OUT_PAUSE;
 	if (!conn_flush(c)) {
 		conn_free(c);
@@ -411,15 +660,9 @@ static void conn_process(struct conn *c)
 /* Makes room to read: drops consumed bytes, grows for a big bulk. */
 static bool conn_make_room(struct conn *c)
 {
-	size_t base = c->mb_left > 0 ? c->req_start : c->ipos;
-	if (base > 0 && (base == c->ilen || base >= c->icap / 2 || c->icap - c->ilen < READ_CHUNK)) {
-		memmove(c->ibuf, c->ibuf + base, c->ilen - base);
-		for (size_t i = 0; i < c->argc; i++)
-			c->argoff[i] -= base;
-		c->ilen -= base;
-		c->ipos -= base;
-		c->req_start -= base;
-	}
+	size_t base = input_base(c);
+	if (base > 0 && (base == c->ilen || base >= c->icap / 2 || c->icap - c->ilen < READ_CHUNK))
+		input_compact(c);
 	size_t need = READ_CHUNK;
 	if (c->mb_left > 0 && c->bulk_len >= 0 && c->ilen - c->ipos < (size_t)c->bulk_len + 2)
 		need = (size_t)c->bulk_len + 2 - (c->ilen - c->ipos); /* the whole bulk in one go */
@@ -454,6 +697,9 @@ static void conn_readable(struct conn *c)
 		return;
 	}
 	c->ilen += (size_t)n;
+	c->last_read_ms = srv.now_ms;
+	if (c->ilen > c->ipeak)
+		c->ipeak = c->ilen;
 	conn_process(c);
 }
 
@@ -476,6 +722,8 @@ static void conn_writable(struct conn *c)
 static void cron(void)
 {
 	struct db *db = srv.db;
+	resume_listener();
+	clients_cron();
 	ks_active_expire(db, srv.now_ms, 25000); /* at most 25% of a 100 ms tick */
 	snapshot_reap(db);
 	int64_t now_s = srv.now_ms / 1000;
@@ -520,6 +768,54 @@ static void raise_fd_limit(void)
 	}
 }
 
+/* A snapshot rkv could not load must survive: the next save would replace
+ * it with the (empty) keyspace.  It is moved aside and rkv starts empty; if
+ * it cannot be moved, rkv refuses to start.  code is the stable reason. */
+static void keep_rejected_snapshot(const char *path, const char *why, int err)
+{
+	const char *code = err == -EINVAL ? "corrupt" : err == -ENOMEM ? "no_room" : "unreadable";
+	char kept[4600];
+	int r = snapshot_set_aside(kept, sizeof kept);
+	if (r == 0) {
+		rkv_log("snapshot_rejected",
+			"\"path\":%s,\"code\":\"%s\",\"why\":%s,\"kept_as\":%s,\"action\":\"starting empty\"", js(path),
+			code, js(why), js(kept));
+		return;
+	}
+	rkv_log("snapshot_rejected",
+		"\"path\":%s,\"code\":\"%s\",\"why\":%s,\"action\":\"refusing to start\",\"set_aside_error\":%s", js(path),
+		code, js(why), js(strerror(-r)));
+	fprintf(stderr, "rkv: cannot load the snapshot %s (%s) nor move it aside (%s); "
+			"refusing to start, so that no save replaces it\n", path, why, strerror(-r));
+	exit(1);
+}
+
+/* Like Redis: clients may use the open file limit less RESERVED_FDS (the
+ * runtime's, the listener, epoll, the snapshot, the spare); maxclients is
+ * lowered to fit, with a warning.  A limit that leaves no room is fatal. */
+static void fit_maxclients(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+		rkv_log("warning", "\"what\":\"getrlimit\",\"error\":%s", js(strerror(errno)));
+		return;
+	}
+	if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= (rlim_t)srv.cfg.maxclients + RESERVED_FDS)
+		return;
+	unsigned long long limit = (unsigned long long)rl.rlim_cur;
+	if (limit <= RESERVED_FDS) {
+		rkv_log("error", "\"what\":\"maxclients\",\"fd_limit\":%llu,\"reserved_fds\":%d", limit, RESERVED_FDS);
+		fprintf(stderr, "rkv: the open file limit (ulimit -n) of %llu leaves no room for clients; "
+				"raise it to at least %d\n", limit, RESERVED_FDS + 1);
+		exit(1);
+	}
+	rkv_log("warning",
+		"\"what\":\"maxclients\",\"requested\":%u,\"maxclients\":%llu,\"fd_limit\":%llu,\"reserved_fds\":%d,"
+		"\"why\":\"lowered to fit the open file limit (ulimit -n)\"",
+		srv.cfg.maxclients, limit - RESERVED_FDS, limit, RESERVED_FDS);
+	srv.cfg.maxclients = (unsigned)(limit - RESERVED_FDS);
+}
+
 /* The keyspace after a start of any kind: the preserved one if warm, else
  * a new one filled from the snapshot. */
 static uint64_t open_keyspace(void)
@@ -544,7 +840,7 @@ static uint64_t open_keyspace(void)
 	int r = snapshot_load(srv.db, &keys, &why);
 	srv.loading = false;
 	if (r < 0)
-		rkv_log("snapshot_rejected", "\"path\":%s,\"why\":%s,\"action\":\"starting empty\"", js(path), js(why));
+		keep_rejected_snapshot(path, why, r);
 	else
 		rkv_log("snapshot", "\"path\":%s,\"result\":%s", js(path), js(why));
 	glue_publish(srv.db);
@@ -572,6 +868,10 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	raise_fd_limit();
+	fit_maxclients();
+	spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (spare_fd < 0)
+		rkv_log("warning", "\"what\":\"spare fd\",\"error\":%s", js(strerror(errno)));
 	commands_init();
 
 	/* Listen before loading: clients queue in the backlog meanwhile. */

@@ -14,6 +14,8 @@
 #include "store.h"
 
 #include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,29 +32,66 @@ int glue_init(int argc, char **argv, uint64_t arena_size)
 	return rkv_arena ? 0 : -errno;
 }
 
-/* Marks what the db reaches and cross-checks it: each entry marked once (no
- * cycle, no sharing), in the bucket its hash names, the counts right, the
- * TTL list consistent. */
-static bool mark_db(struct db *db)
+/* What is wrong with the db header, or NULL: the bucket array must hold
+ * the mask's buckets, or every lookup reads past it. */
+static const char *db_fault(const struct db *db)
+{
+	if (db->magic != RKV_DB_MAGIC || rk_usable_size(rkv_arena, db) < sizeof *db)
+		return "the db header is not an rkv keyspace";
+	size_t fit = rk_usable_size(rkv_arena, db->buckets) / sizeof *db->buckets;
+	if ((db->mask & (db->mask + 1)) || db->mask >= fit)
+		return "the bucket array is smaller than the table's mask";
+	return NULL;
+}
+
+/* What is wrong with entry e of bucket b, or NULL.  It must be a block of
+ * the arena, checked before any field is read (a stray pointer may lead
+ * past the arena's mapped end); its lengths must fit the block (a corrupt
+ * vlen made every GET of it read past the block: SIGBUS, then a warm
+ * restart that kept it); its hash must name bucket b.  Hashing the key
+ * again would catch more, but it took half again the check's time. */
+static const char *entry_fault(const struct db *db, const struct entry *e, uint64_t b)
+{
+	size_t usable = rk_usable_size(rkv_arena, e);
+	if (usable < sizeof *e)
+		return "an entry that is not a block of the arena";
+	if ((uint64_t)e->klen + e->vlen > e->cap || offsetof(struct entry, data) + (size_t)e->cap > usable)
+		return "an entry whose key and value lengths exceed its block";
+	if ((e->hash & db->mask) != b)
+		return "an entry in the wrong bucket";
+	return NULL;
+}
+
+/* Marks what the db reaches and cross-checks it: each entry intact and
+ * marked once (no cycle, no sharing), the counts right, the TTL list
+ * consistent.  Returns what is wrong, or NULL. */
+static const char *mark_db(struct db *db)
 {
 	uint64_t n = 0, x = 0;
-	if (db->magic != RKV_DB_MAGIC || rk_mark(rkv_arena, db) < 0 || rk_mark(rkv_arena, db->buckets) != 1)
-		return false;
+	const char *fault = db_fault(db);
+	if (fault)
+		return fault;
+	if (rk_mark(rkv_arena, db) < 0 || rk_mark(rkv_arena, db->buckets) != 1)
+		return "the db header or bucket array is shared";
 	KS_FOREACH (db, e) {
-		if (rk_mark(rkv_arena, e) != 1 || (e->hash & db->mask) != b_ || ++n > db->count)
-			return false;
+		if ((fault = entry_fault(db, e, b_)) != NULL)
+			return fault;
+		if (rk_mark(rkv_arena, e) != 1 || ++n > db->count)
+			return "an entry reached twice, or more entries than the count";
 		x += e->expire_ms != 0;
 	}
 	for (struct entry *e = db->xhead, *prev = NULL; e; prev = e, e = e->xnext)
-		if (!e->expire_ms || e->xprev != prev || x-- == 0)
-			return false;
-	return n == db->count && x == 0;
+		if (rk_usable_size(rkv_arena, e) < sizeof *e || !e->expire_ms || e->xprev != prev || x-- == 0)
+			return "a broken TTL list";
+	return n == db->count && x == 0 ? NULL : "the counts disagree with the table";
 }
 
 static void cold_restart(const char *why)
 {
+	static char reason[120];
 	rkv_log("recovery_check_failed", "\"why\":%s,\"action\":\"cold restart\"", js(why));
-	rk_restart_cold("rkv: keyspace cross-check failed");
+	snprintf(reason, sizeof reason, "rkv: keyspace check failed: %s", why);
+	rk_restart_cold(reason);
 	abort(); /* rk_restart_cold returns only if it could not exec */
 }
 
@@ -69,10 +108,9 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 	if (!rk_is_recovery())
 		return NULL;
 	struct db *db = rk_root_get(rkv_arena, "db");
-	if (db && sweep && !mark_db(db))
-		cold_restart("mark pass: the table is inconsistent");
-	if (db && !sweep && (db->magic != RKV_DB_MAGIC || !rk_arena_contains(rkv_arena, db->buckets)))
-		cold_restart("the db header is not an rkv keyspace");
+	const char *fault = !db ? NULL : sweep ? mark_db(db) : db_fault(db);
+	if (fault)
+		cold_restart(fault);
 	int r = rk_finish_recovery(sweep, &st);
 	if (r < 0)
 		rkv_log("warning", "\"what\":\"rk_finish_recovery\",\"error\":%s", js(strerror(-r)));
@@ -85,10 +123,20 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 	return db; /* NULL if the last incarnation died before publishing one */
 }
 
-/* Checks buckets for up to budget_us: each entry inside the arena, in the
- * bucket its hash names, its TTL links consistent both ways.  Local checks
- * only, so clients may change the table between two slices.  Bounded by
- * time, not by buckets: right after a restart every entry is a page fault. */
+/* A TTL list link of e is broken: it leads to no entry, or not back to e. */
+static bool ttl_links_broken(const struct db *db, const struct entry *e)
+{
+	if ((e->xprev && rk_usable_size(rkv_arena, e->xprev) < sizeof *e) ||
+	    (e->xnext && rk_usable_size(rkv_arena, e->xnext) < sizeof *e))
+		return true;
+	return (e->xprev ? e->xprev->xnext : db->xhead) != e || (e->xnext && e->xnext->xprev != e);
+}
+
+/* Checks buckets for up to budget_us: each entry intact (entry_fault), no
+ * chain longer than the count, its TTL links consistent both ways.  Local
+ * checks only, so clients may change the table between two slices.  Bounded
+ * by time, not by buckets: right after a restart every entry is a page
+ * fault. */
 bool glue_verify_step(struct db *db, double budget_us)
 {
 	if (verify_cursor == UINT64_MAX || !db)
@@ -98,10 +146,12 @@ bool glue_verify_step(struct db *db, double budget_us)
 	for (; b <= db->mask && ((b & 255) || mono_ms() < deadline || b == verify_cursor); b++) {
 		uint64_t chain = 0;
 		for (struct entry *e = db->buckets[b]; e; e = e->next) {
-			if (!rk_arena_contains(rkv_arena, e) || (e->hash & db->mask) != b || ++chain > db->count + 1)
-				cold_restart("an entry outside the arena, in the wrong bucket, or a cycle");
-			if (e->expire_ms && ((e->xprev ? e->xprev->xnext : db->xhead) != e ||
-					     (e->xnext && e->xnext->xprev != e)))
+			const char *fault = entry_fault(db, e, b);
+			if (fault)
+				cold_restart(fault);
+			if (++chain > db->count + 1)
+				cold_restart("a bucket chain longer than the count: a cycle");
+			if (e->expire_ms && ttl_links_broken(db, e))
 				cold_restart("a broken TTL list link");
 		}
 	}
@@ -143,6 +193,8 @@ uint64_t glue_arena_bytes(void)
 	return rk_arena_stats(rkv_arena, &st) == 0 ? st.allocated_bytes : 0;
 }
 
+const char *glue_oom_reply(void) { return "OOM out of memory: the keyspace arena is full (--arena-size)"; }
+
 #else /* RKV_PLAIN_MALLOC: the baseline, with no preserved state */
 
 int glue_init(int argc, char **argv, uint64_t arena_size)
@@ -168,5 +220,6 @@ unsigned glue_generation(void) { return 0; }
 const char *glue_start_kind(void) { return "fresh"; }
 const char *glue_reason(void) { return "plain malloc build"; }
 uint64_t glue_arena_bytes(void) { return 0; }
+const char *glue_oom_reply(void) { return "OOM out of memory: malloc failed"; }
 
 #endif

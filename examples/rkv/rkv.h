@@ -113,6 +113,9 @@ struct conn {
 	bool close_after_reply, closing, reading;
 	int proto;                      /* 2, or 3 after HELLO 3 */
 	char *name;
+	int64_t last_read_ms;           /* for the idle rule of the input buffer */
+	size_t ipeak;                   /* most of ibuf in use since cron last looked */
+	struct conn *prev, *next;       /* every connection, for cron */
 };
 
 /* resp.c */
@@ -135,6 +138,10 @@ bool out_reserve(struct conn *c, size_t n);
 
 /* ---- configuration and server-wide state (main.c) --------------------- */
 
+/* Why parse_bytes refused a size (main.c; CONFIG SET maxmemory too). */
+enum { BYTES_NOT_A_NUMBER = -1, BYTES_UNKNOWN_UNIT = -2, BYTES_TOO_LARGE = -3 };
+int parse_bytes(const char *s, uint64_t *out);
+
 struct save_point {
 	long seconds, changes;
 };
@@ -150,6 +157,7 @@ struct config {
 	int enable_debug;               /* 0 no, 1 yes, 2 local (loopback clients) */
 	uint64_t arena_size;
 	bool recovery_sweep;            /* mark and sweep before serving after a warm restart */
+	unsigned maxclients;            /* lowered at start to fit the open file limit */
 };
 
 struct server {
@@ -160,6 +168,7 @@ struct server {
 	const char *start_kind;         /* fresh, warm, cold */
 	unsigned generation;
 	uint64_t clients;
+	uint64_t rejected_connections;  /* over maxclients (this incarnation) */
 	int listen_fd;
 	bool listen_inherited;
 	bool loading;
@@ -185,6 +194,10 @@ void snapshot_reap(struct db *db);    /* collects a finished child */
  * empty) if unusable; *why says what happened. */
 int snapshot_load(struct db *db, uint64_t *keys, const char **why);
 void snapshot_path(char *out, size_t n);
+/* Moves the snapshot file that could not be loaded to
+ * NAME.rejected-<unix seconds>[.N], never over an existing file, so that no
+ * save replaces it; 0 with the new path in kept, or -errno. */
+int snapshot_set_aside(char *kept, size_t n);
 
 /* main.c */
 double mono_ms(void); /* CLOCK_MONOTONIC in ms */
@@ -205,5 +218,7 @@ unsigned glue_generation(void);
 void glue_ready(void);
 void glue_heartbeat(void);
 uint64_t glue_arena_bytes(void);
+/* The error reply when the keyspace cannot allocate (not maxmemory's). */
+const char *glue_oom_reply(void);
 
 #endif /* RKV_H */

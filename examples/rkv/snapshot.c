@@ -118,6 +118,17 @@ void snapshot_path(char *out, size_t n)
 	snprintf(out, n, "%s/%s", srv.cfg.dir, srv.cfg.dbfilename);
 }
 
+/* A rename is durable only once its directory is; 0 or -errno. */
+static int fsync_dir(void)
+{
+	int dfd = open(srv.cfg.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return -errno;
+	int r = fsync(dfd) < 0 ? -errno : 0;
+	close(dfd);
+	return r;
+}
+
 /* temp file, fsync, rename, fsync of the directory; 0 or -errno */
 static int write_file(const uint8_t *buf, size_t len)
 {
@@ -145,13 +156,7 @@ static int write_file(const uint8_t *buf, size_t len)
 	fd = -1;
 	if (rename(tmp, path) < 0)
 		goto fail;
-	int dfd = open(srv.cfg.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) { /* the rename is durable only once the directory is */
-		int r = fsync(dfd) < 0 ? -errno : 0;
-		close(dfd);
-		return r;
-	}
-	return -errno;
+	return fsync_dir();
 fail:;
 	int err = errno;
 	if (fd >= 0)
@@ -280,13 +285,14 @@ int snapshot_load(struct db *db, uint64_t *keys, const char **why)
 	*keys = 0;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
-		if (errno == ENOENT) {
+		int err = errno;
+		if (err == ENOENT) {
 			*why = "no snapshot file";
 			return 0;
 		}
-		snprintf(why_buf, sizeof why_buf, "cannot open: %s", strerror(errno));
+		snprintf(why_buf, sizeof why_buf, "cannot open: %s", strerror(err));
 		*why = why_buf;
-		return -errno;
+		return -err;
 	}
 	struct stat sb;
 	if (fstat(fd, &sb) < 0) {
@@ -295,12 +301,19 @@ int snapshot_load(struct db *db, uint64_t *keys, const char **why)
 		*why = "fstat failed";
 		return -err;
 	}
+	if (!S_ISREG(sb.st_mode)) {
+		close(fd);
+		*why = S_ISDIR(sb.st_mode) ? "a directory, not a snapshot file" : "not a regular file";
+		return S_ISDIR(sb.st_mode) ? -EISDIR : -ENODEV;
+	}
 	size_t size = (size_t)sb.st_size;
 	uint8_t *p = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+	int map_err = errno;
 	close(fd);
 	if (p == MAP_FAILED) {
-		*why = "mmap failed";
-		return -errno;
+		snprintf(why_buf, sizeof why_buf, "mmap failed: %s", strerror(map_err));
+		*why = why_buf;
+		return -map_err;
 	}
 	long long n = verify(p ? p : (const uint8_t *)"", size, why);
 	if (n < 0) {
@@ -344,4 +357,46 @@ int snapshot_load(struct db *db, uint64_t *keys, const char **why)
 	}
 	db->dirty = 0;
 	return r;
+}
+
+/* ---- a snapshot that could not be loaded -------------------------------- */
+
+/* rename without replacing an existing file; 0 or -errno */
+static int rename_noreplace(const char *from, const char *to)
+{
+	if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0)
+		return 0;
+	if (errno != EINVAL && errno != ENOSYS)
+		return -errno;
+	/* A file system without RENAME_NOREPLACE: look first.  Nothing else
+	 * creates these names, so the gap between the two calls is harmless. */
+	struct stat st;
+	if (lstat(to, &st) == 0)
+		return -EEXIST;
+	if (errno != ENOENT)
+		return -errno;
+	return rename(from, to) == 0 ? 0 : -errno;
+}
+
+int snapshot_set_aside(char *kept, size_t n)
+{
+	char path[4400];
+	snapshot_path(path, sizeof path);
+	long long now_s = now_realtime_ms() / 1000;
+	for (int k = 0; k < 100; k++) {
+		int len = k ? snprintf(kept, n, "%s.rejected-%lld.%d", path, now_s, k)
+			    : snprintf(kept, n, "%s.rejected-%lld", path, now_s);
+		if (len < 0 || (size_t)len >= n)
+			return -ENAMETOOLONG;
+		int r = rename_noreplace(path, kept);
+		if (r == -EEXIST)
+			continue; /* never over an earlier rejected file */
+		if (r < 0)
+			return r;
+		r = fsync_dir();
+		if (r < 0) /* moved, if not yet durably: say so, go on */
+			rkv_log("warning", "\"what\":\"fsync of the snapshot directory\",\"error\":%s", js(strerror(-r)));
+		return 0;
+	}
+	return -EEXIST;
 }
