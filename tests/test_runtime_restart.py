@@ -175,6 +175,7 @@ def test_same_fault_on_preserved_data_after_a_warm_restart_goes_cold():
     restarts = run.events_of("restart")
     assert [r["mode"] for r in restarts] == ["warm", "cold"]
     assert [r["code"] for r in restarts] == ["all_checks_passed", "repeated_fault"]
+    assert all(r["si_code"] == "BUS_ADRERR" and r["in"] == "data" for r in restarts), restarts
     assert run.events_of("start")[2]["code"] == "repeated_fault"
     assert restarts[0]["addr"] == restarts[1]["addr"]
     assert run.states[2]["decision"] == (
@@ -188,6 +189,8 @@ def test_different_faults_or_faults_outside_preserved_memory_stay_warm():
     )
     assert run.returncode == 0, run.stderr
     assert [s["kind"] for s in run.states] == ["fresh", "warm", "warm", "warm"]
+    null = run.events_of("restart")[1]
+    assert null["si_code"] == "SEGV_MAPERR" and "in" not in null, null
 
 
 def control_block_memfd():

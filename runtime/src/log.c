@@ -148,6 +148,32 @@ void rk_ev_end(struct rk_ev *e)
 	}
 }
 
+#ifndef SEGV_PKUERR
+#define SEGV_PKUERR 4
+#endif
+
+/* What the kernel says about a fault (si_code): SEGV_PKUERR names a stray
+ * write into a write-protected arena, SEGV_MAPERR a wild pointer, ... */
+const char *rk_si_code_name(int sig, int code)
+{
+	if (code <= 0)
+		return code == SI_USER ? "SI_USER" : code == SI_TKILL ? "SI_TKILL" : code == SI_QUEUE ? "SI_QUEUE" : "SI_OTHER";
+	switch (sig) {
+	case SIGSEGV:
+		return code == SEGV_MAPERR ? "SEGV_MAPERR" : code == SEGV_ACCERR ? "SEGV_ACCERR"
+		       : code == SEGV_PKUERR ? "SEGV_PKUERR" : "SEGV_OTHER";
+	case SIGBUS:
+		return code == BUS_ADRALN ? "BUS_ADRALN" : code == BUS_ADRERR ? "BUS_ADRERR"
+		       : code == BUS_OBJERR ? "BUS_OBJERR" : "BUS_OTHER";
+	case SIGFPE:
+		return code == FPE_INTDIV ? "FPE_INTDIV" : code == FPE_INTOVF ? "FPE_INTOVF" : "FPE_OTHER";
+	case SIGILL:
+		return code == ILL_ILLOPC ? "ILL_ILLOPC" : code == ILL_ILLOPN ? "ILL_ILLOPN" : "ILL_OTHER";
+	default:
+		return "kernel";
+	}
+}
+
 const char *rk_signame(int sig)
 {
 	switch (sig) {

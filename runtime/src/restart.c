@@ -462,6 +462,14 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 	if (sig) {
 		rk_ev_str(&e, "signal", rk_signame(sig));
 		rk_ev_hex(&e, "addr", m->fault_addr);
+		if (si) {
+			/* what kind of fault, and whose memory: a SEGV_PKUERR in an
+			 * arena is a stray write the write protection caught */
+			rk_ev_str(&e, "si_code", rk_si_code_name(sig, si->si_code));
+			int owner = si->si_code > 0 ? preserved_owner(m->fault_addr) : -1;
+			if (owner >= 0)
+				rk_ev_str(&e, "in", owner < RK_MAX_ARENAS ? rk_g.arenas[owner].name : "preserved range");
+		}
 	}
 	rk_ev_u64(&e, "generation", rk_g.info.generation);
 	rk_ev_u64(&e, "uptime_ms", age_ms);

@@ -52,6 +52,8 @@ size_t rk_strlcpy(char *dst, const char *src, size_t cap) RK_HIDDEN;
 size_t rk_strlcat(char *dst, const char *src, size_t cap) RK_HIDDEN;
 size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
 const char *rk_signame(int sig) RK_HIDDEN;
+/* si_code by name ("SEGV_PKUERR", "SI_USER", ...). Async-signal-safe. */
+const char *rk_si_code_name(int sig, int code) RK_HIDDEN;
 
 /* ---- fds.c: what an fd is, and whether it survives an exec ---- */
 /* True if fd is a memfd whose /proc/self/fd link starts with want ("/memfd:
