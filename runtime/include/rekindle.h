@@ -184,8 +184,19 @@ bool rk_is_supervised(void);
 /* Call from the main loop at a safe point (no data structure half-changed).
  * Under a supervisor with --hang-timeout, a heartbeat that stops marks a
  * hang.  A restart the supervisor asked for (rekindle restart, leak) is
- * taken here, at this safe point.  Cheap: a clock read and two stores. */
+ * taken here, at this safe point.  Cheap: a clock read and two stores.
+ *
+ * An idle server blocks in epoll_wait or poll: it must not block longer
+ * than rk_heartbeat_interval_ms() between two heartbeats, or it is taken
+ * for hung.  Use it as the wait's timeout:
+ *     for (;;) { rk_heartbeat(); n = epoll_wait(ep, ev, 64, rk_heartbeat_interval_ms()); ... } */
 void rk_heartbeat(void);
+
+/* How long the app may go between two rk_heartbeat() calls: a third of the
+ * supervisor's --hang-timeout (at least 1 ms), or -1 when no hang timeout
+ * is set (not supervised, or --hang-timeout 0): block as long as you like.
+ * -1 is also poll's and epoll_wait's "no timeout". */
+int rk_heartbeat_interval_ms(void);
 
 /* The app serves again (after rk_finish_recovery on a warm start, or after
  * its own recovery).  The supervisor times restarts up to this point. */

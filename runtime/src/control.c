@@ -212,6 +212,15 @@ void rk_control_name_arenas(void)
 
 /* ---- public: heartbeat, readiness, policy -------------------------------- */
 
+int rk_heartbeat_interval_ms(void)
+{
+	if (!rk_cfg.hang_timeout_ms)
+		return -1;
+	/* a third: two beats fit in the timeout even if one wait runs late */
+	unsigned ms = rk_cfg.hang_timeout_ms / 3;
+	return ms ? (int)(ms > INT_MAX ? INT_MAX : ms) : 1;
+}
+
 void rk_heartbeat(void)
 {
 	struct rk_control *c = rk_ctl;

@@ -79,6 +79,10 @@ static const struct option options[] = {
 	 * 3+N-1 are the app's and stay open across a restart. */
 	{.env = "LISTEN_FDS", CFG(listen_fds), .base = 10, .dflt = 0, .min = 0, .max = INT_MAX - 3,
 	 .expected = "a number of fds"},
+	/* The supervisor's --hang-timeout: rk_heartbeat_interval_ms() tells
+	 * the app how long it may block between two heartbeats; 0: none. */
+	{.env = "REKINDLE_HANG_TIMEOUT_MS", CFG(hang_timeout_ms), .base = 10, .dflt = 0, .min = 0, .max = UINT_MAX,
+	 .expected = "milliseconds, 0 (no hang detection) to 4294967295"},
 	/* Test hook of stages.c: the first incarnation tears its Nth progress
 	 * record update and restarts; 0: off. */
 	{.env = "REKINDLE_STAGES_TEAR_AT", CFG(stages_tear_at), .base = 10, .dflt = 0, .min = 0, .max = UINT64_MAX,

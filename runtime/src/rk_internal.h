@@ -79,6 +79,7 @@ struct rk_config {
 	unsigned exec_pool_kb;      /* the exec page pool; 0: none */
 	unsigned listen_fds;        /* fds 3.. of socket activation, kept open by a restart */
 	uint64_t stages_tear_at;    /* stages.c's fault injection; 0: off */
+	unsigned hang_timeout_ms;   /* the supervisor's --hang-timeout; 0: none */
 };
 extern struct rk_config rk_cfg RK_HIDDEN;
 /* Fills rk_cfg from opts (may be NULL) and the environment; each malformed

@@ -309,6 +309,7 @@ impl Supervisor {
             "REKINDLE_CONTROL_FD",
             "REKINDLE_RESTART_SIGNAL",
             "REKINDLE_CRASHLOOP_MS",
+            "REKINDLE_HANG_TIMEOUT_MS",
             "REKINDLE_NAME",
             "REKINDLE_MANIFEST_FD",
             "NOTIFY_SOCKET",
@@ -859,6 +860,11 @@ impl Supervisor {
         env.push(spawn::env_entry(
             "REKINDLE_CRASHLOOP_MS",
             self.cfg.crashloop_window.as_millis().to_string(),
+        ));
+        // rk_heartbeat_interval_ms(): how long the app may block between beats
+        env.push(spawn::env_entry(
+            "REKINDLE_HANG_TIMEOUT_MS",
+            self.cfg.hang_timeout.as_millis().to_string(),
         ));
         env.push(spawn::env_entry("REKINDLE_NAME", &self.cfg.name));
         if let Some(n) = &self.app_notify {

@@ -16,6 +16,9 @@ typedef void (*line_command_fn)(char *line, char *out, size_t cap);
 /* Called at the top of every loop iteration: a safe point (the apps beat). */
 typedef void (*line_tick_fn)(void);
 
+/* The poll timeout between two ticks, in ms (-1: until something happens). */
+static int line_server_poll_ms = 10;
+
 static void line_server_run(int lfd, line_command_fn command, line_tick_fn tick)
 {
 	struct pollfd p[1 + LINE_SERVER_CLIENTS];
@@ -25,7 +28,7 @@ static void line_server_run(int lfd, line_command_fn command, line_tick_fn tick)
 	p[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
 	for (;;) {
 		tick();
-		if (poll(p, (nfds_t)n, 10) <= 0)
+		if (poll(p, (nfds_t)n, line_server_poll_ms) <= 0)
 			continue;
 		if ((p[0].revents & POLLIN) && n < 1 + LINE_SERVER_CLIENTS) {
 			int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);

@@ -4,6 +4,11 @@
  * (--port) or the supervisor's (LISTEN_FDS, fd 3).
  *
  *   service [--port N] [--entries N] [--fill-mb N] [--no-heartbeat]
+ *           [--block interval|forever]
+ *
+ * --block: an idle server that blocks in poll between requests, for
+ * rk_heartbeat_interval_ms() ("interval", as the README says to) or with no
+ * timeout at all ("forever", what a port that ignores it does).
  *
  * Commands (one per line, one JSON line back):
  *   state            what this incarnation found and holds
@@ -117,13 +122,13 @@ static int state_json(char *buf, size_t cap)
 			"{\"app\":\"state\",\"pid\":%d,\"generation\":%u,\"kind\":\"%s\",\"verified\":%s,"
 			"\"entries\":%llu,\"sets\":%llu,\"sum\":%llu,\"table\":\"%p\",\"reason\":\"%s\","
 			"\"decision\":\"%s\",\"restart_us\":%llu,\"preserved_bytes\":%llu,\"supervised\":%s,"
-			"\"sessions_preserved\":%s,\"logins\":%llu,\"arenas_dropped\":%u}\n",
+			"\"sessions_preserved\":%s,\"logins\":%llu,\"arenas_dropped\":%u,\"heartbeat_interval_ms\":%d}\n",
 			getpid(), in->generation, kinds[in->kind], verified ? "true" : "false",
 			(unsigned long long)(tab ? tab->n : 0), (unsigned long long)(tab ? tab->sets : 0),
 			(unsigned long long)sum, (void *)tab, in->reason, in->decision,
 			(unsigned long long)(in->restart_ns / 1000), (unsigned long long)in->preserved_bytes,
 			rk_is_supervised() ? "true" : "false", sess_preserved ? "true" : "false",
-			(unsigned long long)(sess ? sess->logins : 0), in->arenas_dropped);
+			(unsigned long long)(sess ? sess->logins : 0), in->arenas_dropped, rk_heartbeat_interval_ms());
 }
 
 static void die_by_sigkill(void)
@@ -264,6 +269,7 @@ static void tick(void)
 
 int main(int argc, char **argv)
 {
+	enum { BLOCK_NO, BLOCK_INTERVAL, BLOCK_FOREVER } block = BLOCK_NO;
 	unsigned port = 0;
 	uint64_t entries = 1000, fill_mb = 0;
 	for (int i = 1; i < argc; i++) {
@@ -275,8 +281,13 @@ int main(int argc, char **argv)
 			fill_mb = strtoull(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--no-heartbeat"))
 			beating = 0;
+		else if (!strcmp(argv[i], "--block") && i + 1 < argc && !strcmp(argv[i + 1], "interval"))
+			block = BLOCK_INTERVAL, i++;
+		else if (!strcmp(argv[i], "--block") && i + 1 < argc && !strcmp(argv[i + 1], "forever"))
+			block = BLOCK_FOREVER, i++;
 		else {
-			fprintf(stderr, "usage: service [--port N] [--entries N] [--fill-mb N] [--no-heartbeat]\n");
+			fprintf(stderr, "usage: service [--port N] [--entries N] [--fill-mb N] [--no-heartbeat] "
+					"[--block interval|forever]\n");
 			return 2;
 		}
 	}
@@ -324,6 +335,10 @@ int main(int argc, char **argv)
 	fputs(line, stdout);
 	fflush(stdout);
 	beating = heartbeat;
+	if (block == BLOCK_INTERVAL)
+		line_server_poll_ms = rk_heartbeat_interval_ms();
+	else if (block == BLOCK_FOREVER)
+		line_server_poll_ms = -1;
 	if (lfd < 0) {
 		for (;;) {
 			if (beating)

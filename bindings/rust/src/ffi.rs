@@ -103,6 +103,7 @@ unsafe extern "C" {
     // supervision and correctness
     pub fn rk_is_supervised() -> bool;
     pub fn rk_heartbeat();
+    pub fn rk_heartbeat_interval_ms() -> c_int;
     pub fn rk_ready() -> c_int;
     pub fn rk_unsafe_begin(arena: *mut rk_arena);
     pub fn rk_unsafe_end(arena: *mut rk_arena);

@@ -76,8 +76,8 @@ mod vec;
 pub use arena::{Arena, ArenaFlags, ArenaStats, Region, View};
 pub use error::{Error, Result};
 pub use lifecycle::{
-    Options, Recovery, Start, StartKind, SweepStats, abort_on_panic, heartbeat, init,
-    is_initialized, is_recovery, is_supervised, prefault, ready, restart, restart_cold,
+    Options, Recovery, Start, StartKind, SweepStats, abort_on_panic, heartbeat, heartbeat_interval,
+    init, is_initialized, is_recovery, is_supervised, prefault, ready, restart, restart_cold,
     set_warm_allowed,
 };
 pub use preserved::{Preservable, Preserved};

@@ -417,6 +417,16 @@ pub fn heartbeat() {
     unsafe { ffi::rk_heartbeat() }
 }
 
+/// How long the app may block (in `epoll_wait`, `poll`, a channel receive)
+/// between two [`heartbeat`]s before the supervisor takes it for hung: a
+/// third of `--hang-timeout`, or `None` when there is no hang timeout
+/// (block as long as you like). Use it as an idle server's wait timeout.
+pub fn heartbeat_interval() -> Option<std::time::Duration> {
+    // SAFETY: reads the runtime's parsed settings; -1 before init.
+    let ms = unsafe { ffi::rk_heartbeat_interval_ms() };
+    u64::try_from(ms).ok().map(std::time::Duration::from_millis)
+}
+
 /// Tells the supervisor that the app serves again (after recovery); it
 /// times restarts up to this point.
 pub fn ready() -> Result<()> {
