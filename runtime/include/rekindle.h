@@ -192,6 +192,13 @@ bool rk_is_supervised(void);
  *     for (;;) { rk_heartbeat(); n = epoll_wait(ep, ev, 64, rk_heartbeat_interval_ms()); ... } */
 void rk_heartbeat(void);
 
+/* How many listening sockets the supervisor (`rekindle run --listen`) or
+ * systemd handed this process: they are fds 3 to 3+n-1, already bound and
+ * listening, and stay open across restarts, so clients queue in their
+ * backlog meanwhile.  0 when none (LISTEN_FDS unset, or LISTEN_PID names
+ * another process).  Call after rk_init. */
+int rk_listen_fds(void);
+
 /* How long the app may go between two rk_heartbeat() calls: a third of the
  * supervisor's --hang-timeout (at least 1 ms), or -1 when no hang timeout
  * is set (not supervised, or --hang-timeout 0): block as long as you like.

@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -51,4 +52,20 @@ void rk_fd_set_cloexec(int fd, bool on)
 	int fl = fcntl(fd, F_GETFD);
 	if (fl >= 0)
 		(void)fcntl(fd, F_SETFD, on ? (fl | FD_CLOEXEC) : (fl & ~FD_CLOEXEC));
+}
+
+/* Public: the sockets of socket activation (systemd, `rekindle run
+ * --listen`) are fds 3.. when LISTEN_PID names this process; the count was
+ * parsed from LISTEN_FDS at rk_init (options.c).  An in-place restart keeps
+ * the pid, so they stay ours. */
+int rk_listen_fds(void)
+{
+	const char *lp = getenv("LISTEN_PID");
+	char *end;
+	if (!lp || *lp < '0' || *lp > '9')
+		return 0;
+	unsigned long pid = strtoul(lp, &end, 10);
+	if (*end || pid != (unsigned long)getpid())
+		return 0;
+	return (int)rk_cfg.listen_fds;
 }

@@ -122,13 +122,14 @@ static int state_json(char *buf, size_t cap)
 			"{\"app\":\"state\",\"pid\":%d,\"generation\":%u,\"kind\":\"%s\",\"verified\":%s,"
 			"\"entries\":%llu,\"sets\":%llu,\"sum\":%llu,\"table\":\"%p\",\"reason\":\"%s\","
 			"\"decision\":\"%s\",\"restart_us\":%llu,\"preserved_bytes\":%llu,\"supervised\":%s,"
-			"\"sessions_preserved\":%s,\"logins\":%llu,\"arenas_dropped\":%u,\"heartbeat_interval_ms\":%d}\n",
+			"\"sessions_preserved\":%s,\"logins\":%llu,\"arenas_dropped\":%u,\"heartbeat_interval_ms\":%d,\"listen_fds\":%d}\n",
 			getpid(), in->generation, kinds[in->kind], verified ? "true" : "false",
 			(unsigned long long)(tab ? tab->n : 0), (unsigned long long)(tab ? tab->sets : 0),
 			(unsigned long long)sum, (void *)tab, in->reason, in->decision,
 			(unsigned long long)(in->restart_ns / 1000), (unsigned long long)in->preserved_bytes,
 			rk_is_supervised() ? "true" : "false", sess_preserved ? "true" : "false",
-			(unsigned long long)(sess ? sess->logins : 0), in->arenas_dropped, rk_heartbeat_interval_ms());
+			(unsigned long long)(sess ? sess->logins : 0), in->arenas_dropped, rk_heartbeat_interval_ms(),
+			rk_listen_fds());
 }
 
 static void die_by_sigkill(void)
@@ -242,8 +243,7 @@ static void command(char *line, char *out, size_t cap)
 
 static int listen_socket(unsigned port)
 {
-	const char *lf = getenv("LISTEN_FDS"), *lp = getenv("LISTEN_PID");
-	if (lf && atoi(lf) >= 1 && lp && atoi(lp) == getpid())
+	if (rk_listen_fds() >= 1)
 		return 3; /* handed over by the supervisor: already bound and listening */
 	if (!port)
 		return -1;
