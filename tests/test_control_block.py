@@ -83,3 +83,45 @@ def test_clobbered_control_block_goes_cold_is_replaced_and_reported(supervise):
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert metric(metrics, "rekindle_control_block_ok") == 1
     assert len(sup.events("control_block")) == 2
+
+
+def poke(pid, offset, xor):
+    fd = os.open(control_block_path(pid), os.O_RDWR)
+    try:
+        (b,) = os.pread(fd, 1, offset)
+        os.pwrite(fd, bytes([b ^ xor]), offset)
+    finally:
+        os.close(fd)
+
+
+def test_after_an_in_place_restart_the_app_is_supervised_again(supervise):
+    """The runtime decides cold in place, then gives the block its header
+    back: the next incarnation is supervised (a hang is still detected)."""
+    sup = supervise("--hang-timeout", "1s", "--check-interval", "100ms", *NO_WINDOW)
+    up_and_set(sup)
+    clobber_magic(sup.proc.pid)
+    sup.command("segv", expect_reply=False)
+    up = sup.wait_up(1)
+    assert (up["kind"], up["code"]) == ("cold", "control_block_corrupt"), up
+    after = sup.state()
+    assert after["supervised"], after
+    assert "foreign magic" not in sup.stderr(), "the new incarnation found a good block"
+    sup.command("hang", expect_reply=False)
+    failure = sup.wait_event("failure", lambda e: e["kind"] == "hang", timeout=15)
+    assert failure["generation"] == 1
+
+
+def test_a_stray_write_in_the_arena_table_is_damage(supervise):
+    """Which arenas are independent decides what a death drops: a stray
+    write over the mask must not make the supervisor keep a half-changed
+    arena or drop the wrong one."""
+    sup = supervise(*NO_WINDOW)
+    up_and_set(sup)
+    poke(sup.proc.pid, 204, 0xFF)  # independent_mask
+    corrupt = sup.wait_event("control_block", lambda e: e["status"] == "corrupt")
+    assert corrupt["code"] == "bad_arena_table", corrupt
+    sup.command("kill", expect_reply=False)
+    sup.wait_up(1)
+    decision = sup.wait_event("decision")
+    assert (decision["mode"], decision["code"]) == ("cold", "control_block_corrupt"), decision
+    assert "arena table" in decision["reason"]

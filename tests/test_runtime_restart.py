@@ -203,6 +203,40 @@ def control_block_memfd():
     return fd
 
 
+def test_a_sigbus_anywhere_in_the_same_arena_again_goes_cold():
+    """Past the end of the arena's file is never a legitimate access; the
+    page moves as the arena grows, so any SIGBUS in the same arena counts."""
+    run = run_app("crashy", "--crash", "0:arena-bus", "--crash", "1:arena-bus-far", env=NO_WINDOW)
+    assert [s["kind"] for s in run.states] == ["fresh", "warm", "cold"], run.stderr
+    assert run.events_of("restart")[1]["code"] == "repeated_fault"
+
+
+def test_a_wild_address_outside_preserved_memory_goes_cold_the_third_time():
+    """The same bad address each time, as a wild pointer kept in preserved
+    data gives; a poison request gives that too, so not at the first repeat."""
+    crashes = [a for g in range(3) for a in ("--crash", f"{g}:wild")]
+    run = run_app("crashy", *crashes, env=NO_WINDOW)
+    assert [s["kind"] for s in run.states] == ["fresh", "warm", "warm", "cold"], run.stderr
+    last = run.events_of("restart")[2]
+    assert last["code"] == "repeated_fault" and "3 times in a row" in last["decision"], last
+
+
+def host_has_pkeys():
+    flags = Path("/proc/cpuinfo").read_text().split()
+    return "pku" in flags and "ospke" in flags
+
+
+@pytest.mark.skipif(not host_has_pkeys(), reason="no protection keys here (tests/test_pkeys.py uses QEMU)")
+def test_stray_writes_the_write_protection_stopped_stay_warm():
+    """The same stray write twice: the protection stopped it, the data is
+    intact, so it is not the data's fault."""
+    run = run_app("crashy", "--wp", "--crash", "0:wp-stray", "--crash", "1:wp-stray", env=NO_WINDOW)
+    assert [s["kind"] for s in run.states] == ["fresh", "warm", "warm"], run.stderr
+    restarts = run.events_of("restart")
+    assert [r["si_code"] for r in restarts] == ["SEGV_PKUERR", "SEGV_PKUERR"], restarts
+    assert restarts[0]["addr"] == restarts[1]["addr"]
+
+
 def test_clobbered_control_block_makes_the_restart_cold():
     fd = control_block_memfd()
     try:

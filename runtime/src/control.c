@@ -33,6 +33,7 @@ _Static_assert(offsetof(struct rk_control, request_reason) == 64, "protocol layo
 _Static_assert(offsetof(struct rk_control, nslots) == 192, "protocol layout");
 _Static_assert(offsetof(struct rk_control, slots) == 256, "protocol layout");
 _Static_assert(offsetof(struct rk_control, independent_mask) == 204, "protocol layout");
+_Static_assert(offsetof(struct rk_control, arena_table_sum) == 208, "protocol layout");
 _Static_assert(offsetof(struct rk_control, arena_names) == 16640, "protocol layout");
 _Static_assert(sizeof(struct rk_ctl_slot) == 64, "protocol layout");
 _Static_assert(sizeof(struct rk_control) <= RK_CONTROL_SIZE, "protocol layout");
@@ -123,6 +124,23 @@ int rk_control_open(void)
 	return 0;
 }
 
+/* FNV-1a 64 of narenas, independent_mask and the names in use; 0 is kept
+ * for "no table written" (the supervisor's fresh block).  The supervisor
+ * computes the same (control_block.rs). */
+static uint64_t arena_table_sum(const struct rk_control *c)
+{
+	uint32_t n = c->narenas, mask = atomic_load(&c->independent_mask);
+	uint64_t h = 0xcbf29ce484222325ull;
+	const uint32_t words[2] = {n, mask};
+	const unsigned char *p = (const unsigned char *)words;
+	for (size_t i = 0; i < sizeof words; i++)
+		h = (h ^ p[i]) * 0x100000001b3ull;
+	for (unsigned k = 0; k < n && k < RK_MAX_ARENAS; k++)
+		for (unsigned i = 0; i < RK_CONTROL_NAME; i++)
+			h = (h ^ (unsigned char)c->arena_names[k][i]) * 0x100000001b3ull;
+	return h ? h : 1;
+}
+
 const char *rk_control_damage(void)
 {
 	const struct rk_control *c = rk_ctl;
@@ -135,7 +153,25 @@ const char *rk_control_damage(void)
 		return "control block corrupt: bad version or layout";
 	if (c->narenas > RK_MAX_ARENAS)
 		return "control block corrupt: bad arena count";
+	uint64_t sum = atomic_load(&c->arena_table_sum);
+	if (sum ? sum != arena_table_sum(c) : c->narenas || c->independent_mask)
+		return "control block corrupt: arena table checksum";
 	return NULL;
+}
+
+void rk_control_repair(void)
+{
+	struct rk_control *c = rk_ctl;
+	if (!c || !rk_control_shared() || !rk_control_damage())
+		return;
+	c->magic = RK_CONTROL_MAGIC;
+	c->version = RK_CONTROL_VERSION;
+	c->size = RK_CONTROL_SIZE;
+	c->nslots = RK_CONTROL_SLOTS;
+	c->slot_size = sizeof(struct rk_ctl_slot);
+	c->narenas = 0;
+	atomic_store(&c->independent_mask, 0);
+	atomic_store(&c->arena_table_sum, 0);
 }
 
 bool rk_control_shared(void)
@@ -208,6 +244,7 @@ void rk_control_name_arenas(void)
 	}
 	c->narenas = rk_g.narenas;
 	atomic_store(&c->independent_mask, independent);
+	atomic_store(&c->arena_table_sum, arena_table_sum(c));
 }
 
 /* ---- public: heartbeat, readiness, policy -------------------------------- */
@@ -561,9 +598,10 @@ uint32_t rk_unsafe_open_mask(void)
 	if (!rk_ctl)
 		return 0;
 	for (unsigned i = 0; i < RK_CONTROL_SLOTS; i++) {
+		/* any depth counts, whoever owns the slot: a thread that
+		 * exited inside a region left its arena half-changed, and a
+		 * stray write of 0 over the tid must not hide an open region */
 		const struct rk_ctl_slot *s = &rk_ctl->slots[i];
-		if (!atomic_load(&s->tid))
-			continue;
 		for (unsigned k = 0; k < RK_MAX_ARENAS; k++)
 			if (atomic_load(&s->depth[k]))
 				mask |= 1u << k;

@@ -20,11 +20,11 @@ struct rk_verdict rk_decide(const struct rk_facts *f)
 {
 	if (f->cold_requested)
 		return cold(RK_REASON_COLD_REQUESTED, -1);
+	if (f->control_damaged) /* no evidence of the other arenas' regions, even for a hot switch */
+		return cold(RK_REASON_CONTROL_BLOCK_CORRUPT, -1);
 	if (!f->hot_switch) {
 		if (f->fault_in_runtime)
 			return cold(RK_REASON_FAULT_IN_RUNTIME, -1);
-		if (f->control_damaged)
-			return cold(RK_REASON_CONTROL_BLOCK_CORRUPT, -1);
 		if (f->crash_loop)
 			return cold(RK_REASON_CRASH_LOOP, -1);
 		if (f->repeat_owner >= RK_MAX_ARENAS ||

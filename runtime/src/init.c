@@ -102,6 +102,8 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		process_name_restore(old);
 		rk_g.info.generation = old->generation + 1;
 		rk_g.info.signal = old->signal;
+		rk_g.prev_si_code = old->si_code;
+		rk_g.same_fault_count = old->same_fault_count;
 		rk_g.info.fault_addr = old->fault_addr;
 		rk_g.t_restart_ns = old->t_restart_ns;
 		rk_g.holder_pid = old->holder_pid;

@@ -218,21 +218,55 @@ static int preserved_owner(uint64_t addr)
 	return -1;
 }
 
-/* A warm start whose predecessor died of the same memory fault on the same
- * page of preserved memory, faulting there again: the preserved data is
- * what faults (a corrupt length, a wild pointer stored in it), and another
- * warm restart would keep it and loop, however far apart the faults are.
- * Returns the owner as preserved_owner does, or -1.  Async-signal-safe. */
-static int repeated_fault_owner(int sig, const siginfo_t *si)
+#ifndef SEGV_PKUERR
+#define SEGV_PKUERR 4
+#endif
+/* An identical fault outside preserved memory (same signal, kind and
+ * address) goes cold only the third time in a row: a wild pointer kept in
+ * preserved data faults at the same address each time, but so does a bug
+ * that one poison request triggers, whose state is fine. */
+#define SAME_ADDRESS_REPEATS 3
+#define LOW_ADDRESSES (64u << 10) /* NULL plus a field offset: the code's fault, not the data's */
+
+/* A memory fault, with an address (not sent by a process), and not a stray
+ * write that the write protection stopped (the data is intact then). */
+static bool data_fault(int sig, int code)
 {
-	if ((sig != SIGSEGV && sig != SIGBUS) || !si || si->si_code <= 0)
-		return -1; /* sent by a process: no fault address */
+	return (sig == SIGSEGV || sig == SIGBUS) && code > 0 && !(sig == SIGSEGV && code == SEGV_PKUERR);
+}
+
+/* The same fault as the one that ended the previous incarnation: the
+ * identical-fault count goes on from there.  Async-signal-safe. */
+static bool same_fault_as_before(int sig, const siginfo_t *si)
+{
+	return si && rk_g.info.kind == RK_START_WARM && rk_g.info.signal == sig &&
+	       rk_g.prev_si_code == si->si_code && rk_g.info.fault_addr == (uint64_t)(uintptr_t)si->si_addr;
+}
+
+/* A warm start faulting again on the preserved data the previous fault hit:
+ * the data is what faults (a corrupt length, a wild pointer stored in it),
+ * and another warm restart would keep it and loop, however far apart the
+ * faults are.  The same page of preserved memory; any SIGBUS in the same
+ * arena (past its file's end: never a legitimate access, and the page
+ * moves as the arena grows); or, outside preserved memory, the same
+ * address SAME_ADDRESS_REPEATS times in a row.  Returns the arena,
+ * RK_MAX_ARENAS for a preserved range or memory outside preservation, or
+ * -1.  Async-signal-safe. */
+static int repeated_fault_owner(int sig, const siginfo_t *si, uint32_t same_count)
+{
+	if (!si || !data_fault(sig, si->si_code) || !data_fault(rk_g.info.signal, rk_g.prev_si_code))
+		return -1;
 	if (rk_g.info.kind != RK_START_WARM || rk_g.info.signal != sig)
 		return -1;
 	uint64_t addr = (uint64_t)(uintptr_t)si->si_addr;
-	if (addr / RK_PAGE != rk_g.info.fault_addr / RK_PAGE)
-		return -1;
-	return preserved_owner(addr);
+	int owner = preserved_owner(addr);
+	if (owner >= 0 && addr / RK_PAGE == rk_g.info.fault_addr / RK_PAGE)
+		return owner;
+	if (sig == SIGBUS && owner >= 0 && owner < RK_MAX_ARENAS && preserved_owner(rk_g.info.fault_addr) == owner)
+		return owner;
+	if (owner < 0 && addr >= LOW_ADDRESSES && same_count >= SAME_ADDRESS_REPEATS)
+		return RK_MAX_ARENAS;
+	return -1;
 }
 
 static void describe_repeated_fault(int sig, const siginfo_t *si, int owner, char *decision, size_t cap)
@@ -244,8 +278,10 @@ static void describe_repeated_fault(int sig, const siginfo_t *si, int owner, cha
 	if (owner < RK_MAX_ARENAS) {
 		rk_strlcat(decision, " in arena ", cap);
 		rk_strlcat(decision, rk_g.arenas[owner].name, cap);
-	} else {
+	} else if (preserved_owner((uint64_t)(uintptr_t)si->si_addr) >= 0) {
 		rk_strlcat(decision, " in a preserved range", cap);
+	} else {
+		rk_strlcat(decision, ", the same address 3 times in a row", cap);
 	}
 }
 
@@ -405,13 +441,14 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 		restarting_done();
 		return -ELOOP;
 	}
+	uint32_t same_count = same_fault_as_before(sig, si) ? rk_g.same_fault_count + 1 : 1;
 	struct rk_facts f = {
 		.cold_requested = !want_warm,
 		.hot_switch = hot_switch,
 		.fault_in_runtime = pc_in_runtime(uc),
 		.control_damaged = rk_control_damage() != NULL,
 		.crash_loop = rk_g.info.kind == RK_START_WARM && fast,
-		.repeat_owner = repeated_fault_owner(sig, si),
+		.repeat_owner = repeated_fault_owner(sig, si, same_count),
 		.manifest_busy = rk_g.manifest_busy != 0,
 		.warm_disabled = rk_ctl && (atomic_load(&rk_ctl->flags) & RK_CTL_WARM_DISABLED),
 		.independent = independent_arenas(),
@@ -430,6 +467,8 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 	word_decision(&v, &f, hot_switch ? reason : NULL, sig, si, uc, age_ms, decision, sizeof decision);
 	bool warm = v.warm;
 	uint32_t drop = warm ? v.drop : 0;
+	if (!warm)
+		rk_control_repair(); /* the decision is made: no evidence is needed now */
 	rk_control_set_state(RK_CTL_RESTARTING);
 	m->next_mode = warm ? RK_NEXT_WARM : RK_NEXT_COLD;
 	m->signal = sig;
@@ -442,6 +481,7 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 	rk_strlcpy(m->reason, hot_switch ? "cross-check mismatch" : reason, sizeof m->reason);
 	rk_strlcpy(m->decision, decision, sizeof m->decision);
 	m->decision_code = (uint32_t)v.code;
+	m->same_fault_count = sig ? same_count : 0;
 	/* statics may point into the replaced arena: not after a hot switch */
 	if (warm && !hot_switch)
 		rk_statics_save(m);

@@ -310,7 +310,7 @@ extern unsigned rk_nranges RK_HIDDEN;
  * mapping), read and validated by the next one's rk_init.  Its fd number is
  * passed in $REKINDLE_MANIFEST_FD. */
 #define RK_MANIFEST_MAGIC 0x54534e4d4b52ull /* "RKMNST" */
-#define RK_MANIFEST_VERSION 6u
+#define RK_MANIFEST_VERSION 7u
 #define RK_MAX_STATICS 32
 #define RK_MANIFEST_FIXED 65536u /* statics data follows */
 
@@ -355,6 +355,8 @@ struct rk_manifest {
 	 * a memfd on its restart path.  Never the one a supervisor holds. */
 	int32_t spare_fd;
 	uint32_t decision_code; /* enum rk_reason of `decision` */
+	uint32_t same_fault_count; /* identical faults in a row, across warm restarts */
+	uint32_t pad3_;
 	uint64_t spare_dev, spare_ino;
 	struct rk_manifest_arena arenas[RK_MAX_ARENAS];
 	struct rk_manifest_range ranges[RK_MAX_RANGES];
@@ -424,7 +426,11 @@ struct rk_control {
 	char request_reason[128];
 	uint32_t nslots, slot_size, narenas;
 	_Atomic uint32_t independent_mask; /* arena indexes opened RK_ARENA_INDEPENDENT */
-	uint8_t reserved1[48];
+	/* FNV-1a 64 of narenas, independent_mask and the names in use (never 0
+	 * once written; 0 with an empty table): a stray write there would make
+	 * the supervisor drop the wrong arenas or keep a half-changed one */
+	_Atomic uint64_t arena_table_sum;
+	uint8_t reserved1[40];
 	struct rk_ctl_slot slots[RK_CONTROL_SLOTS];
 	char arena_names[RK_MAX_ARENAS][RK_CONTROL_NAME];
 };
@@ -438,6 +444,10 @@ int rk_control_fd(void) RK_HIDDEN;
  * what is wrong with it (a wild write clobbered the evidence of open
  * unsafe regions, so no warm restart may rely on it). */
 const char *rk_control_damage(void) RK_HIDDEN;
+/* After a cold decision made because of that damage: the evidence is no
+ * longer needed, so the shared block gets its header back and the next
+ * incarnation stays supervised.  Async-signal-safe. */
+void rk_control_repair(void) RK_HIDDEN;
 /* A new incarnation: resets the per-incarnation fields. */
 void rk_control_begin(unsigned generation, enum rk_ctl_state state) RK_HIDDEN;
 void rk_control_set_state(enum rk_ctl_state state) RK_HIDDEN;
@@ -519,6 +529,8 @@ struct rk_state {
 	/* a cross-check hot switch: this arena index is replaced at the exec */
 	int switch_index, switch_fd;
 	uint64_t switch_base, switch_max, switch_dev, switch_ino;
+	int prev_si_code;          /* si_code of the fault that ended the previous incarnation */
+	uint32_t same_fault_count; /* how many identical faults in a row ended the incarnations before */
 };
 /* In a forked validator: write nothing the serving process or the
  * supervisor can see (manifest, control block, supervisor socket). */

@@ -128,8 +128,9 @@ static void runtime_only_facts(void)
 {
 	struct rk_facts f = plain();
 	f.fault_in_runtime = true;
-	f.control_damaged = true;
 	CHECK_EQ_INT(rk_decide(&f).code, RK_REASON_FAULT_IN_RUNTIME);
+	f.control_damaged = true;
+	CHECK_EQ_INT(rk_decide(&f).code, RK_REASON_CONTROL_BLOCK_CORRUPT);
 
 	f = plain();
 	f.manifest_busy = true;
@@ -171,6 +172,8 @@ static void runtime_only_facts(void)
 	f.warm_disabled = true;
 	v = rk_decide(&f);
 	CHECK(v.warm && v.code == RK_REASON_CROSSCHECK_MISMATCH);
+	f.control_damaged = true; /* the other arenas' regions are unknown */
+	CHECK_EQ_INT(rk_decide(&f).code, RK_REASON_CONTROL_BLOCK_CORRUPT);
 	f.cold_requested = true;
 	CHECK_EQ_INT(rk_decide(&f).code, RK_REASON_COLD_REQUESTED);
 

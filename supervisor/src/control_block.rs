@@ -38,6 +38,9 @@ pub const OFF_NSLOTS: usize = 192;
 pub const OFF_SLOT_SIZE: usize = 196;
 pub const OFF_NARENAS: usize = 200;
 pub const OFF_INDEPENDENT: usize = 204;
+/// FNV-1a 64 of narenas, independent_mask and the names in use; 0 = no
+/// table written yet (then narenas and the mask must be 0).
+pub const OFF_ARENA_TABLE_SUM: usize = 208;
 pub const OFF_SLOTS: usize = 256;
 pub const OFF_ARENA_NAMES: usize = 16640;
 
@@ -75,6 +78,7 @@ pub enum Damage {
     BadMagic,
     BadLayout,
     BadArenaCount,
+    BadArenaTable,
 }
 
 impl Damage {
@@ -84,6 +88,7 @@ impl Damage {
             Damage::BadMagic => "bad_magic",
             Damage::BadLayout => "bad_layout",
             Damage::BadArenaCount => "bad_arena_count",
+            Damage::BadArenaTable => "bad_arena_table",
         }
     }
     pub fn describe(self) -> &'static str {
@@ -91,6 +96,7 @@ impl Damage {
             Damage::BadMagic => "control block corrupt: bad magic",
             Damage::BadLayout => "control block corrupt: bad version or layout",
             Damage::BadArenaCount => "control block corrupt: bad arena count",
+            Damage::BadArenaTable => "control block corrupt: arena table checksum",
         }
     }
 }
@@ -136,7 +142,7 @@ pub trait Fields {
         }
     }
 
-    /// "Unsafe at death": the first slot with tid != 0 and a nonzero depth.
+    /// "Unsafe at death": the first slot with a nonzero depth.
     fn open_region(&self) -> Option<OpenRegion> {
         self.open_regions().into_iter().next()
     }
@@ -147,10 +153,10 @@ pub trait Fields {
         let mut found: Vec<OpenRegion> = Vec::new();
         for i in 0..NSLOTS {
             let base = OFF_SLOTS + i * SLOT_SIZE;
+            // any depth counts, whoever owns the slot (the runtime's
+            // rk_unsafe_open_mask): a thread that exited inside a region, or
+            // a stray 0 over the tid, must not hide an open region
             let tid = self.load_u32(base + SLOT_OFF_TID);
-            if tid == 0 {
-                continue;
-            }
             for k in 0..MAX_ARENAS {
                 let depth = self.load_u16(base + SLOT_OFF_DEPTH + SLOT_DEPTH_SIZE * k);
                 if depth != 0 && !found.iter().any(|r| r.arena_index == k) {
@@ -182,7 +188,38 @@ pub trait Fields {
         if self.load_u32(OFF_NARENAS) as usize > MAX_ARENAS {
             return Some(Damage::BadArenaCount);
         }
+        let sum = self.load_u64(OFF_ARENA_TABLE_SUM);
+        let bad = if sum == 0 {
+            self.load_u32(OFF_NARENAS) != 0 || self.load_u32(OFF_INDEPENDENT) != 0
+        } else {
+            sum != self.arena_table_sum()
+        };
+        if bad {
+            return Some(Damage::BadArenaTable);
+        }
         None
+    }
+
+    /// What the runtime stores at OFF_ARENA_TABLE_SUM (control.c's
+    /// arena_table_sum): which arenas are independent decides what a death
+    /// drops, so a stray write there must be seen.
+    fn arena_table_sum(&self) -> u64 {
+        let n = self.load_u32(OFF_NARENAS);
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut mix = |b: u8| h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        for b in n
+            .to_le_bytes()
+            .into_iter()
+            .chain(self.load_u32(OFF_INDEPENDENT).to_le_bytes())
+        {
+            mix(b);
+        }
+        for k in 0..(n as usize).min(MAX_ARENAS) {
+            for i in 0..ARENA_NAME_LEN {
+                mix(self.load_byte(OFF_ARENA_NAMES + k * ARENA_NAME_LEN + i));
+            }
+        }
+        if h == 0 { 1 } else { h }
     }
 
     /// Arena indexes the app opened RK_ARENA_INDEPENDENT.
@@ -370,7 +407,12 @@ impl ControlBlock {
         ] {
             self.store_u32(off, 0);
         }
-        for off in [OFF_HEARTBEAT_COUNT, OFF_HEARTBEAT_NS, OFF_PRESERVED] {
+        for off in [
+            OFF_HEARTBEAT_COUNT,
+            OFF_HEARTBEAT_NS,
+            OFF_PRESERVED,
+            OFF_ARENA_TABLE_SUM,
+        ] {
             self.store_u64(off, 0);
         }
         for i in 0..NSLOTS {
@@ -441,7 +483,14 @@ mod tests {
         // the runtime's overflow slot is always claimed
         let last = OFF_SLOTS + 255 * SLOT_SIZE;
         b[last..last + 4].copy_from_slice(&OVERFLOW_TID.to_le_bytes());
+        seal(&mut b);
         b
+    }
+
+    /// Writes the arena table checksum, as the runtime does.
+    fn seal(b: &mut [u8]) {
+        let sum = b.arena_table_sum();
+        b[OFF_ARENA_TABLE_SUM..OFF_ARENA_TABLE_SUM + 8].copy_from_slice(&sum.to_le_bytes());
     }
 
     #[test]
@@ -465,11 +514,13 @@ mod tests {
     }
 
     #[test]
-    fn depth_in_a_free_slot_does_not_count() {
+    fn depth_in_a_free_slot_counts() {
+        // a thread that exited inside a region, or a stray 0 over the tid
         let mut b = block();
         let s = OFF_SLOTS + 5 * SLOT_SIZE;
         b[s + 4..s + 6].copy_from_slice(&3u16.to_le_bytes());
-        assert_eq!(b.as_slice().open_region(), None);
+        let r = b.as_slice().open_region().unwrap_or_else(|| panic!("none"));
+        assert_eq!((r.arena.as_str(), r.tid), ("table", 0));
     }
 
     #[test]
@@ -505,6 +556,25 @@ mod tests {
         let mut b = block();
         b[OFF_NARENAS..OFF_NARENAS + 4].copy_from_slice(&17u32.to_le_bytes());
         assert_eq!(b.as_slice().damage(), Some(Damage::BadArenaCount));
+        // the arena table: a stray write in the mask or a name, or a table
+        // without its checksum
+        let mut b = block();
+        b[OFF_INDEPENDENT] = 0xff;
+        assert_eq!(b.as_slice().damage(), Some(Damage::BadArenaTable));
+        let mut b = block();
+        b[OFF_ARENA_NAMES + 1] ^= 1;
+        assert_eq!(b.as_slice().damage(), Some(Damage::BadArenaTable));
+        let mut b = block();
+        b[OFF_ARENA_TABLE_SUM..OFF_ARENA_TABLE_SUM + 8].fill(0);
+        assert_eq!(b.as_slice().damage(), Some(Damage::BadArenaTable));
+        let mut b = block();
+        b[OFF_NARENAS..OFF_NARENAS + 4].fill(0);
+        b[OFF_ARENA_TABLE_SUM..OFF_ARENA_TABLE_SUM + 8].fill(0);
+        assert_eq!(
+            b.as_slice().damage(),
+            None,
+            "an empty table needs no checksum"
+        );
         assert_eq!(vec![0u8; SIZE].as_slice().damage(), Some(Damage::BadMagic));
     }
 

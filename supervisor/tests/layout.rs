@@ -83,6 +83,7 @@ fn rust_constants_match_the_c_headers() {
     same("OFF_SLOT_SIZE", cb::OFF_SLOT_SIZE as u64);
     same("OFF_NARENAS", cb::OFF_NARENAS as u64);
     same("OFF_INDEPENDENT", cb::OFF_INDEPENDENT as u64);
+    same("OFF_ARENA_TABLE_SUM", cb::OFF_ARENA_TABLE_SUM as u64);
     same("OFF_SLOTS", cb::OFF_SLOTS as u64);
     same("OFF_ARENA_NAMES", cb::OFF_ARENA_NAMES as u64);
     same("SLOT_OFF_TID", cb::SLOT_OFF_TID as u64);

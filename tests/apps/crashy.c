@@ -9,7 +9,7 @@
  *          [--signal-helper]
  *          [--churn-threads N] [--listen PORT] [--fill-mb N]
  *
- * KIND: segv bus arena-bus fpe ill abort restart restart-cold in-runtime hold-lock
+ * KIND: segv bus arena-bus arena-bus-far wild wp-stray fpe ill abort restart restart-cold in-runtime hold-lock
  *       corrupt-header corrupt-control corrupt-manifest exit
  * An incarnation with no crash for its generation prints its state and
  * exits 0. */
@@ -164,6 +164,27 @@ static int fd_named(const char *prefix)
 	return -1;
 }
 
+/* --wp: an object in a write-protected arena "wp", rooted as "obj" */
+static volatile uint64_t *wp_obj;
+
+static void open_wp_arena(void)
+{
+	rk_arena *w = rk_arena_open_flags("wp", 1u << 20, RK_ARENA_WRITE_PROTECT);
+	if (!w) {
+		perror("crashy: rk_arena_open_flags wp");
+		return;
+	}
+	wp_obj = rk_root_get(w, "obj");
+	if (wp_obj) {
+		rk_mark(w, (const void *)wp_obj);
+		return;
+	}
+	rk_unsafe_begin(w);
+	wp_obj = rk_calloc(w, 1, 64);
+	rk_root_set(w, "obj", (void *)wp_obj);
+	rk_unsafe_end(w);
+}
+
 static void die_as(const char *kind, rk_arena *a)
 {
 	fflush(stdout);
@@ -178,6 +199,23 @@ static void die_as(const char *kind, rk_arena *a)
 		 * each time: what a corrupt length kept in preserved data does */
 		volatile const char *past = (const char *)a->hdr + a->hdr_max - 64;
 		printf("%d\n", *past);
+	} else if (!strcmp(kind, "arena-bus-far")) {
+		/* past the end of the arena's file too, a megabyte before the
+		 * address arena-bus reads: a corrupt length in another entry */
+		volatile const char *past = (const char *)a->hdr + a->hdr_max - 64 - (1u << 20);
+		printf("%d\n", *past);
+	} else if (!strcmp(kind, "wild")) {
+		/* a wild pointer kept in preserved data: the same bad address
+		 * outside preserved memory each time */
+		*(volatile int *)(uintptr_t)0xdead0000ull = 1;
+	} else if (!strcmp(kind, "wp-stray")) {
+		/* a stray write into the write-protected arena (--wp): the
+		 * protection stops it (SEGV_PKUERR), at the same preserved
+		 * object each time, and the data stays intact */
+		if (!wp_obj)
+			fprintf(stderr, "crashy: wp-stray needs --wp\n");
+		else
+			*wp_obj = 42;
 	} else if (!strcmp(kind, "fpe")) {
 		volatile int n = 7, z = 0;
 		printf("%d\n", n / z);
@@ -380,7 +418,7 @@ int main(int argc, char **argv)
 	const char *crash_at[16];
 	int ncrash = 0;
 	int squat = 0, swap_arena = 0, fork_crash = 0, check_fd = -1, fork_open = 0, hook_abort = 0;
-	int signal_helper = 0;
+	int signal_helper = 0, want_wp = 0;
 	const char *replace_with = NULL, *steal_range_file = NULL;
 	unsigned churn = 0, listen_port = 0;
 	uint64_t fill_mb = 0;
@@ -393,6 +431,8 @@ int main(int argc, char **argv)
 			inflight = strtoull(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--crash") && i + 1 < argc && ncrash < 16)
 			crash_at[ncrash++] = argv[++i];
+		else if (!strcmp(argv[i], "--wp"))
+			want_wp = 1;
 		else if (!strcmp(argv[i], "--squat-on-restart"))
 			squat = 1;
 		else if (!strcmp(argv[i], "--swap-arena-on-restart"))
@@ -464,6 +504,8 @@ int main(int argc, char **argv)
 			range = RANGE_ADDR;
 	}
 	int range_state = 0, fill_ok = 1;
+	if (want_wp)
+		open_wp_arena();
 	if (rk_is_recovery()) {
 		head = rk_root_get(a, "list");
 		found = verify(a, head, objects, payload, cleanup);

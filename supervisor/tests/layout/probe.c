@@ -44,6 +44,7 @@ int main(void)
 	OFF("OFF_SLOT_SIZE", slot_size);
 	OFF("OFF_NARENAS", narenas);
 	OFF("OFF_INDEPENDENT", independent_mask);
+	OFF("OFF_ARENA_TABLE_SUM", arena_table_sum);
 	OFF("OFF_SLOTS", slots);
 	OFF("OFF_ARENA_NAMES", arena_names);
 	P("SLOT_OFF_TID", offsetof(struct rk_ctl_slot, tid));
