@@ -45,15 +45,41 @@ pub const FLAG_WARM_DISABLED: u32 = 1;
 /// The runtime's shared overflow slot (rk_control: OVERFLOW_TID).
 pub const OVERFLOW_TID: u32 = 0xffff_ffff;
 
-/// `state` values.
-pub fn state_name(s: u32) -> &'static str {
-    match s {
-        0 => "none",
-        1 => "running",
-        2 => "recovering",
-        3 => "ready",
-        4 => "restarting",
-        _ => "unknown",
+/// The block's `state` field, as the runtime writes it (rk_ctl_state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CtlState {
+    None,
+    Running,
+    /// Warm, before `rk_finish_recovery`.
+    Recovering,
+    /// After `rk_ready`.
+    Ready,
+    /// Inside `rk_restart`, before the exec: no heartbeat is due.
+    Restarting,
+    /// Anything else: the app wrote garbage there.
+    Unknown(u32),
+}
+
+impl CtlState {
+    pub fn from_raw(s: u32) -> Self {
+        match s {
+            0 => CtlState::None,
+            1 => CtlState::Running,
+            2 => CtlState::Recovering,
+            3 => CtlState::Ready,
+            4 => CtlState::Restarting,
+            n => CtlState::Unknown(n),
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CtlState::None => "none",
+            CtlState::Running => "running",
+            CtlState::Recovering => "recovering",
+            CtlState::Ready => "ready",
+            CtlState::Restarting => "restarting",
+            CtlState::Unknown(_) => "unknown",
+        }
     }
 }
 
@@ -309,8 +335,8 @@ impl ControlBlock {
     pub fn generation(&self) -> u32 {
         self.load_u32(OFF_GENERATION)
     }
-    pub fn state(&self) -> u32 {
-        self.load_u32(OFF_STATE)
+    pub fn state(&self) -> CtlState {
+        CtlState::from_raw(self.load_u32(OFF_STATE))
     }
     pub fn flags(&self) -> u32 {
         self.load_u32(OFF_FLAGS)
@@ -504,6 +530,12 @@ mod tests {
         assert_eq!(cb.load_u64(OFF_MAGIC), MAGIC);
         assert_eq!(cb.load_u32(OFF_NSLOTS), 256);
         assert_eq!(cb.damage(), None);
+        assert_eq!(cb.state(), CtlState::None);
+        cb.store_u32(OFF_STATE, 4);
+        assert_eq!(cb.state(), CtlState::Restarting);
+        cb.store_u32(OFF_STATE, 77);
+        assert_eq!(cb.state(), CtlState::Unknown(77));
+        assert_eq!(CtlState::from_raw(2).as_str(), "recovering");
         cb.request(1, "leak: RssAnon 1 > max 0");
         assert_eq!(cb.request_mode(), 1);
         assert_eq!(

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::app_link::{self, Recv};
 use crate::cli::{ListenAddr, RunArgs};
 use crate::clock::{self, now_ns};
-use crate::control_block::{ControlBlock, Damage, Fields};
+use crate::control_block::{ControlBlock, CtlState, Damage, Fields};
 use crate::control_socket::{self, Request, error_reply};
 use crate::decide::{self, Facts, Mode};
 use crate::event::{EventLog, ev};
@@ -722,7 +722,7 @@ impl Supervisor {
         if a.ask.is_some() || a.in_place || a.noted.is_some() {
             return;
         }
-        let ctl_hb = if self.ctl.pid() == a.pid as u32 && self.ctl.state() != 4 {
+        let ctl_hb = if self.ctl.pid() == a.pid as u32 && self.ctl.state() != CtlState::Restarting {
             self.ctl.heartbeat_ns()
         } else {
             0
