@@ -6,7 +6,7 @@
 //! metrics listener; the poll timeout drives the periodic checks (hang, RSS,
 //! reaping), the backoff, kill deadlines and the systemd watchdog.
 
-use std::ffi::{CString, OsString};
+use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use serde_json::{Value, json};
 
 use crate::app_link::{self, Recv};
-use crate::cli::{ListenAddr, RunArgs};
+use crate::cli::{Config, ListenAddr};
 use crate::clock::{self, now_ns};
 use crate::control_block::{ControlBlock, CtlState, Damage, Fields};
 use crate::control_socket::{self, Request, error_reply};
@@ -28,61 +28,6 @@ use crate::orphan::{self, StartError};
 use crate::proto::{self, AppMsg, FdKind, Hello, Inherit, Restarting, StartKind, SupMsg};
 use crate::spawn::{self, ChildFds, Program};
 use crate::{procfs, runtime_dir, signame};
-
-/// Settings of one `rekindle run`, resolved.
-pub struct Config {
-    pub name: String,
-    pub program_display: String,
-    pub program_path: std::path::PathBuf,
-    pub args: Vec<OsString>,
-    pub hang_timeout: Duration,
-    pub kill_timeout: Duration,
-    pub max_rss: Option<u64>,
-    pub check_interval: Duration,
-    pub crashloop_window: Duration,
-    pub max_restarts: u32,
-    pub stable_after: Duration,
-    pub backoff_initial: Duration,
-    pub backoff_max: Duration,
-    pub stop_timeout: Duration,
-    pub listen: Vec<ListenAddr>,
-    pub events: Option<std::path::PathBuf>,
-    pub metrics: Option<String>,
-    pub restart_signal: i32,
-}
-
-impl Config {
-    pub fn from_args(a: RunArgs) -> Result<Self> {
-        let prog = a.command.first().cloned().unwrap_or_default();
-        let program_path = spawn::resolve_program(&prog)?;
-        let program_display = prog.to_string_lossy().into_owned();
-        let name = match a.name {
-            Some(n) => n,
-            None => runtime_dir::name_from_program(&program_display),
-        };
-        runtime_dir::check_name(&name)?;
-        Ok(Config {
-            name,
-            program_display,
-            program_path,
-            args: a.command,
-            hang_timeout: a.hang_timeout,
-            kill_timeout: a.kill_timeout,
-            max_rss: a.max_rss,
-            check_interval: a.check_interval.max(Duration::from_millis(10)),
-            crashloop_window: a.crashloop_window,
-            max_restarts: a.max_restarts,
-            stable_after: a.stable_after,
-            backoff_initial: a.backoff_initial,
-            backoff_max: a.backoff_max,
-            stop_timeout: a.stop_timeout,
-            listen: a.listen,
-            events: a.events,
-            metrics: a.metrics,
-            restart_signal: a.restart_signal,
-        })
-    }
-}
 
 fn dur_ns(d: Duration) -> u64 {
     d.as_nanos().min(u64::MAX as u128) as u64
