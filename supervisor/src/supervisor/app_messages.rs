@@ -1,0 +1,457 @@
+//! What the app says: messages on the socket pair (ATTACH, HELLO, FDS,
+//! RESTARTING, READY, RESTART_FAILED), its sd_notify datagrams, and the
+//! fd set held for it (parked in systemd's fd store).
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use super::*;
+use crate::app_link::{self, Recv};
+use crate::clock::{self, now_ns};
+use crate::decide::Mode;
+use crate::event::ev;
+use crate::notify::{self, Notice};
+use crate::proto::{self, AppMsg, FdKind, Hello, Inherit, Restarting, StartKind, SupMsg};
+
+impl Supervisor {
+    pub(super) fn on_app_readable(&mut self, hup: bool) {
+        self.read_app(|me, r| match r {
+            Ok(Recv::WouldBlock) => {
+                if hup {
+                    me.close_app_sock();
+                }
+                false
+            }
+            Ok(Recv::Empty) => {
+                if hup {
+                    me.close_app_sock();
+                    return false;
+                }
+                me.reply_error("empty message");
+                true
+            }
+            _ => {
+                me.close_app_sock();
+                false
+            }
+        });
+    }
+
+    /// Reads what the app sent before it died.
+    pub(super) fn drain_app(&mut self) {
+        self.read_app(|_, _| false);
+    }
+
+    /// Up to 256 receives from the app's socket: messages go to
+    /// on_app_message; anything else to `other`, which says whether to go on.
+    pub(super) fn read_app(
+        &mut self,
+        mut other: impl FnMut(&mut Self, std::io::Result<Recv>) -> bool,
+    ) {
+        for _ in 0..256 {
+            let Some(sock) = self.app.as_ref().and_then(|a| a.sock.as_ref()) else {
+                return;
+            };
+            match app_link::recv(sock.as_fd()) {
+                Ok(Recv::Msg {
+                    data,
+                    fds,
+                    truncated,
+                }) => self.on_app_message(&data, fds, truncated),
+                r => {
+                    if !other(self, r) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn close_app_sock(&mut self) {
+        if let Some(a) = &mut self.app {
+            a.sock = None;
+        }
+    }
+
+    pub(super) fn reply_error(&mut self, what: &str) {
+        let Some(a) = &mut self.app else { return };
+        a.bad_messages += 1;
+        let n = a.bad_messages;
+        if let Some(sock) = &a.sock {
+            let _ = app_link::send(
+                sock.as_fd(),
+                &proto::encode_sup(&SupMsg::Error(what.to_string())),
+                &[],
+            );
+        }
+        if n <= 20 {
+            self.events.emit(
+                ev("error")
+                    .s("what", "malformed message from the app")
+                    .s("error", what),
+            );
+        } else if n == 21 {
+            self.events.emit(ev("error").s(
+                "what",
+                "more malformed messages from the app; no longer logged",
+            ));
+        }
+    }
+
+    pub(super) fn on_app_message(&mut self, data: &[u8], fds: Vec<OwnedFd>, truncated: bool) {
+        if truncated {
+            self.reply_error(&format!(
+                "message longer than {} bytes or with too many fds",
+                proto::MSG_MAX
+            ));
+            return; // fds dropped: closed
+        }
+        let msg = match proto::parse_app(data, fds.len()) {
+            Ok(m) => m,
+            Err(e) => {
+                self.reply_error(&e.to_string());
+                return;
+            }
+        };
+        self.ever_linked = true;
+        match msg {
+            AppMsg::Attach { pid } => self.on_attach(pid),
+            AppMsg::Hello(h) => self.on_hello(h),
+            AppMsg::Fds(entries) => self.on_fds(entries, fds),
+            AppMsg::Restarting(r) => self.on_restarting(r),
+            AppMsg::Ready { .. } => self.on_ready("socket"),
+            AppMsg::RestartFailed { errno, generation } => {
+                self.on_restart_failed(errno, generation)
+            }
+        }
+    }
+
+    /// The app's in-place exec failed and it carries on: watch it again
+    /// (hangs, leaks, restart requests) as before its RESTARTING.
+    pub(super) fn on_restart_failed(&mut self, errno: i32, generation: u32) {
+        let Some(a) = &mut self.app else { return };
+        let was_in_place = a.in_place;
+        a.in_place = false;
+        a.noted = None;
+        a.ask = None;
+        self.pending = None;
+        self.events.emit(
+            ev("restart_failed")
+                .i("errno", errno as i64)
+                .u("generation", generation as u64)
+                .s(
+                    "what",
+                    if was_in_place {
+                        "the in-place exec failed; the app carries on, watched as before"
+                    } else {
+                        "RESTART_FAILED without a restart under way"
+                    },
+                ),
+        );
+    }
+
+    pub(super) fn on_attach(&mut self, pid: u32) {
+        let Some(a) = &mut self.app else { return };
+        if a.attach_answered {
+            self.reply_error("ATTACH already answered for this incarnation");
+            return;
+        }
+        a.attach_answered = true;
+        if pid != a.pid as u32 {
+            let apid = a.pid;
+            self.events.emit(ev("error").s(
+                "what",
+                format!("ATTACH from pid {pid}, the app is pid {apid}"),
+            ));
+        }
+        let Some(a) = &self.app else { return };
+        let p = &a.plan;
+        let inh = Inherit {
+            mode: p.mode,
+            generation: p.generation,
+            signal: p.signal,
+            t_detect_ns: p.t_detect_ns,
+            reason: p.reason.clone(),
+            decision: p.decision.clone(),
+            dropped: p.dropped,
+        };
+        let bytes = proto::encode_sup(&SupMsg::Inherit(inh));
+        let fds: Vec<BorrowedFd<'_>> = if p.mode == StartKind::Warm {
+            self.held.iter().map(|h| h.fd.as_fd()).collect()
+        } else {
+            Vec::new()
+        };
+        let r = match &a.sock {
+            Some(s) => app_link::send(s.as_fd(), &bytes, &fds),
+            None => Ok(false),
+        };
+        let nfds = fds.len();
+        drop(fds);
+        match r {
+            Ok(true) => self.events.emit(
+                ev("inherit")
+                    .s("mode", p_mode_str(self.app.as_ref()))
+                    .u("generation", self.generation as u64)
+                    .u("fds", nfds as u64),
+            ),
+            Ok(false) => self
+                .events
+                .emit(ev("error").s("what", "INHERIT not sent: socket full")),
+            Err(e) => self
+                .events
+                .emit(ev("error").s("what", format!("INHERIT not sent: {e}"))),
+        }
+    }
+
+    pub(super) fn on_hello(&mut self, h: Hello) {
+        let now = now_ns();
+        let Some(a) = &mut self.app else { return };
+        let second = a.hello;
+        if h.pid != a.pid as u32 {
+            let apid = a.pid;
+            self.events.emit(ev("error").s(
+                "what",
+                format!("HELLO from pid {}, the app is pid {apid}", h.pid),
+            ));
+        }
+        let Some(a) = &mut self.app else { return };
+        if second && !a.in_place {
+            // an in-place restart whose RESTARTING was lost
+            let kind = match &a.noted {
+                Some(n) => n.kind,
+                None if h.reason.starts_with("signal ") => "signal",
+                None => "request",
+            };
+            let gave_up = if a.noted.is_none() {
+                self.note_failure(kind, 0, None, &h.reason, true)
+            } else {
+                false
+            };
+            if gave_up {
+                return;
+            }
+            let t_detect = self
+                .app
+                .as_ref()
+                .and_then(|a| a.noted.as_ref())
+                .map(|n| n.t_detect_ns)
+                .unwrap_or(now);
+            self.emit_decision(h.kind.as_str(), &h.decision, "in-place", kind);
+            self.pending = Some(Pending {
+                path: "in-place",
+                failure: kind,
+                t_failure_ns: None,
+                t_detect_ns: t_detect,
+                decided: if h.kind == StartKind::Warm {
+                    Mode::Warm
+                } else {
+                    Mode::Cold
+                },
+            });
+        }
+        let Some(a) = &mut self.app else { return };
+        a.hello = true;
+        a.ready = false;
+        a.generation = h.generation;
+        a.start_kind = h.kind;
+        if second {
+            a.started_ns = now;
+        }
+        a.noted = None;
+        a.ask = None;
+        a.in_place = false;
+        let pid = a.pid;
+        self.generation = h.generation;
+        self.preserved_bytes = h.preserved_bytes;
+        self.metrics.preserved_bytes.set(h.preserved_bytes as i64);
+        self.metrics.generation.set(h.generation as i64);
+        self.events.emit(
+            ev("up")
+                .i("pid", pid as i64)
+                .u("generation", h.generation as u64)
+                .s("kind", h.kind.as_str())
+                .s("reason", &h.reason)
+                .s("decision", &h.decision)
+                .u("restart_us", h.restart_ns / 1000)
+                .u("preserved_bytes", h.preserved_bytes)
+                .u("narenas", h.narenas as u64),
+        );
+        if let Some(p) = self.pending.take() {
+            self.emit_restart(p, h.kind, now, h.preserved_bytes);
+        }
+        if !self.sd_ready_sent {
+            if let Some(sd) = &self.systemd {
+                let _ = sd.send("READY=1\nSTATUS=running", &[]);
+            }
+            self.sd_ready_sent = true;
+        }
+    }
+
+    pub(super) fn on_fds(&mut self, entries: Vec<proto::FdEntry>, fds: Vec<OwnedFd>) {
+        if !entries.iter().any(|e| e.kind == FdKind::Manifest) {
+            self.reply_error("FDS without a manifest entry");
+            return;
+        }
+        if let Some(i) = fds
+            .iter()
+            .position(|f| !crate::arena::is_rekindle_memfd(f.as_fd()))
+        {
+            self.reply_error(&format!(
+                "FDS: fd {i} ({}) is not a rekindle memfd",
+                entries[i].name
+            ));
+            return; // the set held so far stays
+        }
+        let new: Vec<Held> = entries
+            .into_iter()
+            .zip(fds)
+            .map(|(e, fd)| Held {
+                kind: e.kind,
+                name: e.name,
+                fd,
+            })
+            .collect();
+        self.held = new; // the old set is closed here
+        self.sort_held();
+        let arenas: Vec<&str> = self
+            .held
+            .iter()
+            .filter(|h| h.kind == FdKind::Arena)
+            .map(|h| h.name.as_str())
+            .collect();
+        let ranges = self.held.iter().filter(|h| h.kind == FdKind::Range).count();
+        self.events.emit(
+            ev("fds")
+                .u("count", self.held.len() as u64)
+                .v("arenas", arenas)
+                .u("ranges", ranges as u64),
+        );
+        self.sd_store();
+    }
+
+    pub(super) fn on_restarting(&mut self, r: Restarting) {
+        let now = now_ns();
+        let Some(a) = &self.app else { return };
+        if a.in_place {
+            self.reply_error("RESTARTING while a restart is already under way");
+            return;
+        }
+        let noted = a.noted.clone();
+        let kind = match &noted {
+            Some(n) => n.kind,
+            None => {
+                let kind = if r.signal != 0 { "signal" } else { "request" };
+                if self.note_failure(kind, r.signal, None, &r.reason, true) {
+                    return;
+                }
+                kind
+            }
+        };
+        let t_detect = noted.as_ref().map(|n| n.t_detect_ns).unwrap_or(now);
+        let t_failure = noted.and_then(|n| n.t_failure_ns).unwrap_or(r.t_ns);
+        let mode = if r.warm { Mode::Warm } else { Mode::Cold };
+        self.emit_decision(mode.as_str(), &r.decision, "in-place", kind);
+        if let Some(a) = &mut self.app {
+            a.in_place = true;
+            // our request was taken: no signal now, but a deadline for the HELLO
+            let kill_at = now + dur_ns(self.cfg.kill_timeout);
+            if let Some(ask) = &mut a.ask {
+                ask.signal_at_ns = None;
+                ask.kill_at_ns = Some(ask.kill_at_ns.map_or(kill_at, |t| t.min(kill_at)));
+            }
+        }
+        self.pending = Some(Pending {
+            path: "in-place",
+            failure: kind,
+            t_failure_ns: Some(t_failure.min(t_detect)),
+            t_detect_ns: t_detect,
+            decided: mode,
+        });
+    }
+
+    pub(super) fn on_ready(&mut self, via: &str) {
+        let now = now_ns();
+        let Some(a) = &mut self.app else { return };
+        if a.ready {
+            return;
+        }
+        a.ready = true;
+        let (pid, generation) = (a.pid, a.generation);
+        let ready_us = self
+            .ready_wait
+            .take()
+            .map(|t| clock::us(now.saturating_sub(t)));
+        self.events.emit(
+            ev("ready")
+                .i("pid", pid as i64)
+                .u("generation", generation as u64)
+                .s("via", via)
+                .opt("ready_us", ready_us),
+        );
+        if !self.sd_ready_sent {
+            if let Some(sd) = &self.systemd {
+                let _ = sd.send("READY=1\nSTATUS=running", &[]);
+            }
+            self.sd_ready_sent = true;
+        }
+    }
+
+    pub(super) fn on_notify(&mut self) {
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        for _ in 0..64 {
+            let Some(n) = &self.app_notify else { return };
+            let (_pid, uid, data) = match n.recv() {
+                Ok(Some(x)) => x,
+                _ => return,
+            };
+            if uid != me && uid != 0 {
+                continue;
+            }
+            for notice in notify::parse_notify(&data) {
+                match notice {
+                    Notice::Ready => self.on_ready("notify"),
+                    Notice::Watchdog => {
+                        if let Some(a) = &mut self.app {
+                            a.last_watchdog_ns = now_ns();
+                        }
+                    }
+                    Notice::Status(s) => {
+                        if let Some(sd) = &self.systemd {
+                            let _ = sd.send(&format!("STATUS={s}"), &[]);
+                        }
+                        self.app_status = Some(s);
+                    }
+                    Notice::Stopping | Notice::Other(_) => {}
+                }
+            }
+        }
+    }
+
+    pub(super) fn sd_store(&mut self) {
+        let Some(sd) = &self.systemd else { return };
+        for name in self.sd_stored.drain(..) {
+            let _ = sd.send(&format!("FDSTOREREMOVE=1\nFDNAME={name}"), &[]);
+        }
+        for h in &self.held {
+            let name = notify::fdname(h.kind, &h.name);
+            if sd
+                .send(&format!("FDSTORE=1\nFDNAME={name}"), &[h.fd.as_fd()])
+                .is_ok()
+            {
+                self.sd_stored.push(name);
+            }
+        }
+    }
+
+    pub(super) fn drop_held(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        self.held.clear();
+        self.sd_store();
+    }
+}
+
+fn p_mode_str(a: Option<&App>) -> &'static str {
+    a.map(|a| a.plan.mode.as_str()).unwrap_or("fresh")
+}

@@ -1,0 +1,318 @@
+//! A death and what follows: the decision from the facts the dead process
+//! left, the backoff, and the spawn of the next incarnation.
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use super::*;
+use crate::app_link::{self};
+use crate::clock::{self, now_ns};
+use crate::control_block::Fields;
+use crate::decide::{self, Facts, Mode};
+use crate::event::ev;
+use crate::proto::{FdKind, StartKind};
+use crate::spawn::{self, ChildFds};
+
+impl Supervisor {
+    pub(super) fn spawn(&mut self, plan: Plan) {
+        let now = now_ns();
+        let (sup_end, app_end) = match app_link::pair() {
+            Ok(p) => p,
+            Err(e) => {
+                self.spawn_failed(plan, &format!("socketpair: {e}"));
+                return;
+            }
+        };
+        self.ctl.reset_for_spawn();
+        let l = self.listen.len();
+        let mut env = self.base_env.clone();
+        env.push(spawn::env_entry(
+            "REKINDLE_SUPERVISOR_FD",
+            (3 + l).to_string(),
+        ));
+        env.push(spawn::env_entry("REKINDLE_CONTROL_FD", (4 + l).to_string()));
+        env.push(spawn::env_entry(
+            "REKINDLE_RESTART_SIGNAL",
+            self.cfg.restart_signal.to_string(),
+        ));
+        env.push(spawn::env_entry(
+            "REKINDLE_CRASHLOOP_MS",
+            self.cfg.crashloop_window.as_millis().to_string(),
+        ));
+        env.push(spawn::env_entry("REKINDLE_NAME", &self.cfg.name));
+        if let Some(n) = &self.app_notify {
+            env.push(spawn::env_entry("NOTIFY_SOCKET", &n.env_value));
+        }
+        if l > 0 {
+            env.push(spawn::env_entry("LISTEN_FDS", l.to_string()));
+            let names: Vec<&str> = self.listen.iter().map(|(n, _)| n.as_str()).collect();
+            env.push(spawn::env_entry("LISTEN_FDNAMES", names.join(":")));
+        }
+        let fds = ChildFds {
+            listen: self.listen.iter().map(|(_, f)| f.as_fd()).collect(),
+            app_sock: app_end.as_fd(),
+            control: self.ctl.fd(),
+        };
+        let r = spawn::spawn(&self.program, &env, &fds, l > 0);
+        drop(fds);
+        drop(app_end);
+        let pid = match r {
+            Ok(pid) => pid,
+            Err(e) => {
+                self.spawn_failed(plan, &format!("fork: {e}"));
+                return;
+            }
+        };
+        self.generation = plan.generation;
+        self.events.emit(
+            ev("spawn")
+                .i("pid", pid as i64)
+                .u("generation", plan.generation as u64)
+                .s("mode", plan.mode.as_str())
+                .u("backoff_ms", plan.backoff_ms)
+                .u(
+                    "fds",
+                    if plan.mode == StartKind::Warm {
+                        self.held.len() as u64
+                    } else {
+                        0
+                    },
+                ),
+        );
+        self.metrics.up.set(1);
+        self.metrics.generation.set(plan.generation as i64);
+        self.app = Some(App {
+            pid,
+            sock: Some(sup_end),
+            started_ns: now,
+            generation: plan.generation,
+            start_kind: plan.mode,
+            plan,
+            attach_answered: false,
+            hello: false,
+            ready: false,
+            noted: None,
+            ask: None,
+            in_place: false,
+            last_watchdog_ns: 0,
+            bad_messages: 0,
+        });
+        self.next_check_ns = now + dur_ns(self.check_step());
+        // An app without the runtime never says HELLO: its restart is done now.
+        if !self.ever_linked
+            && let Some(p) = self.pending.take()
+        {
+            self.emit_restart(
+                p,
+                self.app
+                    .as_ref()
+                    .map(|a| a.start_kind)
+                    .unwrap_or(StartKind::Cold),
+                now,
+                0,
+            );
+        }
+    }
+
+    pub(super) fn spawn_failed(&mut self, plan: Plan, what: &str) {
+        self.events
+            .emit(ev("error").s("what", format!("cannot start the app: {what}")));
+        let n = decide::next_failure_count(self.consecutive, Duration::ZERO, self.cfg.stable_after);
+        self.consecutive = n;
+        if decide::gives_up(n, self.cfg.max_restarts) {
+            self.give_up(&format!("cannot start the app: {what}"));
+            self.exit = Some(1);
+            return;
+        }
+        let b = decide::backoff(n.max(2), self.cfg.backoff_initial, self.cfg.backoff_max);
+        let mut plan = plan;
+        plan.backoff_ms = b.as_millis() as u64;
+        self.next_spawn = Some((now_ns() + dur_ns(b), plan));
+    }
+
+    /// The process is gone: decide and schedule the next one.
+    pub(super) fn on_app_exit(&mut self, status: libc::c_int) {
+        self.drain_app();
+        let now = now_ns();
+        let (signal, code) = if libc::WIFSIGNALED(status) {
+            (libc::WTERMSIG(status), None)
+        } else {
+            (0, Some(libc::WEXITSTATUS(status)))
+        };
+        self.metrics.up.set(0);
+        let exited = ev("exit")
+            .i("pid", self.app.as_ref().map(|a| a.pid as i64).unwrap_or(0))
+            .opt("signal", (signal != 0).then(|| sig_name(signal)))
+            .opt("exit_code", code)
+            .u(
+                "uptime_ms",
+                clock::ms(
+                    now.saturating_sub(self.app.as_ref().map(|a| a.started_ns).unwrap_or(now)),
+                ),
+            );
+        self.events.emit(exited);
+
+        if let Some(s) = &self.stopping {
+            let (by, code_out) = (s.by.clone(), s.code);
+            self.app = None;
+            if code_out == 0 {
+                self.emit_decision("stop", &format!("stopped by {by}"), "", "");
+                self.events.emit(
+                    ev("stop")
+                        .s("by", by)
+                        .opt("signal", (signal != 0).then(|| sig_name(signal)))
+                        .opt("exit_code", code),
+                );
+            }
+            self.exit = Some(code_out);
+            return;
+        }
+        let (noted, ask_mode, uptime, start_kind) = match &self.app {
+            Some(a) => (
+                a.noted.clone(),
+                a.ask.as_ref().map(|k| k.mode),
+                now.saturating_sub(a.started_ns),
+                a.start_kind,
+            ),
+            None => return,
+        };
+        if code == Some(0) && noted.is_none() {
+            self.app = None;
+            self.emit_decision("exit", "the app exited with status 0", "", "");
+            self.exit = Some(0);
+            return;
+        }
+        let noted = match noted {
+            Some(n) => n,
+            None => {
+                let (kind, reason) = match code {
+                    Some(c) => ("exit", format!("exit {c}")),
+                    None => ("signal", format!("signal {}", sig_name(signal))),
+                };
+                if self.note_failure(kind, signal, code, &reason, true) {
+                    self.app = None;
+                    self.exit = Some(1);
+                    return;
+                }
+                match self.app.as_ref().and_then(|a| a.noted.clone()) {
+                    Some(n) => n,
+                    None => return,
+                }
+            }
+        };
+        self.app = None;
+        let damage = self.check_control_block();
+        let arenas = self.arena_facts(true);
+        let unsafe_elsewhere = self
+            .ctl
+            .open_regions()
+            .into_iter()
+            .find(|r| !arenas.iter().any(|a| a.name == r.arena))
+            .map(|r| r.describe());
+        let facts = Facts {
+            has_manifest: self.held.iter().any(|h| h.kind == FdKind::Manifest),
+            control_damage: damage.map(|d| d.describe().to_string()),
+            warm_disabled: self.ctl.warm_disabled(),
+            unsafe_elsewhere,
+            last_start_warm: start_kind == StartKind::Warm,
+            uptime: Duration::from_nanos(uptime),
+            crashloop_window: self.cfg.crashloop_window,
+            arenas,
+            cold_requested: ask_mode == Some(Mode::Cold),
+        };
+        let d = decide::decide(&facts);
+        let (mode, why) = (d.mode, d.why.clone());
+        self.emit_decision(mode.as_str(), &why, "respawn", noted.kind);
+        let dropped = self.apply_decision(&d);
+        if damage.is_some() {
+            self.replace_control_block();
+        }
+        let backoff = if noted.kind == "request" && ask_mode.is_some() {
+            Duration::ZERO
+        } else {
+            decide::backoff(
+                self.consecutive,
+                self.cfg.backoff_initial,
+                self.cfg.backoff_max,
+            )
+        };
+        let sig_for_inherit = if signal != 0 { signal } else { noted.signal };
+        let plan = Plan {
+            mode: if mode == Mode::Warm {
+                StartKind::Warm
+            } else {
+                StartKind::Cold
+            },
+            generation: self.generation.wrapping_add(1),
+            signal: sig_for_inherit,
+            t_detect_ns: noted.t_detect_ns.min(now),
+            reason: noted.reason.clone(),
+            decision: why,
+            backoff_ms: backoff.as_millis() as u64,
+            dropped,
+        };
+        self.pending = Some(Pending {
+            path: "respawn",
+            failure: noted.kind,
+            t_failure_ns: noted.t_failure_ns,
+            t_detect_ns: plan.t_detect_ns,
+            decided: mode,
+        });
+        self.next_spawn = Some((now + dur_ns(backoff), plan));
+    }
+
+    /// Per held arena: independence and open regions from the control block
+    /// (`with_ctl`: it belongs to the incarnation that died), and the header check.
+    pub(super) fn arena_facts(&self, with_ctl: bool) -> Vec<decide::ArenaFacts> {
+        let regions = if with_ctl {
+            self.ctl.open_regions()
+        } else {
+            Vec::new()
+        };
+        let independent = if with_ctl {
+            self.ctl.independent_mask()
+        } else {
+            0
+        };
+        self.held
+            .iter()
+            .filter(|h| h.kind == FdKind::Arena)
+            .map(|h| {
+                let index = if with_ctl {
+                    self.ctl.arena_index(&h.name)
+                } else {
+                    None
+                };
+                decide::ArenaFacts {
+                    name: h.name.clone(),
+                    independent: index.is_some_and(|k| independent & (1u32 << k) != 0),
+                    unsafe_open: regions
+                        .iter()
+                        .find(|r| r.arena == h.name)
+                        .map(|r| r.describe()),
+                    check: crate::arena::check_header_fd(h.fd.as_fd()),
+                }
+            })
+            .collect()
+    }
+
+    /// Cold drops every held fd; warm drops the arenas the decision names.
+    /// Returns how many arenas the next incarnation will not get.
+    pub(super) fn apply_decision(&mut self, d: &decide::Decision) -> u32 {
+        if d.mode == Mode::Cold {
+            self.drop_held();
+            return 0;
+        }
+        let before = self.held.len();
+        self.held
+            .retain(|h| !(h.kind == FdKind::Arena && d.dropped.contains(&h.name)));
+        if !d.dropped.is_empty() {
+            self.events.emit(
+                ev("arena_dropped")
+                    .s("arenas", d.dropped.join(","))
+                    .s("why", d.why.clone()),
+            );
+        }
+        (before - self.held.len()) as u32
+    }
+}
