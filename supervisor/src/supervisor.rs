@@ -21,6 +21,8 @@ use crate::control_block::{ControlBlock, Damage};
 use crate::control_socket::{self};
 use crate::decide::{self, Facts, Mode};
 use crate::event::{EventLog, ev};
+use crate::failure::FailureKind;
+use crate::lifecycle::{AppState, RestartPath};
 use crate::metrics::{self, Metrics};
 use crate::notify::{self, AppNotify, Systemd};
 use crate::orphan::{self, StartError};
@@ -63,33 +65,16 @@ struct Plan {
     dropped: u32,
 }
 
-/// A failure noted for the running incarnation, not yet restarted from.
-#[derive(Clone)]
-struct Noted {
-    kind: &'static str,
-    reason: String,
-    signal: i32,
-    t_detect_ns: u64,
-    /// When the failure happened, if known (a hang: the last heartbeat).
-    t_failure_ns: Option<u64>,
-}
-
-/// A restart the supervisor asked for (hang, leak, `rekindle restart`).
-struct Ask {
-    mode: Mode,
-    signal_at_ns: Option<u64>,
-    kill_at_ns: Option<u64>,
-}
-
 /// A restart under way, waiting for the new incarnation's HELLO.
 struct Pending {
-    path: &'static str,
-    failure: &'static str,
+    path: RestartPath,
+    failure: FailureKind,
     t_failure_ns: Option<u64>,
     t_detect_ns: u64,
     decided: Mode,
 }
 
+/// The running process.
 struct App {
     pid: libc::pid_t,
     sock: Option<OwnedFd>,
@@ -97,12 +82,9 @@ struct App {
     generation: u32,
     start_kind: StartKind,
     plan: Plan,
+    /// ATTACH is answered once per process.
     attach_answered: bool,
-    hello: bool,
-    ready: bool,
-    noted: Option<Noted>,
-    ask: Option<Ask>,
-    in_place: bool,
+    state: AppState,
     last_watchdog_ns: u64,
     bad_messages: u32,
 }
@@ -368,7 +350,12 @@ impl Supervisor {
             };
             let d = decide::decide(&facts);
             let (mode, why) = (d.mode, d.why.clone());
-            self.emit_decision(mode.as_str(), &why, "respawn", "supervisor-restart");
+            self.emit_decision(
+                mode.as_str(),
+                &why,
+                Some(RestartPath::Respawn),
+                Some("supervisor-restart"),
+            );
             let dropped = self.apply_decision(&d);
             Plan {
                 mode: if mode == Mode::Warm {
@@ -414,10 +401,8 @@ impl Supervisor {
         if self.app.is_some() {
             next = next.min(self.next_check_ns);
         }
-        if let Some(ask) = self.app.as_ref().and_then(|a| a.ask.as_ref()) {
-            for t in [ask.signal_at_ns, ask.kill_at_ns].into_iter().flatten() {
-                next = next.min(t);
-            }
+        if let Some(t) = self.app.as_ref().and_then(|a| a.state.next_deadline()) {
+            next = next.min(t);
         }
         if let Some(s) = self.stopping.as_ref().filter(|s| !s.killed) {
             next = next.min(s.deadline_ns);
@@ -542,7 +527,7 @@ impl Supervisor {
                         let r = self.ask_restart(
                             Mode::Warm,
                             "supervisor: SIGHUP".into(),
-                            "request",
+                            FailureKind::Request,
                             false,
                         );
                         if let Err(e) = r {

@@ -9,6 +9,7 @@ use crate::app_link::{self, Recv};
 use crate::clock::{self, now_ns};
 use crate::decide::Mode;
 use crate::event::ev;
+use crate::lifecycle::{HelloOutcome, RestartingOutcome};
 use crate::notify::{self, Notice};
 use crate::proto::{self, AppMsg, FdKind, Hello, Inherit, Restarting, StartKind, SupMsg};
 
@@ -129,10 +130,7 @@ impl Supervisor {
     /// (hangs, leaks, restart requests) as before its RESTARTING.
     pub(super) fn on_restart_failed(&mut self, errno: i32, generation: u32) {
         let Some(a) = &mut self.app else { return };
-        let was_in_place = a.in_place;
-        a.in_place = false;
-        a.noted = None;
-        a.ask = None;
+        let was_in_place = a.state.on_restart_failed();
         self.pending = None;
         self.events.emit(
             ev("restart_failed")
@@ -205,7 +203,6 @@ impl Supervisor {
     pub(super) fn on_hello(&mut self, h: Hello) {
         let now = now_ns();
         let Some(a) = &mut self.app else { return };
-        let second = a.hello;
         if h.pid != a.pid as u32 {
             let apid = a.pid;
             self.events.emit(ev("error").s(
@@ -213,34 +210,35 @@ impl Supervisor {
                 format!("HELLO from pid {}, the app is pid {apid}", h.pid),
             ));
         }
+        let signaled = h.reason.starts_with("signal ");
         let Some(a) = &mut self.app else { return };
-        if second && !a.in_place {
-            // an in-place restart whose RESTARTING was lost
-            let kind = match &a.noted {
-                Some(n) => n.kind,
-                None if h.reason.starts_with("signal ") => "signal",
-                None => "request",
-            };
-            let gave_up = if a.noted.is_none() {
-                self.note_failure(kind, 0, None, &h.reason, true)
-            } else {
-                false
-            };
-            if gave_up {
+        let mut outcome = a.state.on_hello(signaled);
+        if let HelloOutcome::Unnoted(kind) = outcome {
+            // an in-place restart whose RESTARTING was lost, and no failure
+            // noted for it: note it now
+            if self.note_failure(kind, 0, None, &h.reason, true) {
                 return;
             }
-            let t_detect = self
-                .app
-                .as_ref()
-                .and_then(|a| a.noted.as_ref())
-                .map(|n| n.t_detect_ns)
-                .unwrap_or(now);
-            self.emit_decision(h.kind.as_str(), &h.decision, "in-place", kind);
+            let Some(a) = &mut self.app else { return };
+            outcome = a.state.on_hello(signaled);
+        }
+        if let HelloOutcome::Restarted {
+            failure,
+            lost_restarting: true,
+        } = &outcome
+        {
+            // its decision was in the lost RESTARTING: the HELLO's instead
+            self.emit_decision(
+                h.kind.as_str(),
+                &h.decision,
+                Some(RestartPath::InPlace),
+                Some(failure.kind.as_str()),
+            );
             self.pending = Some(Pending {
-                path: "in-place",
-                failure: kind,
+                path: RestartPath::InPlace,
+                failure: failure.kind,
                 t_failure_ns: None,
-                t_detect_ns: t_detect,
+                t_detect_ns: failure.t_detect_ns,
                 decided: if h.kind == StartKind::Warm {
                     Mode::Warm
                 } else {
@@ -249,16 +247,11 @@ impl Supervisor {
             });
         }
         let Some(a) = &mut self.app else { return };
-        a.hello = true;
-        a.ready = false;
         a.generation = h.generation;
         a.start_kind = h.kind;
-        if second {
+        if outcome != HelloOutcome::First {
             a.started_ns = now;
         }
-        a.noted = None;
-        a.ask = None;
-        a.in_place = false;
         let pid = a.pid;
         self.generation = h.generation;
         self.preserved_bytes = h.preserved_bytes;
@@ -330,38 +323,39 @@ impl Supervisor {
 
     pub(super) fn on_restarting(&mut self, r: Restarting) {
         let now = now_ns();
-        let Some(a) = &self.app else { return };
-        if a.in_place {
-            self.reply_error("RESTARTING while a restart is already under way");
-            return;
-        }
-        let noted = a.noted.clone();
-        let kind = match &noted {
-            Some(n) => n.kind,
-            None => {
-                let kind = if r.signal != 0 { "signal" } else { "request" };
-                if self.note_failure(kind, r.signal, None, &r.reason, true) {
-                    return;
-                }
-                kind
+        let kill_ns = dur_ns(self.cfg.kill_timeout);
+        let signaled = r.signal != 0;
+        let Some(a) = &mut self.app else { return };
+        let mut outcome = a.state.on_restarting(signaled, now, kill_ns);
+        if let RestartingOutcome::Unnoted(kind) = outcome {
+            // the app's own restart (a fault, rk_restart): a failure to note
+            if self.note_failure(kind, r.signal, None, &r.reason, true) {
+                return;
             }
+            let Some(a) = &mut self.app else { return };
+            outcome = a.state.on_restarting(signaled, now, kill_ns);
+        }
+        let failure = match outcome {
+            RestartingOutcome::InPlace(f) => f,
+            RestartingOutcome::Refused => {
+                self.reply_error("RESTARTING while a restart is already under way");
+                return;
+            }
+            // noted just above: cannot be
+            RestartingOutcome::Unnoted(_) => return,
         };
-        let t_detect = noted.as_ref().map(|n| n.t_detect_ns).unwrap_or(now);
-        let t_failure = noted.and_then(|n| n.t_failure_ns).unwrap_or(r.t_ns);
+        let t_detect = failure.t_detect_ns;
+        let t_failure = failure.t_failure_ns.unwrap_or(r.t_ns);
         let mode = if r.warm { Mode::Warm } else { Mode::Cold };
-        self.emit_decision(mode.as_str(), &r.decision, "in-place", kind);
-        if let Some(a) = &mut self.app {
-            a.in_place = true;
-            // our request was taken: no signal now, but a deadline for the HELLO
-            let kill_at = now + dur_ns(self.cfg.kill_timeout);
-            if let Some(ask) = &mut a.ask {
-                ask.signal_at_ns = None;
-                ask.kill_at_ns = Some(ask.kill_at_ns.map_or(kill_at, |t| t.min(kill_at)));
-            }
-        }
+        self.emit_decision(
+            mode.as_str(),
+            &r.decision,
+            Some(RestartPath::InPlace),
+            Some(failure.kind.as_str()),
+        );
         self.pending = Some(Pending {
-            path: "in-place",
-            failure: kind,
+            path: RestartPath::InPlace,
+            failure: failure.kind,
             t_failure_ns: Some(t_failure.min(t_detect)),
             t_detect_ns: t_detect,
             decided: mode,
@@ -371,10 +365,9 @@ impl Supervisor {
     pub(super) fn on_ready(&mut self, via: &str) {
         let now = now_ns();
         let Some(a) = &mut self.app else { return };
-        if a.ready {
+        if !a.state.on_ready() {
             return;
         }
-        a.ready = true;
         let (pid, generation) = (a.pid, a.generation);
         let ready_us = self
             .ready_wait

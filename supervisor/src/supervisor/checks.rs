@@ -26,7 +26,7 @@ impl Supervisor {
             return;
         }
         let Some(a) = &self.app else { return };
-        if a.ask.is_some() || a.in_place || a.noted.is_some() {
+        if a.state.busy() {
             return;
         }
         let ctl_hb = if self.ctl.pid() == a.pid as u32 && self.ctl.state() != CtlState::Restarting {
@@ -41,12 +41,13 @@ impl Supervisor {
         let silent = now - hb;
         if silent > dur_ns(self.cfg.hang_timeout) {
             let reason = format!("hang: no heartbeat for {} ms", clock::ms(silent));
-            if let Err(e) = self.ask_restart(Mode::Warm, reason, "hang", true) {
+            if let Err(e) = self.ask_restart(Mode::Warm, reason, FailureKind::Hang, true) {
                 self.events
                     .emit(ev("error").s("what", format!("hang restart: {e}")));
             }
-            if let Some(n) = self.app.as_mut().and_then(|a| a.noted.as_mut()) {
-                n.t_failure_ns = Some(hb);
+            // the hang began at the last heartbeat
+            if let Some(f) = self.app.as_mut().and_then(|a| a.state.failure_mut()) {
+                f.t_failure_ns = Some(hb);
             }
         }
     }
@@ -100,7 +101,7 @@ impl Supervisor {
             return;
         }
         let Some(a) = &self.app else { return };
-        if a.ask.is_some() || a.in_place || a.noted.is_some() {
+        if a.state.busy() {
             return;
         }
         let Some(rss) = procfs::rss_anon(a.pid) else {
@@ -112,7 +113,7 @@ impl Supervisor {
                 human_bytes(rss),
                 human_bytes(max)
             );
-            if let Err(e) = self.ask_restart(Mode::Warm, reason, "leak", true) {
+            if let Err(e) = self.ask_restart(Mode::Warm, reason, FailureKind::Leak, true) {
                 self.events
                     .emit(ev("error").s("what", format!("leak restart: {e}")));
             }
@@ -127,10 +128,7 @@ impl Supervisor {
         }
         self.sd_watchdog_next_ns = now + usec * 1000 / 2;
         // healthy: no hang being handled
-        let hung = self
-            .app
-            .as_ref()
-            .is_some_and(|a| a.noted.as_ref().is_some_and(|n| n.kind == "hang"));
+        let hung = self.app.as_ref().is_some_and(|a| a.state.hung());
         if !hung {
             let _ = sd.send("WATCHDOG=1", &[]);
         }

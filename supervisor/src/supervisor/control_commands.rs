@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::clock::{self, now_ns};
 use crate::control_socket::{Request, error_reply};
+use crate::lifecycle;
 
 impl Supervisor {
     pub(super) fn on_control_client(&mut self, id: u64) {
@@ -21,7 +22,7 @@ impl Supervisor {
                 Ok(Request::Status) => self.status(),
                 Ok(Request::Restart(mode)) => {
                     let reason = format!("supervisor: rekindle restart --{}", mode.as_str());
-                    match self.ask_restart(mode, reason, "request", false) {
+                    match self.ask_restart(mode, reason, FailureKind::Request, false) {
                         Ok(()) => json!({"ok": true, "mode": mode.as_str(),
                                           "pid": self.app.as_ref().map(|a| a.pid)}),
                         Err(e) => error_reply(&e),
@@ -44,23 +45,11 @@ impl Supervisor {
 
     pub(super) fn status(&self) -> Value {
         let now = now_ns();
-        let state = if self.stopping.is_some() {
-            "stopping"
-        } else if let Some(a) = &self.app {
-            if a.in_place || a.ask.is_some() || a.noted.is_some() {
-                "restarting"
-            } else if a.ready {
-                "ready"
-            } else if a.hello {
-                "running"
-            } else {
-                "starting"
-            }
-        } else if self.next_spawn.is_some() {
-            "backoff"
-        } else {
-            "exited"
-        };
+        let state = lifecycle::status_word(
+            self.stopping.is_some(),
+            self.app.as_ref().map(|a| &a.state),
+            self.next_spawn.is_some(),
+        );
         let hb = self.app.as_ref().and_then(|a| {
             let h = if self.ctl.pid() == a.pid as u32 {
                 self.ctl.heartbeat_ns()
@@ -94,7 +83,7 @@ impl Supervisor {
             "supervisor_uptime_ms": clock::ms(now.saturating_sub(self.started_ns)),
             "started": self.started_wall,
             "linked": self.ever_linked,
-            "ready": self.app.as_ref().is_some_and(|a| a.ready),
+            "ready": self.app.as_ref().is_some_and(|a| a.state.ready()),
             "heartbeat_age_ms": hb,
             "restarts": {"warm": self.restarts_warm, "cold": self.restarts_cold,
                           "total": self.restarts_warm + self.restarts_cold},

@@ -9,14 +9,16 @@ use super::*;
 use crate::clock::{self, now_ns};
 use crate::decide::{self};
 use crate::event::ev;
+use crate::failure::Failure;
 use crate::proto::StartKind;
 
 impl Supervisor {
-    /// Records a failure of the running incarnation (once per incarnation).
+    /// Records a failure of the running incarnation (once per incarnation:
+    /// callers note only an app that is not restarting already).
     /// Returns true if it was one too many and the supervisor gives up.
     pub(super) fn note_failure(
         &mut self,
-        kind: &'static str,
+        kind: FailureKind,
         signal: i32,
         exit_code: Option<i32>,
         reason: &str,
@@ -25,13 +27,16 @@ impl Supervisor {
         let now = now_ns();
         let Some(a) = &mut self.app else { return false };
         let uptime = now.saturating_sub(a.started_ns);
-        a.noted = Some(Noted {
+        let noted = a.state.fail(Failure {
             kind,
             reason: reason.to_string(),
             signal,
             t_detect_ns: now,
             t_failure_ns: None,
         });
+        if !noted {
+            return false;
+        }
         let (pid, generation) = (a.pid, a.generation);
         self.failures += 1;
         if counts {
@@ -41,6 +46,7 @@ impl Supervisor {
                 self.cfg.stable_after,
             );
         }
+        let kind = kind.as_str();
         let mut e = ev("failure")
             .s("kind", kind)
             .i("pid", pid as i64)
@@ -75,7 +81,7 @@ impl Supervisor {
     }
 
     pub(super) fn give_up(&mut self, why: &str) {
-        self.emit_decision("giveup", why, "", "");
+        self.emit_decision("giveup", why, None, None);
         self.events.emit(
             ev("giveup")
                 .s("reason", why)
@@ -101,14 +107,21 @@ impl Supervisor {
         }
     }
 
-    pub(super) fn emit_decision(&mut self, mode: &str, reason: &str, path: &str, failure: &str) {
+    pub(super) fn emit_decision(
+        &mut self,
+        mode: &str,
+        reason: &str,
+        path: Option<RestartPath>,
+        failure: Option<&str>,
+    ) {
         let mut e = ev("decision").s("mode", mode).s("reason", reason);
-        if !path.is_empty() {
-            e = e.s("path", path);
+        if let Some(p) = path {
+            e = e.s("path", p.as_str());
         }
-        if !failure.is_empty() {
-            e = e.s("failure", failure);
+        if let Some(f) = failure {
+            e = e.s("failure", f);
         }
+        let path = path.map_or("", |p| p.as_str());
         self.last_decision = Some(json!({"mode": mode, "reason": reason, "path": path}));
         self.events.emit(e);
     }
@@ -127,8 +140,8 @@ impl Supervisor {
         self.events.emit(
             ev("restart")
                 .s("mode", mode)
-                .s("path", p.path)
-                .s("failure", p.failure)
+                .s("path", p.path.as_str())
+                .s("failure", p.failure.as_str())
                 .s("decided", p.decided.as_str())
                 .u("generation", self.generation as u64)
                 .u("detect_us", clock::us(detect_ns))
@@ -142,7 +155,7 @@ impl Supervisor {
         }
         self.metrics
             .restarts
-            .with_label_values(&[mode, p.failure])
+            .with_label_values(&[mode, p.failure.as_str()])
             .inc();
         self.metrics.downtime.observe(spawn_ns as f64 / 1e9);
         self.ready_wait = Some(p.t_detect_ns);
@@ -150,7 +163,8 @@ impl Supervisor {
             let _ = sd.send(
                 &format!(
                     "STATUS=restarted {mode} ({}), generation {}",
-                    p.failure, self.generation
+                    p.failure.as_str(),
+                    self.generation
                 ),
                 &[],
             );

@@ -5,6 +5,7 @@ use super::*;
 use crate::clock::{self, now_ns};
 use crate::decide::Mode;
 use crate::event::ev;
+use crate::lifecycle::{self, Ask, Due, Refusal};
 
 impl Supervisor {
     /// Asks the running app to restart: control-block request, then the
@@ -14,20 +15,15 @@ impl Supervisor {
         &mut self,
         mode: Mode,
         reason: String,
-        kind: &'static str,
+        kind: FailureKind,
         counts: bool,
     ) -> Result<(), String> {
-        if self.stopping.is_some() {
-            return Err("the supervisor is stopping".into());
-        }
         let now = now_ns();
-        let (pid, linked, busy) = match &self.app {
-            Some(a) => (
-                a.pid,
-                a.hello,
-                a.ask.is_some() || a.in_place || a.noted.is_some(),
-            ),
-            None => {
+        match lifecycle::ask_refusal(self.stopping.is_some(), self.app.as_ref().map(|a| &a.state)) {
+            None => {}
+            Some(Refusal::Stopping) => return Err("the supervisor is stopping".into()),
+            Some(Refusal::Busy) => return Err("a restart is already under way".into()),
+            Some(Refusal::NoApp) => {
                 return Err(match &self.next_spawn {
                     Some((t, _)) => format!(
                         "no app running; next start in {} ms",
@@ -36,10 +32,10 @@ impl Supervisor {
                     None => "no app running".into(),
                 });
             }
-        };
-        if busy {
-            return Err("a restart is already under way".into());
         }
+        let Some((pid, linked)) = self.app.as_ref().map(|a| (a.pid, a.state.linked())) else {
+            return Err("no app running".into());
+        };
         if self.note_failure(kind, 0, None, &reason, counts) {
             return Ok(()); // gave up: the app is being stopped
         }
@@ -47,7 +43,7 @@ impl Supervisor {
         self.ctl
             .request(if mode == Mode::Cold { 2 } else { 1 }, &reason);
         let kill_ns = dur_ns(self.cfg.kill_timeout);
-        let ask = if kind != "hang" && beats && linked {
+        let ask = if kind != FailureKind::Hang && beats && linked {
             Ask {
                 mode,
                 signal_at_ns: Some(now + 1_000_000_000),
@@ -73,24 +69,30 @@ impl Supervisor {
             }
         };
         if let Some(a) = &mut self.app {
-            a.ask = Some(ask);
+            a.state.ask_restart(ask);
         }
         Ok(())
     }
 
+    /// The request's deadlines: the restart signal if no heartbeat took it,
+    /// SIGKILL if no HELLO came.
     pub(super) fn request_deadlines(&mut self, now: u64) {
-        let sig = self.cfg.restart_signal;
         let kill_ns = dur_ns(self.cfg.kill_timeout);
         let Some(a) = &mut self.app else { return };
-        let linked = a.hello;
         let pid = a.pid;
-        let Some(ask) = &mut a.ask else { return };
-        if let Some(t) = ask.signal_at_ns
-            && now >= t
-        {
-            ask.signal_at_ns = None;
-            ask.kill_at_ns = Some(now + kill_ns);
-            let s = if linked { sig } else { libc::SIGTERM };
+        for due in a.state.take_due(now, kill_ns) {
+            let s = match due {
+                Due::RestartSignal => self.cfg.restart_signal,
+                Due::Term => libc::SIGTERM,
+                Due::Kill => {
+                    send_signal(pid, libc::SIGKILL);
+                    self.events.emit(ev("kill").i("pid", pid as i64).s(
+                        "reason",
+                        format!("no HELLO within {} ms", self.cfg.kill_timeout.as_millis()),
+                    ));
+                    continue;
+                }
+            };
             send_signal(pid, s);
             self.events.emit(
                 ev("signal")
@@ -98,16 +100,6 @@ impl Supervisor {
                     .s("signal", sig_name(s))
                     .s("reason", "restart request not taken at a heartbeat"),
             );
-        }
-        if let Some(t) = ask.kill_at_ns
-            && now >= t
-        {
-            ask.kill_at_ns = None;
-            send_signal(pid, libc::SIGKILL);
-            self.events.emit(ev("kill").i("pid", pid as i64).s(
-                "reason",
-                format!("no HELLO within {} ms", self.cfg.kill_timeout.as_millis()),
-            ));
         }
     }
 

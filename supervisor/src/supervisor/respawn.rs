@@ -10,6 +10,7 @@ use crate::clock::{self, now_ns};
 use crate::control_block::Fields;
 use crate::decide::{self, Facts, Mode};
 use crate::event::ev;
+use crate::lifecycle::Death;
 use crate::proto::{FdKind, StartKind};
 use crate::spawn::{self, ChildFds};
 
@@ -89,11 +90,7 @@ impl Supervisor {
             start_kind: plan.mode,
             plan,
             attach_answered: false,
-            hello: false,
-            ready: false,
-            noted: None,
-            ask: None,
-            in_place: false,
+            state: AppState::new(),
             last_watchdog_ns: 0,
             bad_messages: 0,
         });
@@ -152,53 +149,52 @@ impl Supervisor {
             );
         self.events.emit(exited);
 
-        if let Some(s) = &self.stopping {
-            let (by, code_out) = (s.by.clone(), s.code);
-            self.app = None;
-            if code_out == 0 {
-                self.emit_decision("stop", &format!("stopped by {by}"), "", "");
-                self.events.emit(
-                    ev("stop")
-                        .s("by", by)
-                        .opt("signal", (signal != 0).then(|| sig_name(signal)))
-                        .opt("exit_code", code),
-                );
+        let Some(a) = &self.app else { return };
+        let (uptime, start_kind) = (now.saturating_sub(a.started_ns), a.start_kind);
+        let mut death = a.state.on_death(self.stopping.is_some(), signal, code);
+        if let Death::Unnoted { kind, reason } = &death {
+            if self.note_failure(*kind, signal, code, reason, true) {
+                self.app = None;
+                self.exit = Some(1);
+                return;
             }
-            self.exit = Some(code_out);
-            return;
+            death = match &self.app {
+                Some(a) => a.state.on_death(false, signal, code),
+                None => return,
+            };
         }
-        let (noted, ask_mode, uptime, start_kind) = match &self.app {
-            Some(a) => (
-                a.noted.clone(),
-                a.ask.as_ref().map(|k| k.mode),
-                now.saturating_sub(a.started_ns),
-                a.start_kind,
-            ),
-            None => return,
-        };
-        if code == Some(0) && noted.is_none() {
-            self.app = None;
-            self.emit_decision("exit", "the app exited with status 0", "", "");
-            self.exit = Some(0);
-            return;
-        }
-        let noted = match noted {
-            Some(n) => n,
-            None => {
-                let (kind, reason) = match code {
-                    Some(c) => ("exit", format!("exit {c}")),
-                    None => ("signal", format!("signal {}", sig_name(signal))),
+        let (noted, cold_requested, at_once) = match death {
+            Death::Failed {
+                failure,
+                cold_requested,
+                at_once,
+            } => (failure, cold_requested, at_once),
+            Death::Stopped => {
+                let (by, code_out) = match &self.stopping {
+                    Some(s) => (s.by.clone(), s.code),
+                    None => (String::new(), 0),
                 };
-                if self.note_failure(kind, signal, code, &reason, true) {
-                    self.app = None;
-                    self.exit = Some(1);
-                    return;
+                self.app = None;
+                if code_out == 0 {
+                    self.emit_decision("stop", &format!("stopped by {by}"), None, None);
+                    self.events.emit(
+                        ev("stop")
+                            .s("by", by)
+                            .opt("signal", (signal != 0).then(|| sig_name(signal)))
+                            .opt("exit_code", code),
+                    );
                 }
-                match self.app.as_ref().and_then(|a| a.noted.clone()) {
-                    Some(n) => n,
-                    None => return,
-                }
+                self.exit = Some(code_out);
+                return;
             }
+            Death::Done => {
+                self.app = None;
+                self.emit_decision("exit", "the app exited with status 0", None, None);
+                self.exit = Some(0);
+                return;
+            }
+            // noted just above: cannot be
+            Death::Unnoted { .. } => return,
         };
         self.app = None;
         let damage = self.check_control_block();
@@ -218,16 +214,21 @@ impl Supervisor {
             uptime: Duration::from_nanos(uptime),
             crashloop_window: self.cfg.crashloop_window,
             arenas,
-            cold_requested: ask_mode == Some(Mode::Cold),
+            cold_requested,
         };
         let d = decide::decide(&facts);
         let (mode, why) = (d.mode, d.why.clone());
-        self.emit_decision(mode.as_str(), &why, "respawn", noted.kind);
+        self.emit_decision(
+            mode.as_str(),
+            &why,
+            Some(RestartPath::Respawn),
+            Some(noted.kind.as_str()),
+        );
         let dropped = self.apply_decision(&d);
         if damage.is_some() {
             self.replace_control_block();
         }
-        let backoff = if noted.kind == "request" && ask_mode.is_some() {
+        let backoff = if at_once {
             Duration::ZERO
         } else {
             decide::backoff(
@@ -252,7 +253,7 @@ impl Supervisor {
             dropped,
         };
         self.pending = Some(Pending {
-            path: "respawn",
+            path: RestartPath::Respawn,
             failure: noted.kind,
             t_failure_ns: noted.t_failure_ns,
             t_detect_ns: plan.t_detect_ns,
