@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::cli::{Config, ListenAddr};
 use crate::clock::now_ns;
@@ -33,11 +33,13 @@ use crate::{runtime_dir, signame};
 mod app_messages;
 mod checks;
 mod control_commands;
+mod failures;
 mod report;
 mod requests;
 mod respawn;
 mod setup;
 
+use report::{Record, Report};
 use setup::{UnixListenFiles, bind_listen, ensure_stdio};
 
 fn dur_ns(d: Duration) -> u64 {
@@ -98,46 +100,41 @@ struct Stopping {
 
 pub struct Supervisor {
     cfg: Config,
-    events: EventLog,
+    /// Events, metrics, systemd's STATUS and the status history.
+    report: Report,
     ctl: ControlBlock,
+    /// The control block's header was found damaged (reported once); a
+    /// damaged block is replaced at the next death.
+    ctl_damage: Option<Damage>,
     program: Program,
     base_env: Vec<CString>,
     listen: Vec<(String, OwnedFd)>,
     /// `--listen unix:PATH` files we created, removed at exit.
     unix_listen: UnixListenFiles,
+    /// The fds held for the app (the last FDS set), manifest first.
     held: Vec<Held>,
+    /// Their names in systemd's fd store.
+    sd_stored: Vec<String>,
     app: Option<App>,
     next_spawn: Option<(u64, Plan)>,
     pending: Option<Pending>,
+    /// Since when READY is awaited (the detection of the last failure).
     ready_wait: Option<u64>,
     generation: u32,
+    /// Consecutive failures, towards --max-restarts.
     consecutive: u32,
     stopping: Option<Stopping>,
     exit: Option<i32>,
+    /// Some incarnation spoke the protocol: the app runs the runtime.
     ever_linked: bool,
     sigfd: SignalFd,
     control: control_socket::Server,
     app_notify: Option<AppNotify>,
-    systemd: Option<Systemd>,
-    sd_ready_sent: bool,
-    sd_watchdog_next_ns: u64,
-    sd_stored: Vec<String>,
-    metrics: Metrics,
     metrics_server: Option<metrics::Server>,
+    sd_watchdog_next_ns: u64,
+    next_check_ns: u64,
     started_ns: u64,
     started_wall: String,
-    restarts_warm: u64,
-    restarts_cold: u64,
-    failures: u64,
-    last_failure: Option<Value>,
-    last_decision: Option<Value>,
-    preserved_bytes: u64,
-    app_status: Option<String>,
-    next_check_ns: u64,
-    /// The control block's header was found damaged (reported once), and how
-    /// many times that happened; a damaged block is replaced at the next death.
-    ctl_damage: Option<Damage>,
-    ctl_corruptions: u64,
 }
 
 fn sig_name(sig: i32) -> String {
@@ -245,13 +242,15 @@ impl Supervisor {
         base_env.push(spawn::env_entry(orphan::SOCKET_ENV, control.path()));
         let now = now_ns();
         let mut s = Supervisor {
+            report: Report::new(events, metrics, systemd),
             ctl: ControlBlock::create()?,
-            events,
+            ctl_damage: None,
             program,
             base_env,
             unix_listen,
             listen,
             held,
+            sd_stored: Vec::new(),
             app: None,
             next_spawn: None,
             pending: None,
@@ -264,25 +263,12 @@ impl Supervisor {
             sigfd,
             control,
             app_notify,
-            sd_ready_sent: false,
-            sd_watchdog_next_ns: now,
-            sd_stored: Vec::new(),
-            systemd,
-            metrics,
             metrics_server,
+            sd_watchdog_next_ns: now,
+            next_check_ns: now,
             started_ns: now,
             started_wall: humantime::format_rfc3339_millis(std::time::SystemTime::now())
                 .to_string(),
-            restarts_warm: 0,
-            restarts_cold: 0,
-            failures: 0,
-            last_failure: None,
-            last_decision: None,
-            preserved_bytes: 0,
-            app_status: None,
-            next_check_ns: now,
-            ctl_damage: None,
-            ctl_corruptions: 0,
             cfg,
         };
         s.sort_held();
@@ -324,8 +310,8 @@ impl Supervisor {
             .s("socket", self.control.path().to_string_lossy())
             .u("listen_fds", self.listen.len() as u64)
             .u("adopted_fds", self.held.len() as u64)
-            .u("systemd", self.systemd.is_some() as u64);
-        self.events.emit(start);
+            .u("systemd", self.report.systemd().is_some() as u64);
+        self.report.event(start);
 
         // The first incarnation: fresh, or warm from fds systemd kept for us.
         let first = if self.held.is_empty() {
@@ -350,12 +336,12 @@ impl Supervisor {
             };
             let d = decide::decide(&facts);
             let (mode, why) = (d.mode, d.why.clone());
-            self.emit_decision(
-                mode.as_str(),
-                &why,
-                Some(RestartPath::Respawn),
-                Some("supervisor-restart"),
-            );
+            self.report.record(Record::Decision {
+                mode: mode.as_str(),
+                reason: &why,
+                path: Some(RestartPath::Respawn),
+                failure: Some("supervisor-restart"),
+            });
             let dropped = self.apply_decision(&d);
             Plan {
                 mode: if mode == Mode::Warm {
@@ -408,8 +394,8 @@ impl Supervisor {
             next = next.min(s.deadline_ns);
         }
         if self
-            .systemd
-            .as_ref()
+            .report
+            .systemd()
             .is_some_and(|s| s.watchdog_usec.is_some())
         {
             next = next.min(self.sd_watchdog_next_ns);
@@ -509,7 +495,7 @@ impl Supervisor {
 
     fn serve_metrics(&mut self) {
         if let Some(m) = &mut self.metrics_server {
-            let reg = &self.metrics;
+            let reg = self.report.metrics();
             m.serve(&|| reg.render());
         }
     }
@@ -531,8 +517,8 @@ impl Supervisor {
                             false,
                         );
                         if let Err(e) = r {
-                            self.events
-                                .emit(ev("error").s("what", format!("SIGHUP: {e}")));
+                            self.report
+                                .event(ev("error").s("what", format!("SIGHUP: {e}")));
                         }
                     }
                 }
@@ -576,7 +562,7 @@ impl Supervisor {
             s.killed = true;
             send_signal(a.pid, libc::SIGKILL);
             send_signal(-a.pid, libc::SIGKILL);
-            self.events.emit(
+            self.report.event(
                 ev("kill")
                     .i("pid", a.pid as i64)
                     .s("reason", "stop timeout"),

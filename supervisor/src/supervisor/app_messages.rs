@@ -4,6 +4,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
+use super::report::Record;
 use super::*;
 use crate::app_link::{self, Recv};
 use crate::clock::{self, now_ns};
@@ -85,13 +86,13 @@ impl Supervisor {
             );
         }
         if n <= 20 {
-            self.events.emit(
+            self.report.event(
                 ev("error")
                     .s("what", "malformed message from the app")
                     .s("error", what),
             );
         } else if n == 21 {
-            self.events.emit(ev("error").s(
+            self.report.event(ev("error").s(
                 "what",
                 "more malformed messages from the app; no longer logged",
             ));
@@ -132,7 +133,7 @@ impl Supervisor {
         let Some(a) = &mut self.app else { return };
         let was_in_place = a.state.on_restart_failed();
         self.pending = None;
-        self.events.emit(
+        self.report.event(
             ev("restart_failed")
                 .i("errno", errno as i64)
                 .u("generation", generation as u64)
@@ -156,7 +157,7 @@ impl Supervisor {
         a.attach_answered = true;
         if pid != a.pid as u32 {
             let apid = a.pid;
-            self.events.emit(ev("error").s(
+            self.report.event(ev("error").s(
                 "what",
                 format!("ATTACH from pid {pid}, the app is pid {apid}"),
             ));
@@ -185,18 +186,18 @@ impl Supervisor {
         let nfds = fds.len();
         drop(fds);
         match r {
-            Ok(true) => self.events.emit(
+            Ok(true) => self.report.event(
                 ev("inherit")
                     .s("mode", p_mode_str(self.app.as_ref()))
                     .u("generation", self.generation as u64)
                     .u("fds", nfds as u64),
             ),
             Ok(false) => self
-                .events
-                .emit(ev("error").s("what", "INHERIT not sent: socket full")),
+                .report
+                .event(ev("error").s("what", "INHERIT not sent: socket full")),
             Err(e) => self
-                .events
-                .emit(ev("error").s("what", format!("INHERIT not sent: {e}"))),
+                .report
+                .event(ev("error").s("what", format!("INHERIT not sent: {e}"))),
         }
     }
 
@@ -205,7 +206,7 @@ impl Supervisor {
         let Some(a) = &mut self.app else { return };
         if h.pid != a.pid as u32 {
             let apid = a.pid;
-            self.events.emit(ev("error").s(
+            self.report.event(ev("error").s(
                 "what",
                 format!("HELLO from pid {}, the app is pid {apid}", h.pid),
             ));
@@ -228,12 +229,12 @@ impl Supervisor {
         } = &outcome
         {
             // its decision was in the lost RESTARTING: the HELLO's instead
-            self.emit_decision(
-                h.kind.as_str(),
-                &h.decision,
-                Some(RestartPath::InPlace),
-                Some(failure.kind.as_str()),
-            );
+            self.report.record(Record::Decision {
+                mode: h.kind.as_str(),
+                reason: &h.decision,
+                path: Some(RestartPath::InPlace),
+                failure: Some(failure.kind.as_str()),
+            });
             self.pending = Some(Pending {
                 path: RestartPath::InPlace,
                 failure: failure.kind,
@@ -254,29 +255,11 @@ impl Supervisor {
         }
         let pid = a.pid;
         self.generation = h.generation;
-        self.preserved_bytes = h.preserved_bytes;
-        self.metrics.preserved_bytes.set(h.preserved_bytes as i64);
-        self.metrics.generation.set(h.generation as i64);
-        self.events.emit(
-            ev("up")
-                .i("pid", pid as i64)
-                .u("generation", h.generation as u64)
-                .s("kind", h.kind.as_str())
-                .s("reason", &h.reason)
-                .s("decision", &h.decision)
-                .u("restart_us", h.restart_ns / 1000)
-                .u("preserved_bytes", h.preserved_bytes)
-                .u("narenas", h.narenas as u64),
-        );
+        self.report.record(Record::Up { pid, hello: &h });
         if let Some(p) = self.pending.take() {
-            self.emit_restart(p, h.kind, now, h.preserved_bytes);
+            self.complete_restart(p, h.kind, now, h.preserved_bytes);
         }
-        if !self.sd_ready_sent {
-            if let Some(sd) = &self.systemd {
-                let _ = sd.send("READY=1\nSTATUS=running", &[]);
-            }
-            self.sd_ready_sent = true;
-        }
+        self.report.systemd_ready();
     }
 
     pub(super) fn on_fds(&mut self, entries: Vec<proto::FdEntry>, fds: Vec<OwnedFd>) {
@@ -312,7 +295,7 @@ impl Supervisor {
             .map(|h| h.name.as_str())
             .collect();
         let ranges = self.held.iter().filter(|h| h.kind == FdKind::Range).count();
-        self.events.emit(
+        self.report.event(
             ev("fds")
                 .u("count", self.held.len() as u64)
                 .v("arenas", arenas)
@@ -347,12 +330,12 @@ impl Supervisor {
         let t_detect = failure.t_detect_ns;
         let t_failure = failure.t_failure_ns.unwrap_or(r.t_ns);
         let mode = if r.warm { Mode::Warm } else { Mode::Cold };
-        self.emit_decision(
-            mode.as_str(),
-            &r.decision,
-            Some(RestartPath::InPlace),
-            Some(failure.kind.as_str()),
-        );
+        self.report.record(Record::Decision {
+            mode: mode.as_str(),
+            reason: &r.decision,
+            path: Some(RestartPath::InPlace),
+            failure: Some(failure.kind.as_str()),
+        });
         self.pending = Some(Pending {
             path: RestartPath::InPlace,
             failure: failure.kind,
@@ -373,19 +356,12 @@ impl Supervisor {
             .ready_wait
             .take()
             .map(|t| clock::us(now.saturating_sub(t)));
-        self.events.emit(
-            ev("ready")
-                .i("pid", pid as i64)
-                .u("generation", generation as u64)
-                .s("via", via)
-                .opt("ready_us", ready_us),
-        );
-        if !self.sd_ready_sent {
-            if let Some(sd) = &self.systemd {
-                let _ = sd.send("READY=1\nSTATUS=running", &[]);
-            }
-            self.sd_ready_sent = true;
-        }
+        self.report.record(Record::Ready {
+            pid,
+            generation,
+            via,
+            ready_us,
+        });
     }
 
     pub(super) fn on_notify(&mut self) {
@@ -408,12 +384,7 @@ impl Supervisor {
                             a.last_watchdog_ns = now_ns();
                         }
                     }
-                    Notice::Status(s) => {
-                        if let Some(sd) = &self.systemd {
-                            let _ = sd.send(&format!("STATUS={s}"), &[]);
-                        }
-                        self.app_status = Some(s);
-                    }
+                    Notice::Status(s) => self.report.record(Record::AppStatus(s)),
                     Notice::Stopping | Notice::Other(_) => {}
                 }
             }
@@ -421,7 +392,9 @@ impl Supervisor {
     }
 
     pub(super) fn sd_store(&mut self) {
-        let Some(sd) = &self.systemd else { return };
+        let Some(sd) = self.report.systemd() else {
+            return;
+        };
         for name in self.sd_stored.drain(..) {
             let _ = sd.send(&format!("FDSTOREREMOVE=1\nFDNAME={name}"), &[]);
         }

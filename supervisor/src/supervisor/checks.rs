@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::report::Record;
 use super::*;
 use crate::clock::{self};
 use crate::control_block::{ControlBlock, CtlState, Damage, Fields};
@@ -42,8 +43,8 @@ impl Supervisor {
         if silent > dur_ns(self.cfg.hang_timeout) {
             let reason = format!("hang: no heartbeat for {} ms", clock::ms(silent));
             if let Err(e) = self.ask_restart(Mode::Warm, reason, FailureKind::Hang, true) {
-                self.events
-                    .emit(ev("error").s("what", format!("hang restart: {e}")));
+                self.report
+                    .event(ev("error").s("what", format!("hang restart: {e}")));
             }
             // the hang began at the last heartbeat
             if let Some(f) = self.app.as_mut().and_then(|a| a.state.failure_mut()) {
@@ -60,19 +61,7 @@ impl Supervisor {
         if let Some(d) = damage
             && self.ctl_damage.is_none()
         {
-            self.ctl_corruptions += 1;
-            self.events.emit(
-                ev("control_block")
-                    .s("status", "corrupt")
-                    .s("code", d.code())
-                    .s("why", d.describe())
-                    .s("action", "the next restart is cold and gets a new block"),
-            );
-            self.metrics
-                .control_block_corrupt
-                .with_label_values(&[d.code()])
-                .inc();
-            self.metrics.control_block_ok.set(0);
+            self.report.record(Record::ControlBlockCorrupt(d));
         }
         self.ctl_damage = damage;
         damage
@@ -85,13 +74,11 @@ impl Supervisor {
             Ok(cb) => {
                 self.ctl = cb;
                 self.ctl_damage = None;
-                self.metrics.control_block_ok.set(1);
-                self.events
-                    .emit(ev("control_block").s("status", "recreated"));
+                self.report.record(Record::ControlBlockRecreated);
             }
             Err(e) => self
-                .events
-                .emit(ev("error").s("what", format!("recreating the control block: {e:#}"))),
+                .report
+                .event(ev("error").s("what", format!("recreating the control block: {e:#}"))),
         }
     }
 
@@ -114,14 +101,16 @@ impl Supervisor {
                 human_bytes(max)
             );
             if let Err(e) = self.ask_restart(Mode::Warm, reason, FailureKind::Leak, true) {
-                self.events
-                    .emit(ev("error").s("what", format!("leak restart: {e}")));
+                self.report
+                    .event(ev("error").s("what", format!("leak restart: {e}")));
             }
         }
     }
 
     pub(super) fn sd_watchdog(&mut self, now: u64) {
-        let Some(sd) = &self.systemd else { return };
+        let Some(sd) = self.report.systemd() else {
+            return;
+        };
         let Some(usec) = sd.watchdog_usec else { return };
         if now < self.sd_watchdog_next_ns {
             return;

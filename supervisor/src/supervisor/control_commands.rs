@@ -71,6 +71,7 @@ impl Supervisor {
             .skip(1)
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
+        let h = &self.report.history;
         json!({
             "ok": true,
             "name": self.cfg.name,
@@ -85,21 +86,21 @@ impl Supervisor {
             "linked": self.ever_linked,
             "ready": self.app.as_ref().is_some_and(|a| a.state.ready()),
             "heartbeat_age_ms": hb,
-            "restarts": {"warm": self.restarts_warm, "cold": self.restarts_cold,
-                          "total": self.restarts_warm + self.restarts_cold},
-            "failures": self.failures,
+            "restarts": {"warm": h.restarts_warm, "cold": h.restarts_cold,
+                          "total": h.restarts_warm + h.restarts_cold},
+            "failures": h.failures,
             "consecutive_failures": self.consecutive,
-            "last_failure": self.last_failure,
-            "last_decision": self.last_decision,
-            "preserved_bytes": self.preserved_bytes,
+            "last_failure": h.last_failure,
+            "last_decision": h.last_decision,
+            "preserved_bytes": h.preserved_bytes,
             "control_block": {"ok": self.ctl_damage.is_none(),
                               "damage": self.ctl_damage.map(|d| d.describe()),
-                              "corruptions": self.ctl_corruptions},
+                              "corruptions": h.ctl_corruptions},
             "held_fds": held,
             "next_start_ms": self.next_spawn.as_ref().map(|(t, _)| clock::ms(t.saturating_sub(now))),
             "program": self.cfg.program_path.to_string_lossy(),
             "args": args,
-            "app_status": self.app_status,
+            "app_status": h.app_status,
             "socket": self.control.path().to_string_lossy(),
         })
     }

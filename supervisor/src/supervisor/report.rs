@@ -1,173 +1,349 @@
-//! Reporting: failures, decisions, restarts and giving up, as events,
-//! metrics, status and systemd STATUS lines.
+//! Reporting: one `record()` for everything that is told in more than one
+//! place (an event, the metrics, systemd's STATUS, `rekindle status`), so
+//! that they cannot drift apart; plain events go through `event()`.
 
-use std::time::Duration;
+use serde_json::{Value, json};
 
-use serde_json::json;
+use crate::clock;
+use crate::control_block::Damage;
+use crate::decide::Mode;
+use crate::event::{Event, EventLog, ev};
+use crate::failure::FailureKind;
+use crate::lifecycle::RestartPath;
+use crate::metrics::Metrics;
+use crate::notify::Systemd;
+use crate::proto::{Hello, StartKind};
+use crate::signame;
 
-use super::*;
-use crate::clock::{self, now_ns};
-use crate::decide::{self};
-use crate::event::ev;
-use crate::failure::Failure;
-use crate::proto::StartKind;
-
-impl Supervisor {
-    /// Records a failure of the running incarnation (once per incarnation:
-    /// callers note only an app that is not restarting already).
-    /// Returns true if it was one too many and the supervisor gives up.
-    pub(super) fn note_failure(
-        &mut self,
+/// Something that happened, with what each place needs to tell it.
+pub(super) enum Record<'a> {
+    /// A new process.
+    Spawn {
+        pid: libc::pid_t,
+        generation: u32,
+        mode: StartKind,
+        backoff_ms: u64,
+        fds: u64,
+    },
+    /// The process is gone (`signal` 0: it exited with `code`).
+    Exit {
+        pid: libc::pid_t,
+        signal: i32,
+        code: Option<i32>,
+        uptime_ns: u64,
+    },
+    Failure {
         kind: FailureKind,
+        pid: libc::pid_t,
+        generation: u32,
+        uptime_ns: u64,
+        reason: &'a str,
+        consecutive: u32,
         signal: i32,
         exit_code: Option<i32>,
-        reason: &str,
-        counts: bool,
-    ) -> bool {
-        let now = now_ns();
-        let Some(a) = &mut self.app else { return false };
-        let uptime = now.saturating_sub(a.started_ns);
-        let noted = a.state.fail(Failure {
-            kind,
-            reason: reason.to_string(),
-            signal,
-            t_detect_ns: now,
-            t_failure_ns: None,
-        });
-        if !noted {
-            return false;
-        }
-        let (pid, generation) = (a.pid, a.generation);
-        self.failures += 1;
-        if counts {
-            self.consecutive = decide::next_failure_count(
-                self.consecutive,
-                Duration::from_nanos(uptime),
-                self.cfg.stable_after,
-            );
-        }
-        let kind = kind.as_str();
-        let mut e = ev("failure")
-            .s("kind", kind)
-            .i("pid", pid as i64)
-            .u("generation", generation as u64)
-            .u("uptime_ms", clock::ms(uptime))
-            .s("reason", reason)
-            .u("consecutive", self.consecutive as u64);
-        if signal != 0 {
-            e = e.s("signal", sig_name(signal));
-        }
-        if let Some(c) = exit_code {
-            e = e.i("exit_code", c as i64);
-        }
-        self.last_failure = Some(json!({
-            "kind": kind, "reason": reason, "signal": if signal != 0 { Some(sig_name(signal)) } else { None },
-            "exit_code": exit_code, "generation": generation, "ts": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
-        }));
-        self.events.emit(e);
-        self.metrics.failures.with_label_values(&[kind]).inc();
-        self.metrics.last_failure.set(clock::unix_secs_f64());
-        if let Some(sd) = &self.systemd {
-            let _ = sd.send(&format!("STATUS=failure: {reason}"), &[]);
-        }
-        if counts && decide::gives_up(self.consecutive, self.cfg.max_restarts) {
-            self.give_up(&format!(
-                "{} consecutive failures (--max-restarts {}); last: {reason}",
-                self.consecutive, self.cfg.max_restarts
-            ));
-            return true;
-        }
-        false
-    }
-
-    pub(super) fn give_up(&mut self, why: &str) {
-        self.emit_decision("giveup", why, None, None);
-        self.events.emit(
-            ev("giveup")
-                .s("reason", why)
-                .u("consecutive_failures", self.consecutive as u64)
-                .u("max_restarts", self.cfg.max_restarts as u64),
-        );
-        if let Some(sd) = &self.systemd {
-            let _ = sd.send(&format!("STATUS=gave up: {why}"), &[]);
-        }
-        self.next_spawn = None;
-        match &self.app {
-            Some(a) => {
-                // still alive (an in-place restart loop): end it
-                send_signal(a.pid, libc::SIGTERM);
-                self.stopping = Some(Stopping {
-                    deadline_ns: now_ns() + dur_ns(self.cfg.kill_timeout),
-                    killed: false,
-                    by: "giveup".into(),
-                    code: 1,
-                });
-            }
-            None => self.exit = Some(1),
-        }
-    }
-
-    pub(super) fn emit_decision(
-        &mut self,
-        mode: &str,
-        reason: &str,
+    },
+    /// `mode` is warm/cold, or giveup/stop/exit; `failure` is the failure's
+    /// kind, or what else led to it ("supervisor-restart").
+    Decision {
+        mode: &'a str,
+        reason: &'a str,
         path: Option<RestartPath>,
-        failure: Option<&str>,
-    ) {
-        let mut e = ev("decision").s("mode", mode).s("reason", reason);
-        if let Some(p) = path {
-            e = e.s("path", p.as_str());
+        failure: Option<&'a str>,
+    },
+    GiveUp {
+        reason: &'a str,
+        consecutive: u32,
+        max_restarts: u32,
+    },
+    /// A restart completed: the new incarnation said HELLO.
+    Restart {
+        kind: StartKind,
+        path: RestartPath,
+        failure: FailureKind,
+        decided: Mode,
+        generation: u32,
+        detect_ns: u64,
+        spawn_ns: u64,
+        preserved: u64,
+    },
+    Up {
+        pid: libc::pid_t,
+        hello: &'a Hello,
+    },
+    Ready {
+        pid: libc::pid_t,
+        generation: u32,
+        via: &'a str,
+        ready_us: Option<u64>,
+    },
+    ControlBlockCorrupt(Damage),
+    ControlBlockRecreated,
+    /// The supervisor began to stop the app.
+    Stopping,
+    /// The app's own `STATUS=` line (sd_notify).
+    AppStatus(String),
+}
+
+/// The history `rekindle status` shows.
+#[derive(Default)]
+pub(super) struct History {
+    pub(super) restarts_warm: u64,
+    pub(super) restarts_cold: u64,
+    pub(super) failures: u64,
+    pub(super) last_failure: Option<Value>,
+    pub(super) last_decision: Option<Value>,
+    pub(super) preserved_bytes: u64,
+    pub(super) ctl_corruptions: u64,
+    pub(super) app_status: Option<String>,
+}
+
+pub(super) struct Report {
+    events: EventLog,
+    metrics: Metrics,
+    systemd: Option<Systemd>,
+    /// READY=1 goes to systemd once, for the first incarnation.
+    sd_ready_sent: bool,
+    pub(super) history: History,
+}
+
+impl Report {
+    pub(super) fn new(events: EventLog, metrics: Metrics, systemd: Option<Systemd>) -> Self {
+        Report {
+            events,
+            metrics,
+            systemd,
+            sd_ready_sent: false,
+            history: History::default(),
         }
-        if let Some(f) = failure {
-            e = e.s("failure", f);
-        }
-        let path = path.map_or("", |p| p.as_str());
-        self.last_decision = Some(json!({"mode": mode, "reason": reason, "path": path}));
+    }
+
+    /// systemd's notify socket, if the supervisor runs under systemd (for
+    /// the watchdog and the fd store, which are not reports).
+    pub(super) fn systemd(&self) -> Option<&Systemd> {
+        self.systemd.as_ref()
+    }
+
+    pub(super) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// An event that nothing else tells.
+    pub(super) fn event(&mut self, e: Event) {
         self.events.emit(e);
     }
 
-    pub(super) fn emit_restart(&mut self, p: Pending, kind: StartKind, now: u64, preserved: u64) {
-        let spawn_ns = now.saturating_sub(p.t_detect_ns);
-        let detect_ns = p
-            .t_failure_ns
-            .map(|t| p.t_detect_ns.saturating_sub(t))
-            .unwrap_or(0);
-        let mode = match kind {
-            StartKind::Warm => "warm",
-            StartKind::Cold => "cold",
-            StartKind::Fresh => "fresh",
-        };
-        self.events.emit(
-            ev("restart")
-                .s("mode", mode)
-                .s("path", p.path.as_str())
-                .s("failure", p.failure.as_str())
-                .s("decided", p.decided.as_str())
-                .u("generation", self.generation as u64)
-                .u("detect_us", clock::us(detect_ns))
-                .u("spawn_us", clock::us(spawn_ns))
-                .u("preserved_bytes", preserved),
-        );
-        if kind == StartKind::Warm {
-            self.restarts_warm += 1;
-        } else {
-            self.restarts_cold += 1;
-        }
-        self.metrics
-            .restarts
-            .with_label_values(&[mode, p.failure.as_str()])
-            .inc();
-        self.metrics.downtime.observe(spawn_ns as f64 / 1e9);
-        self.ready_wait = Some(p.t_detect_ns);
+    fn sd(&self, line: &str) {
         if let Some(sd) = &self.systemd {
-            let _ = sd.send(
-                &format!(
-                    "STATUS=restarted {mode} ({}), generation {}",
-                    p.failure.as_str(),
-                    self.generation
-                ),
-                &[],
-            );
+            // best effort: systemd's absence or a full socket changes nothing here
+            let _ = sd.send(line, &[]);
+        }
+    }
+
+    pub(super) fn record(&mut self, r: Record<'_>) {
+        match r {
+            Record::Spawn {
+                pid,
+                generation,
+                mode,
+                backoff_ms,
+                fds,
+            } => {
+                self.event(
+                    ev("spawn")
+                        .i("pid", pid as i64)
+                        .u("generation", generation as u64)
+                        .s("mode", mode.as_str())
+                        .u("backoff_ms", backoff_ms)
+                        .u("fds", fds),
+                );
+                self.metrics.up.set(1);
+                self.metrics.generation.set(generation as i64);
+            }
+            Record::Exit {
+                pid,
+                signal,
+                code,
+                uptime_ns,
+            } => {
+                self.metrics.up.set(0);
+                self.event(
+                    ev("exit")
+                        .i("pid", pid as i64)
+                        .opt("signal", (signal != 0).then(|| signame::name(signal)))
+                        .opt("exit_code", code)
+                        .u("uptime_ms", clock::ms(uptime_ns)),
+                );
+            }
+            Record::Failure {
+                kind,
+                pid,
+                generation,
+                uptime_ns,
+                reason,
+                consecutive,
+                signal,
+                exit_code,
+            } => {
+                let kind = kind.as_str();
+                let signal = (signal != 0).then(|| signame::name(signal));
+                self.history.failures += 1;
+                self.history.last_failure = Some(json!({
+                    "kind": kind, "reason": reason, "signal": signal,
+                    "exit_code": exit_code, "generation": generation,
+                    "ts": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+                }));
+                self.event(
+                    ev("failure")
+                        .s("kind", kind)
+                        .i("pid", pid as i64)
+                        .u("generation", generation as u64)
+                        .u("uptime_ms", clock::ms(uptime_ns))
+                        .s("reason", reason)
+                        .u("consecutive", consecutive as u64)
+                        .opt("signal", signal)
+                        .opt("exit_code", exit_code.map(|c| c as i64)),
+                );
+                self.metrics.failures.with_label_values(&[kind]).inc();
+                self.metrics.last_failure.set(clock::unix_secs_f64());
+                self.sd(&format!("STATUS=failure: {reason}"));
+            }
+            Record::Decision {
+                mode,
+                reason,
+                path,
+                failure,
+            } => {
+                let path = path.map(|p| p.as_str());
+                self.history.last_decision =
+                    Some(json!({"mode": mode, "reason": reason, "path": path.unwrap_or("")}));
+                self.event(
+                    ev("decision")
+                        .s("mode", mode)
+                        .s("reason", reason)
+                        .opt("path", path)
+                        .opt("failure", failure),
+                );
+            }
+            Record::GiveUp {
+                reason,
+                consecutive,
+                max_restarts,
+            } => {
+                self.record(Record::Decision {
+                    mode: "giveup",
+                    reason,
+                    path: None,
+                    failure: None,
+                });
+                self.event(
+                    ev("giveup")
+                        .s("reason", reason)
+                        .u("consecutive_failures", consecutive as u64)
+                        .u("max_restarts", max_restarts as u64),
+                );
+                self.sd(&format!("STATUS=gave up: {reason}"));
+            }
+            Record::Restart {
+                kind,
+                path,
+                failure,
+                decided,
+                generation,
+                detect_ns,
+                spawn_ns,
+                preserved,
+            } => {
+                let mode = kind.as_str();
+                self.event(
+                    ev("restart")
+                        .s("mode", mode)
+                        .s("path", path.as_str())
+                        .s("failure", failure.as_str())
+                        .s("decided", decided.as_str())
+                        .u("generation", generation as u64)
+                        .u("detect_us", clock::us(detect_ns))
+                        .u("spawn_us", clock::us(spawn_ns))
+                        .u("preserved_bytes", preserved),
+                );
+                if kind == StartKind::Warm {
+                    self.history.restarts_warm += 1;
+                } else {
+                    self.history.restarts_cold += 1;
+                }
+                self.metrics
+                    .restarts
+                    .with_label_values(&[mode, failure.as_str()])
+                    .inc();
+                self.metrics.downtime.observe(spawn_ns as f64 / 1e9);
+                self.sd(&format!(
+                    "STATUS=restarted {mode} ({}), generation {generation}",
+                    failure.as_str()
+                ));
+            }
+            Record::Up { pid, hello: h } => {
+                self.history.preserved_bytes = h.preserved_bytes;
+                self.metrics.preserved_bytes.set(h.preserved_bytes as i64);
+                self.metrics.generation.set(h.generation as i64);
+                self.event(
+                    ev("up")
+                        .i("pid", pid as i64)
+                        .u("generation", h.generation as u64)
+                        .s("kind", h.kind.as_str())
+                        .s("reason", &h.reason)
+                        .s("decision", &h.decision)
+                        .u("restart_us", h.restart_ns / 1000)
+                        .u("preserved_bytes", h.preserved_bytes)
+                        .u("narenas", h.narenas as u64),
+                );
+            }
+            Record::Ready {
+                pid,
+                generation,
+                via,
+                ready_us,
+            } => {
+                self.event(
+                    ev("ready")
+                        .i("pid", pid as i64)
+                        .u("generation", generation as u64)
+                        .s("via", via)
+                        .opt("ready_us", ready_us),
+                );
+                self.systemd_ready();
+            }
+            Record::ControlBlockCorrupt(d) => {
+                self.history.ctl_corruptions += 1;
+                self.event(
+                    ev("control_block")
+                        .s("status", "corrupt")
+                        .s("code", d.code())
+                        .s("why", d.describe())
+                        .s("action", "the next restart is cold and gets a new block"),
+                );
+                self.metrics
+                    .control_block_corrupt
+                    .with_label_values(&[d.code()])
+                    .inc();
+                self.metrics.control_block_ok.set(0);
+            }
+            Record::ControlBlockRecreated => {
+                self.metrics.control_block_ok.set(1);
+                self.event(ev("control_block").s("status", "recreated"));
+            }
+            Record::Stopping => self.sd("STOPPING=1"),
+            Record::AppStatus(s) => {
+                self.sd(&format!("STATUS={s}"));
+                self.history.app_status = Some(s);
+            }
+        }
+    }
+
+    /// systemd hears READY=1 once, at the first HELLO or READY: an app
+    /// with the runtime may never call rk_ready.
+    pub(super) fn systemd_ready(&mut self) {
+        if !self.sd_ready_sent {
+            self.sd("READY=1\nSTATUS=running");
+            self.sd_ready_sent = true;
         }
     }
 }

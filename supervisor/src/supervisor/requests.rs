@@ -1,6 +1,7 @@
 //! What the supervisor asks of the running app: a restart (control-block
 //! request, restart signal, SIGKILL after --kill-timeout) or a stop.
 
+use super::report::Record;
 use super::*;
 use crate::clock::{self, now_ns};
 use crate::decide::Mode;
@@ -56,7 +57,7 @@ impl Supervisor {
                 libc::SIGTERM
             };
             send_signal(pid, s);
-            self.events.emit(
+            self.report.event(
                 ev("signal")
                     .i("pid", pid as i64)
                     .s("signal", sig_name(s))
@@ -86,7 +87,7 @@ impl Supervisor {
                 Due::Term => libc::SIGTERM,
                 Due::Kill => {
                     send_signal(pid, libc::SIGKILL);
-                    self.events.emit(ev("kill").i("pid", pid as i64).s(
+                    self.report.event(ev("kill").i("pid", pid as i64).s(
                         "reason",
                         format!("no HELLO within {} ms", self.cfg.kill_timeout.as_millis()),
                     ));
@@ -94,7 +95,7 @@ impl Supervisor {
                 }
             };
             send_signal(pid, s);
-            self.events.emit(
+            self.report.event(
                 ev("signal")
                     .i("pid", pid as i64)
                     .s("signal", sig_name(s))
@@ -126,12 +127,10 @@ impl Supervisor {
                     by: by.to_string(),
                     code,
                 });
-                if let Some(sd) = &self.systemd {
-                    let _ = sd.send("STOPPING=1", &[]);
-                }
+                self.report.record(Record::Stopping);
             }
             None => {
-                self.events.emit(ev("stop").s("by", by));
+                self.report.event(ev("stop").s("by", by));
                 self.stopping = Some(Stopping {
                     deadline_ns: now,
                     killed: true,

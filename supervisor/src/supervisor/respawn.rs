@@ -4,9 +4,10 @@
 use std::os::fd::AsFd;
 use std::time::Duration;
 
+use super::report::Record;
 use super::*;
 use crate::app_link::{self};
-use crate::clock::{self, now_ns};
+use crate::clock::now_ns;
 use crate::control_block::Fields;
 use crate::decide::{self, Facts, Mode};
 use crate::event::ev;
@@ -65,23 +66,17 @@ impl Supervisor {
             }
         };
         self.generation = plan.generation;
-        self.events.emit(
-            ev("spawn")
-                .i("pid", pid as i64)
-                .u("generation", plan.generation as u64)
-                .s("mode", plan.mode.as_str())
-                .u("backoff_ms", plan.backoff_ms)
-                .u(
-                    "fds",
-                    if plan.mode == StartKind::Warm {
-                        self.held.len() as u64
-                    } else {
-                        0
-                    },
-                ),
-        );
-        self.metrics.up.set(1);
-        self.metrics.generation.set(plan.generation as i64);
+        self.report.record(Record::Spawn {
+            pid,
+            generation: plan.generation,
+            mode: plan.mode,
+            backoff_ms: plan.backoff_ms,
+            fds: if plan.mode == StartKind::Warm {
+                self.held.len() as u64
+            } else {
+                0
+            },
+        });
         self.app = Some(App {
             pid,
             sock: Some(sup_end),
@@ -99,7 +94,7 @@ impl Supervisor {
         if !self.ever_linked
             && let Some(p) = self.pending.take()
         {
-            self.emit_restart(
+            self.complete_restart(
                 p,
                 self.app
                     .as_ref()
@@ -112,8 +107,8 @@ impl Supervisor {
     }
 
     pub(super) fn spawn_failed(&mut self, plan: Plan, what: &str) {
-        self.events
-            .emit(ev("error").s("what", format!("cannot start the app: {what}")));
+        self.report
+            .event(ev("error").s("what", format!("cannot start the app: {what}")));
         let n = decide::next_failure_count(self.consecutive, Duration::ZERO, self.cfg.stable_after);
         self.consecutive = n;
         if decide::gives_up(n, self.cfg.max_restarts) {
@@ -136,18 +131,12 @@ impl Supervisor {
         } else {
             (0, Some(libc::WEXITSTATUS(status)))
         };
-        self.metrics.up.set(0);
-        let exited = ev("exit")
-            .i("pid", self.app.as_ref().map(|a| a.pid as i64).unwrap_or(0))
-            .opt("signal", (signal != 0).then(|| sig_name(signal)))
-            .opt("exit_code", code)
-            .u(
-                "uptime_ms",
-                clock::ms(
-                    now.saturating_sub(self.app.as_ref().map(|a| a.started_ns).unwrap_or(now)),
-                ),
-            );
-        self.events.emit(exited);
+        self.report.record(Record::Exit {
+            pid: self.app.as_ref().map_or(0, |a| a.pid),
+            signal,
+            code,
+            uptime_ns: now.saturating_sub(self.app.as_ref().map_or(now, |a| a.started_ns)),
+        });
 
         let Some(a) = &self.app else { return };
         let (uptime, start_kind) = (now.saturating_sub(a.started_ns), a.start_kind);
@@ -176,8 +165,13 @@ impl Supervisor {
                 };
                 self.app = None;
                 if code_out == 0 {
-                    self.emit_decision("stop", &format!("stopped by {by}"), None, None);
-                    self.events.emit(
+                    self.report.record(Record::Decision {
+                        mode: "stop",
+                        reason: &format!("stopped by {by}"),
+                        path: None,
+                        failure: None,
+                    });
+                    self.report.event(
                         ev("stop")
                             .s("by", by)
                             .opt("signal", (signal != 0).then(|| sig_name(signal)))
@@ -189,7 +183,12 @@ impl Supervisor {
             }
             Death::Done => {
                 self.app = None;
-                self.emit_decision("exit", "the app exited with status 0", None, None);
+                self.report.record(Record::Decision {
+                    mode: "exit",
+                    reason: "the app exited with status 0",
+                    path: None,
+                    failure: None,
+                });
                 self.exit = Some(0);
                 return;
             }
@@ -218,12 +217,12 @@ impl Supervisor {
         };
         let d = decide::decide(&facts);
         let (mode, why) = (d.mode, d.why.clone());
-        self.emit_decision(
-            mode.as_str(),
-            &why,
-            Some(RestartPath::Respawn),
-            Some(noted.kind.as_str()),
-        );
+        self.report.record(Record::Decision {
+            mode: mode.as_str(),
+            reason: &why,
+            path: Some(RestartPath::Respawn),
+            failure: Some(noted.kind.as_str()),
+        });
         let dropped = self.apply_decision(&d);
         if damage.is_some() {
             self.replace_control_block();
@@ -308,7 +307,7 @@ impl Supervisor {
         self.held
             .retain(|h| !(h.kind == FdKind::Arena && d.dropped.contains(&h.name)));
         if !d.dropped.is_empty() {
-            self.events.emit(
+            self.report.event(
                 ev("arena_dropped")
                     .s("arenas", d.dropped.join(","))
                     .s("why", d.why.clone()),
