@@ -386,6 +386,73 @@ impl Default for AppState {
     }
 }
 
+/// The app's heartbeat as the control block shows it when the supervisor
+/// asks for a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beat {
+    /// CLOCK_MONOTONIC of the last `rk_heartbeat()`; 0: none in this incarnation.
+    pub last_ns: u64,
+    /// `rk_heartbeat()` calls in this incarnation.
+    pub count: u64,
+    /// When the incarnation started.
+    pub since_ns: u64,
+}
+
+impl Beat {
+    /// The mean time between beats since the start, if it beat since.
+    fn period_ns(&self) -> Option<u64> {
+        (self.count > 0 && self.last_ns > self.since_ns)
+            .then(|| (self.last_ns - self.since_ns) / self.count)
+    }
+}
+
+/// The longest an app that beats is left to take a request at a heartbeat.
+pub const HEARTBEAT_GRACE_NS: u64 = 1_000_000_000;
+
+/// How a restart request reaches the app.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// It beats: the request waits for its next `rk_heartbeat()`, a safe
+    /// point, and the restart signal goes at `signal_at_ns` if none took it.
+    AtHeartbeat { signal_at_ns: u64 },
+    /// The restart signal now (SIGTERM for an app without the runtime).
+    SignalNow,
+}
+
+/// How to deliver a restart request.  The restart signal is always safe
+/// (the runtime acts on it from wherever the app is, with the same checks
+/// as after a fault); the heartbeat is preferred only for an app that
+/// beats, since it restarts at a point the app chose.  An app that does
+/// not beat gets the signal at once: one that is hung, never beat, has not
+/// beaten for `check_interval_ns`, or has missed two of its usual beats
+/// and sits in the kernel waiting (`blocked`, asked only then: it reads
+/// /proc).  Otherwise the signal waits until the heartbeat has been still
+/// for `check_interval_ns`, and at most [`HEARTBEAT_GRACE_NS`].
+pub fn delivery(
+    kind: FailureKind,
+    linked: bool,
+    beat: Beat,
+    now: u64,
+    check_interval_ns: u64,
+    blocked: impl FnOnce() -> bool,
+) -> Delivery {
+    if kind == FailureKind::Hang || !linked || beat.last_ns == 0 {
+        return Delivery::SignalNow;
+    }
+    let age = now.saturating_sub(beat.last_ns);
+    if age >= check_interval_ns {
+        return Delivery::SignalNow;
+    }
+    if beat.period_ns().is_some_and(|p| age >= p.saturating_mul(2)) && blocked() {
+        return Delivery::SignalNow;
+    }
+    Delivery::AtHeartbeat {
+        signal_at_ns: now
+            .saturating_add(HEARTBEAT_GRACE_NS)
+            .min(beat.last_ns.saturating_add(check_interval_ns)),
+    }
+}
+
 /// Whether the supervisor may ask for a restart now.
 pub fn ask_refusal(stopping: bool, app: Option<&AppState>) -> Option<Refusal> {
     match app {
@@ -757,5 +824,148 @@ mod tests {
                 lost_restarting: false
             }
         );
+    }
+
+    const MS: u64 = 1_000_000;
+    const CHECK: u64 = 500 * MS;
+
+    fn beat(last_ms: u64, count: u64) -> Beat {
+        Beat {
+            last_ns: last_ms * MS,
+            count,
+            since_ns: 0,
+        }
+    }
+
+    fn never_blocked() -> bool {
+        false
+    }
+
+    #[test]
+    fn a_beating_app_takes_the_request_at_a_heartbeat() {
+        // beats every 10 ms, last 4 ms ago; blocked in poll between beats
+        let now = 10_000 * MS;
+        let d = delivery(
+            FailureKind::Request,
+            true,
+            beat(9_996, 1_000),
+            now,
+            CHECK,
+            || true,
+        );
+        assert_eq!(
+            d,
+            Delivery::AtHeartbeat {
+                signal_at_ns: 9_996 * MS + CHECK
+            },
+            "signal once the heartbeat has been still for a check interval"
+        );
+        // a long check interval: the grace caps the wait
+        let d = delivery(
+            FailureKind::Leak,
+            true,
+            beat(9_996, 1_000),
+            now,
+            60_000 * MS,
+            never_blocked,
+        );
+        assert_eq!(
+            d,
+            Delivery::AtHeartbeat {
+                signal_at_ns: now + HEARTBEAT_GRACE_NS
+            }
+        );
+    }
+
+    #[test]
+    fn an_idle_app_gets_the_signal_at_once() {
+        let now = 10_000 * MS;
+        let asked = |b: Beat, blocked: bool| {
+            let mut probed = false;
+            let d = delivery(FailureKind::Request, true, b, now, CHECK, || {
+                probed = true;
+                blocked
+            });
+            (d, probed)
+        };
+        // still for a check interval: no need to look at /proc
+        assert_eq!(
+            asked(beat(9_500, 1_000), false),
+            (Delivery::SignalNow, false)
+        );
+        assert_eq!(asked(beat(2_000, 3), false), (Delivery::SignalNow, false));
+        // started at 9.8 s, beat 3 times in 30 ms, then asleep in
+        // epoll_wait for 100 ms: ten of its beats missed
+        let early = Beat {
+            last_ns: 9_830 * MS,
+            count: 3,
+            since_ns: 9_800 * MS,
+        };
+        assert_eq!(asked(early, true), (Delivery::SignalNow, true));
+        // the same, but busy on a CPU: it will beat (or hang and be caught)
+        assert!(matches!(
+            asked(early, false),
+            (Delivery::AtHeartbeat { .. }, true)
+        ));
+        // within twice its usual period: /proc is not even read
+        assert!(matches!(
+            asked(beat(9_990, 1_000), true),
+            (Delivery::AtHeartbeat { .. }, false)
+        ));
+        // no period known (its beats came before the HELLO the start counts
+        // from): /proc alone does not decide
+        let b = Beat {
+            last_ns: 9_950 * MS,
+            count: 1,
+            since_ns: 9_960 * MS,
+        };
+        assert!(matches!(
+            asked(b, true),
+            (Delivery::AtHeartbeat { .. }, false)
+        ));
+    }
+
+    #[test]
+    fn no_heartbeat_path_for_hangs_apps_that_never_beat_or_lack_the_runtime() {
+        let now = 10_000 * MS;
+        let fresh = beat(9_999, 1_000);
+        assert_eq!(
+            delivery(FailureKind::Hang, true, fresh, now, CHECK, never_blocked),
+            Delivery::SignalNow
+        );
+        assert_eq!(
+            delivery(
+                FailureKind::Request,
+                false,
+                fresh,
+                now,
+                CHECK,
+                never_blocked
+            ),
+            Delivery::SignalNow
+        );
+        assert_eq!(
+            delivery(
+                FailureKind::Leak,
+                true,
+                beat(0, 0),
+                now,
+                CHECK,
+                never_blocked
+            ),
+            Delivery::SignalNow
+        );
+        // a heartbeat "from the future" (garbage in the block) is not idle
+        assert!(matches!(
+            delivery(
+                FailureKind::Leak,
+                true,
+                beat(20_000, 5),
+                now,
+                CHECK,
+                never_blocked
+            ),
+            Delivery::AtHeartbeat { .. }
+        ));
     }
 }

@@ -6,12 +6,13 @@ use super::*;
 use crate::clock::{self, now_ns};
 use crate::decide::Mode;
 use crate::event::ev;
-use crate::lifecycle::{self, Ask, Due, Refusal};
+use crate::lifecycle::{self, Ask, Beat, Delivery, Due, Refusal};
+use crate::procfs;
 
 impl Supervisor {
-    /// Asks the running app to restart: control-block request, then the
-    /// restart signal (at once for a hang or an app that does not beat),
-    /// then SIGKILL after --kill-timeout.
+    /// Asks the running app to restart: the control-block request, taken
+    /// at the app's next heartbeat if it beats, else the restart signal at
+    /// once (lifecycle::delivery); SIGKILL if no HELLO within --kill-timeout.
     pub(super) fn ask_restart(
         &mut self,
         mode: Mode,
@@ -20,11 +21,13 @@ impl Supervisor {
         counts: bool,
     ) -> Result<(), String> {
         let now = now_ns();
-        match lifecycle::ask_refusal(self.stopping.is_some(), self.app.as_ref().map(|a| &a.state)) {
-            None => {}
-            Some(Refusal::Stopping) => return Err("the supervisor is stopping".into()),
-            Some(Refusal::Busy) => return Err("a restart is already under way".into()),
-            Some(Refusal::NoApp) => {
+        let refusal =
+            lifecycle::ask_refusal(self.stopping.is_some(), self.app.as_ref().map(|a| &a.state));
+        let (pid, linked, since_ns) = match (refusal, &self.app) {
+            (None, Some(a)) => (a.pid, a.state.linked(), a.started_ns),
+            (Some(Refusal::Stopping), _) => return Err("the supervisor is stopping".into()),
+            (Some(Refusal::Busy), _) => return Err("a restart is already under way".into()),
+            (Some(Refusal::NoApp), _) | (None, None) => {
                 return Err(match &self.next_spawn {
                     Some((t, _)) => format!(
                         "no app running; next start in {} ms",
@@ -33,40 +36,53 @@ impl Supervisor {
                     None => "no app running".into(),
                 });
             }
-        }
-        let Some((pid, linked)) = self.app.as_ref().map(|a| (a.pid, a.state.linked())) else {
-            return Err("no app running".into());
         };
         if self.note_failure(kind, 0, None, &reason, counts) {
             return Ok(()); // gave up: the app is being stopped
         }
-        let beats = self.ctl.pid() == pid as u32 && self.ctl.heartbeat_ns() != 0;
-        self.ctl
-            .request(if mode == Mode::Cold { 2 } else { 1 }, &reason);
-        let kill_ns = dur_ns(self.cfg.kill_timeout);
-        let ask = if kind != FailureKind::Hang && beats && linked {
-            Ask {
-                mode,
-                signal_at_ns: Some(now + 1_000_000_000),
-                kill_at_ns: None,
+        // the block's heartbeat is this process's only once its rk_init ran
+        let beat = if self.ctl.pid() == pid as u32 {
+            Beat {
+                last_ns: self.ctl.heartbeat_ns(),
+                count: self.ctl.heartbeat_count(),
+                since_ns,
             }
         } else {
-            let s = if linked {
-                self.cfg.restart_signal
-            } else {
-                libc::SIGTERM
-            };
-            send_signal(pid, s);
-            self.report.event(
-                ev("signal")
-                    .i("pid", pid as i64)
-                    .s("signal", sig_name(s))
-                    .s("reason", &reason),
-            );
-            Ask {
+            Beat {
+                last_ns: 0,
+                count: 0,
+                since_ns,
+            }
+        };
+        self.ctl
+            .request(if mode == Mode::Cold { 2 } else { 1 }, &reason);
+        let check_ns = dur_ns(self.cfg.check_interval);
+        let ask = match lifecycle::delivery(kind, linked, beat, now, check_ns, || {
+            procfs::blocked_in_kernel(pid)
+        }) {
+            Delivery::AtHeartbeat { signal_at_ns } => Ask {
                 mode,
-                signal_at_ns: None,
-                kill_at_ns: Some(now + kill_ns),
+                signal_at_ns: Some(signal_at_ns),
+                kill_at_ns: None,
+            },
+            Delivery::SignalNow => {
+                let s = if linked {
+                    self.cfg.restart_signal
+                } else {
+                    libc::SIGTERM
+                };
+                send_signal(pid, s);
+                self.report.event(
+                    ev("signal")
+                        .i("pid", pid as i64)
+                        .s("signal", sig_name(s))
+                        .s("reason", &reason),
+                );
+                Ask {
+                    mode,
+                    signal_at_ns: None,
+                    kill_at_ns: Some(now.saturating_add(dur_ns(self.cfg.kill_timeout))),
+                }
             }
         };
         if let Some(a) = &mut self.app {
