@@ -8,6 +8,9 @@
 //! transition that needs a failure noted first says so (`Unnoted`) and
 //! changes nothing, and the caller notes it ([`AppState::fail`]) and offers
 //! the input again.
+//!
+//! Over 600 lines: half of it is the unit tests of the transitions and of
+//! the restart delivery, kept beside the code they pin down.
 
 use crate::decide::Mode;
 use crate::failure::{Failure, FailureKind};

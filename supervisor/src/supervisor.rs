@@ -5,6 +5,13 @@
 //! pair, the app's sd_notify socket, the control socket and its clients, the
 //! metrics listener; the poll timeout drives the periodic checks (hang, RSS,
 //! reaping), the backoff, kill deadlines and the systemd watchdog.
+//!
+//! This file holds the `Supervisor` struct, its setup and the loop; the
+//! handlers are in `supervisor/`: `app_messages`, `control_commands`,
+//! `checks`, `requests` (restart and stop asked of the app), `respawn`
+//! (death, decision, spawn), `failures` and `report` (the one `record()`
+//! path to events, metrics, systemd and status).  The app's state and its
+//! transitions are the pure `lifecycle` module.
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -18,7 +25,7 @@ use serde_json::json;
 use crate::cli::{Config, ListenAddr};
 use crate::clock::now_ns;
 use crate::control_block::{ControlBlock, Damage};
-use crate::control_socket::{self};
+use crate::control_socket;
 use crate::decide::{self, Facts, Mode};
 use crate::event::{EventLog, ev};
 use crate::failure::FailureKind;

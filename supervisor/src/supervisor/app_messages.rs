@@ -5,12 +5,12 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::report::Record;
-use super::*;
+use super::{App, Held, Pending, Supervisor, dur_ns};
 use crate::app_link::{self, Recv};
 use crate::clock::{self, now_ns};
 use crate::decide::Mode;
 use crate::event::ev;
-use crate::lifecycle::{HelloOutcome, RestartingOutcome};
+use crate::lifecycle::{HelloOutcome, RestartPath, RestartingOutcome};
 use crate::notify::{self, Notice};
 use crate::proto::{self, AppMsg, FdKind, Hello, Inherit, Restarting, StartKind, SupMsg};
 

@@ -4,11 +4,12 @@
 use std::time::Duration;
 
 use super::report::Record;
-use super::*;
-use crate::clock::{self};
+use super::{Supervisor, dur_ns};
+use crate::clock;
 use crate::control_block::{ControlBlock, CtlState, Damage, Fields};
 use crate::decide::Mode;
 use crate::event::ev;
+use crate::failure::FailureKind;
 use crate::procfs;
 
 impl Supervisor {

@@ -2,9 +2,10 @@
 
 use serde_json::{Value, json};
 
-use super::*;
+use super::Supervisor;
 use crate::clock::{self, now_ns};
 use crate::control_socket::{Request, error_reply};
+use crate::failure::FailureKind;
 use crate::lifecycle;
 
 impl Supervisor {

@@ -4,7 +4,6 @@
 
 use serde_json::{Value, json};
 
-use crate::clock;
 use crate::control_block::Damage;
 use crate::decide::Mode;
 use crate::event::{Event, EventLog, ev};
@@ -13,7 +12,7 @@ use crate::lifecycle::RestartPath;
 use crate::metrics::Metrics;
 use crate::notify::Systemd;
 use crate::proto::{Hello, StartKind};
-use crate::signame;
+use crate::{clock, signame};
 
 /// Something that happened, with what each place needs to tell it.
 pub(super) enum Record<'a> {

@@ -2,10 +2,11 @@
 //! request, restart signal, SIGKILL after --kill-timeout) or a stop.
 
 use super::report::Record;
-use super::*;
+use super::{Stopping, Supervisor, dur_ns, send_signal, sig_name};
 use crate::clock::{self, now_ns};
 use crate::decide::Mode;
 use crate::event::ev;
+use crate::failure::FailureKind;
 use crate::lifecycle::{self, Ask, Beat, Delivery, Due, Refusal};
 use crate::procfs;
 

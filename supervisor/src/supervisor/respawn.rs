@@ -5,13 +5,13 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use super::report::Record;
-use super::*;
-use crate::app_link::{self};
+use super::{App, Pending, Plan, Supervisor, dur_ns, sig_name};
+use crate::app_link;
 use crate::clock::now_ns;
 use crate::control_block::Fields;
 use crate::decide::{self, Facts, Mode};
 use crate::event::ev;
-use crate::lifecycle::Death;
+use crate::lifecycle::{AppState, Death, RestartPath};
 use crate::proto::{FdKind, StartKind};
 use crate::spawn::{self, ChildFds};
 
