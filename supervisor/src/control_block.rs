@@ -83,6 +83,13 @@ impl CtlState {
     }
 }
 
+/// The `request_mode` the supervisor writes to ask for a restart (0 is none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestMode {
+    Warm = 1,
+    Cold = 2,
+}
+
 /// What is wrong with a control block's header: the block is the evidence
 /// of open unsafe regions, so a damaged one cannot vouch for a warm restart.
 /// The words match the runtime's `rk_control_damage()`.
@@ -357,8 +364,9 @@ impl ControlBlock {
         self.load_u32(OFF_REQUEST_MODE)
     }
 
-    /// Asks for a restart: the reason first, then the mode (1 warm, 2 cold).
-    pub fn request(&self, mode: u32, reason: &str) {
+    /// Asks for a restart: the reason first, then the mode, which the
+    /// runtime reads as the signal that the reason is complete.
+    pub fn request(&self, mode: RequestMode, reason: &str) {
         let bytes = reason.as_bytes();
         let n = bytes.len().min(REQUEST_REASON_LEN - 1);
         for i in 0..REQUEST_REASON_LEN {
@@ -367,7 +375,7 @@ impl ControlBlock {
             unsafe { std::ptr::write_volatile(self.ptr.add(OFF_REQUEST_REASON + i), c) };
         }
         std::sync::atomic::fence(Ordering::SeqCst);
-        self.store_u32(OFF_REQUEST_MODE, mode);
+        self.store_u32(OFF_REQUEST_MODE, mode as u32);
     }
 
     /// Before a new process starts: clear what belonged to the dead one (the
@@ -536,8 +544,10 @@ mod tests {
         cb.store_u32(OFF_STATE, 77);
         assert_eq!(cb.state(), CtlState::Unknown(77));
         assert_eq!(CtlState::from_raw(2).as_str(), "recovering");
-        cb.request(1, "leak: RssAnon 1 > max 0");
+        cb.request(RequestMode::Warm, "leak: RssAnon 1 > max 0");
         assert_eq!(cb.request_mode(), 1);
+        cb.request(RequestMode::Cold, "leak: RssAnon 1 > max 0");
+        assert_eq!(cb.request_mode(), 2);
         assert_eq!(
             cb.cstr_at(OFF_REQUEST_REASON, REQUEST_REASON_LEN)
                 .as_deref(),

@@ -26,7 +26,7 @@ impl Supervisor {
                     match self.ask_restart(mode, reason, FailureKind::Request, false) {
                         Ok(()) => json!({"ok": true, "mode": mode.as_str(),
                                           "pid": self.app.as_ref().map(|a| a.pid)}),
-                        Err(e) => error_reply(&e),
+                        Err(e) => error_reply(&e.to_string()),
                     }
                 }
                 Ok(Request::Stop) => {

@@ -4,11 +4,25 @@
 use super::report::Record;
 use super::{Stopping, Supervisor, dur_ns, send_signal, sig_name};
 use crate::clock::{self, now_ns};
+use crate::control_block::RequestMode;
 use crate::decide::Mode;
 use crate::event::ev;
 use crate::failure::FailureKind;
 use crate::lifecycle::{self, Ask, Beat, Delivery, Due, Refusal};
 use crate::procfs;
+
+/// Why a restart cannot be asked for now (the control socket's error reply).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum AskError {
+    #[error("the supervisor is stopping")]
+    Stopping,
+    #[error("a restart is already under way")]
+    Busy,
+    #[error("no app running; next start in {0} ms")]
+    NoAppYet(u64),
+    #[error("no app running")]
+    NoApp,
+}
 
 impl Supervisor {
     /// Asks the running app to restart: the control-block request, taken
@@ -20,21 +34,18 @@ impl Supervisor {
         reason: String,
         kind: FailureKind,
         counts: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), AskError> {
         let now = now_ns();
         let refusal =
             lifecycle::ask_refusal(self.stopping.is_some(), self.app.as_ref().map(|a| &a.state));
         let (pid, linked, since_ns) = match (refusal, &self.app) {
             (None, Some(a)) => (a.pid, a.state.linked(), a.started_ns),
-            (Some(Refusal::Stopping), _) => return Err("the supervisor is stopping".into()),
-            (Some(Refusal::Busy), _) => return Err("a restart is already under way".into()),
+            (Some(Refusal::Stopping), _) => return Err(AskError::Stopping),
+            (Some(Refusal::Busy), _) => return Err(AskError::Busy),
             (Some(Refusal::NoApp), _) | (None, None) => {
                 return Err(match &self.next_spawn {
-                    Some((t, _)) => format!(
-                        "no app running; next start in {} ms",
-                        clock::ms(t.saturating_sub(now))
-                    ),
-                    None => "no app running".into(),
+                    Some((t, _)) => AskError::NoAppYet(clock::ms(t.saturating_sub(now))),
+                    None => AskError::NoApp,
                 });
             }
         };
@@ -55,8 +66,11 @@ impl Supervisor {
                 since_ns,
             }
         };
-        self.ctl
-            .request(if mode == Mode::Cold { 2 } else { 1 }, &reason);
+        let request = match mode {
+            Mode::Warm => RequestMode::Warm,
+            Mode::Cold => RequestMode::Cold,
+        };
+        self.ctl.request(request, &reason);
         let check_ns = dur_ns(self.cfg.check_interval);
         let ask = match lifecycle::delivery(kind, linked, beat, now, check_ns, || {
             procfs::blocked_in_kernel(pid)
