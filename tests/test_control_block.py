@@ -106,6 +106,10 @@ def test_after_an_in_place_restart_the_app_is_supervised_again(supervise):
     after = sup.state()
     assert after["supervised"], after
     assert "foreign magic" not in sup.stderr(), "the new incarnation found a good block"
+    sup.wait_event("control_block", lambda e: e["status"] == "corrupt")
+    sup.wait_event("control_block", lambda e: e["status"] == "repaired")
+    status = sup.cli("status", sup.name, "--json").stdout.replace(" ", "")
+    assert '"ok":true' in status and '"corruptions":1' in status, status
     sup.command("hang", expect_reply=False)
     failure = sup.wait_event("failure", lambda e: e["kind"] == "hang", timeout=15)
     assert failure["generation"] == 1

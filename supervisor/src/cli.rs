@@ -1,5 +1,6 @@
 //! Command line: `rekindle run|status|ps|restart|stop` (clap derive), and the
-//! value parsers for durations, sizes and listen addresses.
+//! value parsers for durations, sizes and listen addresses, and the
+//! resolution of `rekindle run`'s arguments into a [`Config`].
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -7,6 +8,9 @@ use std::time::Duration;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, Parser, Subcommand};
+
+use crate::runtime_dir;
+use crate::spawn::{self, ProgramError};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -127,6 +131,72 @@ pub struct RunArgs {
     /// usage error: use `--` to run a program whose name starts with '-').
     #[arg(value_name = "PROGRAM", required = true, trailing_var_arg = true, num_args = 1..)]
     pub command: Vec<OsString>,
+}
+
+/// Settings of one `rekindle run`, resolved.
+pub struct Config {
+    pub name: String,
+    pub program_display: String,
+    pub program_path: PathBuf,
+    pub args: Vec<OsString>,
+    pub hang_timeout: Duration,
+    pub kill_timeout: Duration,
+    pub max_rss: Option<u64>,
+    pub check_interval: Duration,
+    pub crashloop_window: Duration,
+    pub max_restarts: u32,
+    pub stable_after: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub stop_timeout: Duration,
+    pub listen: Vec<ListenAddr>,
+    pub events: Option<PathBuf>,
+    pub metrics: Option<String>,
+    pub restart_signal: i32,
+}
+
+/// Why `rekindle run`'s arguments cannot be used (a usage error: exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Program(#[from] ProgramError),
+    #[error("{0}")]
+    Name(String),
+}
+
+impl Config {
+    /// Finds PROGRAM and settles the name; the check interval is at least
+    /// 10 ms, so a zero cannot make the poll loop spin.
+    pub fn from_args(a: RunArgs) -> Result<Self, ConfigError> {
+        let prog = a.command.first().cloned().unwrap_or_default();
+        let program_path = spawn::resolve_program(&prog)?;
+        let program_display = prog.to_string_lossy().into_owned();
+        let name = match a.name {
+            Some(n) => n,
+            None => runtime_dir::name_from_program(&program_display),
+        };
+        runtime_dir::check_name(&name).map_err(|e| ConfigError::Name(e.to_string()))?;
+        Ok(Config {
+            name,
+            program_display,
+            program_path,
+            args: a.command,
+            hang_timeout: a.hang_timeout,
+            kill_timeout: a.kill_timeout,
+            max_rss: a.max_rss,
+            check_interval: a.check_interval.max(Duration::from_millis(10)),
+            crashloop_window: a.crashloop_window,
+            max_restarts: a.max_restarts,
+            stable_after: a.stable_after,
+            backoff_initial: a.backoff_initial,
+            backoff_max: a.backoff_max,
+            stop_timeout: a.stop_timeout,
+            listen: a.listen,
+            events: a.events,
+            metrics: a.metrics,
+            restart_signal: a.restart_signal,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -329,5 +399,36 @@ mod tests {
             .err()
             .unwrap_or_else(|| panic!("accepted"));
         assert_eq!(unknown_option_text(&e), None);
+    }
+
+    fn run_args(argv: &[&str]) -> RunArgs {
+        let mut full = vec!["rekindle", "run"];
+        full.extend_from_slice(argv);
+        match Cli::try_parse_from(full).map(|c| c.cmd) {
+            Ok(Command::Run(r)) => *r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn config_resolves_program_name_and_floors() {
+        let c = Config::from_args(run_args(&["--check-interval", "0", "--", "sh", "-c", "x"]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.name, "sh");
+        assert_eq!(c.program_display, "sh");
+        assert!(c.program_path.is_absolute(), "{:?}", c.program_path);
+        assert_eq!(c.args, vec!["sh", "-c", "x"]);
+        assert_eq!(c.check_interval, Duration::from_millis(10));
+        assert_eq!(c.kill_timeout, Duration::from_secs(1));
+        let c = Config::from_args(run_args(&["--name", "web@1", "--", "sh"]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.name, "web@1");
+        let e = Config::from_args(run_args(&["--name", ".hidden", "--", "sh"]));
+        assert!(matches!(e, Err(ConfigError::Name(ref m)) if m.contains("invalid name")));
+        let e = Config::from_args(run_args(&["--", "/no/such/program"]));
+        assert!(matches!(
+            e,
+            Err(ConfigError::Program(ProgramError::NotFound(_)))
+        ));
     }
 }

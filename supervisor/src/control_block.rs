@@ -50,24 +50,53 @@ pub const SLOT_OFF_TID: usize = 0;
 pub const SLOT_OFF_DEPTH: usize = 4;
 pub const SLOT_DEPTH_SIZE: usize = 2;
 
-/// `request_mode` values (enum rk_request_mode).
-pub const REQ_WARM: u32 = 1;
-pub const REQ_COLD: u32 = 2;
-
 pub const FLAG_WARM_DISABLED: u32 = 1;
 /// The runtime's shared overflow slot (rk_control: OVERFLOW_TID).
 pub const OVERFLOW_TID: u32 = 0xffff_ffff;
 
-/// `state` values.
-pub fn state_name(s: u32) -> &'static str {
-    match s {
-        0 => "none",
-        1 => "running",
-        2 => "recovering",
-        3 => "ready",
-        4 => "restarting",
-        _ => "unknown",
+/// The block's `state` field, as the runtime writes it (rk_ctl_state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CtlState {
+    None,
+    Running,
+    /// Warm, before `rk_finish_recovery`.
+    Recovering,
+    /// After `rk_ready`.
+    Ready,
+    /// Inside `rk_restart`, before the exec: no heartbeat is due.
+    Restarting,
+    /// Anything else: the app wrote garbage there.
+    Unknown(u32),
+}
+
+impl CtlState {
+    pub fn from_raw(s: u32) -> Self {
+        match s {
+            0 => CtlState::None,
+            1 => CtlState::Running,
+            2 => CtlState::Recovering,
+            3 => CtlState::Ready,
+            4 => CtlState::Restarting,
+            n => CtlState::Unknown(n),
+        }
     }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CtlState::None => "none",
+            CtlState::Running => "running",
+            CtlState::Recovering => "recovering",
+            CtlState::Ready => "ready",
+            CtlState::Restarting => "restarting",
+            CtlState::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// The `request_mode` the supervisor writes to ask for a restart (0 is none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestMode {
+    Warm = 1,
+    Cold = 2,
 }
 
 /// What is wrong with a control block's header: the block is the evidence
@@ -82,6 +111,18 @@ pub enum Damage {
 }
 
 impl Damage {
+    pub const ALL: [Damage; 4] = [
+        Damage::BadMagic,
+        Damage::BadLayout,
+        Damage::BadArenaCount,
+        Damage::BadArenaTable,
+    ];
+
+    /// The damage the runtime's words name (its decision text).
+    pub fn from_words(s: &str) -> Option<Damage> {
+        Damage::ALL.iter().copied().find(|d| d.describe() == s)
+    }
+
     /// Stable code, for events, status and metrics labels.
     pub fn code(self) -> &'static str {
         match self {
@@ -356,8 +397,8 @@ impl ControlBlock {
     pub fn generation(&self) -> u32 {
         self.load_u32(OFF_GENERATION)
     }
-    pub fn state(&self) -> u32 {
-        self.load_u32(OFF_STATE)
+    pub fn state(&self) -> CtlState {
+        CtlState::from_raw(self.load_u32(OFF_STATE))
     }
     pub fn flags(&self) -> u32 {
         self.load_u32(OFF_FLAGS)
@@ -378,8 +419,9 @@ impl ControlBlock {
         self.load_u32(OFF_REQUEST_MODE)
     }
 
-    /// Asks for a restart: the reason first, then the mode (1 warm, 2 cold).
-    pub fn request(&self, mode: u32, reason: &str) {
+    /// Asks for a restart: the reason first, then the mode, which the
+    /// runtime reads as the signal that the reason is complete.
+    pub fn request(&self, mode: RequestMode, reason: &str) {
         let bytes = reason.as_bytes();
         let n = bytes.len().min(REQUEST_REASON_LEN - 1);
         for i in 0..REQUEST_REASON_LEN {
@@ -388,7 +430,7 @@ impl ControlBlock {
             unsafe { std::ptr::write_volatile(self.ptr.add(OFF_REQUEST_REASON + i), c) };
         }
         std::sync::atomic::fence(Ordering::SeqCst);
-        self.store_u32(OFF_REQUEST_MODE, mode);
+        self.store_u32(OFF_REQUEST_MODE, mode as u32);
     }
 
     /// Before a new process starts: clear what belonged to the dead one (the
@@ -584,8 +626,16 @@ mod tests {
         assert_eq!(cb.load_u64(OFF_MAGIC), MAGIC);
         assert_eq!(cb.load_u32(OFF_NSLOTS), 256);
         assert_eq!(cb.damage(), None);
-        cb.request(1, "leak: RssAnon 1 > max 0");
+        assert_eq!(cb.state(), CtlState::None);
+        cb.store_u32(OFF_STATE, 4);
+        assert_eq!(cb.state(), CtlState::Restarting);
+        cb.store_u32(OFF_STATE, 77);
+        assert_eq!(cb.state(), CtlState::Unknown(77));
+        assert_eq!(CtlState::from_raw(2).as_str(), "recovering");
+        cb.request(RequestMode::Warm, "leak: RssAnon 1 > max 0");
         assert_eq!(cb.request_mode(), 1);
+        cb.request(RequestMode::Cold, "leak: RssAnon 1 > max 0");
+        assert_eq!(cb.request_mode(), 2);
         assert_eq!(
             cb.cstr_at(OFF_REQUEST_REASON, REQUEST_REASON_LEN)
                 .as_deref(),

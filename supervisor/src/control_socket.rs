@@ -9,6 +9,10 @@
 //! Replies are {"ok":true,...} or {"ok":false,"error":"..."}.  Malformed
 //! JSON, an empty line, a duplicate key, an unknown command or an overlong
 //! line get an error reply and the connection stays open.
+//!
+//! Over 600 lines: both ends of the socket (the table rules and request
+//! parser, pure and first; the server; the client's call) stay together so
+//! that the line format has one home; a fifth of it is tests.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};

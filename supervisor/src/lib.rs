@@ -10,6 +10,8 @@ pub mod control_block;
 pub mod control_socket;
 pub mod decide;
 pub mod event;
+pub mod failure;
+pub mod lifecycle;
 pub mod metrics;
 pub mod notify;
 pub mod orphan;

@@ -15,7 +15,7 @@ fn main() {
         },
     };
     let r = match cli.cmd {
-        Command::Run(args) => match supervisor::Config::from_args(*args) {
+        Command::Run(args) => match cli::Config::from_args(*args) {
             Ok(cfg) => match supervisor::Supervisor::new(cfg) {
                 Ok(s) => Ok(s.run()),
                 Err(e) => {

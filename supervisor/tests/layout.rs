@@ -89,7 +89,7 @@ fn rust_constants_match_the_c_headers() {
     same("SLOT_OFF_TID", cb::SLOT_OFF_TID as u64);
     same("SLOT_OFF_DEPTH", cb::SLOT_OFF_DEPTH as u64);
     same("SLOT_DEPTH_SIZE", cb::SLOT_DEPTH_SIZE as u64);
-    // the supervisor names states by number (control_block::state_name)
+    // the supervisor names states by number (control_block::CtlState)
     for (name, words) in [
         ("CONTROL_STATE_NONE", "none"),
         ("CONTROL_STATE_RUNNING", "running"),
@@ -97,10 +97,14 @@ fn rust_constants_match_the_c_headers() {
         ("CONTROL_STATE_READY", "ready"),
         ("CONTROL_STATE_RESTARTING", "restarting"),
     ] {
-        assert_eq!(cb::state_name(want(name) as u32), words, "{name}");
+        assert_eq!(
+            cb::CtlState::from_raw(want(name) as u32).as_str(),
+            words,
+            "{name}"
+        );
     }
-    same("CONTROL_REQ_WARM", cb::REQ_WARM as u64);
-    same("CONTROL_REQ_COLD", cb::REQ_COLD as u64);
+    same("CONTROL_REQ_WARM", cb::RequestMode::Warm as u64);
+    same("CONTROL_REQ_COLD", cb::RequestMode::Cold as u64);
     same("ARENA_MAGIC", arena::ARENA_MAGIC);
     same("ARENA_VERSION", arena::ARENA_VERSION as u64);
     same("ARENA_OFF_MAGIC", arena::OFF_MAGIC as u64);
