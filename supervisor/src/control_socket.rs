@@ -13,6 +13,38 @@
 //! Over 600 lines: both ends of the socket (the table rules and request
 //! parser, pure and first; the server; the client's call) stay together so
 //! that the line format has one home; a fifth of it is tests.
+//!
+//! Floods.  Any process of our uid can open connections as fast as it likes
+//! and keep them open, saying nothing or half a line.  The table holds 64;
+//! what must never happen is that a client which connects, sends one
+//! complete request line and waits for the reply loses its place to the
+//! flood before it is answered.  The policy:
+//!
+//! - What every connection has sent is read before newcomers are accepted
+//!   (each round of `Server::accept`), and a candidate for eviction is read
+//!   once more just before: a request that is there is answered, not thrown
+//!   away with its connection.
+//! - At most ACCEPT_BATCH (16) newcomers are accepted per round, and the
+//!   requests found are served between rounds (the supervisor serves the
+//!   ids `accept` returns).  A newcomer whose request is not there yet goes
+//!   only after the connections older than it, so it outlives the next
+//!   three rounds at least (some 60 newcomers) and is read at each.
+//! - A newcomer to a full table evicts, in this order: a connection that has
+//!   sent an incomplete line (the one stuck mid-line the longest: slowloris
+//!   and half-line floods go first); else the one idle the longest (its last
+//!   complete request, or its accept, the longest ago); only when every
+//!   connection has a request read and not yet answered (a flood of complete
+//!   requests) the oldest of those.  A connection waiting for a stop to
+//!   finish is never evicted; only when all 64 are such is a newcomer
+//!   refused.
+//! - A connection that sends no complete line for 5 s is closed anyway.
+//!
+//! There is deliberately no minimum age that protects a newcomer from
+//! eviction: it would cap admissions at 64 per that age, and under a flood
+//! every other newcomer, a genuine one included, would then be refused at
+//! the door (or left in the listen backlog, where it cannot even connect).
+//! Eviction in accept order gives each silent connection the longest life
+//! the flood allows.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -28,9 +60,11 @@ use thiserror::Error;
 use crate::decide::Mode;
 
 pub const MAX_LINE: usize = 64 * 1024;
-/// Connections served at once; a newcomer beyond them evicts the one idle
-/// the longest.
+/// Connections served at once; a newcomer beyond them evicts one (see
+/// `admit`).
 pub const MAX_CLIENTS: usize = 64;
+/// Newcomers accepted per call of `Server::accept` (one poll round).
+pub const ACCEPT_BATCH: usize = 16;
 /// A connection that sends no complete request line for this long is
 /// closed (one that waits for a stop to finish excepted).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -51,6 +85,10 @@ pub struct Activity {
     pub refused: bool,
     /// Accepted at.
     pub since: Instant,
+    /// It has complete requests read and not yet answered.
+    pub pending: bool,
+    /// It has sent an incomplete line, begun at this time.
+    pub partial_since: Option<Instant>,
 }
 
 /// Why the table closes a connection.
@@ -91,14 +129,25 @@ pub fn expiry(a: &Activity, now: Instant) -> Option<Expiry> {
 pub enum Admission {
     /// There is room.
     Room,
-    /// The table is full: the connection at this index (the one idle the
-    /// longest, never a held one) makes room.
+    /// The table is full: the connection at this index makes room.
     Evict(usize),
     /// Every slot waits for a stop: refuse the newcomer.
     Full,
 }
 
+/// Which connection goes first when one must: lowest first.  One stuck
+/// mid-line the longest, then one idle the longest, and one with a request
+/// waiting for its answer only when all have one (then the oldest).
+fn eviction_rank(a: &Activity) -> (u8, Instant) {
+    match (a.pending, a.partial_since) {
+        (false, Some(t)) => (0, t),
+        (false, None) => (1, a.last_request),
+        (true, _) => (2, a.since),
+    }
+}
+
 /// The admission rule over the current connections (indexes are theirs).
+/// A held connection (waiting for a stop) is never evicted.
 pub fn admit(clients: &[Activity], max: usize) -> Admission {
     let counted = clients.iter().filter(|a| !a.refused).count();
     if counted < max {
@@ -108,8 +157,19 @@ pub fn admit(clients: &[Activity], max: usize) -> Admission {
         .iter()
         .enumerate()
         .filter(|(_, a)| !a.refused && !a.held)
-        .min_by_key(|(_, a)| a.last_request)
+        .min_by_key(|(_, a)| eviction_rank(a))
         .map_or(Admission::Full, |(i, _)| Admission::Evict(i))
+}
+
+/// What an evicted connection is told.
+pub fn eviction_message(a: &Activity) -> &'static str {
+    match eviction_rank(a).0 {
+        0 => {
+            "closed: too many control connections, and this one sent an incomplete line the longest"
+        }
+        1 => "closed: too many control connections, and this one was idle the longest",
+        _ => "closed: too many control connections, all busy; its requests were not carried out",
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -264,6 +324,11 @@ pub struct LineReader {
 }
 
 impl LineReader {
+    /// Whether it holds the beginning of a line (or skips an overlong one).
+    pub fn partial(&self) -> bool {
+        !self.buf.is_empty() || self.discarding
+    }
+
     pub fn push(&mut self, data: &[u8], out: &mut Vec<Result<Request, RequestError>>) {
         for chunk in data.split_inclusive(|&c| c == b'\n') {
             let complete = chunk.last() == Some(&b'\n');
@@ -318,6 +383,10 @@ pub struct Client {
     since: Instant,
     /// Accepted, or its last complete request line (the idle timeout).
     last_request: Instant,
+    /// Requests read and not yet handed out by `read`.
+    pending: Vec<Result<Request, RequestError>>,
+    /// When the incomplete line it has sent began.
+    partial_since: Option<Instant>,
 }
 
 pub struct Server {
@@ -387,75 +456,95 @@ impl Server {
         self.listener.as_fd()
     }
 
-    /// Accepts every pending connection; returns the ids of the admitted
-    /// ones, whose first request may already be there to read.  A newcomer
-    /// to a full table evicts the connection idle the longest.
+    /// One round of accepts: reads what the connections have sent, then
+    /// accepts up to ACCEPT_BATCH newcomers, evicting one for each when the
+    /// table is full (see the policy at the top).  Returns the ids of the
+    /// connections with requests to serve now (`Client::read` hands them
+    /// out); newcomers that have sent nothing yet are served when readable.
     pub fn accept(&mut self) -> Vec<u64> {
-        let mut admitted = Vec::new();
-        loop {
-            match self.listener.accept() {
-                Ok((s, _)) => {
-                    let _ = s.set_nonblocking(true);
-                    // SAFETY: geteuid cannot fail.
-                    let me = unsafe { libc::geteuid() };
-                    let id = self.next_id;
-                    self.next_id += 1;
-                    let now = Instant::now();
-                    let mut c = Client {
-                        id,
-                        stream: s,
-                        reader: LineReader::default(),
-                        out: Vec::new(),
-                        closing: false,
-                        hold_open: false,
-                        refused: false,
-                        since: now,
-                        last_request: now,
-                    };
-                    match peer_uid(c.stream.as_fd()) {
-                        Ok(uid) if uid == me || uid == 0 => {}
-                        Ok(uid) => {
-                            c.queue(&error_reply(&format!("permission denied: peer uid {uid}")));
-                            c.refused = true;
-                        }
-                        Err(e) => {
-                            c.queue(&error_reply(&format!("cannot check peer credentials: {e}")));
-                            c.refused = true;
-                        }
-                    }
-                    if !c.refused {
-                        let table: Vec<Activity> =
-                            self.clients.iter().map(Client::activity).collect();
-                        match admit(&table, MAX_CLIENTS) {
-                            Admission::Room => {}
-                            Admission::Evict(i) => {
-                                let mut old = self.clients.remove(i);
-                                old.queue(&error_reply(
-                                    "closed: too many control connections, and this one was idle the longest",
-                                ));
-                                old.flush();
-                            }
-                            Admission::Full => {
-                                c.queue(&error_reply("too many control connections"));
-                                c.refused = true;
-                            }
-                        }
-                    }
-                    c.flush();
-                    if c.refused && self.clients.len() >= 2 * MAX_CLIENTS {
-                        continue; // flooded: dropped at once
-                    }
-                    if !c.refused {
-                        admitted.push(id);
-                    }
-                    self.clients.push(c);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => break,
-            }
+        for c in &mut self.clients {
+            c.fill();
         }
-        admitted
+        self.sweep(); // the gone and the expired make room first
+        for _ in 0..ACCEPT_BATCH {
+            let s = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break, // WouldBlock, or out of fds: next round
+            };
+            let _ = s.set_nonblocking(true);
+            // SAFETY: geteuid cannot fail.
+            let me = unsafe { libc::geteuid() };
+            let id = self.next_id;
+            self.next_id += 1;
+            let now = Instant::now();
+            let mut c = Client {
+                id,
+                stream: s,
+                reader: LineReader::default(),
+                out: Vec::new(),
+                closing: false,
+                hold_open: false,
+                refused: false,
+                since: now,
+                last_request: now,
+                pending: Vec::new(),
+                partial_since: None,
+            };
+            match peer_uid(c.stream.as_fd()) {
+                Ok(uid) if uid == me || uid == 0 => {}
+                Ok(uid) => {
+                    c.queue(&error_reply(&format!("permission denied: peer uid {uid}")));
+                    c.refused = true;
+                }
+                Err(e) => {
+                    c.queue(&error_reply(&format!("cannot check peer credentials: {e}")));
+                    c.refused = true;
+                }
+            }
+            if !c.refused && !self.make_room() {
+                c.queue(&error_reply("too many control connections"));
+                c.refused = true;
+            }
+            c.flush();
+            if c.refused && self.clients.len() >= 2 * MAX_CLIENTS {
+                continue; // flooded: dropped at once
+            }
+            c.fill(); // its request may be there already
+            self.clients.push(c);
+        }
+        self.clients
+            .iter()
+            .filter(|c| !c.pending.is_empty())
+            .map(|c| c.id)
+            .collect()
+    }
+
+    /// Evicts one connection if the table is full; false if it is full of
+    /// connections waiting for a stop.  The one chosen is read first, and
+    /// spared if a request of its own turns up.
+    fn make_room(&mut self) -> bool {
+        loop {
+            let table: Vec<Activity> = self.clients.iter().map(Client::activity).collect();
+            let i = match admit(&table, MAX_CLIENTS) {
+                Admission::Room => return true,
+                Admission::Full => return false,
+                Admission::Evict(i) => i,
+            };
+            let Some(c) = self.clients.get_mut(i) else {
+                return false; // cannot happen: admit indexes the table
+            };
+            if c.pending.is_empty() {
+                c.fill();
+                if !c.pending.is_empty() {
+                    continue; // a request of its own turned up: not this one
+                }
+            }
+            let mut old = self.clients.remove(i);
+            old.queue(&error_reply(eviction_message(&old.activity())));
+            old.flush();
+            return true;
+        }
     }
 
     pub fn client_mut(&mut self, id: u64) -> Option<&mut Client> {
@@ -473,7 +562,7 @@ impl Server {
                 }
                 return false;
             }
-            !(c.closing && c.out.is_empty() && !c.hold_open)
+            !(c.closing && c.out.is_empty() && !c.hold_open && c.pending.is_empty())
         });
     }
 
@@ -506,6 +595,8 @@ impl Client {
             held: self.hold_open,
             refused: self.refused,
             since: self.since,
+            pending: !self.pending.is_empty(),
+            partial_since: self.partial_since,
         }
     }
     pub fn wants_write(&self) -> bool {
@@ -540,9 +631,9 @@ impl Client {
             }
         }
     }
-    /// Reads what is there; returns the complete requests.
-    pub fn read(&mut self) -> Vec<Result<Request, RequestError>> {
-        let mut reqs = Vec::new();
+    /// Reads what is there without blocking: complete requests are kept
+    /// for `read`, an incomplete line is remembered.
+    fn fill(&mut self) {
         let mut buf = [0u8; 16384];
         if self.refused {
             // a refused peer's input is dropped unread, and then it goes
@@ -558,34 +649,44 @@ impl Client {
                 }
             }
             self.hold_open = false;
-            return reqs;
+            return;
         }
-        loop {
+        let before = self.pending.len();
+        while self.pending.len() <= 64 && !self.closing {
             match self.stream.read(&mut buf) {
                 Ok(0) => {
                     self.closing = true;
                     self.hold_open = false;
-                    break;
                 }
-                Ok(n) => {
-                    self.reader.push(&buf[..n], &mut reqs);
-                    if reqs.len() > 64 {
-                        break; // let others have a turn
-                    }
-                }
+                Ok(n) => self.reader.push(&buf[..n], &mut self.pending),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(_) => {
                     self.closing = true;
                     self.hold_open = false;
-                    break;
                 }
             }
         }
-        if !reqs.is_empty() {
-            self.last_request = Instant::now();
+        let now = Instant::now();
+        let completed = self.pending.len() > before;
+        if completed {
+            self.last_request = now;
         }
-        reqs
+        // an incomplete line keeps the time it began; one after a complete
+        // line begins now
+        self.partial_since = match (self.reader.partial(), completed) {
+            (false, _) => None,
+            (true, true) => Some(now),
+            (true, false) => Some(self.partial_since.unwrap_or(now)),
+        };
+    }
+
+    /// Reads what is there; returns the complete requests (those read
+    /// earlier, by `Server::accept`, first).  At most 65 or so at a time:
+    /// the rest wait for the next round.
+    pub fn read(&mut self) -> Vec<Result<Request, RequestError>> {
+        self.fill();
+        std::mem::take(&mut self.pending)
     }
 }
 
@@ -759,6 +860,8 @@ mod tests {
             held,
             refused,
             since: t0,
+            pending: false,
+            partial_since: None,
         }
     }
 
@@ -788,6 +891,10 @@ mod tests {
         assert_eq!(admit(&table, 5), Admission::Room);
         // full: index 3 sent its last request the longest ago
         assert_eq!(admit(&table, 4), Admission::Evict(3));
+        assert_eq!(
+            eviction_message(&table[3]),
+            "closed: too many control connections, and this one was idle the longest"
+        );
         // a held stop is never evicted; refused peers do not count
         table[3].held = true;
         assert_eq!(admit(&table, 4), Admission::Evict(2));
@@ -797,6 +904,197 @@ mod tests {
             a.held = !a.refused;
         }
         assert_eq!(admit(&table, 4), Admission::Full);
+    }
+
+    #[test]
+    fn a_connection_stuck_mid_line_goes_before_an_idle_one() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        // 0: idle since 0 (the oldest); 1, 2: half a line since 300, 200 ms
+        let mut table: Vec<Activity> = (0..3).map(|_| act(t0, 0, false, false)).collect();
+        table[1].partial_since = Some(at(300));
+        table[2].partial_since = Some(at(200));
+        assert_eq!(admit(&table, 3), Admission::Evict(2));
+        assert!(eviction_message(&table[2]).contains("incomplete line"));
+        table[2].partial_since = None;
+        assert_eq!(admit(&table, 3), Admission::Evict(1));
+        // a newcomer that has said nothing yet (accepted last) goes last
+        table[1].partial_since = None;
+        table[1].last_request = at(5);
+        table[2].last_request = at(9);
+        assert_eq!(admit(&table, 3), Admission::Evict(0));
+    }
+
+    #[test]
+    fn a_request_waiting_for_its_answer_is_evicted_only_when_all_wait() {
+        let t0 = Instant::now();
+        let mut table: Vec<Activity> = (0..3).map(|i| act(t0, i, false, false)).collect();
+        table[0].pending = true; // idle the longest, but its request is there
+        table[1].partial_since = Some(t0);
+        table[1].pending = true; // a line completed behind a partial one
+        assert_eq!(admit(&table, 3), Admission::Evict(2));
+        // a flood of complete requests: the oldest connection goes
+        table[2].pending = true;
+        table[0].since = t0 + Duration::from_millis(50);
+        table[2].since = t0 + Duration::from_millis(20);
+        table[1].since = t0 + Duration::from_millis(10);
+        assert_eq!(admit(&table, 3), Admission::Evict(1));
+        assert!(eviction_message(&table[1]).contains("not carried out"));
+        // a held one never, whatever it has
+        table[1].held = true;
+        assert_eq!(admit(&table, 3), Admission::Evict(2));
+    }
+
+    #[test]
+    fn line_reader_tells_a_line_begun() {
+        let mut r = LineReader::default();
+        let mut out = Vec::new();
+        assert!(!r.partial());
+        r.push(b"{\"cmd\":", &mut out);
+        assert!(r.partial() && out.is_empty());
+        r.push(b"\"status\"}\n", &mut out);
+        assert!(!r.partial() && out.len() == 1);
+        r.push(&vec![b'x'; MAX_LINE + 1], &mut out);
+        assert!(r.partial(), "skipping an overlong line is still mid-line");
+        r.push(b"\n", &mut out);
+        assert!(!r.partial());
+    }
+
+    /// A Server on a fresh socket in its own directory (not through
+    /// `Server::bind`, whose umask would reach the tests running beside).
+    fn test_server(tag: &str) -> (Server, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("rk-ctl-test-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("test dir");
+        let path = dir.join("t.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let srv = Server {
+            listener,
+            path,
+            ino: 0,
+            clients: Vec::new(),
+            next_id: 1,
+        };
+        (srv, dir)
+    }
+
+    fn connect_raw(path: &Path, line: &[u8]) -> UnixStream {
+        let mut s = UnixStream::connect(path).expect("connect");
+        s.write_all(line).expect("write");
+        s
+    }
+
+    /// Accepts in rounds, as the supervisor's poll loop does, until the
+    /// backlog is empty; returns the ids found with requests to serve.
+    fn accept_all(srv: &mut Server) -> Vec<u64> {
+        let mut ids = Vec::new();
+        for _ in 0..1000 {
+            let next = srv.next_id;
+            ids.extend(srv.accept());
+            if srv.next_id == next {
+                break; // nothing left to accept
+            }
+        }
+        ids
+    }
+
+    fn reply_of(s: &mut UnixStream) -> String {
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut b = [0u8; 4096];
+        let n = s.read(&mut b).unwrap_or(0);
+        String::from_utf8_lossy(&b[..n]).into_owned()
+    }
+
+    #[test]
+    fn a_request_sent_on_connect_survives_a_flood_of_silent_connections() {
+        let (mut srv, dir) = test_server("silent");
+        let path = srv.path().to_path_buf();
+        let mut hold = Vec::new();
+        for _ in 0..MAX_CLIENTS {
+            hold.push(connect_raw(&path, b""));
+        }
+        assert!(accept_all(&mut srv).is_empty());
+        assert_eq!(srv.clients.len(), MAX_CLIENTS);
+        // the request and 200 newcomers behind it wait in the backlog
+        let mut asker = connect_raw(&path, b"{\"cmd\":\"status\"}\n");
+        for _ in 0..200 {
+            hold.push(connect_raw(&path, b""));
+        }
+        let first = srv.accept();
+        assert_eq!(
+            first.len(),
+            1,
+            "its request was read in the round it came in"
+        );
+        let id = first[0];
+        accept_all(&mut srv);
+        let c = srv
+            .client_mut(id)
+            .expect("not evicted while its request waits");
+        assert_eq!(c.read(), vec![Ok(Request::Status)]);
+        c.queue(&json!({"ok": true}));
+        c.flush();
+        assert_eq!(reply_of(&mut asker), "{\"ok\":true}\n");
+        // the first silent ones were told why they went
+        assert!(reply_of(&mut hold[0]).contains("idle the longest"));
+        drop(srv);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_silent_newcomer_outlives_a_round_and_is_read_before_eviction() {
+        let (mut srv, dir) = test_server("late");
+        let path = srv.path().to_path_buf();
+        let mut hold = Vec::new();
+        for _ in 0..MAX_CLIENTS {
+            hold.push(connect_raw(&path, b""));
+        }
+        accept_all(&mut srv);
+        // accepted before it writes, with a full batch behind it
+        let mut late = connect_raw(&path, b"");
+        for _ in 0..3 * MAX_CLIENTS {
+            hold.push(connect_raw(&path, b""));
+        }
+        let late_id = srv.next_id;
+        assert!(srv.accept().is_empty());
+        assert_eq!(
+            srv.next_id,
+            late_id + ACCEPT_BATCH as u64,
+            "a batch at a time"
+        );
+        late.write_all(b"{\"cmd\":\"stop\"}\n").expect("write");
+        // the very next round reads it: served, not evicted
+        let found = srv.accept();
+        assert_eq!(found, vec![late_id]);
+        accept_all(&mut srv);
+        assert!(srv.client_mut(late_id).is_some());
+        drop(srv);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn half_lines_are_evicted_before_a_silent_newcomer() {
+        let (mut srv, dir) = test_server("partial");
+        let path = srv.path().to_path_buf();
+        let mut hold = Vec::new();
+        for _ in 0..MAX_CLIENTS - 1 {
+            hold.push(connect_raw(&path, b"{\"cmd\":"));
+        }
+        accept_all(&mut srv);
+        let quiet_id = srv.next_id;
+        let _quiet = connect_raw(&path, b"");
+        accept_all(&mut srv);
+        for _ in 0..500 {
+            hold.push(connect_raw(&path, b"{\"cmd\":"));
+        }
+        accept_all(&mut srv);
+        assert_eq!(srv.clients.len(), MAX_CLIENTS);
+        assert!(srv.client_mut(quiet_id).is_some(), "a half line goes first");
+        assert!(reply_of(&mut hold[0]).contains("incomplete line"));
+        drop(srv);
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
