@@ -498,17 +498,16 @@ static struct rk_free_block *slab_new(struct rk_arena *a, unsigned cls, struct r
 	return (struct rk_free_block *)(uintptr_t)first;
 }
 
-/* Takes up to want blocks from the class: returns a NULL-terminated chain. */
-static struct rk_free_block *central_take(struct rk_arena *a, unsigned cls, uint32_t want, uint32_t *got)
+/* Takes up to want blocks from the class (class lock held): returns a
+ * NULL-terminated chain, or NULL if no slab could be made. */
+static struct rk_free_block *central_take_locked(struct rk_arena *a, unsigned cls, uint32_t want, uint32_t *got)
 {
 	struct rk_class_state *c = &a->hdr->classes[cls];
-	rk_lock_acquire(a, &c->lock);
 	if (!c->head) {
 		struct rk_free_block *tail;
 		uint64_t n;
 		struct rk_free_block *chain = slab_new(a, cls, &tail, &n);
 		if (!chain) {
-			rk_lock_release(a, &c->lock);
 			*got = 0;
 			return NULL;
 		}
@@ -524,9 +523,37 @@ static struct rk_free_block *central_take(struct rk_arena *a, unsigned cls, uint
 	c->head = last->next;
 	c->count -= k;
 	last->next = NULL;
-	rk_lock_release(a, &c->lock);
 	*got = k;
 	return first;
+}
+
+/* One block for a thread without a cache. */
+static struct rk_free_block *central_take_one(struct rk_arena *a, unsigned cls)
+{
+	struct rk_class_state *c = &a->hdr->classes[cls];
+	uint32_t got;
+	rk_lock_acquire(a, &c->lock);
+	struct rk_free_block *b = central_take_locked(a, cls, 1, &got);
+	rk_lock_release(a, &c->lock);
+	return b;
+}
+
+/* Fills the (empty) bin with up to want blocks.  The bin takes the chain
+ * inside the class's critical section: a thread killed anywhere leaves the
+ * blocks on one list or the other, or the lock held (the arena is then
+ * refused), never on neither. */
+static bool central_refill(struct rk_arena *a, unsigned cls, struct rk_tcache_bin *bin, uint32_t want)
+{
+	struct rk_class_state *c = &a->hdr->classes[cls];
+	uint32_t got;
+	rk_lock_acquire(a, &c->lock);
+	struct rk_free_block *chain = central_take_locked(a, cls, want, &got);
+	if (chain) {
+		bin->count = got;
+		bin->head = chain;
+	}
+	rk_lock_release(a, &c->lock);
+	return chain != NULL;
 }
 
 static void central_put(struct rk_arena *a, unsigned cls, struct rk_free_block *first,
@@ -583,15 +610,21 @@ void rk_tcache_forget_thread(void)
 	memset(tls_tc, 0, sizeof tls_tc);
 }
 
+/* Moves the first k blocks of the bin to the central list, inside the
+ * class's critical section (as central_refill). */
 static void bin_flush(struct rk_arena *a, unsigned cls, struct rk_tcache_bin *b, uint32_t k)
 {
+	struct rk_class_state *c = &a->hdr->classes[cls];
 	struct rk_free_block *first = b->head, *last = first;
 	for (uint32_t i = 1; i < k; i++)
 		last = last->next;
-	struct rk_free_block *rest = last->next;
-	b->head = rest; /* commit: the chain now belongs to no list until put */
+	rk_lock_acquire(a, &c->lock);
+	b->head = last->next;
 	b->count -= k;
-	central_put(a, cls, first, last, k);
+	last->next = c->head;
+	c->head = first;
+	c->count += k;
+	rk_lock_release(a, &c->lock);
 }
 
 void rk_tcache_flush_all(struct rk_arena *a, struct rk_tcache *tc)
@@ -640,9 +673,8 @@ struct rk_tcache *rk_tcache_current(struct rk_arena *a)
 static void *small_alloc_slow(struct rk_arena *a, unsigned cls)
 {
 	struct rk_tcache *tc = rk_tcache_current(a);
-	uint32_t got;
 	if (!tc) {
-		struct rk_free_block *b = central_take(a, cls, 1, &got);
+		struct rk_free_block *b = central_take_one(a, cls);
 		if (!b) {
 			errno = ENOMEM;
 			return NULL;
@@ -651,14 +683,9 @@ static void *small_alloc_slow(struct rk_arena *a, unsigned cls)
 		return b;
 	}
 	struct rk_tcache_bin *bin = &tc->bins[cls];
-	if (!bin->head) {
-		struct rk_free_block *chain = central_take(a, cls, class_refill[cls], &got);
-		if (!chain) {
-			errno = ENOMEM;
-			return NULL;
-		}
-		bin->count = got;
-		bin->head = chain;
+	if (!bin->head && !central_refill(a, cls, bin, class_refill[cls])) {
+		errno = ENOMEM;
+		return NULL;
 	}
 	struct rk_free_block *b = bin->head;
 	bin->head = b->next;
