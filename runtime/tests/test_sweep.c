@@ -127,7 +127,7 @@ static void sweep_frees_exactly_the_unmarked(void)
 	uint64_t before = allocated_bytes(a);
 	CHECK_MSG(want.objects_freed > 500 && want.objects_kept > 1000, "freed %" PRIu64 ", kept %" PRIu64,
 		  want.objects_freed, want.objects_kept);
-	CHECK_EQ_INT(rk_arena_sweep(a, &got), 0);
+	CHECK_EQ_INT(rk_arena_sweep(a, &got, NULL, 0, NULL), 0);
 	a->sweep_pending = false; /* as rk_finish_recovery does */
 	check_stats(&got, &want);
 	CHECK_EQ(allocated_bytes(a), before - want.bytes_freed);
@@ -201,12 +201,12 @@ static void sweep_refused_while_other_caches_live(void)
 	busy_arena->sweep_pending = true;
 	uint64_t before = allocated_bytes(busy_arena);
 	struct rk_sweep_stats st = {0};
-	CHECK_EQ_INT(rk_arena_sweep(busy_arena, &st), -EBUSY);
+	CHECK_EQ_INT(rk_arena_sweep(busy_arena, &st, NULL, 0, NULL), -EBUSY);
 	CHECK_EQ(st.objects_freed + st.objects_kept, 0);
 	CHECK_EQ(allocated_bytes(busy_arena), before);
 	sem_post(&go);
 	pthread_join(t, NULL);
-	CHECK_EQ_INT(rk_arena_sweep(busy_arena, &st), 0);
+	CHECK_EQ_INT(rk_arena_sweep(busy_arena, &st, NULL, 0, NULL), 0);
 	busy_arena->sweep_pending = false;
 	CHECK_EQ(st.objects_freed + st.objects_kept, 0);
 	CHECK_EQ(allocated_bytes(busy_arena), 0);
@@ -255,7 +255,7 @@ static void dead_threads_caches_are_free(void)
 	for (unsigned i = 0; i < NDEAD; i += 4)
 		rk_mark(dead_arena, dead_objs[i]);
 	struct rk_sweep_stats st = {0};
-	CHECK_EQ_INT(rk_arena_sweep(dead_arena, &st), 0);
+	CHECK_EQ_INT(rk_arena_sweep(dead_arena, &st, NULL, 0, NULL), 0);
 	dead_arena->sweep_pending = false;
 	/* the blocks the dead thread had cached count as free, not as freed */
 	CHECK_EQ(st.objects_kept, NDEAD / 4);
