@@ -168,6 +168,36 @@ static bool sweep_slab(struct rk_arena *a, struct rk_slab *s, struct rk_free_blo
 	return false;
 }
 
+/* The sweep's second pass: releases the slabs and runs the first marked.
+ * Freeing coalesces a run with its free neighbours, which rewrites the
+ * page-map entry at the end of the merged run: when the next run is a free
+ * run of one page, that is the entry the walk reads next, now with the
+ * merged length, which would carry the walk past the following runs (or
+ * into the middle of one, where it stops), leaving them marked and their
+ * blocks on no list.  So the entry of a free run is read before the run
+ * ahead of it is freed. */
+static void release_marked(struct rk_arena *a)
+{
+	uint64_t page = heap_first(a);
+	while (page < heap_end(a)) {
+		uint64_t e = a->map[page], n = RK_PG_N(e);
+		if (n == 0 || (RK_PG_KIND(e) != RK_PG_SLAB && RK_PG_KIND(e) != RK_PG_LARGE && RK_PG_KIND(e) != RK_PG_FREE))
+			break; /* heap_walk_ok checked the walk: unreachable */
+		uint64_t next = page + n;
+		uint64_t ne = next < heap_end(a) ? a->map[next] : 0;
+		if (RK_PG_KIND(e) == RK_PG_SLAB && slab_at(a, page)->magic == SLAB_RELEASE) {
+			a->hdr->classes[RK_PG_CLASS(e)].slabs--;
+			rk_run_free(a, page, n);
+		} else if (RK_PG_KIND(e) == RK_PG_LARGE && (e & PG_RELEASE)) {
+			rk_run_free(a, page, n);
+		}
+		/* a free run next: merged into this one or not, skip it by the
+		 * length it had (free runs are never adjacent, so the run after
+		 * it is not free) */
+		page = RK_PG_KIND(ne) == RK_PG_FREE && RK_PG_N(ne) ? next + RK_PG_N(ne) : next;
+	}
+}
+
 int rk_arena_sweep(struct rk_arena *a, struct rk_sweep_stats *st, const uint64_t *pending, size_t npending,
 		   uint64_t *not_pending)
 {
@@ -209,16 +239,7 @@ int rk_arena_sweep(struct rk_arena *a, struct rk_sweep_stats *st, const uint64_t
 		a->hdr->classes[c].head = heads[c];
 		a->hdr->classes[c].count = counts[c];
 	}
-	/* Release in a second pass: freeing coalesces neighbouring runs. */
-	FOR_EACH_RUN(a, page, e, n)
-	{
-		if (RK_PG_KIND(e) == RK_PG_SLAB && slab_at(a, page)->magic == SLAB_RELEASE) {
-			a->hdr->classes[RK_PG_CLASS(e)].slabs--;
-			rk_run_free(a, page, n);
-		} else if (e & PG_RELEASE) {
-			rk_run_free(a, page, n);
-		}
-	}
+	release_marked(a);
 	atomic_fetch_sub_explicit(&a->hdr->allocated_bytes, freed_bytes, memory_order_relaxed);
 	unlock_all(a);
 	return 0;
