@@ -573,8 +573,11 @@ struct rround {
 	struct rtable *t;
 	uint64_t seed;
 	_Atomic int slot_lock[RND_SLOTS];
-	/* producer -> consumer ring of objects (transient memory, as an app's queue) */
-	struct robj *_Atomic ring[RND_RING];
+	/* producer -> consumer FIFO of objects (transient memory, as an app's
+	 * queue): it holds the producer's last few allocations at most */
+	_Atomic int fifo_lock;
+	struct robj *fifo[RND_RING];
+	unsigned fifo_head, fifo_n;
 	_Atomic uint64_t next_id;
 	_Atomic unsigned running;
 	_Atomic bool dead; /* its workers never go on again */
@@ -628,17 +631,38 @@ static void slot_unlock(struct rround *rr, unsigned i)
 }
 
 /* Replaces slot i with o (NULL: deletes), inside a region; the old object
- * is freed inside it too. */
-static void publish(struct rround *rr, unsigned i, struct robj *o, bool keep)
+ * is freed inside it too.  With from_fifo, o is taken from the FIFO inside
+ * the region (and kept: another thread allocated it), or freed there if
+ * drop: a handed-over object is always in the FIFO or inside a region. */
+static void publish(struct rround *rr, unsigned i, struct robj *o, bool from_fifo, bool drop)
 {
 	slot_lock(rr, i);
 	rk_unsafe_begin(rr->a);
-	struct robj *old = rr->t->slot[i];
-	rr->t->slot[i] = o;
-	if (keep && o)
-		rk_keep(rr->a, o);
-	if (old)
-		rk_free(rr->a, old);
+	if (from_fifo) {
+		while (atomic_exchange(&rr->fifo_lock, 1))
+			;
+		if (rr->fifo_n) {
+			o = rr->fifo[rr->fifo_head];
+			rr->fifo_head = (rr->fifo_head + 1) % RND_RING;
+			rr->fifo_n--;
+		}
+		atomic_store(&rr->fifo_lock, 0);
+		if (o)
+			rk_keep(rr->a, o);
+		if (o && drop) {
+			rk_free(rr->a, o);
+			o = NULL;
+			rk_unsafe_end(rr->a);
+			slot_unlock(rr, i);
+			return;
+		}
+	}
+	if (!from_fifo || o) {
+		struct robj *old = rr->t->slot[i];
+		rr->t->slot[i] = o;
+		if (old)
+			rk_free(rr->a, old);
+	}
 	rk_unsafe_end(rr->a);
 	slot_unlock(rr, i);
 }
@@ -652,10 +676,17 @@ static void *rnd_worker(void *arg)
 	bool producer = me == RND_THREADS - 1; /* never commits: hands objects over */
 	for (;;) {
 		if (producer) {
-			unsigned k = (unsigned)rng_range(&r, 0, RND_RING - 1);
-			struct robj *expect = NULL, *o = robj_new(rr, &r);
-			if (o && !atomic_compare_exchange_strong(&rr->ring[k], &expect, o))
-				rk_free(rr->a, o); /* full there: a temporary */
+			struct robj *o = robj_new(rr, &r);
+			if (!o)
+				continue;
+			while (atomic_exchange(&rr->fifo_lock, 1))
+				;
+			bool pushed = rr->fifo_n < RND_RING;
+			if (pushed)
+				rr->fifo[(rr->fifo_head + rr->fifo_n++) % RND_RING] = o;
+			atomic_store(&rr->fifo_lock, 0);
+			if (!pushed)
+				rk_free(rr->a, o); /* full: a temporary after all */
 			continue;
 		}
 		unsigned op = (unsigned)rng_range(&r, 0, 99), i = (unsigned)rng_range(&r, 0, RND_SLOTS - 1);
@@ -665,7 +696,7 @@ static void *rnd_worker(void *arg)
 			if (tmp)
 				rk_free(rr->a, tmp);
 			if (o)
-				publish(rr, i, o, false);
+				publish(rr, i, o, false, false);
 		} else if (op < 55) { /* allocate inside the region */
 			slot_lock(rr, i);
 			rk_unsafe_begin(rr->a);
@@ -678,14 +709,9 @@ static void *rnd_worker(void *arg)
 			rk_unsafe_end(rr->a);
 			slot_unlock(rr, i);
 		} else if (op < 65) { /* delete */
-			publish(rr, i, NULL, false);
+			publish(rr, i, NULL, false, false);
 		} else if (op < 85) { /* take a handed-over object: publish it (keep) or drop it */
-			unsigned k = (unsigned)rng_range(&r, 0, RND_RING - 1);
-			struct robj *o = atomic_exchange(&rr->ring[k], NULL);
-			if (o && rng_range(&r, 0, 2))
-				publish(rr, i, o, true);
-			else if (o)
-				rk_free(rr->a, o);
+			publish(rr, i, NULL, true, rng_range(&r, 0, 2) == 0);
 		} else { /* temporaries, pending for a while, then freed */
 			struct robj *tmp[6];
 			unsigned n = (unsigned)rng_range(&r, 1, 6);
@@ -738,6 +764,8 @@ static void randomized_round(unsigned round)
 	run_and_exit(make_table, rr);
 	for (unsigned k = 0; k < RND_THREADS; k++)
 		pthread_create(&rr->th[k], NULL, rnd_worker, rr);
+	while (atomic_load(&rr->running) < RND_THREADS) /* each knows its round */
+		sched_yield();
 	rk_arena *a = rr->a;
 	char why[192];
 	unsigned tries = 0;
