@@ -1121,6 +1121,17 @@ uint64_t rk_pending_collect(struct rk_arena *a, uint64_t *overflow)
 				if (h->tcaches[i].bins[c].head)
 					dead_heads[nh++] = (uint64_t)(uintptr_t)h->tcaches[i].bins[c].head;
 	qsort(dead_heads, nh, sizeof dead_heads[0], cmp_u64);
+	/* A head may be unstamped (its thread died in one of the windows): it
+	 * is free, so stamp it before it goes to the central list, where the
+	 * next allocation reads its stamp for the address of its tag. */
+	for (size_t k = 0; k < nh; k++) {
+		void *b = (void *)(uintptr_t)dead_heads[k];
+		uint64_t e;
+		int64_t page = run_of(a, b, &e);
+		if (page >= 0 && RK_PG_KIND(e) == RK_PG_SLAB && object_start(a, page, e, b))
+			((struct rk_free_block *)b)->stamp =
+				rk_free_stamp(a, slab_tag(a, (uint64_t)page, RK_PG_CLASS(e), b));
+	}
 	for (unsigned i = 0; i < RK_MAX_TCACHES; i++) {
 		struct rk_tcache *tc = &h->tcaches[i];
 		if (!atomic_load(&tc->owner))

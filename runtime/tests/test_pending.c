@@ -216,6 +216,7 @@ static void basic_commit_rules(void)
 struct window {
 	rk_arena *a;
 	void *kept;
+	void *window_block; /* free, at the head of its bin, unstamped */
 	bool free_side;
 };
 
@@ -226,6 +227,7 @@ static void window_worker(void *p)
 	w->kept = rk_alloc(a, 48);
 	rk_root_set(a, "kept", w->kept);
 	void *x = rk_alloc(a, 48);
+	w->window_block = x;
 	struct rk_tcache *tc = rk_tcache_current(a);
 	unsigned cls = 2; /* 48 bytes */
 	CHECK_EQ(rk_class_size[cls], 48);
@@ -262,7 +264,19 @@ static void killed_mid_alloc_or_free(void)
 		ptrset_add(&want, w.kept);
 		check_allocated_exactly(w.a, &want, side ? "killed mid-free" : "killed mid-alloc");
 		free(want.v);
-		/* the block is free once, not twice: two allocations get two blocks */
+		/* the block is free once, not twice: two allocations get two
+		 * blocks; and it is stamped again (the next allocation of it finds
+		 * its tag through the stamp) */
+		struct rk_free_block *head = w.a->hdr->classes[2].head;
+		CHECK_PTR_EQ(head, w.window_block);
+		if (head) {
+			uint64_t pg = ((uintptr_t)head - (uintptr_t)w.a->hdr) / RK_PAGE;
+			if (RK_PG_KIND(w.a->map[pg]) == RK_PG_CONT)
+				pg -= RK_PG_N(w.a->map[pg]);
+			struct rk_slab *s = (void *)((char *)w.a->hdr + pg * RK_PAGE);
+			uint64_t idx = ((uintptr_t)head - s->first) / 48;
+			CHECK_EQ(head->stamp, rk_free_stamp(w.a, &s->tag[idx]));
+		}
 		void *p = rk_alloc(w.a, 48), *q = rk_alloc(w.a, 48);
 		CHECK(p != q);
 		rk_free(w.a, p);
