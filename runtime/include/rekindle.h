@@ -123,9 +123,10 @@ struct rk_cleanup_stats {
 	uint64_t bytes_kept;
 	uint64_t pending;          /* the dead threads' pending objects (freed unless NONE) */
 	uint64_t pending_bytes;
-	/* Pending objects that a thread's full log had to drop (a thread with
-	 * more than 64 objects pending in one arena): not freed by PENDING,
-	 * so they leak (the sweep frees them). */
+	/* Log entries that full logs dropped (a thread that allocated more
+	 * than 128 objects in one arena since its last commit; the older half
+	 * go): an upper bound on the objects in flight that PENDING missed and
+	 * that leak (the sweep frees them). */
 	uint64_t pending_overflow;
 	/* check: pending objects that the marks reached.  The app published
 	 * them without committing them (the rule below was broken): PENDING
@@ -236,14 +237,17 @@ void rk_unsafe_end(rk_arena *arena);
  * over.  Freeing needs no care: any thread may free any object, pending or
  * not.  What the pending path cannot see leaks (the sweep still frees it):
  * an object unlinked inside a region but freed after the region's end (free
- * it inside), more than 64 objects pending in one thread and arena (the
- * oldest are dropped from the log: stats pending_overflow), and the
- * allocations of threads beyond the 128th using one arena at a time (they
- * are never pending).
+ * it inside), an object allocated 64 to 128 allocations (of its thread, in
+ * its arena, not counting temporaries freed at once) before a commit that
+ * has not come yet (a full log drops its older half: stats
+ * pending_overflow), a handed-over object its allocating thread committed
+ * (by any region end of its own) before the receiver published or freed it,
+ * and the allocations of threads beyond the 128th using one arena at a time
+ * (they are never pending).
  *
  * Cost: an allocation tags the object and appends it to the thread's log
- * (a few ns; bench/results/cleanup.md); a free clears the tag; a commit is
- * one store per arena with pending objects. */
+ * (a few ns; bench/results/cleanup.md); a free writes one more word of the
+ * block; a commit is one store per arena with pending objects. */
 
 /* Commits every object this thread allocated so far, in every arena. */
 void rk_commit(void);
