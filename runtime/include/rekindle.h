@@ -167,7 +167,10 @@ const struct rk_restart_info *rk_restart_info(void);
  * must run before other threads allocate in the arenas (-EBUSY otherwise;
  * recovery then goes on, and the call can be repeated); NONE and PENDING
  * need no such care.  Outside recovery (not a warm start, or already
- * finished) it does nothing and returns 0.  -EINVAL for an unknown mode. */
+ * finished) it does nothing and returns 0.  -EINVAL for an unknown mode.
+ * Call it before allocating (as the template above does): objects
+ * allocated during recovery are born marked, for a sweep, and with NONE or
+ * PENDING those marks are then cleared by a walk of the arena. */
 int rk_finish_recovery_mode(enum rk_cleanup mode, struct rk_cleanup_stats *stats);
 
 /* The older form: rk_finish_recovery_mode(cleanup ? RK_CLEANUP_SWEEP :
