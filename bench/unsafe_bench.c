@@ -9,9 +9,11 @@
  * arena (1 thread); a nested pair (begin, begin, end, end); 2 threads each
  * on its own arena; 2 threads on the same arena (the slots are per thread:
  * no shared line); atomic_fetch_add on a shared counter with 1 and 2 threads
- * (the uncontended and the contended baseline); and a pair on an arena
+ * (the uncontended and the contended baseline); a pair on an arena
  * opened RK_ARENA_WRITE_PROTECT (its "protected" field says whether pkeys
- * were really available, or the runtime fell back to unprotected).
+ * were really available, or the runtime fell back to unprotected); and
+ * an allocation and its free alone (alloc_free), then with a pair between
+ * them that commits the allocation (alloc_publish).
  *
  * Every measured loop is bracketed by getppid() in its own thread, as
  * markers for `strace -f` (bench/run_unsafe.py counts the syscalls between
@@ -50,7 +52,7 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-enum kind { EMPTY, PAIR, NESTED, ATOMIC, LOCKADD_STORE };
+enum kind { EMPTY, PAIR, NESTED, ATOMIC, LOCKADD_STORE, ALLOC_FREE, ALLOC_PUBLISH };
 
 struct job {
 	enum kind kind;
@@ -108,6 +110,22 @@ static void *run_job(void *arg)
 	case ATOMIC:
 		for (long i = 0; i < iters; i++)
 			atomic_fetch_add(&shared_counter, 1);
+		break;
+	case ALLOC_FREE: /* the allocator alone: the baseline of the next case */
+		for (long i = 0; i < iters; i++) {
+			void *p = rk_alloc(a, 64);
+			__asm__ volatile("" : : "r"(p) : "memory");
+			rk_free(a, p);
+		}
+		break;
+	case ALLOC_PUBLISH: /* an allocation, published (and committed) by a region, then freed */
+		for (long i = 0; i < iters; i++) {
+			void *p = rk_alloc(a, 64);
+			rk_unsafe_begin(a);
+			__asm__ volatile("" : : "r"(p) : "memory");
+			rk_unsafe_end(a);
+			rk_free(a, p);
+		}
 		break;
 	case LOCKADD_STORE: {
 		_Atomic uint16_t *d = &private_depth[j->cpu & 1][0];
@@ -235,6 +253,8 @@ int main(int argc, char **argv)
 		{"atomic_add_2t_shared", ATOMIC, 2, NULL, "atomic_fetch_add on one shared counter (contended baseline)"},
 		{"lockadd_then_store", LOCKADD_STORE, 1, NULL, "the pair's memory ops alone: locked add + release store, same word"},
 		{"pair_write_protect", PAIR, 1, wp, wpnote},
+		{"alloc_free", ALLOC_FREE, 1, one, "rk_alloc(64) + rk_free, no region"},
+		{"alloc_publish", ALLOC_PUBLISH, 1, one, "rk_alloc(64), begin, end (commits it), rk_free"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		if (!only || strcmp(only, cases[i].name) == 0)

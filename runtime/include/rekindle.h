@@ -15,12 +15,17 @@
  *     rk_arena *kv = rk_arena_open("kv", 1ull << 30);
  *     if (rk_is_recovery()) {
  *         table = rk_root_get(kv, "table");
- *         mark_everything_reachable(table);      // rk_mark() on each object
- *         rk_finish_recovery(true, NULL);        // sweep what was in flight
+ *         rk_finish_recovery_mode(RK_CLEANUP_PENDING, NULL); // free what was in flight
  *     } else {
  *         table = build_from_snapshot_or_empty(kv);
  *         rk_root_set(kv, "table", table);
  *     }
+ *     ... every change of the table inside rk_unsafe_begin/rk_unsafe_end ...
+ *
+ * The cleanup frees the objects each thread allocated since its last
+ * commit (the end of its last unsafe region), which nothing preserved can
+ * point to if the app keeps the publication rule (see "Pending allocations"
+ * below).  Its cost is that of the objects in flight, not of the arena.
  *
  * Every decision (warm, cold and why) is logged as one JSON line on stderr
  * starting with {"rekindle":.  Functions returning int return 0 (or a count)
@@ -135,6 +140,47 @@ struct rk_sweep_stats {
 	uint64_t bytes_kept;
 };
 
+/* How rk_finish_recovery_mode cleans up after a warm restart. */
+enum rk_cleanup {
+	/* Free nothing: the objects in flight at the failure leak.  O(1). */
+	RK_CLEANUP_NONE = 0,
+	/* The default: free the dead threads' pending allocations (each
+	 * thread's allocations since its last commit).  O(objects in flight);
+	 * needs no marks.  Sound if the app keeps the publication rule. */
+	RK_CLEANUP_PENDING = 1,
+	/* Mark and sweep: free every object rk_mark() did not reach since
+	 * rk_init.  O(arena): a walk of every object and every free list. */
+	RK_CLEANUP_SWEEP = 2,
+	/* A debugging aid: the sweep, and a comparison with what the pending
+	 * path would have freed; every disagreement is counted and logged
+	 * (event "cleanup_check").  Needs the app's marks, as the sweep. */
+	RK_CLEANUP_CHECK = 3,
+};
+
+/* What rk_finish_recovery_mode did. */
+struct rk_cleanup_stats {
+	uint64_t objects_freed;
+	uint64_t bytes_freed;
+	uint64_t objects_kept;     /* sweep, check: objects the marks reached */
+	uint64_t bytes_kept;
+	uint64_t pending;          /* the dead threads' pending objects (freed unless NONE) */
+	uint64_t pending_bytes;
+	/* Log entries that full logs dropped (a thread that allocated more
+	 * than 128 objects in one arena since its last commit; the older half
+	 * go): an upper bound on the objects in flight that PENDING missed and
+	 * that leak (the sweep frees them). */
+	uint64_t pending_overflow;
+	/* check: pending objects that the marks reached.  The app published
+	 * them without committing them (the rule below was broken): PENDING
+	 * would have freed live objects.  The check keeps them. */
+	uint64_t pending_reached;
+	/* check: objects nothing reached that were not pending (an object
+	 * unlinked in a region but freed after it, an overflow, a thread with
+	 * no cache slot): PENDING leaks them, the sweep frees them. */
+	uint64_t swept_not_pending;
+	uint64_t cleanup_ns;       /* time spent in rk_finish_recovery_mode */
+};
+
 struct rk_arena_stats {
 	uint64_t base;          /* fixed virtual address of the arena */
 	uint64_t max_bytes;     /* reserved size */
@@ -157,12 +203,23 @@ bool rk_is_recovery(void);
 /* Facts about this start; valid after rk_init. */
 const struct rk_restart_info *rk_restart_info(void);
 
-/* End recovery.  With cleanup, every arena object not reached by rk_mark()
- * since rk_init is freed (objects of requests that were in flight); arenas
- * the new incarnation did not reopen are dropped.  Must run before other
- * threads allocate in the arenas (-EBUSY otherwise).  stats may be NULL.
- * Without cleanup, called before any rk_mark or allocation, it costs O(1)
- * whatever the arenas' size: the objects in flight at the failure leak. */
+/* End recovery: clean up as mode says (enum rk_cleanup; RK_CLEANUP_PENDING
+ * is the one to use), and drop the inherited arenas the new incarnation did
+ * not reopen.  stats may be NULL.  RK_CLEANUP_SWEEP and RK_CLEANUP_CHECK
+ * must run before other threads allocate in the arenas (-EBUSY otherwise;
+ * recovery then goes on, and the call can be repeated); NONE and PENDING
+ * need no such care.  Outside recovery (not a warm start, or already
+ * finished) it does nothing and returns 0.  -EINVAL for an unknown mode.
+ * Call it before allocating (as the template above does): objects
+ * allocated during recovery are born marked, for a sweep, and with NONE or
+ * PENDING those marks are then cleared by a walk of the arena. */
+int rk_finish_recovery_mode(enum rk_cleanup mode, struct rk_cleanup_stats *stats);
+
+/* The older form: rk_finish_recovery_mode(cleanup ? RK_CLEANUP_SWEEP :
+ * RK_CLEANUP_NONE).  With cleanup, every arena object not reached by
+ * rk_mark() since rk_init is freed (a walk of the whole arena).  Without
+ * cleanup, called before any rk_mark or allocation, it costs O(1) whatever
+ * the arenas' size: the objects in flight at the failure leak. */
 int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats);
 
 /* Restart now, warm if every check passes, cold otherwise.  Safe to call
@@ -220,6 +277,48 @@ int rk_ready(void);
  * for (50 ms at most) before a restart decides. */
 void rk_unsafe_begin(rk_arena *arena);
 void rk_unsafe_end(rk_arena *arena);
+
+/* Pending allocations.  Each object a thread allocates is *pending* until
+ * that thread's next commit: the end of any unsafe region (any arena, nested
+ * or not), rk_commit(), or rk_root_set().  At a warm start the pending
+ * objects of the dead threads are what RK_CLEANUP_PENDING frees.  That is
+ * sound under one rule, the publication rule:
+ *
+ *   A pointer to an object may be stored into preserved state (anything
+ *   the roots reach) only inside an unsafe region, and only by the thread
+ *   that allocated the object, unless the object was committed first:
+ *   by its allocating thread (rk_commit(), or any region end), or by the
+ *   publishing thread with rk_keep() before the region ends.
+ *
+ * The first half is the unsafe-region contract itself.  Since a warm restart
+ * happens only when no region of a reused arena is open, every object
+ * published by then was committed by the end of its region.  The second
+ * half is about handing an object to another thread (a queue, a worker
+ * pool): the receiver's region end commits only the receiver's own
+ * allocations, so the receiver calls rk_keep(arena, obj) inside the region
+ * that publishes it, or the sender calls rk_commit() before handing it
+ * over.  Freeing needs no care: any thread may free any object, pending or
+ * not.  What the pending path cannot see leaks (the sweep still frees it):
+ * an object unlinked inside a region but freed after the region's end (free
+ * it inside), an object allocated 64 to 128 allocations (of its thread, in
+ * its arena, not counting temporaries freed at once) before a commit that
+ * has not come yet (a full log drops its older half: stats
+ * pending_overflow), a handed-over object its allocating thread committed
+ * (by any region end of its own) before the receiver published or freed it,
+ * and the allocations of threads beyond the 128th using one arena at a time
+ * (they are never pending).
+ *
+ * Cost: an allocation tags the object and appends it to the thread's log
+ * (a few ns; bench/results/cleanup.md); a free writes one more word of the
+ * block; a commit is one store per arena with pending objects. */
+
+/* Commits every object this thread allocated so far, in every arena. */
+void rk_commit(void);
+/* Commits one object, whichever thread allocated it (0, or -EINVAL if ptr
+ * is not an allocated object of the arena).  For a thread that publishes an
+ * object another thread allocated: call it before the publishing region
+ * ends. */
+int rk_keep(rk_arena *arena, const void *ptr);
 
 /* True when no thread has an unsafe region of the arena open right now.
  * Async-signal-safe: meant for the app's failure hook. */
@@ -324,7 +423,8 @@ void rk_free(rk_arena *arena, void *ptr);
 size_t rk_usable_size(rk_arena *arena, const void *ptr);
 
 /* Named roots: how the restarted application finds its data.  ptr NULL
- * removes the root.  At most 64 roots per arena. */
+ * removes the root.  At most 64 roots per arena.  rk_root_set publishes:
+ * it commits this thread's pending allocations first. */
 int rk_root_set(rk_arena *arena, const char *name, void *ptr);
 void *rk_root_get(rk_arena *arena, const char *name);
 
@@ -332,6 +432,19 @@ void *rk_root_get(rk_arena *arena, const char *name);
  * rk_finish_recovery.  Returns 1 if newly marked, 0 if already marked,
  * -EINVAL if ptr is not an allocated arena object. */
 int rk_mark(rk_arena *arena, const void *ptr);
+
+/* A debugging and testing aid: walks the whole arena (O(arena)) and counts
+ * its allocated objects (neither on a free list nor in a cache); calls each
+ * (may be NULL) on every one, with the allocator's locks held, so each must
+ * not call the allocator.  -EBUSY if another thread holds a cache in the
+ * arena (its blocks move meanwhile); -EIO if the free lists are corrupt. */
+struct rk_census {
+	uint64_t objects;
+	uint64_t bytes;
+	uint64_t free_objects; /* slab slots on a free list or in our cache */
+};
+typedef void (*rk_census_fn)(void *obj, size_t size, void *ctx);
+int rk_arena_census(rk_arena *arena, rk_census_fn each, void *ctx, struct rk_census *out);
 
 /* ---- other preserved memory -------------------------------------------- */
 

@@ -4,10 +4,17 @@
  * a per-thread cache that lives in the arena (so it survives a restart and
  * is folded back by the next incarnation).  Cache pushes and pops commit with
  * one store of the list head, so a thread killed at any instruction leaves
- * the list consistent (at worst one block leaks until the next sweep).
- * Central free lists and the page-run allocator change only under lock words
- * in the arena; a lock found held after a death marks the arena unsafe.
- * Large objects are page runs, found through the arena's page map.
+ * the list consistent; moves between a cache and the central lists happen
+ * inside the class's critical section.  Central free lists and the page-run
+ * allocator change only under lock words in the arena; a lock found held
+ * after a death marks the arena unsafe.  Large objects are page runs, found
+ * through the arena's page map.
+ *
+ * Each cache also logs what its thread allocates since its last commit (the
+ * pending allocations, struct rk_tcache): an allocation tags the object with
+ * its cache and logs it, a free stamps the block, a commit empties the log.
+ * A warm start frees the dead threads' pending objects (rk_pending_collect,
+ * rk_pending_settle), without walking the arena.
  */
 #include "rk_internal.h"
 
@@ -15,6 +22,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -25,22 +33,26 @@ static uint16_t class_slab_pages[RK_NCLASSES];
 static uint16_t class_tc_limit[RK_NCLASSES];
 static uint16_t class_refill[RK_NCLASSES]; /* blocks a cache refill takes */
 /* Slab geometry: the objects of a slab of class c span class_span[c] bytes
- * after its header; class_recip[c] = ceil(2^40 / size) turns an offset in
- * that span (< 2^19) into an object index exactly, with no division. */
+ * after its header of class_hdr[c] bytes (the fixed part, then a tag byte
+ * per object); class_recip[c] = ceil(2^40 / size) turns an offset in that
+ * span (< 2^19) into an object index exactly, with no division. */
 static uint32_t class_span[RK_NCLASSES];
+static uint32_t class_hdr[RK_NCLASSES];
 static uint64_t class_recip[RK_NCLASSES];
 
 #define TLS __attribute__((tls_model("initial-exec"))) static __thread
 TLS uint32_t tls_tid;
 TLS struct rk_tcache *tls_tc[RK_MAX_ARENAS];
 TLS bool tls_key_set;
+__thread uint32_t rk_tls_pending __attribute__((tls_model("initial-exec")));
 
 static pthread_key_t tc_key;
 static pthread_once_t tc_key_once = PTHREAD_ONCE_INIT;
 
-static size_t slab_header_bytes(void)
+/* A slab header with a tag byte for each of nobjs objects. */
+static uint64_t slab_header_bytes(uint64_t nobjs)
 {
-	return RK_ALIGN_UP(sizeof(struct rk_slab), 16);
+	return RK_ALIGN_UP(sizeof(struct rk_slab) + nobjs, 16);
 }
 
 __attribute__((constructor)) static void classes_init(void)
@@ -58,13 +70,16 @@ __attribute__((constructor)) static void classes_init(void)
 		class_of_16[i] = (uint8_t)c;
 	}
 	for (c = 0; c < RK_NCLASSES; c++) {
-		uint64_t want = RK_ALIGN_UP(slab_header_bytes() + 8ull * rk_class_size[c], RK_PAGE) / RK_PAGE;
+		uint64_t want = RK_ALIGN_UP(slab_header_bytes(8) + 8ull * rk_class_size[c], RK_PAGE) / RK_PAGE;
 		if (want < RK_SLAB_MIN_PAGES)
 			want = RK_SLAB_MIN_PAGES;
 		class_slab_pages[c] = (uint16_t)want;
-		uint64_t nobjs = (want * RK_PAGE - slab_header_bytes()) / rk_class_size[c];
+		uint64_t nobjs = (want * RK_PAGE - sizeof(struct rk_slab)) / (rk_class_size[c] + 1ull);
 		if (nobjs > RK_SLAB_BITMAP_WORDS * 64)
 			nobjs = RK_SLAB_BITMAP_WORDS * 64;
+		while (slab_header_bytes(nobjs) + nobjs * rk_class_size[c] > want * RK_PAGE)
+			nobjs--;
+		class_hdr[c] = (uint32_t)slab_header_bytes(nobjs);
 		class_span[c] = (uint32_t)(nobjs * rk_class_size[c]);
 		class_recip[c] = ((1ull << 40) + rk_class_size[c] - 1) / rk_class_size[c];
 		uint32_t lim = RK_TCACHE_MAX_BYTES / rk_class_size[c];
@@ -77,8 +92,10 @@ __attribute__((constructor)) static void classes_init(void)
 uint64_t rk_layout_hash(void)
 {
 	uint64_t h = rk_fnv1a(rk_class_size, sizeof rk_class_size, 0);
+	h = rk_fnv1a(class_hdr, sizeof class_hdr, h);
+	h = rk_fnv1a(class_span, sizeof class_span, h);
 	uint64_t sizes[] = {sizeof(struct rk_arena_hdr), sizeof(struct rk_slab), sizeof(struct rk_tcache),
-			    RK_PAGE, RK_SMALL_MAX, RK_TCACHE_MAX};
+			    RK_PAGE, RK_SMALL_MAX, RK_TCACHE_MAX, RK_PENDING_LOG};
 	return rk_fnv1a(sizes, sizeof sizes, h);
 }
 
@@ -94,6 +111,7 @@ static void after_fork_child(void)
 {
 	tls_tid = 0;
 	memset(tls_tc, 0, sizeof tls_tc);
+	rk_tls_pending = 0;
 }
 
 /* Set while a restart is under way: no thread may start a new critical
@@ -372,8 +390,12 @@ static void run_set_used(struct rk_arena *a, uint64_t page, uint64_t npages, uin
 
 /* ---- object lookup -------------------------------------------------------- */
 
+/* The lookups of every rk_free: inlined there whatever the other call sites
+ * make the compiler think (a call each costs rk_free a third more). */
+#define HOT static inline __attribute__((always_inline))
+
 /* Finds the run holding p: returns its first page and entry, or -1. */
-static int64_t run_of(struct rk_arena *a, const void *p, uint64_t *entry)
+HOT int64_t run_of(struct rk_arena *a, const void *p, uint64_t *entry)
 {
 	uint64_t off = (uint64_t)((const char *)p - (const char *)a->hdr);
 	struct rk_arena_hdr *h = a->hdr;
@@ -395,10 +417,10 @@ static int64_t run_of(struct rk_arena *a, const void *p, uint64_t *entry)
 }
 
 /* True if p starts an object of the slab at page (of class cls). */
-static inline bool slab_object_start(struct rk_arena *a, uint64_t page, unsigned cls, const void *p)
+HOT bool slab_object_start(struct rk_arena *a, uint64_t page, unsigned cls, const void *p)
 {
 	/* a pointer into the slab header wraps around and fails the span test */
-	uint64_t off = (uint64_t)((const char *)p - (const char *)page_addr(a, page)) - slab_header_bytes();
+	uint64_t off = (uint64_t)((const char *)p - (const char *)page_addr(a, page)) - class_hdr[cls];
 	if (off >= class_span[cls])
 		return false;
 	uint64_t idx = (off * class_recip[cls]) >> 40;
@@ -407,7 +429,7 @@ static inline bool slab_object_start(struct rk_arena *a, uint64_t page, unsigned
 
 /* True if p is what rk_alloc returned for the run at page: the start of a
  * slab object, or the first byte of a large run. */
-static bool object_start(struct rk_arena *a, int64_t page, uint64_t e, const void *p)
+HOT bool object_start(struct rk_arena *a, int64_t page, uint64_t e, const void *p)
 {
 	if (RK_PG_KIND(e) == RK_PG_SLAB)
 		return slab_object_start(a, (uint64_t)page, RK_PG_CLASS(e), p);
@@ -465,6 +487,174 @@ static void born_marked(struct rk_arena *a, void *p)
 		note_marks_set(a);
 }
 
+/* ---- pending allocations (struct rk_tcache says what they are) ------------
+ * The order of the stores keeps the log right at every instruction, for a
+ * thread killed anywhere outside the allocator's critical sections:
+ *   alloc: tag the block, log it, clear its stamp, then pop it from the bin
+ *          (the commit);
+ *   free:  push the block on the bin (the commit), then stamp it.
+ * A thread killed between the steps leaves a free block that is the head of
+ * one of its bins, tagged and unstamped; the warm start drops the log
+ * entries of such blocks (rk_pending_collect).  Every other logged object
+ * that is unstamped and still carries its cache's tag is allocated, by that
+ * cache since its last commit: pending. */
+
+static inline unsigned tc_tag(const struct rk_arena *a, const struct rk_tcache *tc)
+{
+	return (unsigned)(tc - a->hdr->tcaches) + 1;
+}
+
+/* The tag byte of the object p of the slab at page, of class cls. */
+static inline _Atomic uint8_t *slab_tag(struct rk_arena *a, uint64_t page, unsigned cls, const void *p)
+{
+	struct rk_slab *s = page_addr(a, page);
+	uint64_t off = (uint64_t)((const char *)p - (const char *)s) - class_hdr[cls];
+	return &s->tag[(off * class_recip[cls]) >> 40];
+}
+
+/* True if p is an object the cache with tag me allocated since its last
+ * commit and nobody freed or kept since (*page, *e: its run). */
+static bool still_pending(struct rk_arena *a, const void *p, unsigned me, int64_t *page, uint64_t *e)
+{
+	*page = run_of(a, p, e);
+	if (*page < 0 || !object_start(a, *page, *e, p))
+		return false;
+	if (RK_PG_KIND(*e) == RK_PG_LARGE)
+		return RK_PG_TAG(*e) == me; /* a freed run loses its entry */
+	_Atomic uint8_t *t = slab_tag(a, (uint64_t)*page, RK_PG_CLASS(*e), p);
+	return atomic_load_explicit(t, memory_order_relaxed) == me &&
+	       ((const struct rk_free_block *)p)->stamp != rk_free_stamp(a, t);
+}
+
+static void object_set_tag(struct rk_arena *a, int64_t page, uint64_t e, const void *p, unsigned tag)
+{
+	if (RK_PG_KIND(e) == RK_PG_LARGE) {
+		uint64_t *m = map_entry(a, (uint64_t)page);
+		/* atomic: rk_mark may set the mark bit of the same entry */
+		__atomic_fetch_and(m, ~RK_PG_TAG_MASK, __ATOMIC_RELAXED);
+		if (tag)
+			__atomic_fetch_or(m, (uint64_t)tag << RK_PG_TAG_SHIFT, __ATOMIC_RELAXED);
+	} else {
+		atomic_store_explicit(slab_tag(a, (uint64_t)page, RK_PG_CLASS(e), p), (uint8_t)tag,
+				      memory_order_relaxed);
+	}
+}
+
+/* Deduplicates v[0..n) in place, keeping the first of each value and the
+ * order (a small open-addressing set on the stack). */
+static uint32_t dedupe_in_order(uint64_t *v, uint32_t n)
+{
+	uint64_t set[2 * RK_PENDING_LOG];
+	memset(set, 0, sizeof set);
+	uint32_t j = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t x = v[i];
+		unsigned h = (unsigned)(((x >> 4) * 0x9e3779b97f4a7c15ull) >> 56) % (2 * RK_PENDING_LOG);
+		bool dup = false;
+		while (set[h]) {
+			if (set[h] == x) {
+				dup = true;
+				break;
+			}
+			h = (h + 1) % (2 * RK_PENDING_LOG);
+		}
+		if (dup)
+			continue;
+		set[h] = x;
+		v[j++] = x; /* j <= i: an entry moves down only, so no entry is ever lost */
+	}
+	return j;
+}
+
+/* The log is full: its older half goes (those objects are committed early:
+ * if still allocated at a failure, they leak; counted in overflow).  No
+ * object is looked at, so a thread that never commits pays one move of an
+ * entry per allocation.  Entries move down only, then the count drops: a
+ * thread killed in the middle leaves every kept entry at least once. */
+static __attribute__((noinline)) uint32_t log_make_room(struct rk_tcache *tc)
+{
+	const uint32_t keep = RK_PENDING_LOG / 2;
+	for (uint32_t i = 0; i < keep; i++)
+		tc->log[i] = tc->log[RK_PENDING_LOG - keep + i];
+	tc->overflow += RK_PENDING_LOG - keep;
+	atomic_signal_fence(memory_order_release);
+	tc->nlog = keep;
+	return keep;
+}
+
+static inline void log_append(struct rk_arena *a, struct rk_tcache *tc, const void *p)
+{
+	uint32_t n = tc->nlog;
+	if (RK_UNLIKELY(n >= RK_PENDING_LOG))
+		n = log_make_room(tc);
+	tc->log[n] = (uint64_t)(uintptr_t)p;
+	atomic_signal_fence(memory_order_release); /* the entry, then the count */
+	tc->nlog = n + 1;
+	rk_tls_pending |= 1u << a->index;
+}
+
+/* A free by the thread that allocated p last: if p is the newest entry, it
+ * leaves the log (a temporary allocated and freed between two commits then
+ * costs no room). */
+static inline void log_forget_newest(struct rk_tcache *tc, const void *p)
+{
+	uint32_t n = tc->nlog;
+	if (n && n <= RK_PENDING_LOG && tc->log[n - 1] == (uint64_t)(uintptr_t)p)
+		tc->nlog = n - 1;
+}
+
+/* An allocation from the bin (b, its head): tag, log, unstamp; then the
+ * caller pops it (the commit).  The stamp says where the tag byte is. */
+static inline void note_alloc(struct rk_arena *a, struct rk_tcache *tc, struct rk_free_block *b)
+{
+	uintptr_t t = (uintptr_t)(b->stamp ^ a->free_key);
+	if (RK_UNLIKELY(t - (uintptr_t)a->hdr >= a->hdr_max))
+		return; /* not a stamped block (a corrupt list): untracked */
+	atomic_store_explicit((_Atomic uint8_t *)t, (uint8_t)tc_tag(a, tc), memory_order_relaxed);
+	log_append(a, tc, b);
+	b->stamp = 0;
+}
+
+static void log_commit(struct rk_arena *a, struct rk_tcache *tc)
+{
+	uint32_t wp = rk_wp_write_begin(a);
+	tc->nlog = 0;
+	tc->overflow = 0;
+	rk_wp_write_end(wp);
+}
+
+void rk_pending_commit(void)
+{
+	uint32_t m = rk_tls_pending;
+	while (m) {
+		unsigned i = (unsigned)__builtin_ctz(m);
+		m &= m - 1;
+		struct rk_tcache *tc = tls_tc[i];
+		if (tc && rk_g.arenas[i].hdr)
+			log_commit(&rk_g.arenas[i], tc);
+	}
+	rk_tls_pending = 0;
+}
+
+void rk_commit(void)
+{
+	rk_pending_commit();
+}
+
+int rk_keep(rk_arena *a, const void *p)
+{
+	uint64_t e;
+	if (!a || !a->hdr || !p)
+		return -EINVAL;
+	int64_t page = run_of(a, p, &e);
+	if (page < 0 || !object_start(a, page, e, p))
+		return -EINVAL;
+	uint32_t wp = rk_wp_write_begin(a);
+	object_set_tag(a, page, e, p, 0);
+	rk_wp_write_end(wp);
+	return 0;
+}
+
 /* ---- slabs and central lists (class lock held) ---------------------------- */
 
 static struct rk_free_block *slab_new(struct rk_arena *a, unsigned cls, struct rk_free_block **tail,
@@ -480,35 +670,35 @@ static struct rk_free_block *slab_new(struct rk_arena *a, unsigned cls, struct r
 		return NULL;
 	struct rk_slab *s = page_addr(a, page);
 	uint32_t size = rk_class_size[cls];
-	uint64_t first = (uint64_t)(uintptr_t)s + slab_header_bytes();
+	uint64_t first = (uint64_t)(uintptr_t)s + class_hdr[cls];
 	uint64_t nobjs = class_span[cls] / size;
-	memset(s, 0, sizeof *s);
+	memset(s, 0, class_hdr[cls]); /* the tags too: no object is allocated */
 	s->magic = RK_SLAB_MAGIC;
 	s->cls = cls;
 	s->nobjs = (uint32_t)nobjs;
 	s->npages = (uint32_t)npages;
 	s->first = first;
-	for (uint64_t i = 0; i + 1 < nobjs; i++)
-		((struct rk_free_block *)(uintptr_t)(first + i * size))->next =
-			(struct rk_free_block *)(uintptr_t)(first + (i + 1) * size);
+	for (uint64_t i = 0; i < nobjs; i++) {
+		struct rk_free_block *b = (struct rk_free_block *)(uintptr_t)(first + i * size);
+		b->next = i + 1 < nobjs ? (struct rk_free_block *)(uintptr_t)(first + (i + 1) * size) : NULL;
+		b->stamp = rk_free_stamp(a, &s->tag[i]);
+	}
 	*tail = (struct rk_free_block *)(uintptr_t)(first + (nobjs - 1) * size);
-	(*tail)->next = NULL;
 	*n = nobjs;
 	a->hdr->classes[cls].slabs++;
 	return (struct rk_free_block *)(uintptr_t)first;
 }
 
-/* Takes up to want blocks from the class: returns a NULL-terminated chain. */
-static struct rk_free_block *central_take(struct rk_arena *a, unsigned cls, uint32_t want, uint32_t *got)
+/* Takes up to want blocks from the class (class lock held): returns a
+ * NULL-terminated chain, or NULL if no slab could be made. */
+static struct rk_free_block *central_take_locked(struct rk_arena *a, unsigned cls, uint32_t want, uint32_t *got)
 {
 	struct rk_class_state *c = &a->hdr->classes[cls];
-	rk_lock_acquire(a, &c->lock);
 	if (!c->head) {
 		struct rk_free_block *tail;
 		uint64_t n;
 		struct rk_free_block *chain = slab_new(a, cls, &tail, &n);
 		if (!chain) {
-			rk_lock_release(a, &c->lock);
 			*got = 0;
 			return NULL;
 		}
@@ -524,19 +714,55 @@ static struct rk_free_block *central_take(struct rk_arena *a, unsigned cls, uint
 	c->head = last->next;
 	c->count -= k;
 	last->next = NULL;
-	rk_lock_release(a, &c->lock);
 	*got = k;
 	return first;
 }
 
-static void central_put(struct rk_arena *a, unsigned cls, struct rk_free_block *first,
-			struct rk_free_block *last, uint32_t k)
+/* One block for a thread without a cache. */
+static struct rk_free_block *central_take_one(struct rk_arena *a, unsigned cls)
+{
+	struct rk_class_state *c = &a->hdr->classes[cls];
+	uint32_t got;
+	rk_lock_acquire(a, &c->lock);
+	struct rk_free_block *b = central_take_locked(a, cls, 1, &got);
+	if (b) { /* untracked: no log holds it, so no tag either */
+		uintptr_t t = (uintptr_t)(b->stamp ^ a->free_key);
+		if (t - (uintptr_t)a->hdr < a->hdr_max)
+			atomic_store_explicit((_Atomic uint8_t *)t, 0, memory_order_relaxed);
+		b->stamp = 0;
+	}
+	rk_lock_release(a, &c->lock);
+	return b;
+}
+
+/* Fills the (empty) bin with up to want blocks.  The bin takes the chain
+ * inside the class's critical section: a thread killed anywhere leaves the
+ * blocks on one list or the other, or the lock held (the arena is then
+ * refused), never on neither. */
+static bool central_refill(struct rk_arena *a, unsigned cls, struct rk_tcache_bin *bin, uint32_t want)
+{
+	struct rk_class_state *c = &a->hdr->classes[cls];
+	uint32_t got;
+	rk_lock_acquire(a, &c->lock);
+	struct rk_free_block *chain = central_take_locked(a, cls, want, &got);
+	if (chain) {
+		bin->count = got;
+		bin->head = chain;
+	}
+	rk_lock_release(a, &c->lock);
+	return chain != NULL;
+}
+
+/* A free from no cache: the block goes back and is stamped in one critical
+ * section.  tag: its tag byte. */
+static void central_put_one(struct rk_arena *a, unsigned cls, struct rk_free_block *b, _Atomic uint8_t *tag)
 {
 	struct rk_class_state *c = &a->hdr->classes[cls];
 	rk_lock_acquire(a, &c->lock);
-	last->next = c->head;
-	c->head = first;
-	c->count += k;
+	b->next = c->head;
+	b->stamp = rk_free_stamp(a, tag);
+	c->head = b;
+	c->count++;
 	rk_lock_release(a, &c->lock);
 }
 
@@ -554,10 +780,13 @@ static void tcache_thread_exit(void *unused)
 		if (!a->hdr)
 			continue;
 		uint32_t wp = rk_wp_write_begin(a);
+		tc->nlog = 0; /* what the thread leaves behind is committed */
+		tc->overflow = 0;
 		rk_tcache_flush_all(a, tc);
 		atomic_store_explicit(&tc->owner, 0, memory_order_release);
 		rk_wp_write_end(wp);
 	}
+	rk_tls_pending = 0;
 }
 
 static void tc_key_create(void)
@@ -572,26 +801,36 @@ void rk_tcache_release(struct rk_arena *a)
 	if (!tc)
 		return;
 	uint32_t wp = rk_wp_write_begin(a);
+	tc->nlog = 0; /* committed */
+	tc->overflow = 0;
 	rk_tcache_flush_all(a, tc);
 	atomic_store_explicit(&tc->owner, 0, memory_order_release);
 	rk_wp_write_end(wp);
 	tls_tc[a->index] = NULL;
+	rk_tls_pending &= ~(1u << a->index);
 }
 
 void rk_tcache_forget_thread(void)
 {
 	memset(tls_tc, 0, sizeof tls_tc);
+	rk_tls_pending = 0;
 }
 
+/* Moves the first k blocks of the bin to the central list, inside the
+ * class's critical section (as central_refill). */
 static void bin_flush(struct rk_arena *a, unsigned cls, struct rk_tcache_bin *b, uint32_t k)
 {
+	struct rk_class_state *c = &a->hdr->classes[cls];
 	struct rk_free_block *first = b->head, *last = first;
 	for (uint32_t i = 1; i < k; i++)
 		last = last->next;
-	struct rk_free_block *rest = last->next;
-	b->head = rest; /* commit: the chain now belongs to no list until put */
+	rk_lock_acquire(a, &c->lock);
+	b->head = last->next;
 	b->count -= k;
-	central_put(a, cls, first, last, k);
+	last->next = c->head;
+	c->head = first;
+	c->count += k;
+	rk_lock_release(a, &c->lock);
 }
 
 void rk_tcache_flush_all(struct rk_arena *a, struct rk_tcache *tc)
@@ -624,6 +863,8 @@ struct rk_tcache *rk_tcache_current(struct rk_arena *a)
 			continue;
 		memset(t->bins, 0, sizeof t->bins);
 		t->alloc_delta = 0;
+		t->nlog = 0;
+		t->overflow = 0;
 		tls_tc[a->index] = t;
 		if (!tls_key_set) {
 			pthread_once(&tc_key_once, tc_key_create);
@@ -640,9 +881,8 @@ struct rk_tcache *rk_tcache_current(struct rk_arena *a)
 static void *small_alloc_slow(struct rk_arena *a, unsigned cls)
 {
 	struct rk_tcache *tc = rk_tcache_current(a);
-	uint32_t got;
 	if (!tc) {
-		struct rk_free_block *b = central_take(a, cls, 1, &got);
+		struct rk_free_block *b = central_take_one(a, cls);
 		if (!b) {
 			errno = ENOMEM;
 			return NULL;
@@ -651,17 +891,13 @@ static void *small_alloc_slow(struct rk_arena *a, unsigned cls)
 		return b;
 	}
 	struct rk_tcache_bin *bin = &tc->bins[cls];
-	if (!bin->head) {
-		struct rk_free_block *chain = central_take(a, cls, class_refill[cls], &got);
-		if (!chain) {
-			errno = ENOMEM;
-			return NULL;
-		}
-		bin->count = got;
-		bin->head = chain;
+	if (!bin->head && !central_refill(a, cls, bin, class_refill[cls])) {
+		errno = ENOMEM;
+		return NULL;
 	}
 	struct rk_free_block *b = bin->head;
-	bin->head = b->next;
+	note_alloc(a, tc, b);
+	bin->head = b->next; /* commit */
 	bin->count--;
 	tc->alloc_delta += rk_class_size[cls];
 	return b;
@@ -674,10 +910,17 @@ static void *large_alloc(struct rk_arena *a, size_t n)
 		errno = ENOMEM;
 		return NULL;
 	}
+	struct rk_tcache *tc = rk_tcache_current(a); /* its log; NULL: untracked */
 	rk_lock_acquire(a, &a->hdr->heap_lock);
 	uint64_t page = run_alloc_locked(a, npages);
-	if (page)
-		run_set_used(a, page, npages, RK_PG_MAKE(RK_PG_LARGE, 0, npages));
+	if (page) {
+		/* tagged and logged inside the critical section: a death there
+		 * refuses the arena, so no order of the stores matters */
+		uint64_t tag = tc ? tc_tag(a, tc) : 0;
+		run_set_used(a, page, npages, RK_PG_MAKE(RK_PG_LARGE, 0, npages) | tag << RK_PG_TAG_SHIFT);
+		if (tc)
+			log_append(a, tc, page_addr(a, page));
+	}
 	rk_lock_release(a, &a->hdr->heap_lock);
 	if (!page)
 		return NULL;
@@ -693,6 +936,7 @@ static inline void *alloc_body(rk_arena *a, size_t n)
 		struct rk_tcache *tc = tls_tc[a->index];
 		struct rk_free_block *b;
 		if (RK_LIKELY(tc && (b = tc->bins[cls].head) != NULL)) {
+			note_alloc(a, tc, b);
 			tc->bins[cls].head = b->next; /* commit */
 			tc->bins[cls].count--;
 			tc->alloc_delta += rk_class_size[cls];
@@ -759,8 +1003,9 @@ static inline void free_body(rk_arena *a, void *p)
 		unsigned cls = RK_PG_CLASS(e);
 		struct rk_free_block *b = p;
 		struct rk_tcache *tc = tls_tc[a->index];
+		_Atomic uint8_t *tag = slab_tag(a, (uint64_t)page, cls, p);
 		if (RK_UNLIKELY(!tc) && !(tc = rk_tcache_current(a))) {
-			central_put(a, cls, b, b, 1);
+			central_put_one(a, cls, b, tag);
 			atomic_fetch_sub_explicit(&a->hdr->allocated_bytes, rk_class_size[cls], memory_order_relaxed);
 			return;
 		}
@@ -770,13 +1015,19 @@ static inline void free_body(rk_arena *a, void *p)
 		b->next = bin->head;
 		atomic_signal_fence(memory_order_release); /* link before publish */
 		bin->head = b;                             /* commit */
+		atomic_signal_fence(memory_order_release); /* then the stamp: see "pending allocations" */
+		b->stamp = rk_free_stamp(a, tag);
 		bin->count++;
 		tc->alloc_delta -= rk_class_size[cls];
+		log_forget_newest(tc, p);
 		return;
 	}
 	uint64_t npages = RK_PG_N(e);
+	struct rk_tcache *tc = tls_tc[a->index];
 	rk_lock_acquire(a, &a->hdr->heap_lock);
-	rk_run_free(a, (uint64_t)page, npages);
+	rk_run_free(a, (uint64_t)page, npages); /* its tag goes with its page-map entry */
+	if (tc)
+		log_forget_newest(tc, p);
 	rk_lock_release(a, &a->hdr->heap_lock);
 	atomic_fetch_sub_explicit(&a->hdr->allocated_bytes, npages * RK_PAGE, memory_order_relaxed);
 }
@@ -845,4 +1096,154 @@ int rk_arena_stats(const rk_arena *a, struct rk_arena_stats *out)
 	out->heap_bytes = h->top;
 	out->allocated_bytes = alloc > 0 ? (uint64_t)alloc : 0;
 	return 0;
+}
+
+/* ---- the pending objects of a dead incarnation ----------------------------- */
+
+static int cmp_u64(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+	return a < b ? -1 : a > b;
+}
+
+/* The heads of the dead caches' bins: the only free blocks a log can hold
+ * with its cache's tag still on them.  rk_init is single-threaded. */
+static uint64_t dead_heads[RK_MAX_TCACHES * RK_NCLASSES];
+
+uint64_t rk_pending_collect(struct rk_arena *a, uint64_t *overflow)
+{
+	struct rk_arena_hdr *h = a->hdr;
+	size_t nh = 0;
+	uint64_t found = 0;
+	for (unsigned i = 0; i < RK_MAX_TCACHES; i++)
+		if (atomic_load(&h->tcaches[i].owner))
+			for (unsigned c = 0; c < RK_NCLASSES; c++)
+				if (h->tcaches[i].bins[c].head)
+					dead_heads[nh++] = (uint64_t)(uintptr_t)h->tcaches[i].bins[c].head;
+	qsort(dead_heads, nh, sizeof dead_heads[0], cmp_u64);
+	/* A head may be unstamped (its thread died in one of the windows): it
+	 * is free, so stamp it before it goes to the central list, where the
+	 * next allocation reads its stamp for the address of its tag. */
+	for (size_t k = 0; k < nh; k++) {
+		void *b = (void *)(uintptr_t)dead_heads[k];
+		uint64_t e;
+		int64_t page = run_of(a, b, &e);
+		if (page >= 0 && RK_PG_KIND(e) == RK_PG_SLAB && object_start(a, page, e, b))
+			((struct rk_free_block *)b)->stamp =
+				rk_free_stamp(a, slab_tag(a, (uint64_t)page, RK_PG_CLASS(e), b));
+	}
+	for (unsigned i = 0; i < RK_MAX_TCACHES; i++) {
+		struct rk_tcache *tc = &h->tcaches[i];
+		if (!atomic_load(&tc->owner))
+			continue;
+		unsigned me = tc_tag(a, tc);
+		uint32_t n = tc->nlog < RK_PENDING_LOG ? tc->nlog : RK_PENDING_LOG, j = 0;
+		for (uint32_t k = 0; k < n; k++) {
+			uint64_t p = tc->log[k], e;
+			int64_t page;
+			if (!still_pending(a, (const void *)(uintptr_t)p, me, &page, &e))
+				continue; /* freed or kept since, or not an object */
+			if (bsearch(&p, dead_heads, nh, sizeof dead_heads[0], cmp_u64)) {
+				/* its thread died between tagging and taking it, or
+				 * between giving it back and stamping it: it is free */
+				object_set_tag(a, page, e, (const void *)(uintptr_t)p, 0);
+				continue;
+			}
+			tc->log[j++] = p;
+		}
+		j = dedupe_in_order(tc->log, j);
+		tc->nlog = j;
+		found += j;
+		*overflow += tc->overflow;
+	}
+	return found;
+}
+
+/* Frees a pending object of a dead thread, from no cache: the block and its
+ * tag change in one critical section. */
+static uint64_t free_orphan(struct rk_arena *a, int64_t page, uint64_t e, void *p)
+{
+	if (RK_PG_KIND(e) == RK_PG_SLAB) {
+		unsigned cls = RK_PG_CLASS(e);
+		central_put_one(a, cls, p, slab_tag(a, (uint64_t)page, cls, p));
+		return rk_class_size[cls];
+	}
+	uint64_t npages = RK_PG_N(e);
+	rk_lock_acquire(a, &a->hdr->heap_lock);
+	rk_run_free(a, (uint64_t)page, npages);
+	rk_lock_release(a, &a->hdr->heap_lock);
+	return npages * RK_PAGE;
+}
+
+static uint64_t pending_walk(struct rk_arena *a, bool free_them, bool release, struct rk_ptrvec *list,
+			     uint64_t *bytes)
+{
+	struct rk_arena_hdr *h = a->hdr;
+	uint64_t count = 0, freed = 0;
+	for (unsigned i = 0; i < RK_MAX_TCACHES; i++) {
+		struct rk_tcache *tc = &h->tcaches[i];
+		if (atomic_load(&tc->owner) != RK_TC_ORPHAN)
+			continue;
+		unsigned me = tc_tag(a, tc);
+		uint32_t n = tc->nlog < RK_PENDING_LOG ? tc->nlog : RK_PENDING_LOG;
+		for (uint32_t k = 0; k < n; k++) {
+			void *p = (void *)(uintptr_t)tc->log[k];
+			uint64_t e;
+			int64_t page;
+			if (!still_pending(a, p, me, &page, &e))
+				continue; /* the app freed or kept it during recovery */
+			count++;
+			uint64_t size = RK_PG_KIND(e) == RK_PG_LARGE ? RK_PG_N(e) * RK_PAGE : rk_class_size[RK_PG_CLASS(e)];
+			*bytes += size;
+			if (list)
+				rk_ptrvec_push(list, (uint64_t)(uintptr_t)p);
+			if (free_them)
+				freed += free_orphan(a, page, e, p);
+		}
+		if (!release)
+			continue;
+		tc->nlog = 0;
+		tc->overflow = 0;
+		atomic_store(&tc->owner, 0);
+	}
+	if (freed)
+		atomic_fetch_sub_explicit(&h->allocated_bytes, freed, memory_order_relaxed);
+	return count;
+}
+
+uint64_t rk_pending_settle(struct rk_arena *a, bool free_them, uint64_t *bytes)
+{
+	return pending_walk(a, free_them, true, NULL, bytes);
+}
+
+uint64_t rk_pending_list(struct rk_arena *a, struct rk_ptrvec *list, uint64_t *bytes)
+{
+	return pending_walk(a, false, false, list, bytes);
+}
+
+bool rk_object_marked(struct rk_arena *a, const void *p)
+{
+	uint64_t e;
+	int64_t page = run_of(a, p, &e);
+	if (page < 0 || !object_start(a, page, e, p))
+		return false;
+	if (RK_PG_KIND(e) == RK_PG_LARGE)
+		return (e & RK_PG_MARK) != 0;
+	struct rk_slab *s = page_addr(a, (uint64_t)page);
+	uint64_t idx = ((uintptr_t)p - s->first) / rk_class_size[s->cls];
+	return (atomic_load_explicit(&s->mark[idx / 64], memory_order_relaxed) >> (idx % 64)) & 1;
+}
+
+bool rk_ptrvec_push(struct rk_ptrvec *v, uint64_t x)
+{
+	if (v->n == v->cap) {
+		size_t ncap = v->cap ? 2 * v->cap : 256;
+		uint64_t *nv = realloc(v->v, ncap * sizeof *nv);
+		if (!nv)
+			return false;
+		v->v = nv;
+		v->cap = ncap;
+	}
+	v->v[v->n++] = x;
+	return true;
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -82,6 +83,9 @@ int rk_arena_format(struct rk_arena *a, const char *name, uint64_t base, uint64_
 	h->created_ns = rk_now_ns();
 	rk_strlcpy(h->name, name, sizeof h->name);
 	h->hdr_checksum = rk_arena_hdr_checksum(h);
+	if (getrandom(&h->free_key, sizeof h->free_key, GRND_NONBLOCK) != sizeof h->free_key)
+		h->free_key = rk_fnv1a(&h->created_ns, sizeof h->created_ns, base) | 1;
+	a->free_key = h->free_key;
 	h->roots_checksum = rk_arena_roots_checksum(h);
 	h->committed = heap_off;
 	a->map = (uint64_t *)((char *)h + map_off);
@@ -178,6 +182,7 @@ int rk_arena_validate(struct rk_arena *a, uint64_t base, uint64_t max, char *why
 		return -EINVAL;
 	}
 	a->map = (uint64_t *)((char *)h + h->map_offset);
+	a->free_key = h->free_key;
 	uint32_t owner = atomic_load(&h->heap_lock) | atomic_load(&h->root_lock);
 	for (unsigned c = 0; c < RK_NCLASSES && !owner; c++)
 		owner = atomic_load(&h->classes[c].lock);
@@ -198,16 +203,21 @@ int rk_arena_validate(struct rk_arena *a, uint64_t base, uint64_t max, char *why
 	return 0;
 }
 
-/* Folds the caches of the dead incarnation's threads into the central lists. */
+/* Finds the dead threads' pending objects, then folds the dead caches
+ * into the central lists.  A cache whose log still holds pending objects
+ * stays reserved (RK_TC_ORPHAN: no thread of this incarnation takes it, so
+ * no new object carries its tag) until rk_finish_recovery settles them. */
 void rk_arena_recover(struct rk_arena *a)
 {
 	struct rk_arena_hdr *h = a->hdr;
+	a->pending_overflow = 0;
+	a->pending_found = rk_pending_collect(a, &a->pending_overflow);
 	for (unsigned i = 0; i < RK_MAX_TCACHES; i++) {
 		struct rk_tcache *tc = &h->tcaches[i];
 		if (!atomic_load(&tc->owner))
 			continue;
 		rk_tcache_flush_all(a, tc);
-		atomic_store(&tc->owner, 0);
+		atomic_store(&tc->owner, tc->nlog ? RK_TC_ORPHAN : 0);
 	}
 }
 
@@ -444,6 +454,9 @@ int rk_root_set(rk_arena *a, const char *name, void *ptr)
 		return -EINVAL;
 	if (ptr && !rk_arena_contains(a, ptr))
 		return -EFAULT; /* a root must point into its arena to survive */
+	/* A publication: what this thread allocated is committed first (a death
+	 * after the commit and before the root is set only leaks). */
+	rk_pending_commit();
 	struct rk_arena_hdr *h = a->hdr;
 	int ret = -ENOSPC;
 	uint32_t wp = rk_wp_write_begin(a);

@@ -473,6 +473,12 @@ void rk_unsafe_end(rk_arena *arena)
 {
 	if (RK_UNLIKELY(!arena || !rk_ctl))
 		return;
+	/* Commit this thread's pending allocations while the region is still
+	 * counted open: a death between the two then finds the region open
+	 * (the arena is not reused), never a published object still pending. */
+	if (rk_tls_pending)
+		rk_pending_commit();
+	atomic_signal_fence(memory_order_seq_cst);
 	if (RK_UNLIKELY(arena->pkey > 0))
 		wp_region_leave(arena); /* also in a child forked inside the region (no slot yet) */
 	if (RK_LIKELY(tls_slot != NULL))

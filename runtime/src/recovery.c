@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -172,11 +173,91 @@ int rk_recovery_attach(const struct rk_manifest *m, uint64_t msize, char *why, s
 
 /* ---- the end of recovery ---- */
 
-int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
+static const char *const cleanup_names[] = {"none", "pending", "sweep", "check"};
+
+static int cmp_u64(const void *x, const void *y)
 {
-	struct rk_sweep_stats total = {0};
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+	return a < b ? -1 : a > b;
+}
+
+/* The check's disagreements in one arena, as an event. */
+static void log_check(const struct rk_arena *a, uint64_t reached, uint64_t first_reached, uint64_t not_pending)
+{
+	if (!reached && !not_pending)
+		return;
+	struct rk_ev e;
+	rk_ev_begin(&e, "cleanup_check");
+	rk_ev_str(&e, "arena", a->name);
+	rk_ev_u64(&e, "pending_reached", reached);
+	if (reached)
+		rk_ev_hex(&e, "first_reached", first_reached);
+	rk_ev_u64(&e, "swept_not_pending", not_pending);
+	rk_ev_str(&e, "meaning", reached ? "pending objects were reachable: published without a commit (rk_keep, rk_commit)"
+					 : "unreached objects were not pending: the pending cleanup leaves them");
+	rk_ev_end(&e);
+}
+
+/* One arena's cleanup; adds to *t.  0 or -errno (then the arena is left as
+ * it was, still in recovery). */
+static int cleanup_arena(struct rk_arena *a, enum rk_cleanup mode, struct rk_cleanup_stats *t)
+{
+	struct rk_sweep_stats st = {0};
+	bool marks = a->marks_set || a->hdr->marks_dirty;
+	uint64_t bytes = 0, reached = 0, first_reached = 0, not_pending = 0;
+	int r = 0;
+	t->pending_overflow += a->pending_overflow;
+	if (mode == RK_CLEANUP_NONE || mode == RK_CLEANUP_PENDING) {
+		bool free_them = mode == RK_CLEANUP_PENDING;
+		uint64_t n = rk_pending_settle(a, free_them, &bytes);
+		t->pending += n;
+		t->pending_bytes += bytes;
+		if (free_them) {
+			t->objects_freed += n;
+			t->bytes_freed += bytes;
+		}
+		/* without marks there is nothing to walk: O(1) whatever the size */
+		r = marks ? rk_arena_clear_marks(a) : 0;
+	} else {
+		/* The orphaned logs hold no blocks: the sweep may run first, and
+		 * they are settled only once it succeeded (a refusal leaves them
+		 * for the next try). */
+		struct rk_ptrvec pv = {0};
+		uint64_t n = rk_pending_list(a, &pv, &bytes), ignored = 0;
+		qsort(pv.v, pv.n, sizeof *pv.v, cmp_u64);
+		for (size_t i = 0; i < pv.n; i++)
+			if (rk_object_marked(a, (const void *)(uintptr_t)pv.v[i]) && !reached++)
+				first_reached = pv.v[i];
+		bool check = mode == RK_CLEANUP_CHECK && pv.n == n; /* a complete list (malloc did not fail) */
+		r = rk_arena_sweep(a, &st, pv.v, pv.n, check ? &not_pending : NULL);
+		free(pv.v);
+		if (r == 0) {
+			/* the sweep freed (and untagged) the unmarked ones */
+			(void)rk_pending_settle(a, false, &ignored);
+			t->pending += n;
+			t->pending_bytes += bytes;
+			t->objects_freed += st.objects_freed;
+			t->bytes_freed += st.bytes_freed;
+			t->objects_kept += st.objects_kept;
+			t->bytes_kept += st.bytes_kept;
+			t->pending_reached += reached;
+			t->swept_not_pending += not_pending;
+			if (mode == RK_CLEANUP_CHECK)
+				log_check(a, reached, first_reached, not_pending);
+		}
+	}
+	if (r == 0)
+		a->hdr->marks_dirty = 0;
+	return r;
+}
+
+int rk_finish_recovery_mode(enum rk_cleanup mode, struct rk_cleanup_stats *stats)
+{
+	struct rk_cleanup_stats total = {0};
 	if (stats)
 		*stats = total;
+	if ((unsigned)mode > RK_CLEANUP_CHECK)
+		return -EINVAL;
 	rk_reap_teardown_holder();
 	if (!rk_g.recovery)
 		return 0;
@@ -189,37 +270,44 @@ int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
 			rk_arena_drop(a);
 			continue;
 		}
-		struct rk_sweep_stats st = {0};
 		uint32_t wp = rk_wp_write_begin(a);
-		/* without cleanup and with no mark set there is nothing to walk:
-		 * recovery ends in O(1), whatever the arena's size */
-		bool marks = a->marks_set || a->hdr->marks_dirty;
-		int r = cleanup ? rk_arena_sweep(a, &st) : marks ? rk_arena_clear_marks(a) : 0;
-		if (r == 0)
-			a->hdr->marks_dirty = 0;
+		int r = cleanup_arena(a, mode, &total);
 		rk_wp_write_end(wp);
 		a->marks_set = false;
 		if (r < 0)
 			return r;
 		a->sweep_pending = false;
-		total.objects_freed += st.objects_freed;
-		total.bytes_freed += st.bytes_freed;
-		total.objects_kept += st.objects_kept;
-		total.bytes_kept += st.bytes_kept;
 	}
 	rk_g.recovery = false;
 	rk_control_set_state(RK_CTL_RUNNING);
+	total.cleanup_ns = rk_now_ns() - t0;
 	if (stats)
 		*stats = total;
 	struct rk_ev e;
 	rk_ev_begin(&e, "recovered");
 	rk_ev_u64(&e, "generation", rk_g.info.generation);
-	rk_ev_str(&e, "cleanup", cleanup ? "sweep" : "none");
+	rk_ev_str(&e, "cleanup", cleanup_names[mode]);
 	rk_ev_u64(&e, "objects_freed", total.objects_freed);
 	rk_ev_u64(&e, "bytes_freed", total.bytes_freed);
 	rk_ev_u64(&e, "objects_kept", total.objects_kept);
 	rk_ev_u64(&e, "bytes_kept", total.bytes_kept);
-	rk_ev_u64(&e, "sweep_us", (rk_now_ns() - t0) / 1000);
+	rk_ev_u64(&e, "pending", total.pending);
+	if (total.pending_overflow)
+		rk_ev_u64(&e, "pending_overflow", total.pending_overflow);
+	if (mode == RK_CLEANUP_CHECK) {
+		rk_ev_u64(&e, "pending_reached", total.pending_reached);
+		rk_ev_u64(&e, "swept_not_pending", total.swept_not_pending);
+	}
+	rk_ev_u64(&e, "sweep_us", total.cleanup_ns / 1000);
 	rk_ev_end(&e);
 	return 0;
+}
+
+int rk_finish_recovery(bool cleanup, struct rk_sweep_stats *stats)
+{
+	struct rk_cleanup_stats cs;
+	int r = rk_finish_recovery_mode(cleanup ? RK_CLEANUP_SWEEP : RK_CLEANUP_NONE, &cs);
+	if (stats)
+		*stats = (struct rk_sweep_stats){cs.objects_freed, cs.bytes_freed, cs.objects_kept, cs.bytes_kept};
+	return r;
 }

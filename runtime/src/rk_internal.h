@@ -109,7 +109,14 @@ void rk_options_parse(const struct rk_options *opts) RK_HIDDEN;
 
 typedef _Atomic uint32_t rk_lock;
 
-struct rk_free_block { struct rk_free_block *next; };
+/* A free slab block.  stamp = the arena's free_key XOR the address of the
+ * block's tag byte: what tells a free block from an allocated one at a warm
+ * start (an allocation clears it), and where an allocation finds the tag
+ * without the page map. */
+struct rk_free_block {
+	struct rk_free_block *next;
+	uint64_t stamp;
+};
 
 struct rk_tcache_bin {
 	struct rk_free_block *head;
@@ -117,11 +124,25 @@ struct rk_tcache_bin {
 	uint32_t limit;
 };
 
+/* Pending allocations (docs/design.md, "Cleanup"): each cache logs the
+ * objects its thread allocates, and the thread's next commit (the end of any
+ * unsafe region, rk_commit, rk_root_set) empties the log in one store.  Each
+ * object carries the tag of the cache that last allocated it (slab: a byte
+ * per object after the slab header; page run: bits of its page-map entry),
+ * and each free slab block a stamp (struct rk_free_block).  A logged object
+ * is still pending when it is not stamped free and its tag is still its
+ * cache's.  A warm start frees the pending objects of the dead threads:
+ * O(in flight), not O(arena). */
+#define RK_PENDING_LOG 128 /* entries per cache; a full log drops its older half */
+#define RK_TC_ORPHAN 0xffffffffu /* owner of a dead thread's cache whose pending objects wait for rk_finish_recovery */
+
 struct rk_tcache {
-	_Atomic uint32_t owner; /* tid of the owning thread, 0 = free slot */
-	uint32_t pad_;
+	_Atomic uint32_t owner; /* tid of the owning thread, 0 = free slot, RK_TC_ORPHAN */
+	uint32_t nlog;          /* entries in log[]; 0 = nothing pending */
 	int64_t alloc_delta;    /* bytes allocated minus freed through this cache */
+	uint64_t overflow;      /* entries a full log dropped since the last commit */
 	struct rk_tcache_bin bins[RK_NCLASSES];
+	uint64_t log[RK_PENDING_LOG]; /* objects allocated since the last commit (some since freed or kept) */
 } __attribute__((aligned(64)));
 
 struct rk_class_state {
@@ -155,6 +176,7 @@ struct rk_arena_hdr {
 	uint64_t created_ns;
 	char name[RK_NAME_MAX + 1];
 	uint64_t hdr_checksum;
+	uint64_t free_key;      /* random, set at creation: see struct rk_free_block */
 
 	/* roots, covered by roots_checksum (updated under root_lock) */
 	rk_lock root_lock;
@@ -179,6 +201,10 @@ enum rk_page_kind { RK_PG_NONE = 0, RK_PG_SLAB = 1, RK_PG_LARGE = 2, RK_PG_CONT 
 #define RK_PG_KIND(e) ((uint32_t)((e) & 0xf))
 #define RK_PG_CLASS(e) ((uint32_t)(((e) >> 4) & 0xff))
 #define RK_PG_MARK 0x1000ull
+/* A page run's allocation tag (the first page's entry): see struct rk_tcache. */
+#define RK_PG_TAG_SHIFT 16
+#define RK_PG_TAG_MASK (0xffull << RK_PG_TAG_SHIFT)
+#define RK_PG_TAG(e) ((uint32_t)(((e) >> RK_PG_TAG_SHIFT) & 0xff))
 #define RK_PG_N(e) ((uint64_t)((e) >> 32)) /* run pages, or back offset for CONT */
 #define RK_PG_MAKE(kind, cls, n) ((uint64_t)(kind) | ((uint64_t)(cls) << 4) | ((uint64_t)(n) << 32))
 
@@ -193,6 +219,7 @@ struct rk_slab {
 	uint64_t first;      /* address of object 0 */
 	_Atomic uint64_t mark[RK_SLAB_BITMAP_WORDS];
 	uint64_t scratch[RK_SLAB_BITMAP_WORDS]; /* free bits, used by the sweep */
+	_Atomic uint8_t tag[]; /* per object: the allocating cache's index + 1, 0 = none (free, kept, committed untracked) */
 };
 
 /* Process-private handle. */
@@ -205,6 +232,9 @@ struct rk_arena {
 	bool reopened;    /* rk_arena_open called on it in this incarnation */
 	bool sweep_pending; /* recovery: objects allocated now are born marked */
 	bool marks_set;     /* a mark was set this recovery: they must be cleared */
+	uint64_t free_key;         /* hdr->free_key */
+	uint64_t pending_found;    /* warm start: the dead threads' pending objects */
+	uint64_t pending_overflow; /* and the entries their full logs had dropped */
 	unsigned flags;     /* RK_ARENA_* the app opened it with */
 	int pkey;           /* protection key (RK_ARENA_WRITE_PROTECT), 0 = none */
 	uint64_t hdr_max;   /* mapped length, kept apart from the header it maps */
@@ -233,6 +263,34 @@ void rk_arena_drop(struct rk_arena *a) RK_HIDDEN; /* unmapped, closed, logged */
 
 /* ---- alloc.c: the allocator inside arenas ---- */
 extern uint32_t rk_class_size[RK_NCLASSES] RK_HIDDEN;
+/* Bit k: this thread may have pending allocations in arena index k. */
+extern __thread uint32_t rk_tls_pending __attribute__((tls_model("initial-exec"))) RK_HIDDEN;
+/* Commits this thread's pending allocations, every arena (rk_commit). */
+void rk_pending_commit(void) RK_HIDDEN;
+/* The stamp of a free slab block whose tag byte is at tag. */
+static inline uint64_t rk_free_stamp(const struct rk_arena *a, const void *tag)
+{
+	return a->free_key ^ (uint64_t)(uintptr_t)tag;
+}
+/* A warm start, before the dead caches are folded back: keeps in each dead
+ * cache's log only the objects still pending (deduplicated), and returns how
+ * many there are; adds to *overflow the entries their full logs dropped. */
+uint64_t rk_pending_collect(struct rk_arena *a, uint64_t *overflow) RK_HIDDEN;
+/* A growable array of addresses (malloc'd). */
+struct rk_ptrvec {
+	uint64_t *v;
+	size_t n, cap;
+};
+bool rk_ptrvec_push(struct rk_ptrvec *v, uint64_t x) RK_HIDDEN; /* false: out of memory, not added */
+/* rk_finish_recovery: frees the objects the orphaned logs hold (with
+ * free_them), or only forgets them (committed: they leak), and gives the
+ * caches back.  Returns how many objects there were, and adds their bytes
+ * to *bytes. */
+uint64_t rk_pending_settle(struct rk_arena *a, bool free_them, uint64_t *bytes) RK_HIDDEN;
+/* The same objects, appended to list, and nothing changed. */
+uint64_t rk_pending_list(struct rk_arena *a, struct rk_ptrvec *list, uint64_t *bytes) RK_HIDDEN;
+/* Whether rk_mark marked the object p (false for anything else). */
+bool rk_object_marked(struct rk_arena *a, const void *p) RK_HIDDEN;
 uint64_t rk_layout_hash(void) RK_HIDDEN;
 /* Allocator locks live in the arena; holding one counts as an open unsafe
  * region of that arena (a death there leaves its metadata half-changed). */
@@ -250,7 +308,11 @@ void rk_run_free(struct rk_arena *a, uint64_t page, uint64_t npages) RK_HIDDEN;
 uint32_t rk_gettid(void) RK_HIDDEN;
 
 /* ---- sweep.c: the cleanup after a warm restart ---- */
-int rk_arena_sweep(struct rk_arena *a, struct rk_sweep_stats *st) RK_HIDDEN;
+/* pending (sorted, n entries, may be NULL): the objects the pending path
+ * would free; *not_pending counts the objects the sweep frees that are not
+ * among them (the check mode's disagreement). */
+int rk_arena_sweep(struct rk_arena *a, struct rk_sweep_stats *st, const uint64_t *pending, size_t n,
+		   uint64_t *not_pending) RK_HIDDEN;
 int rk_arena_clear_marks(struct rk_arena *a) RK_HIDDEN;
 
 /* ---- pkeys.c: write protection of arenas (memory protection keys) -------

@@ -464,6 +464,9 @@ void *rk_progress_buffer(rk_progress *p, const char *name, size_t size)
 	void *mem = rk_alloc(p->arena, size);
 	if (!mem)
 		return NULL;
+	/* published below, outside any unsafe region: committed first, or
+	 * the pending cleanup of a warm start would free it */
+	(void)rk_keep(p->arena, mem);
 	struct prog_buf *b = slot ? slot : empty;
 	void *old = slot ? (void *)(uintptr_t)slot->ptr : NULL;
 	/* A failure in the middle of these stores leaves an entry that fails

@@ -45,15 +45,28 @@ static inline uint64_t heap_bytes(const rk_arena *a)
 	return rk_arena_stats(a, &st) == 0 ? st.heap_bytes : UINT64_MAX;
 }
 
-/* rk_arena_validate on a live arena, with the arguments a restart would use. */
-/* Thread-cache slots of the arena that some thread owns. */
+/* Thread-cache slots of the arena that some thread owns (not the orphaned
+ * caches of dead threads, which only keep their logs until recovery ends). */
 static inline unsigned owned_caches(const rk_arena *a)
 {
 	unsigned n = 0;
-	for (unsigned i = 0; i < RK_MAX_TCACHES; i++)
-		n += atomic_load(&a->hdr->tcaches[i].owner) != 0;
+	for (unsigned i = 0; i < RK_MAX_TCACHES; i++) {
+		uint32_t o = atomic_load(&a->hdr->tcaches[i].owner);
+		n += o != 0 && o != RK_TC_ORPHAN;
+	}
 	return n;
 }
+
+/* Orphaned caches: dead threads' logs waiting for rk_finish_recovery. */
+static inline unsigned orphaned_caches(const rk_arena *a)
+{
+	unsigned n = 0;
+	for (unsigned i = 0; i < RK_MAX_TCACHES; i++)
+		n += atomic_load(&a->hdr->tcaches[i].owner) == RK_TC_ORPHAN;
+	return n;
+}
+
+/* rk_arena_validate on a live arena, with the arguments a restart would use. */
 
 static inline int validate(rk_arena *a, char *why, size_t len)
 {
