@@ -3,10 +3,12 @@ the Rekindle versions answer the same protocol the same way; the Rekindle
 one, under `rekindle run --listen --hang-timeout 1s`, keeps its scores across
 a crash (in place) and a SIGKILL (respawn), idles without being taken for
 hung, and starts empty, cold, after a death inside a region.  Real
-processes, loopback only; every wait is bounded."""
+processes, loopback only; every wait is bounded.  And docs/porting.md
+quotes the example as it is."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,7 +17,7 @@ import time
 import pytest
 from supervisor_harness import free_port
 
-from conftest import BUILD
+from conftest import BUILD, ROOT
 
 LEADERBOARD = BUILD / "examples" / "leaderboard"
 PLAIN = BUILD / "examples" / "leaderboard_plain"
@@ -255,7 +257,7 @@ def test_a_death_inside_a_region_goes_cold_and_starts_empty(supervise):
 
 def test_the_check_mode_finds_the_port_keeps_the_publication_rule(standalone):
     lb = standalone(LEADERBOARD, "--check-cleanup")
-    fill(lb.port, 3000)  # grows the hash table three times: old bucket arrays freed
+    fill(lb.port, 3000)  # the hash table doubles twice: two old bucket arrays freed
     send_and_die(lb.port, "crash")
     assert ask(lb.port, "players") == "3000"
     [rec] = lb.events("recovered")
@@ -263,3 +265,36 @@ def test_the_check_mode_finds_the_port_keeps_the_publication_rule(standalone):
     assert (rec["pending"], rec["pending_reached"], rec["swept_not_pending"]) == (0, 0, 0), rec
     assert rec["objects_freed"] == 0 and rec["objects_kept"] == 3000 + 2, rec  # players, board, buckets
     assert not lb.events("cleanup_check")
+
+
+def guide_quotes():
+    """The code blocks of docs/porting.md that follow a line
+    `<!-- from PATH -->`: (PATH, their lines)."""
+    lines = (ROOT / "docs" / "porting.md").read_text().splitlines()
+    for i, line in enumerate(lines):
+        m = re.fullmatch(r"<!-- from (\S+) -->", line)
+        if m:
+            assert lines[i + 1].startswith("```"), f"line {i + 2}: a code block must follow {line}"
+            end = lines.index("```", i + 2)
+            yield m.group(1), lines[i + 2 : end]
+
+
+def test_the_guide_quotes_the_example_as_it_is():
+    """Each quoted block is in its file: runs of lines separated by `...`,
+    each run consecutive lines of the file (indentation aside), in order."""
+    quotes = list(guide_quotes())
+    assert len(quotes) >= 10
+    for path, block in quotes:
+        source = [x.strip() for x in (ROOT / path).read_text().splitlines()]
+        runs, run = [], []
+        for x in block + ["..."]:
+            if x.strip() == "...":
+                runs.append(run)
+                run = []
+            else:
+                run.append(x.strip())
+        at = 0
+        for run in runs:
+            starts = [i for i in range(at, len(source) - len(run) + 1) if source[i : i + len(run)] == run]
+            assert starts, f"docs/porting.md quotes {path}, which no longer has:\n" + "\n".join(run)
+            at = starts[0] + len(run)
