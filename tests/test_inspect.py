@@ -51,7 +51,7 @@ def assert_service_arenas(reply, state):
     for a in arenas.values():
         assert a["header_ok"] and a["layout_ok"] and a["roots_ok"], a
         assert a["exact"], a["problems"]
-        assert a["walk"]["complete"] and a["walk"]["source"] == "mmap"
+        assert a["walk"]["complete"] and a["walk"]["source"] == "pread"
         assert a["problems"] == [] and a["locks_held"] == [] and a["open_regions"] == []
         assert a["header_name"] == a["name"]
         assert a["committed"] == a["mapped"] and a["heap_bytes"] <= a["mapped"] <= a["max_bytes"]

@@ -557,26 +557,37 @@ fn memfd_with(bytes: &[u8], seal: bool) -> OwnedFd {
 }
 
 #[test]
-fn a_sealed_memfd_is_mapped_an_unsealed_one_read() {
+fn a_memfd_is_read_with_pread() {
     let (b, _, _, _) = sample();
     let want = read(&b);
-    for (seal, how) in [(true, "mmap"), (false, "pread")] {
+    for seal in [true, false] {
         let fd = memfd_with(&b, seal);
         let src = FdSource::open(fd.as_fd()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(src.how(), how);
+        assert_eq!(src.how(), "pread");
         let mut r = inspect_arena("table", &src, Duration::from_secs(10));
-        assert_eq!(r.walk.source, how);
+        assert_eq!(r.walk.source, "pread");
         r.walk.source = "bytes";
         r.walk.us = want.walk.us;
         assert_eq!(r, want);
-        // reads past the end are refused, not faulted
+        // reads past the end are refused
         let mut buf = [0u8; 16];
         assert!(src.read_at(b.len() as u64 - 8, &mut buf).is_err());
         assert!(src.read_at(u64::MAX - 4, &mut buf).is_err());
     }
+    // a file that shrank after the fstat (an unsealed one)
+    let fd = memfd_with(&b, false);
+    let src = FdSource::open(fd.as_fd()).unwrap_or_else(|e| panic!("{e}"));
+    // SAFETY: plain syscall on our own memfd.
+    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 200_000) }, 0);
+    let r = inspect_arena("table", &src, Duration::from_secs(1));
+    assert!(!r.exact, "the slab headers are gone");
+    assert!(
+        r.problems.iter().any(|p| p.contains("beyond the end")),
+        "{:?}",
+        r.problems
+    );
     let empty = memfd_with(&[], true);
     let src = FdSource::open(empty.as_fd()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(src.how(), "pread");
     assert!(!inspect_arena("table", &src, Duration::from_secs(1)).header_ok);
 }
 
@@ -615,4 +626,88 @@ proptest! {
         prop_assert!(r.problems.len() <= MAX_PROBLEMS + 1);
         prop_assert!(r.walk.runs <= (len as u64) / PAGE);
     }
+}
+
+/// How long a 16 GiB arena takes, page map full: `cargo test --release
+/// -- --ignored --nocapture sixteen_gib`.  The heap is sparse (a memfd whose
+/// pages are never written) but for the page map and, in the slab case,
+/// the 262144 slab headers (1 GiB of memory).
+#[test]
+#[ignore]
+fn sixteen_gib_arena_timing() {
+    const MAX: u64 = 16 << 30;
+    for layout in ["large runs of one page", "slabs of 16 pages"] {
+        let mut a = Arena::new("table", MAX);
+        let first = a.heap_offset / PAGE;
+        let pages = (MAX - a.heap_offset) / PAGE;
+        let mut slabs: Vec<u64> = Vec::new();
+        let mut page = first;
+        while page < first + pages {
+            if layout.starts_with("large") {
+                a.set_map(page, pg_make(PG_LARGE, 0, 1));
+                page += 1;
+            } else if page + 16 <= first + pages {
+                a.set_map(page, pg_make(PG_SLAB, 0, 16));
+                for i in 1..16 {
+                    a.set_map(page + i, pg_make(PG_CONT, 0, i));
+                }
+                slabs.push(page);
+                page += 16;
+            } else {
+                let n = first + pages - page;
+                a.set_map(page, pg_make(PG_FREE, 0, n));
+                page += n;
+            }
+        }
+        a.top = (page - first) * PAGE;
+        let nobjs = (16 * PAGE - SLAB_HEADER_BYTES) / 16;
+        let s = OFF_CLASSES + CLASS_OFF_SLABS;
+        a.put64(s, slabs.len() as u64);
+        a.central_free(0, slabs.len() as u64 * nobjs);
+        if layout.starts_with("large") {
+            a.allocated(pages * PAGE);
+        }
+        let mut b = a.done();
+        let size = a_heap_end(&b);
+        b[OFF_COMMITTED..OFF_COMMITTED + 8].copy_from_slice(&size.to_le_bytes());
+        let fd = memfd_with(&b, true);
+        // SAFETY: syscalls on our own memfd, into our own buffers.
+        unsafe {
+            assert_eq!(libc::ftruncate(fd.as_raw_fd(), size as libc::off_t), 0);
+            for &p in &slabs {
+                let mut h = [0u8; SLAB_READ];
+                h[SLAB_OFF_MAGIC..4].copy_from_slice(&SLAB_MAGIC.to_le_bytes());
+                h[SLAB_OFF_NOBJS..SLAB_OFF_NOBJS + 4]
+                    .copy_from_slice(&(nobjs as u32).to_le_bytes());
+                h[SLAB_OFF_NPAGES..SLAB_OFF_NPAGES + 4].copy_from_slice(&16u32.to_le_bytes());
+                let first = BASE + p * PAGE + SLAB_HEADER_BYTES;
+                h[SLAB_OFF_FIRST..SLAB_OFF_FIRST + 8].copy_from_slice(&first.to_le_bytes());
+                let n = libc::pwrite(
+                    fd.as_raw_fd(),
+                    h.as_ptr().cast(),
+                    h.len(),
+                    (p * PAGE) as libc::off_t,
+                );
+                assert_eq!(n, h.len() as isize);
+            }
+        }
+        for _ in 0..2 {
+            let src = FdSource::open(fd.as_fd()).unwrap_or_else(|e| panic!("{e}"));
+            let t = Instant::now();
+            let r = inspect_arena("table", &src, Duration::from_secs(60));
+            let took = t.elapsed();
+            assert!(r.exact, "{:?}", r.problems);
+            println!(
+                "16 GiB, {layout}: {} runs, {} objects, {} in {:.1} ms",
+                r.walk.runs,
+                r.objects,
+                src.how(),
+                took.as_secs_f64() * 1000.0
+            );
+        }
+    }
+}
+
+fn a_heap_end(b: &[u8]) -> u64 {
+    u64_of(&b[OFF_HEAP_OFFSET..]) + u64_of(&b[OFF_TOP..])
 }
