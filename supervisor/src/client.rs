@@ -501,7 +501,11 @@ pub fn format_inspect(v: &Value) -> String {
     }
     for a in arenas {
         let _ = writeln!(o, "\n{}", s(a, "name"));
-        let mut classes: Vec<&Value> = arr(a, "classes").iter().collect();
+        let mut classes: Vec<&Value> = arr(a, "classes")
+            .iter()
+            .filter(|c| u(c, "objects") > 0)
+            .collect();
+        let idle = arr(a, "classes").len() - classes.len();
         classes.sort_by_key(|c| std::cmp::Reverse((u(c, "bytes"), u(c, "objects"))));
         let shown: Vec<String> = classes
             .iter()
@@ -518,7 +522,7 @@ pub fn format_inspect(v: &Value) -> String {
         let more = classes.len().saturating_sub(TOP_CLASSES);
         let _ = writeln!(
             o,
-            "  classes:  {}{}",
+            "  classes:  {}{}{}",
             if shown.is_empty() {
                 "none".to_string()
             } else {
@@ -526,6 +530,11 @@ pub fn format_inspect(v: &Value) -> String {
             },
             if more > 0 {
                 format!(", and {more} more")
+            } else {
+                String::new()
+            },
+            if idle > 0 {
+                format!("; {idle} with free slots only")
             } else {
                 String::new()
             }
@@ -585,6 +594,20 @@ pub fn format_inspect(v: &Value) -> String {
     let regions = arr(v, "open_regions");
     if regions.is_empty() {
         let _ = writeln!(o, "\nopen unsafe regions: none");
+    }
+    // a region of an arena the supervisor does not hold (not sent yet, or
+    // a name the control block lost)
+    for r in regions
+        .iter()
+        .filter(|r| !arenas.iter().any(|a| s(a, "name") == s(r, "arena")))
+    {
+        let _ = writeln!(
+            o,
+            "\nopen unsafe region in arena {} (not held): tid {} (depth {})",
+            s(r, "arena"),
+            u(r, "tid"),
+            u(r, "depth")
+        );
     }
     if let Some(d) = v
         .get("control_block")
@@ -665,6 +688,7 @@ mod tests {
                 "objects": 3, "header_ok": true, "layout_ok": true, "exact": false,
                 "classes": [
                     {"size": 16, "objects": 1, "bytes": 16},
+                    {"size": 128, "objects": 0, "bytes": 0},
                     {"size": 8192, "objects": 1, "bytes": 8192}
                 ],
                 "large": {"objects": 1, "bytes": 1048576, "largest": 1048576},
@@ -679,7 +703,8 @@ mod tests {
                 "open_regions": [{"tid": 77, "depth": 1}],
                 "problems": ["root \"wild\" = 0x10 points outside the arena"]
             }],
-            "open_regions": [{"arena": "table", "tid": 77, "depth": 1}],
+            "open_regions": [{"arena": "table", "tid": 77, "depth": 1},
+                             {"arena": "?", "tid": 0, "depth": 3}],
             "control_block": {"ok": true, "damage": null}
         });
         let t = format_inspect(&v);
@@ -695,7 +720,7 @@ mod tests {
         );
         assert!(t.contains("problems"), "{t}");
         assert!(
-            t.contains("classes:  8 KiB x1 (8.0 KiB), 16 B x1 (16 B)\n"),
+            t.contains("classes:  8 KiB x1 (8.0 KiB), 16 B x1 (16 B); 1 with free slots only\n"),
             "{t}"
         );
         assert!(t.contains("large:    1 object(s), 1.0 MiB"), "{t}");
@@ -711,6 +736,11 @@ mod tests {
         assert!(t.contains("open unsafe region: tid 77 (depth 1)"), "{t}");
         assert!(t.contains("problem:  root"), "{t}");
         assert!(!t.contains("open unsafe regions: none"), "{t}");
+        assert!(
+            t.contains("open unsafe region in arena ? (not held): tid 0 (depth 3)"),
+            "{t}"
+        );
+        assert_eq!(t.matches("open unsafe region").count(), 2, "{t}");
         assert!(!t.contains("free:"), "{t}");
         let mut empty = v.clone();
         empty["arenas"] = json!([]);
