@@ -20,9 +20,11 @@
 //! - free small objects are the class free-list counts (`classes[c].count`)
 //!   plus the per-thread cache counts (`tcaches[i].bins[c].count`) of the
 //!   caches that have an owner.  The allocator keeps those counts with its
-//!   lists (under the class lock, or with the one-store commit of a cache),
-//!   so they are exact while no thread is inside the allocator, and no list
-//!   has to be walked;
+//!   lists (under the class lock; a cache's count right after the store
+//!   that commits its list), so they are exact while no thread is inside
+//!   the allocator, and no list has to be walked.  A thread killed between
+//!   those two stores leaves a count one off: the totals below disagree,
+//!   and that is said;
 //! - `allocated_bytes` is the runtime's own figure (`rk_arena_stats`: the
 //!   header's counter plus the owned caches' deltas), and `counted_bytes`
 //!   what the walk adds up; they agree on a quiet arena.  A running app may
@@ -514,7 +516,8 @@ struct Slab {
     first: u64,
 }
 
-/// Why a slab header is not what its page map entry says.
+/// Reads the slab header at page and checks it against its page map entry
+/// (class, run length) and the slab's room; Err says how it differs.
 fn read_slab<S: ByteSource + ?Sized>(
     src: &S,
     base: u64,
