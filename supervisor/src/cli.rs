@@ -1,4 +1,4 @@
-//! Command line: `rekindle run|status|ps|restart|stop` (clap derive), and the
+//! Command line: `rekindle run|status|ps|restart|stop|inspect` (clap derive), and the
 //! value parsers for durations, sizes and listen addresses, and the
 //! resolution of `rekindle run`'s arguments into a [`Config`].
 
@@ -59,6 +59,29 @@ pub enum Command {
     Stop {
         /// Supervisor name.
         name: String,
+    },
+    /// Show what the app's preserved arenas hold: size, bytes allocated,
+    /// objects by size class, roots, open unsafe regions.
+    #[command(
+        long_about = "Show what the app's preserved arenas hold, as read from the arena memfds \
+                      the supervisor holds (read-only, without stopping the app): per arena its \
+                      base address, reserved size, memfd size, heap carved, bytes allocated, \
+                      objects by size class, large objects, free page runs, roots (name, \
+                      address, the object they point at), allocator locks held and open unsafe \
+                      regions; and the app's pid, generation and start kind.\n\n\
+                      Nothing in an arena is trusted: what does not add up is listed under \
+                      problems, and the counts are then not exact.  Counts read while the app \
+                      allocates may differ from its own by what it is doing.\n\n\
+                      Exit status 1 when the supervisor cannot be reached or holds no arena \
+                      (the app does not use librekindle, or has opened none); --json prints \
+                      the reply then too, with an empty \"arenas\"."
+    )]
+    Inspect {
+        /// Supervisor name.
+        name: String,
+        /// Print the JSON the supervisor answered.
+        #[arg(long)]
+        json: bool,
     },
 }
 

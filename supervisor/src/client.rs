@@ -1,5 +1,5 @@
-//! `rekindle status|ps|restart|stop`: talk to running supervisors through
-//! their control sockets in the runtime directory.
+//! `rekindle status|ps|restart|stop|inspect`: talk to running supervisors
+//! through their control sockets in the runtime directory.
 
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -425,6 +425,241 @@ pub fn stop(name: &str) -> Result<i32> {
     Ok(0)
 }
 
+/// A size class or object size: "512 B", "8 KiB", "1280 B".
+fn size_word(b: u64) -> String {
+    if b >= 1024 && b.is_multiple_of(1024) {
+        if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
+            format!("{} MiB", b >> 20)
+        } else {
+            format!("{} KiB", b >> 10)
+        }
+    } else {
+        format!("{b} B")
+    }
+}
+
+fn u(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn arr<'a>(v: &'a Value, k: &str) -> &'a [Value] {
+    v.get(k)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// The size classes holding the most bytes, then how many more.
+const TOP_CLASSES: usize = 6;
+
+/// `rekindle inspect`'s table: one line per arena, then each arena's
+/// classes, large objects, roots, locks, open regions and problems.
+pub fn format_inspect(v: &Value) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let arenas = arr(v, "arenas");
+    let _ = writeln!(
+        o,
+        "{}: app pid {}, generation {} ({} start), {}; {} arena(s) read in {:.1} ms",
+        s(v, "name"),
+        n(v, "pid"),
+        n(v, "generation"),
+        s(v, "kind"),
+        s(v, "state"),
+        arenas.len(),
+        u(v, "elapsed_us") as f64 / 1000.0
+    );
+    if arenas.is_empty() {
+        return o;
+    }
+    let _ = writeln!(
+        o,
+        "\n{:<16} {:>14} {:>10} {:>10} {:>10} {:>10} {:>8}  CHECK",
+        "ARENA", "BASE", "MAX", "MAPPED", "HEAP", "ALLOCATED", "OBJECTS"
+    );
+    for a in arenas {
+        let check = if !a.get("header_ok").and_then(Value::as_bool).unwrap_or(false) {
+            "bad header"
+        } else if !a.get("layout_ok").and_then(Value::as_bool).unwrap_or(false) {
+            "other layout"
+        } else if a.get("exact").and_then(Value::as_bool) == Some(true) {
+            "ok"
+        } else {
+            "problems"
+        };
+        let _ = writeln!(
+            o,
+            "{:<16} {:>#14x} {:>10} {:>10} {:>10} {:>10} {:>8}  {}",
+            s(a, "name"),
+            u(a, "base"),
+            bytes(u(a, "max_bytes")),
+            bytes(u(a, "mapped")),
+            bytes(u(a, "heap_bytes")),
+            bytes(u(a, "allocated_bytes")),
+            u(a, "objects"),
+            check
+        );
+    }
+    for a in arenas {
+        let _ = writeln!(o, "\n{}", s(a, "name"));
+        let mut classes: Vec<&Value> = arr(a, "classes")
+            .iter()
+            .filter(|c| u(c, "objects") > 0)
+            .collect();
+        let idle = arr(a, "classes").len() - classes.len();
+        classes.sort_by_key(|c| std::cmp::Reverse((u(c, "bytes"), u(c, "objects"))));
+        let shown: Vec<String> = classes
+            .iter()
+            .take(TOP_CLASSES)
+            .map(|c| {
+                format!(
+                    "{} x{} ({})",
+                    size_word(u(c, "size")),
+                    u(c, "objects"),
+                    bytes(u(c, "bytes"))
+                )
+            })
+            .collect();
+        let more = classes.len().saturating_sub(TOP_CLASSES);
+        let _ = writeln!(
+            o,
+            "  classes:  {}{}{}",
+            if shown.is_empty() {
+                "none".to_string()
+            } else {
+                shown.join(", ")
+            },
+            if more > 0 {
+                format!(", and {more} more")
+            } else {
+                String::new()
+            },
+            if idle > 0 {
+                format!("; {idle} with free slots only")
+            } else {
+                String::new()
+            }
+        );
+        let large = a.get("large").cloned().unwrap_or(Value::Null);
+        if u(&large, "objects") > 0 {
+            let _ = writeln!(
+                o,
+                "  large:    {} object(s), {} (largest {})",
+                u(&large, "objects"),
+                bytes(u(&large, "bytes")),
+                bytes(u(&large, "largest"))
+            );
+        }
+        let free = a.get("free_runs").cloned().unwrap_or(Value::Null);
+        if u(&free, "count") > 0 {
+            let _ = writeln!(
+                o,
+                "  free:     {} page run(s), {}",
+                u(&free, "count"),
+                bytes(u(&free, "bytes"))
+            );
+        }
+        for r in arr(a, "roots") {
+            let at = match r.get("target").filter(|t| !t.is_null()) {
+                Some(t) => format!("{} {} object", size_word(u(t, "size")), s(t, "kind")),
+                None if r.get("in_arena").and_then(Value::as_bool) != Some(true) => {
+                    "OUTSIDE the arena".into()
+                }
+                None if r.get("in_heap").and_then(Value::as_bool) != Some(true) => {
+                    "in the arena, outside its heap".into()
+                }
+                None => "inside the heap, not at an object's start".into(),
+            };
+            let _ = writeln!(
+                o,
+                "  root:     {} = {:#x} ({at})",
+                s(r, "name"),
+                u(r, "address")
+            );
+        }
+        for l in arr(a, "locks_held") {
+            let _ = writeln!(o, "  lock held: {} by tid {}", s(l, "lock"), u(l, "tid"));
+        }
+        for r in arr(a, "open_regions") {
+            let _ = writeln!(
+                o,
+                "  open unsafe region: tid {} (depth {})",
+                u(r, "tid"),
+                u(r, "depth")
+            );
+        }
+        for p in arr(a, "problems") {
+            let _ = writeln!(o, "  problem:  {}", p.as_str().unwrap_or("?"));
+        }
+    }
+    let regions = arr(v, "open_regions");
+    if regions.is_empty() {
+        let _ = writeln!(o, "\nopen unsafe regions: none");
+    }
+    // a region of an arena the supervisor does not hold (not sent yet, or
+    // a name the control block lost)
+    for r in regions
+        .iter()
+        .filter(|r| !arenas.iter().any(|a| s(a, "name") == s(r, "arena")))
+    {
+        let _ = writeln!(
+            o,
+            "\nopen unsafe region in arena {} (not held): tid {} (depth {})",
+            s(r, "arena"),
+            u(r, "tid"),
+            u(r, "depth")
+        );
+    }
+    if let Some(d) = v
+        .get("control_block")
+        .and_then(|c| c.get("damage"))
+        .and_then(Value::as_str)
+    {
+        let _ = writeln!(o, "control block: {d} (open regions cannot be told)");
+    }
+    o
+}
+
+/// Why there is nothing to inspect, in words.
+fn no_arenas(name: &str, v: &Value) -> String {
+    let pid = n(v, "pid");
+    if v.get("linked").and_then(Value::as_bool) == Some(true) {
+        format!(
+            "{name}: the supervisor holds no arena of the app (pid {pid}): it has opened none, \
+             or a cold restart dropped them and it has not opened them again"
+        )
+    } else {
+        format!(
+            "{name}: the app (pid {pid}) has never spoken to the supervisor: it does not use \
+             librekindle (or is still starting), so there is no arena to inspect"
+        )
+    }
+}
+
+pub fn inspect(name: &str, as_json: bool) -> Result<i32> {
+    let (v, _) = request(name, &json!({"cmd": "inspect"}))?;
+    if v.get("ok").and_then(Value::as_bool) != Some(true)
+        && v.get("error")
+            .and_then(Value::as_str)
+            .is_some_and(|e| e.starts_with("unknown cmd"))
+    {
+        bail!(
+            "the supervisor {name:?} does not know `inspect`: it runs an older rekindle \
+             (restart it with this one)"
+        );
+    }
+    let v = ok_or_err(v)?;
+    if as_json {
+        println!("{v}");
+    } else if !arr(&v, "arenas").is_empty() {
+        print!("{}", format_inspect(&v));
+    }
+    if arr(&v, "arenas").is_empty() {
+        eprintln!("rekindle: {}", no_arenas(name, &v));
+        return Ok(1);
+    }
+    Ok(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,5 +671,82 @@ mod tests {
         assert_eq!(dur(Some(1500)), "1.5s");
         assert_eq!(dur(Some(125_000)), "2m05s");
         assert_eq!(dur(None), "-");
+        assert_eq!(size_word(16), "16 B");
+        assert_eq!(size_word(1280), "1280 B");
+        assert_eq!(size_word(8192), "8 KiB");
+        assert_eq!(size_word(2 << 20), "2 MiB");
+    }
+
+    #[test]
+    fn inspect_table() {
+        let v = json!({
+            "ok": true, "name": "svc", "state": "running", "pid": 42, "generation": 3,
+            "kind": "warm", "linked": true, "elapsed_us": 412,
+            "arenas": [{
+                "name": "table", "base": 0x7f00_0000_0000u64, "max_bytes": 69206016,
+                "mapped": 4390912, "heap_bytes": 65536, "allocated_bytes": 8192,
+                "objects": 3, "header_ok": true, "layout_ok": true, "exact": false,
+                "classes": [
+                    {"size": 16, "objects": 1, "bytes": 16},
+                    {"size": 128, "objects": 0, "bytes": 0},
+                    {"size": 8192, "objects": 1, "bytes": 8192}
+                ],
+                "large": {"objects": 1, "bytes": 1048576, "largest": 1048576},
+                "free_runs": {"count": 0, "bytes": 0},
+                "roots": [
+                    {"name": "table", "address": 0x7f00_0021_0420u64, "in_arena": true,
+                     "in_heap": true, "target": {"kind": "slab", "size": 8192}},
+                    {"name": "wild", "address": 16, "in_arena": false, "in_heap": false,
+                     "target": null}
+                ],
+                "locks_held": [{"lock": "heap", "tid": 77}],
+                "open_regions": [{"tid": 77, "depth": 1}],
+                "problems": ["root \"wild\" = 0x10 points outside the arena"]
+            }],
+            "open_regions": [{"arena": "table", "tid": 77, "depth": 1},
+                             {"arena": "?", "tid": 0, "depth": 3}],
+            "control_block": {"ok": true, "damage": null}
+        });
+        let t = format_inspect(&v);
+        assert!(
+            t.starts_with(
+                "svc: app pid 42, generation 3 (warm start), running; 1 arena(s) read in 0.4 ms"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("\ntable            0x7f0000000000   66.0 MiB"),
+            "{t}"
+        );
+        assert!(t.contains("problems"), "{t}");
+        assert!(
+            t.contains("classes:  8 KiB x1 (8.0 KiB), 16 B x1 (16 B); 1 with free slots only\n"),
+            "{t}"
+        );
+        assert!(t.contains("large:    1 object(s), 1.0 MiB"), "{t}");
+        assert!(
+            t.contains("root:     table = 0x7f0000210420 (8 KiB slab object)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("root:     wild = 0x10 (OUTSIDE the arena)"),
+            "{t}"
+        );
+        assert!(t.contains("lock held: heap by tid 77"), "{t}");
+        assert!(t.contains("open unsafe region: tid 77 (depth 1)"), "{t}");
+        assert!(t.contains("problem:  root"), "{t}");
+        assert!(!t.contains("open unsafe regions: none"), "{t}");
+        assert!(
+            t.contains("open unsafe region in arena ? (not held): tid 0 (depth 3)"),
+            "{t}"
+        );
+        assert_eq!(t.matches("open unsafe region").count(), 2, "{t}");
+        assert!(!t.contains("free:"), "{t}");
+        let mut empty = v.clone();
+        empty["arenas"] = json!([]);
+        empty["linked"] = json!(false);
+        assert!(no_arenas("svc", &empty).contains("does not use librekindle"));
+        empty["linked"] = json!(true);
+        assert!(no_arenas("svc", &empty).contains("holds no arena"));
     }
 }

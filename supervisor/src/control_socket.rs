@@ -5,6 +5,7 @@
 //!   {"cmd":"status"}
 //!   {"cmd":"restart","mode":"warm"|"cold"}     (mode defaults to warm)
 //!   {"cmd":"stop"}
+//!   {"cmd":"inspect"}                          (the held arenas, read: inspect.rs)
 //!
 //! Replies are {"ok":true,...} or {"ok":false,"error":"..."}.  Malformed
 //! JSON, an empty line, a duplicate key, an unknown command or an overlong
@@ -177,6 +178,7 @@ pub enum Request {
     Status,
     Restart(Mode),
     Stop,
+    Inspect,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -187,7 +189,7 @@ pub enum RequestError {
     NotObject,
     #[error("request has no string \"cmd\"")]
     NoCmd,
-    #[error("unknown cmd {0:?} (status, restart, stop)")]
+    #[error("unknown cmd {0:?} (status, restart, stop, inspect)")]
     UnknownCmd(String),
     #[error("mode must be \"warm\" or \"cold\"")]
     BadMode,
@@ -298,6 +300,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
     match cmd {
         "status" => Ok(Request::Status),
         "stop" => Ok(Request::Stop),
+        "inspect" => Ok(Request::Inspect),
         "restart" => match o.get("mode") {
             None | Some(Value::Null) => Ok(Request::Restart(Mode::Warm)),
             Some(Value::String(s)) if s == "warm" => Ok(Request::Restart(Mode::Warm)),
@@ -807,6 +810,7 @@ mod tests {
     fn valid_requests() {
         assert_eq!(parse_request(br#"{"cmd":"status"}"#), Ok(Request::Status));
         assert_eq!(parse_request(br#"{"cmd":"stop"}"#), Ok(Request::Stop));
+        assert_eq!(parse_request(br#"{"cmd":"inspect"}"#), Ok(Request::Inspect));
         assert_eq!(
             parse_request(br#"{"cmd":"restart"}"#),
             Ok(Request::Restart(Mode::Warm))

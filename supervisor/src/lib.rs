@@ -11,6 +11,7 @@ pub mod control_socket;
 pub mod decide;
 pub mod event;
 pub mod failure;
+pub mod inspect;
 pub mod lifecycle;
 pub mod metrics;
 pub mod notify;

@@ -36,6 +36,7 @@ fn main() {
             cold,
         } => client::restart(&name, cold),
         Command::Stop { name } => client::stop(&name),
+        Command::Inspect { name, json } => client::inspect(&name, json),
     };
     match r {
         Ok(code) => std::process::exit(code),

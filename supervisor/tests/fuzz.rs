@@ -311,7 +311,7 @@ proptest! {
         }
         let r = parse_request(v.to_string().as_bytes());
         match cmd.as_str() {
-            "status" | "stop" => prop_assert!(r.is_ok()),
+            "status" | "stop" | "inspect" => prop_assert!(r.is_ok()),
             "restart" => prop_assert_eq!(
                 r.is_ok(),
                 mode.as_deref().is_none_or(|m| m == "warm" || m == "cold")

@@ -9,9 +9,15 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rekindle::reason::Reason;
-use rekindle::{arena, control_block as cb};
+use rekindle::{arena, control_block as cb, inspect as ins};
 
 fn probe_output() -> String {
+    run_probe("probe.c", false)
+}
+
+/// Compiles tests/layout/NAME and runs it; `with_runtime`: linked with the
+/// runtime's code (runtime/src/*.c), for what only exists at run time.
+fn run_probe(name: &str, with_runtime: bool) -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     // one binary per call: the tests run in parallel threads
     static CALLS: AtomicUsize = AtomicUsize::new(0);
@@ -21,17 +27,28 @@ fn probe_output() -> String {
         CALLS.fetch_add(1, Ordering::Relaxed)
     ));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let mut runtime: Vec<PathBuf> = Vec::new();
+    if with_runtime {
+        let dir = root.join("runtime/src");
+        for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let p = e.unwrap_or_else(|e| panic!("{e}")).path();
+            if p.extension().is_some_and(|x| x == "c") {
+                runtime.push(p);
+            }
+        }
+    }
     let status = Command::new(&cc)
         .args(["-std=c11", "-D_GNU_SOURCE", "-pthread", "-I"])
         .arg(root.join("runtime/include"))
         .arg("-I")
         .arg(root.join("runtime/src"))
-        .arg(root.join("supervisor/tests/layout/probe.c"))
+        .arg(root.join("supervisor/tests/layout").join(name))
+        .args(&runtime)
         .arg("-o")
         .arg(&out)
         .status()
         .unwrap_or_else(|e| panic!("running {cc}: {e}"));
-    assert!(status.success(), "compiling the layout probe failed");
+    assert!(status.success(), "compiling the layout probe {name} failed");
     let run = Command::new(&out)
         .output()
         .unwrap_or_else(|e| panic!("running the layout probe: {e}"));
@@ -41,8 +58,11 @@ fn probe_output() -> String {
 }
 
 fn c_layout() -> HashMap<String, u64> {
-    probe_output()
-        .lines()
+    parse(&probe_output())
+}
+
+fn parse(out: &str) -> HashMap<String, u64> {
+    out.lines()
         .filter_map(|l| {
             let (k, v) = l.split_once(' ')?;
             Some((k.to_string(), v.parse().ok()?))
@@ -111,6 +131,103 @@ fn rust_constants_match_the_c_headers() {
     same("ARENA_OFF_VERSION", arena::OFF_VERSION as u64);
     same("ARENA_CHECKED_LEN", arena::CHECKED_LEN as u64);
     same("ARENA_HDR_PREFIX", arena::HDR_PREFIX as u64);
+}
+
+#[test]
+fn inspect_reads_the_arena_as_the_c_headers_lay_it_out() {
+    let c = c_layout();
+    let same = |name: &str, rust: u64| {
+        let want = *c
+            .get(name)
+            .unwrap_or_else(|| panic!("the probe printed no {name}"));
+        assert_eq!(rust, want, "{name}: Rust {rust}");
+    };
+    for (name, rust) in [
+        ("ARENA_OFF_PAGE_SIZE", ins::OFF_PAGE_SIZE),
+        ("ARENA_OFF_LAYOUT", ins::OFF_LAYOUT),
+        ("ARENA_OFF_BASE", ins::OFF_BASE),
+        ("ARENA_OFF_MAX_BYTES", ins::OFF_MAX_BYTES),
+        ("ARENA_OFF_MAP_OFFSET", ins::OFF_MAP_OFFSET),
+        ("ARENA_OFF_HEAP_OFFSET", ins::OFF_HEAP_OFFSET),
+        ("ARENA_OFF_NAME", ins::OFF_NAME),
+        ("ARENA_NAME_LEN", ins::NAME_LEN),
+        ("ARENA_OFF_ROOT_LOCK", ins::OFF_ROOT_LOCK),
+        ("ARENA_OFF_ROOTS_CHECKSUM", ins::OFF_ROOTS_CHECKSUM),
+        ("ARENA_OFF_ROOTS", ins::OFF_ROOTS),
+        ("ARENA_MAX_ROOTS", ins::MAX_ROOTS),
+        ("ROOT_SIZE", ins::ROOT_SIZE),
+        ("ROOT_OFF_NAME", ins::ROOT_OFF_NAME),
+        ("ROOT_NAME_LEN", ins::ROOT_NAME_LEN),
+        ("ROOT_OFF_PTR", ins::ROOT_OFF_PTR),
+        ("ARENA_OFF_HEAP_LOCK", ins::OFF_HEAP_LOCK),
+        ("ARENA_OFF_TOP", ins::OFF_TOP),
+        ("ARENA_OFF_COMMITTED", ins::OFF_COMMITTED),
+        ("ARENA_OFF_ALLOCATED", ins::OFF_ALLOCATED),
+        ("ARENA_OFF_CLASSES", ins::OFF_CLASSES),
+        ("ARENA_NCLASSES", ins::NCLASSES),
+        ("CLASS_STATE_SIZE", ins::CLASS_STATE_SIZE),
+        ("CLASS_OFF_LOCK", ins::CLASS_OFF_LOCK),
+        ("CLASS_OFF_COUNT", ins::CLASS_OFF_COUNT),
+        ("CLASS_OFF_SLABS", ins::CLASS_OFF_SLABS),
+        ("ARENA_OFF_TCACHES", ins::OFF_TCACHES),
+        ("ARENA_MAX_TCACHES", ins::MAX_TCACHES),
+        ("TCACHE_SIZE", ins::TCACHE_SIZE),
+        ("TCACHE_OFF_OWNER", ins::TCACHE_OFF_OWNER),
+        ("TCACHE_OFF_ALLOC_DELTA", ins::TCACHE_OFF_ALLOC_DELTA),
+        ("TCACHE_OFF_BINS", ins::TCACHE_OFF_BINS),
+        ("TCACHE_BIN_SIZE", ins::TCACHE_BIN_SIZE),
+        ("BIN_OFF_COUNT", ins::BIN_OFF_COUNT),
+        ("ARENA_HDR_SIZE", ins::HDR_SIZE),
+        ("SLAB_SIZE", ins::SLAB_SIZE),
+        ("SLAB_OFF_MAGIC", ins::SLAB_OFF_MAGIC),
+        ("SLAB_OFF_CLS", ins::SLAB_OFF_CLS),
+        ("SLAB_OFF_NOBJS", ins::SLAB_OFF_NOBJS),
+        ("SLAB_OFF_NPAGES", ins::SLAB_OFF_NPAGES),
+        ("SLAB_OFF_FIRST", ins::SLAB_OFF_FIRST),
+    ] {
+        same(name, rust as u64);
+    }
+    same("ARENA_PAGE", ins::PAGE);
+    same("ARENA_SMALL_MAX", ins::SMALL_MAX as u64);
+    same("ARENA_TCACHE_MAX", ins::TCACHE_MAX);
+    same("SLAB_MAGIC", ins::SLAB_MAGIC as u64);
+    same("SLAB_HEADER_BYTES", ins::SLAB_HEADER_BYTES);
+    same("SLAB_MAX_OBJECTS", ins::SLAB_MAX_OBJECTS);
+    // the page map entry: kinds, fields, and how entries are made
+    same("PG_NONE", ins::PG_NONE as u64);
+    same("PG_SLAB", ins::PG_SLAB as u64);
+    same("PG_LARGE", ins::PG_LARGE as u64);
+    same("PG_CONT", ins::PG_CONT as u64);
+    same("PG_FREE", ins::PG_FREE as u64);
+    same("PG_MARK", ins::PG_MARK);
+    let sample = c["PG_SAMPLE"];
+    same("PG_SAMPLE_KIND", ins::pg_kind(sample) as u64);
+    same("PG_SAMPLE_CLASS", ins::pg_class(sample) as u64);
+    same("PG_SAMPLE_N", ins::pg_n(sample));
+    same("PG_MAKE_SLAB_39_4096", ins::pg_make(ins::PG_SLAB, 39, 4096));
+    same("PG_MAKE_LARGE_0_1", ins::pg_make(ins::PG_LARGE, 0, 1));
+    same("PG_MAKE_CONT_0_7", ins::pg_make(ins::PG_CONT, 0, 7));
+    same("PG_MAKE_FREE_0_300", ins::pg_make(ins::PG_FREE, 0, 300));
+}
+
+#[test]
+fn inspect_computes_the_runtimes_size_classes_and_layout_hash() {
+    // the table is computed by alloc.c at start: the probe runs the runtime
+    let c = parse(&run_probe("probe_classes.c", true));
+    let sizes = ins::class_sizes();
+    for (i, s) in sizes.iter().enumerate() {
+        let name = format!("CLASS_SIZE_{i}");
+        let want = c
+            .get(&name)
+            .unwrap_or_else(|| panic!("the probe printed no {name}"));
+        assert_eq!(*s as u64, *want, "{name}");
+    }
+    assert!(
+        !c.contains_key(&format!("CLASS_SIZE_{}", sizes.len())),
+        "C has more classes"
+    );
+    // the hash every arena header carries: the same class table and sizes
+    assert_eq!(ins::layout_hash(), c["LAYOUT_HASH"], "rk_layout_hash()");
 }
 
 #[test]

@@ -1,12 +1,22 @@
-//! The control socket's commands: status, restart, stop.
+//! The control socket's commands: status, restart, stop, inspect.
+
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use super::Supervisor;
 use crate::clock::{self, now_ns};
+use crate::control_block::Fields as _;
 use crate::control_socket::{Request, error_reply};
 use crate::failure::FailureKind;
+use crate::inspect::{self, FdSource};
 use crate::lifecycle;
+use crate::proto::FdKind;
+
+/// How long an inspect may read arenas, all of them together: the poll
+/// loop waits meanwhile (a 16 GiB arena takes a fraction of it).
+pub const INSPECT_BUDGET: Duration = Duration::from_secs(1);
 
 impl Supervisor {
     pub(super) fn on_control_client(&mut self, id: u64) {
@@ -29,6 +39,7 @@ impl Supervisor {
                         Err(e) => error_reply(&e.to_string()),
                     }
                 }
+                Ok(Request::Inspect) => self.inspect(),
                 Ok(Request::Stop) => {
                     if let Some(c) = self.control.client_mut(id) {
                         c.hold_open = true; // closes when the supervisor exits
@@ -42,6 +53,50 @@ impl Supervisor {
                 c.flush();
             }
         }
+    }
+
+    /// Every held arena, read from its fd (inspect.rs), with the open
+    /// unsafe regions of the control block.
+    pub(super) fn inspect(&self) -> Value {
+        let t0 = Instant::now();
+        let regions = self.ctl.open_regions();
+        let damage = self.ctl.damage();
+        let mut arenas = Vec::new();
+        for h in self.held.iter().filter(|h| h.kind == FdKind::Arena) {
+            let left = INSPECT_BUDGET.saturating_sub(t0.elapsed());
+            arenas.push(match FdSource::open(h.fd.as_fd()) {
+                Ok(src) => inspect::inspect_arena(&h.name, &src, left),
+                Err(e) => inspect::unreadable(&h.name, &format!("cannot stat the memfd: {e}")),
+            });
+        }
+        inspect::attach_regions(&mut arenas, &regions);
+        let arenas = match serde_json::to_value(&arenas) {
+            Ok(v) => v,
+            Err(e) => return error_reply(&format!("cannot encode the arenas: {e}")),
+        };
+        let open: Vec<Value> = regions
+            .iter()
+            .map(|r| json!({"arena": r.arena, "tid": r.tid, "depth": r.depth}))
+            .collect();
+        let state = lifecycle::status_word(
+            self.stopping.is_some(),
+            self.app.as_ref().map(|a| &a.state),
+            self.next_spawn.is_some(),
+        );
+        json!({
+            "ok": true,
+            "name": self.cfg.name,
+            "state": state,
+            "pid": self.app.as_ref().map(|a| a.pid),
+            "generation": self.generation,
+            "kind": self.app.as_ref().map(|a| a.start_kind.as_str()),
+            "linked": self.ever_linked,
+            "arenas": arenas,
+            "open_regions": open,
+            "control_block": {"ok": damage.is_none(), "damage": damage.map(|d| d.describe())},
+            "budget_ms": INSPECT_BUDGET.as_millis() as u64,
+            "elapsed_us": t0.elapsed().as_micros() as u64,
+        })
     }
 
     pub(super) fn status(&self) -> Value {

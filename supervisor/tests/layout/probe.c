@@ -1,5 +1,6 @@
 /* Prints the layout the runtime's C headers define for what the supervisor
- * reads directly (the control block, the arena header's checked prefix), one
+ * reads directly (the control block, the arena header's checked prefix, and
+ * for `rekindle inspect` the arena header, page map and slab header), one
  * "NAME VALUE" line each; supervisor/tests/layout.rs compiles and runs it
  * and compares with the Rust constants, so the two cannot drift. */
 #include "rk_internal.h"
@@ -9,6 +10,9 @@
 
 #define P(name, v) printf("%s %llu\n", name, (unsigned long long)(v))
 #define OFF(name, field) P(name, offsetof(struct rk_control, field))
+#define AOFF(name, field) P(name, offsetof(struct rk_arena_hdr, field))
+/* an entry with every field set: kind 5, class 0xab, the mark, n 0x12345 */
+#define PG_SAMPLE (0x5ull | (0xabull << 4) | RK_PG_MARK | (0x12345ull << 32))
 
 int main(void)
 {
@@ -56,6 +60,70 @@ int main(void)
 	P("ARENA_OFF_VERSION", offsetof(struct rk_arena_hdr, version));
 	P("ARENA_CHECKED_LEN", offsetof(struct rk_arena_hdr, hdr_checksum));
 	P("ARENA_HDR_PREFIX", offsetof(struct rk_arena_hdr, hdr_checksum) + sizeof(uint64_t));
+	/* what `rekindle inspect` reads (supervisor/src/inspect.rs) */
+	AOFF("ARENA_OFF_PAGE_SIZE", page_size);
+	AOFF("ARENA_OFF_LAYOUT", layout);
+	AOFF("ARENA_OFF_BASE", base);
+	AOFF("ARENA_OFF_MAX_BYTES", max_bytes);
+	AOFF("ARENA_OFF_MAP_OFFSET", map_offset);
+	AOFF("ARENA_OFF_HEAP_OFFSET", heap_offset);
+	AOFF("ARENA_OFF_NAME", name);
+	P("ARENA_NAME_LEN", sizeof(((struct rk_arena_hdr *)0)->name));
+	AOFF("ARENA_OFF_ROOT_LOCK", root_lock);
+	AOFF("ARENA_OFF_ROOTS_CHECKSUM", roots_checksum);
+	AOFF("ARENA_OFF_ROOTS", roots);
+	P("ARENA_MAX_ROOTS", RK_MAX_ROOTS);
+	P("ROOT_SIZE", sizeof(struct rk_root));
+	P("ROOT_OFF_NAME", offsetof(struct rk_root, name));
+	P("ROOT_NAME_LEN", sizeof(((struct rk_root *)0)->name));
+	P("ROOT_OFF_PTR", offsetof(struct rk_root, ptr));
+	AOFF("ARENA_OFF_HEAP_LOCK", heap_lock);
+	AOFF("ARENA_OFF_TOP", top);
+	AOFF("ARENA_OFF_COMMITTED", committed);
+	AOFF("ARENA_OFF_ALLOCATED", allocated_bytes);
+	AOFF("ARENA_OFF_CLASSES", classes);
+	P("ARENA_NCLASSES", RK_NCLASSES);
+	P("CLASS_STATE_SIZE", sizeof(struct rk_class_state));
+	P("CLASS_OFF_LOCK", offsetof(struct rk_class_state, lock));
+	P("CLASS_OFF_COUNT", offsetof(struct rk_class_state, count));
+	P("CLASS_OFF_SLABS", offsetof(struct rk_class_state, slabs));
+	AOFF("ARENA_OFF_TCACHES", tcaches);
+	P("ARENA_MAX_TCACHES", RK_MAX_TCACHES);
+	P("TCACHE_SIZE", sizeof(struct rk_tcache));
+	P("TCACHE_OFF_OWNER", offsetof(struct rk_tcache, owner));
+	P("TCACHE_OFF_ALLOC_DELTA", offsetof(struct rk_tcache, alloc_delta));
+	P("TCACHE_OFF_BINS", offsetof(struct rk_tcache, bins));
+	P("TCACHE_BIN_SIZE", sizeof(struct rk_tcache_bin));
+	P("BIN_OFF_COUNT", offsetof(struct rk_tcache_bin, count));
+	P("ARENA_HDR_SIZE", sizeof(struct rk_arena_hdr));
+	P("ARENA_PAGE", RK_PAGE);
+	P("ARENA_SMALL_MAX", RK_SMALL_MAX);
+	P("ARENA_TCACHE_MAX", RK_TCACHE_MAX);
+	/* the page map entry: kinds, and the fields of a sample entry */
+	P("PG_NONE", RK_PG_NONE);
+	P("PG_SLAB", RK_PG_SLAB);
+	P("PG_LARGE", RK_PG_LARGE);
+	P("PG_CONT", RK_PG_CONT);
+	P("PG_FREE", RK_PG_FREE);
+	P("PG_MARK", RK_PG_MARK);
+	P("PG_SAMPLE", PG_SAMPLE);
+	P("PG_SAMPLE_KIND", RK_PG_KIND(PG_SAMPLE));
+	P("PG_SAMPLE_CLASS", RK_PG_CLASS(PG_SAMPLE));
+	P("PG_SAMPLE_N", RK_PG_N(PG_SAMPLE));
+	P("PG_MAKE_SLAB_39_4096", RK_PG_MAKE(RK_PG_SLAB, 39, 4096));
+	P("PG_MAKE_LARGE_0_1", RK_PG_MAKE(RK_PG_LARGE, 0, 1));
+	P("PG_MAKE_CONT_0_7", RK_PG_MAKE(RK_PG_CONT, 0, 7));
+	P("PG_MAKE_FREE_0_300", RK_PG_MAKE(RK_PG_FREE, 0, 300));
+	/* the slab header */
+	P("SLAB_MAGIC", RK_SLAB_MAGIC);
+	P("SLAB_SIZE", sizeof(struct rk_slab));
+	P("SLAB_HEADER_BYTES", RK_ALIGN_UP(sizeof(struct rk_slab), 16)); /* alloc.c slab_header_bytes() */
+	P("SLAB_MAX_OBJECTS", RK_SLAB_BITMAP_WORDS * 64);
+	P("SLAB_OFF_MAGIC", offsetof(struct rk_slab, magic));
+	P("SLAB_OFF_CLS", offsetof(struct rk_slab, cls));
+	P("SLAB_OFF_NOBJS", offsetof(struct rk_slab, nobjs));
+	P("SLAB_OFF_NPAGES", offsetof(struct rk_slab, npages));
+	P("SLAB_OFF_FIRST", offsetof(struct rk_slab, first));
 	for (int r = 0; r < RK_REASON_COUNT; r++)
 		printf("REASON_%d %d %s\n", r, r, rk_reason_name((enum rk_reason)r));
 	P("REASON_COUNT", RK_REASON_COUNT);
