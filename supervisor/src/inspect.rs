@@ -44,7 +44,7 @@ use crate::control_block::OpenRegion;
 
 pub const PAGE: u64 = 4096;
 /// sizeof(struct rk_arena_hdr)
-pub const HDR_SIZE: usize = 97024;
+pub const HDR_SIZE: usize = 228096;
 pub const OFF_PAGE_SIZE: usize = 12;
 pub const OFF_LAYOUT: usize = 16;
 pub const OFF_BASE: usize = 24;
@@ -53,9 +53,9 @@ pub const OFF_MAP_OFFSET: usize = 40;
 pub const OFF_HEAP_OFFSET: usize = 48;
 pub const OFF_NAME: usize = 64;
 pub const NAME_LEN: usize = 48;
-pub const OFF_ROOT_LOCK: usize = 120;
-pub const OFF_ROOTS_CHECKSUM: usize = 128;
-pub const OFF_ROOTS: usize = 136;
+pub const OFF_ROOT_LOCK: usize = 128;
+pub const OFF_ROOTS_CHECKSUM: usize = 136;
+pub const OFF_ROOTS: usize = 144;
 pub const MAX_ROOTS: usize = 64;
 pub const ROOT_SIZE: usize = 56;
 pub const ROOT_OFF_NAME: usize = 0;
@@ -73,10 +73,10 @@ pub const CLASS_OFF_COUNT: usize = 16;
 pub const CLASS_OFF_SLABS: usize = 24;
 pub const OFF_TCACHES: usize = 6912;
 pub const MAX_TCACHES: usize = 128;
-pub const TCACHE_SIZE: usize = 704;
+pub const TCACHE_SIZE: usize = 1728;
 pub const TCACHE_OFF_OWNER: usize = 0;
 pub const TCACHE_OFF_ALLOC_DELTA: usize = 8;
-pub const TCACHE_OFF_BINS: usize = 16;
+pub const TCACHE_OFF_BINS: usize = 24;
 pub const TCACHE_BIN_SIZE: usize = 16;
 pub const BIN_OFF_COUNT: usize = 8;
 pub const SMALL_MAX: u32 = 32768;
@@ -107,8 +107,43 @@ pub fn pg_make(kind: u32, class: u32, n: u64) -> u64 {
 /// The slab header at the start of every slab run (struct rk_slab).
 pub const SLAB_MAGIC: u32 = 0x4241_4c53;
 pub const SLAB_SIZE: usize = 1048;
-/// alloc.c's slab_header_bytes(): object 0 starts this far into the slab.
+/// The fixed part of a slab header, rounded up to 16 bytes (a slab with no
+/// tag byte); alloc.c's slab_header_bytes(n) adds one tag byte per object.
 pub const SLAB_HEADER_BYTES: u64 = 1056;
+/// RK_SLAB_MIN_PAGES and RK_PENDING_LOG.
+pub const SLAB_MIN_PAGES: u64 = 16;
+pub const PENDING_LOG: u64 = 128;
+
+/// alloc.c's slab_header_bytes(): object 0 of a slab of nobjs objects
+/// starts this far into it (the fixed header, then a tag byte per object).
+pub fn slab_header_bytes(nobjs: u64) -> u64 {
+    (SLAB_SIZE as u64 + nobjs + 15) & !15
+}
+
+/// A class's slab geometry as alloc.c's classes_init() computes it: pages
+/// per slab, objects per slab, and where object 0 starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlabGeometry {
+    pub pages: u64,
+    pub nobjs: u64,
+    pub header: u64,
+}
+
+pub fn slab_geometry(size: u32) -> SlabGeometry {
+    let size = size as u64;
+    let want = (slab_header_bytes(8) + 8 * size)
+        .div_ceil(PAGE)
+        .max(SLAB_MIN_PAGES);
+    let mut nobjs = ((want * PAGE - SLAB_SIZE as u64) / (size + 1)).min(SLAB_MAX_OBJECTS);
+    while slab_header_bytes(nobjs) + nobjs * size > want * PAGE {
+        nobjs -= 1;
+    }
+    SlabGeometry {
+        pages: want,
+        nobjs,
+        header: slab_header_bytes(nobjs),
+    }
+}
 pub const SLAB_MAX_OBJECTS: u64 = 4096;
 pub const SLAB_OFF_MAGIC: usize = 0;
 pub const SLAB_OFF_CLS: usize = 4;
@@ -146,9 +181,18 @@ pub fn class_sizes() -> [u32; NCLASSES] {
 /// allocator this supervisor does not know, and only its header prefix is
 /// read.
 pub fn layout_hash() -> u64 {
-    let mut bytes = Vec::with_capacity(NCLASSES * 4 + 6 * 8);
-    for s in class_sizes() {
+    let sizes = class_sizes();
+    let mut bytes = Vec::with_capacity(NCLASSES * 12 + 7 * 8);
+    for s in sizes {
         bytes.extend_from_slice(&s.to_le_bytes());
+    }
+    // class_hdr[], then class_span[] (u32 each)
+    for s in sizes {
+        bytes.extend_from_slice(&(slab_geometry(s).header as u32).to_le_bytes());
+    }
+    for s in sizes {
+        let g = slab_geometry(s);
+        bytes.extend_from_slice(&((g.nobjs * s as u64) as u32).to_le_bytes());
     }
     for v in [
         HDR_SIZE as u64,
@@ -157,6 +201,7 @@ pub fn layout_hash() -> u64 {
         PAGE,
         SMALL_MAX as u64,
         TCACHE_MAX,
+        PENDING_LOG,
     ] {
         bytes.extend_from_slice(&v.to_le_bytes());
     }
@@ -538,10 +583,11 @@ fn read_slab<S: ByteSource + ?Sized>(
         f.u64(SLAB_OFF_FIRST),
     );
     let size = sizes[class as usize] as u64;
-    let want_first = base
-        .wrapping_add(page * PAGE)
-        .wrapping_add(SLAB_HEADER_BYTES);
-    let room = (npages * PAGE).saturating_sub(SLAB_HEADER_BYTES);
+    // object 0 starts after the header and one tag byte per object (of
+    // the count the header claims, checked against the room just below)
+    let header = slab_header_bytes(nobjs.min(SLAB_MAX_OBJECTS));
+    let want_first = base.wrapping_add(page * PAGE).wrapping_add(header);
+    let room = (npages * PAGE).saturating_sub(header);
     if magic != SLAB_MAGIC {
         Err(format!("slab at page {page}: bad magic {magic:#x}"))
     } else if cls != class || np != npages {

@@ -78,16 +78,15 @@ impl Arena {
     }
     /// A slab of class c with the runtime's geometry; returns its first page.
     fn slab(&mut self, c: usize) -> u64 {
-        let size = self.sizes[c] as u64;
-        let npages = (align(SLAB_HEADER_BYTES + 8 * size, PAGE) / PAGE).max(16);
-        let nobjs = ((npages * PAGE - SLAB_HEADER_BYTES) / size).min(SLAB_MAX_OBJECTS);
+        let g = slab_geometry(self.sizes[c]);
+        let (npages, nobjs) = (g.pages, g.nobjs);
         let page = self.carve(npages, pg_make(PG_SLAB, c as u32, npages));
         let at = (page * PAGE) as usize;
         self.put32(at + SLAB_OFF_MAGIC, SLAB_MAGIC);
         self.put32(at + SLAB_OFF_CLS, c as u32);
         self.put32(at + SLAB_OFF_NOBJS, nobjs as u32);
         self.put32(at + SLAB_OFF_NPAGES, npages as u32);
-        self.put64(at + SLAB_OFF_FIRST, BASE + page * PAGE + SLAB_HEADER_BYTES);
+        self.put64(at + SLAB_OFF_FIRST, BASE + page * PAGE + g.header);
         let s = OFF_CLASSES + c * CLASS_STATE_SIZE + CLASS_OFF_SLABS;
         let n = self.get64(s);
         self.put64(s, n + 1);
@@ -127,7 +126,7 @@ impl Arena {
     }
     /// An object's address: slot i of the slab at page.
     fn obj(&self, page: u64, c: usize, i: u64) -> u64 {
-        BASE + page * PAGE + SLAB_HEADER_BYTES + i * self.sizes[c] as u64
+        BASE + page * PAGE + slab_geometry(self.sizes[c]).header + i * self.sizes[c] as u64
     }
     /// Top, committed and the checksums, as the runtime keeps them.
     fn done(mut self) -> Vec<u8> {
@@ -660,7 +659,9 @@ fn sixteen_gib_arena_timing() {
             }
         }
         a.top = (page - first) * PAGE;
-        let nobjs = (16 * PAGE - SLAB_HEADER_BYTES) / 16;
+        let g16 = slab_geometry(16);
+        assert_eq!(g16.pages, 16);
+        let nobjs = g16.nobjs;
         let s = OFF_CLASSES + CLASS_OFF_SLABS;
         a.put64(s, slabs.len() as u64);
         a.central_free(0, slabs.len() as u64 * nobjs);
@@ -680,7 +681,7 @@ fn sixteen_gib_arena_timing() {
                 h[SLAB_OFF_NOBJS..SLAB_OFF_NOBJS + 4]
                     .copy_from_slice(&(nobjs as u32).to_le_bytes());
                 h[SLAB_OFF_NPAGES..SLAB_OFF_NPAGES + 4].copy_from_slice(&16u32.to_le_bytes());
-                let first = BASE + p * PAGE + SLAB_HEADER_BYTES;
+                let first = BASE + p * PAGE + g16.header;
                 h[SLAB_OFF_FIRST..SLAB_OFF_FIRST + 8].copy_from_slice(&first.to_le_bytes());
                 let n = libc::pwrite(
                     fd.as_raw_fd(),
