@@ -411,6 +411,190 @@ def test_entry_longer_than_its_block_makes_the_warm_start_cold(tmp_path, sweep):
         s.close()
 
 
+# ---- 5b. a request that reaches a broken chain before the check does ------------
+
+ENTRY = struct.Struct("<QQQQqIII")  # next, xprev, xnext, hash, expire_ms, klen, vlen, cap; then data
+CAP_AT = ENTRY.size - 4
+DB_MAGIC = struct.pack("<Q", 0x726B762D64623031)  # "rkv-db01"
+DB_HEAD = struct.Struct("<QQQQQ")  # magic, seed, buckets, mask, count
+COUNT_AT = 32
+TABLE_KEYS = 1 << 16  # the table's size exactly: the next new key doubles it
+
+
+class Arena:
+    """The keyspace arena of a stopped rkv, read and written through its
+    memfd: an address is the arena's base plus the offset in the file."""
+
+    def __init__(self, pid):
+        self.path = arena_fd_path(pid)
+        starts = []
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            if "rekindle:keyspace" in line:
+                addr, _, offset = line.split()[:3]
+                starts.append(int(addr.split("-")[0], 16) - int(offset, 16))
+        self.base = min(starts)
+        self.data = Path(self.path).read_bytes()
+        self.db = self.data.find(DB_MAGIC)
+        assert self.db >= 0 and self.data.find(DB_MAGIC, self.db + 1) < 0, "one db header in the arena"
+        _, _, self.buckets, self.mask, self.count = DB_HEAD.unpack_from(self.data, self.db)
+
+    def head(self, b):
+        return struct.unpack_from("<Q", self.data, self.buckets - self.base + 8 * b)[0]
+
+    def entry(self, addr):
+        """(next, key, cap) of the entry at addr."""
+        at = addr - self.base
+        nxt, _, _, _, _, klen, _, cap = ENTRY.unpack_from(self.data, at)
+        return nxt, self.data[at + ENTRY.size : at + ENTRY.size + klen], cap
+
+    def write(self, at, data):
+        with open(self.path, "r+b") as f:
+            f.seek(at)
+            f.write(data)
+
+    def last_quarter_pair(self):
+        """An entry X in the last quarter of the buckets, where the check in
+        slices comes last, with an entry Y behind it: (X's address, Y's key)."""
+        for b in range(self.mask, self.mask * 3 // 4, -1):
+            x = self.head(b)
+            if x and self.entry(x)[0]:
+                return x, self.entry(self.entry(x)[0])[1]
+        raise AssertionError("no chain of two in the last quarter of the table")
+
+
+def fill_table(c):
+    """TABLE_KEYS keys: a table of exactly TABLE_KEYS buckets, full."""
+    for start in range(0, TABLE_KEYS, 4096):
+        c.mset({f"key:{i}": "v" for i in range(start, min(start + 4096, TABLE_KEYS))})
+
+
+def stop_app(s):
+    pid = s.app_pid()
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+def queue_request(s, *args):
+    """A connection with one request, waiting in the listening socket's
+    backlog for the next incarnation."""
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    sock.sendall(resp(*args))
+    return sock
+
+
+def reply_or_close(sock):
+    """What the server sent before it closed the connection, or None if it
+    neither answered nor closed within the socket's timeout."""
+    out = b""
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return out
+            out += data
+    except TimeoutError:
+        return out or None
+    finally:
+        sock.close()
+
+
+def kill_stuck_apps(s):
+    """SIGKILLs any rkv the supervisor of s still has as a child (one that
+    spins in a cycle ignores SIGTERM), before the supervisor is stopped."""
+    for e in s.supervisor_events("spawn"):
+        try:
+            stat = Path(f"/proc/{e['pid']}/stat").read_text()
+        except FileNotFoundError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == s.proc.pid:
+            os.kill(e["pid"], signal.SIGKILL)
+
+
+def assert_cold_after_check(s, why):
+    failed = s.wait_log("recovery_check_failed")
+    assert why in failed["why"]
+    assert wait_cold_ready(s)["keys"] == 0  # no snapshot: --save ""
+    assert s.wait_serving().dbsize() == 0
+
+
+@pytest.mark.parametrize("request_kind", ["GET", "SCAN", "KEYS", "SET", "FLUSHALL", "SAVE"])
+def test_cycle_reached_by_a_request_before_the_check_goes_cold(tmp_path, request_kind):
+    """One entry's next pointer made to point at itself, in the last quarter
+    of a table of 65536 keys; SIGKILL under the supervisor, with a request
+    waiting in the backlog that walks that chain (GET of the key behind it),
+    some chains (SCAN) or all of them (KEYS, a SET that doubles the table,
+    FLUSHALL, SAVE).  The request runs before the check in slices gets
+    there: it used to follow the cycle forever, at 100% CPU.  Now the chain
+    is checked first: the start goes cold, with the reason logged."""
+    s = Rkv(tmp_path, *NO_SAVE, supervised=True)
+    try:
+        with s.client() as c:
+            fill_table(c)
+        arena = Arena(stop_app(s))
+        assert (arena.mask, arena.count) == (TABLE_KEYS - 1, TABLE_KEYS)
+        x, behind = arena.last_quarter_pair()
+        arena.write(x - arena.base, struct.pack("<Q", x))  # x->next = x
+        args = {
+            "GET": ["GET", behind],
+            "SCAN": ["SCAN", 0, "MATCH", "no-such-key", "COUNT", 10 * TABLE_KEYS],
+            "KEYS": ["KEYS", "no-such-key"],
+            "SET": ["SET", "one-more-key", "v"],
+            "FLUSHALL": ["FLUSHALL"],
+            "SAVE": ["SAVE"],
+        }[request_kind]
+        sock = queue_request(s, *args)
+        os.kill(s.app_pid(), signal.SIGKILL)
+        assert reply_or_close(sock) == b"", "the request was answered, or hung"
+        assert_cold_after_check(s, "a cycle")
+    finally:
+        kill_stuck_apps(s)
+        s.close()
+
+
+def test_set_cannot_write_past_a_block_before_the_check(tmp_path):
+    """An entry in the last quarter of the table claims 8 KB of room (cap)
+    in a block of about a hundred bytes; a SET of 5000 bytes to its key
+    waits in the backlog across SIGKILL.  It used to be written in place,
+    past the block, before the check in slices got there; now the entry is
+    checked against its block first and the start goes cold."""
+    s = Rkv(tmp_path, *NO_SAVE, supervised=True)
+    try:
+        with s.client() as c:
+            fill_table(c)
+        arena = Arena(stop_app(s))
+        x, _ = arena.last_quarter_pair()
+        _, key, cap = arena.entry(x)
+        assert cap < 256
+        arena.write(x - arena.base + CAP_AT, struct.pack("<I", 8192))
+        sock = queue_request(s, "SET", key, "x" * 5000)
+        os.kill(s.app_pid(), signal.SIGKILL)
+        assert reply_or_close(sock) == b"", "the SET was answered, or hung"
+        assert_cold_after_check(s, "lengths exceed its block")
+    finally:
+        kill_stuck_apps(s)
+        s.close()
+
+
+@pytest.mark.parametrize("sweep", ["no", "yes"])
+def test_cycle_with_a_corrupt_count_ends_the_check(tmp_path, sweep):
+    """A cycle, and a count of 2^62 that no longer bounds a chain: the check
+    (in slices, or the mark pass) still ends, bounded by what the arena can
+    hold, and the start goes cold; the check in slices used to spin."""
+    s = Rkv(tmp_path, *NO_SAVE, "--recovery-sweep", sweep, supervised=True)
+    try:
+        with s.client() as c:
+            fill_table(c)
+        arena = Arena(stop_app(s))
+        x, _ = arena.last_quarter_pair()
+        arena.write(x - arena.base, struct.pack("<Q", x))
+        arena.write(arena.db + COUNT_AT, struct.pack("<Q", 1 << 62))
+        os.kill(s.app_pid(), signal.SIGKILL)
+        assert_cold_after_check(s, "a cycle" if sweep == "no" else "an entry reached twice")
+    finally:
+        kill_stuck_apps(s)
+        s.close()
+
+
 # ---- 6. query buffers shrink --------------------------------------------------
 
 

@@ -120,8 +120,12 @@ static inline bool entry_fits(const struct entry *e, size_t vn)
 	return need <= e->cap && (need >= e->cap / 2 || e->cap <= 64);
 }
 
+/* After a warm restart, a chain the check has not reached is checked
+ * before it is walked: it may be a cycle, or hold a broken entry. */
 static struct entry **find_link(struct db *db, const char *k, size_t kn, uint64_t h)
 {
+	if ((h & db->mask) >= glue_unchecked)
+		glue_check_bucket(db, h & db->mask);
 	struct entry **l = &db->buckets[h & db->mask];
 	for (struct entry *e; (e = *l) != NULL; l = &e->next)
 		if (e->hash == h && e->klen == kn && memcmp(e->data, k, kn) == 0)
@@ -228,6 +232,7 @@ static void maybe_grow(struct db *db)
 {
 	if (db->count <= db->mask + 1)
 		return;
+	glue_verify_all(db); /* every chain is walked: all of them checked first */
 	uint64_t nb = (db->mask + 1) * 2;
 	struct entry **nbk = store_alloc(nb * sizeof *nbk);
 	if (!nbk)
@@ -353,6 +358,7 @@ void ks_set_expire(struct db *db, struct entry *e, int64_t expire_ms)
 
 void ks_flush(struct db *db)
 {
+	glue_verify_all(db); /* every entry is freed: all of them checked first */
 	UNSAFE_BEGIN();
 	db->dirty += db->count;
 	for (uint64_t b = 0; b <= db->mask; b++) {
@@ -399,9 +405,13 @@ void ks_active_expire(struct db *db, int64_t now, int64_t budget_us)
 		UNSAFE_BEGIN();
 		for (; sampled < n && db->expires; sampled++) {
 			struct entry *e = db->xcursor ? db->xcursor : db->xhead;
+			glue_check_ttl_entry(e); /* not reached through a checked chain */
 			db->xcursor = e->xnext;
 			if (expired(e, now)) {
-				entry_remove(db, find_link(db, e->data, e->klen, e->hash));
+				struct entry **l = find_link(db, e->data, e->klen, e->hash);
+				if (!l || *l != e)
+					glue_check_failed("an entry in the TTL list but not in the table");
+				entry_remove(db, l);
 				db->st.expired++;
 				gone++;
 			}
@@ -426,6 +436,8 @@ uint64_t ks_scan(struct db *db, uint64_t v, uint64_t count, int64_t now, void (*
 {
 	uint64_t m = db->mask, found = 0, visits = count * 10;
 	do {
+		if ((v & m) >= glue_unchecked)
+			glue_check_bucket(db, v & m);
 		for (struct entry *e = db->buckets[v & m]; e; e = e->next)
 			if (!expired(e, now)) {
 				fn(e, arg);

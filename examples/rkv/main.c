@@ -751,6 +751,7 @@ static void on_stop(int sig)
 static void shutdown_now(void)
 {
 	bool save = srv.cfg.nsave > 0;
+	srv.stopping = true;
 	int r = save ? snapshot_save(srv.db) : 0;
 	rkv_log("shutdown", "\"signal\":%d,\"saved\":%s", (int)stop_signal, save && r == 0 ? "true" : "false");
 	exit(r < 0 ? 1 : 0);
@@ -908,6 +909,9 @@ int main(int argc, char **argv)
 		if (stop_signal)
 			shutdown_now();
 		srv.now_ms = now_realtime_ms();
+		/* After a warm restart, a slice of the table's check, before any
+		 * request: the first may have waited in the backlog meanwhile. */
+		verifying = glue_verify_step(srv.db, 300);
 		for (int i = 0; i < nev; i++) {
 			if (ev[i].data.ptr == &listen_tag) {
 				accept_clients(srv.listen_fd);
@@ -920,7 +924,6 @@ int main(int argc, char **argv)
 			else if (ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
 				conn_readable(c);
 		}
-		verifying = glue_verify_step(srv.db, 300); /* after a warm restart: 0.3 ms slices */
 		if (srv.now_ms >= next_cron) {
 			cron();
 			next_cron = srv.now_ms + CRON_MS;
