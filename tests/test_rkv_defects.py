@@ -6,6 +6,7 @@ next save overwrote, the accept loop that spun when out of fds, a corrupt
 entry that a warm start kept, query buffers that never shrank, and
 misleading messages (--arena-size units, OOM without maxmemory)."""
 
+import json
 import os
 import pwd
 import random
@@ -14,6 +15,7 @@ import selectors
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import tempfile
@@ -206,7 +208,7 @@ def test_snapshot_path_that_is_a_directory_is_moved_aside(tmp_path):
         c.set("k", "v")
     s.close()
     rejected = s.log("snapshot_rejected")[0]
-    assert rejected["code"] == "unreadable" and "directory" in rejected["why"]
+    assert rejected["code"] == "not_regular" and "directory" in rejected["why"]
     assert (Path(rejected["kept_as"]) / "inside").read_bytes() == b"keep me"
     assert s.log("shutdown")[0]["saved"] is True
     s2 = Rkv(tmp_path, *NO_SAVE)
@@ -216,6 +218,24 @@ def test_snapshot_path_that_is_a_directory_is_moved_aside(tmp_path):
         s2.close()
 
 
+def test_fifo_at_the_snapshot_path_does_not_block_the_start(tmp_path):
+    """A FIFO at the path, with no writer: open() used to wait for one
+    forever.  It is not a regular file: moved aside at once, like a
+    directory, and rkv starts empty."""
+    os.mkfifo(tmp_path / "rkv.snap")
+    s = Rkv(tmp_path)  # waits 15 s for "ready"
+    with s.client() as c:
+        c.set("k", "v")
+    s.close()
+    assert s.log("ready")[0]["ready_ms"] < 5000
+    rejected = s.log("snapshot_rejected")[0]
+    assert rejected["code"] == "not_regular" and "FIFO" in rejected["why"]
+    assert rejected["action"] == "starting empty"
+    assert stat.S_ISFIFO(os.lstat(rejected["kept_as"]).st_mode)
+    assert s.log("shutdown")[0]["saved"] is True
+    assert (tmp_path / "rkv.snap").is_file()
+
+
 def drop_to_nobody():
     nobody = pwd.getpwnam("nobody")
     os.setgroups([])
@@ -223,49 +243,99 @@ def drop_to_nobody():
     os.setuid(nobody.pw_uid)
 
 
-def test_unreadable_snapshot_is_moved_aside_not_overwritten(tmp_path):
-    """rkv as nobody, the snapshot mode 000: it cannot be read, and after
-    start and SIGTERM its bytes are still there, moved aside."""
+def run_rkv_until_exit(d, *args, preexec_fn=None):
+    """rkv in the foreground, expected to exit at once: (status, stderr)."""
+    run = d / "run"
+    run.mkdir(mode=0o777, exist_ok=True)
+    run.chmod(0o777)
+    env = {k: v for k, v in os.environ.items() if k not in ("LISTEN_FDS", "LISTEN_PID")}
+    env["REKINDLE_RUNTIME_DIR"] = str(run)
+    argv = [str(RKV), "--port", str(free_port()), "--dir", str(d), *args]
+    p = subprocess.run(
+        argv, capture_output=True, text=True, timeout=30, env=env, preexec_fn=preexec_fn, check=False
+    )
+    lines = [json.loads(x) for x in p.stderr.splitlines() if x.startswith('{"rkv":"snapshot_rejected"')]
+    return p.returncode, p.stderr, lines
+
+
+def assert_left_alone(d, data):
+    """The snapshot is where it was, byte for byte, and nothing was moved aside."""
+    assert (d / "rkv.snap").read_bytes() == data
+    assert not list(d.glob("rkv.snap.rejected-*"))
+
+
+def test_unreadable_snapshot_refuses_to_start(tmp_path):
+    """rkv as nobody, the snapshot root's and mode 600 in a directory
+    nobody may write: it used to be moved aside, and the next save wrote an
+    empty rkv.snap in its place.  It may be fine: rkv refuses to start,
+    says why, and leaves it as it is (Redis exits too)."""
     data = saved_snapshot(tmp_path)
     d = Path(tempfile.mkdtemp(prefix="rkv-nobody-"))  # tmp_path's parents are root's alone
     try:
         d.chmod(0o777)
         (d / "rkv.snap").write_bytes(data)
-        (d / "rkv.snap").chmod(0)
-        s = Rkv(d, preexec_fn=drop_to_nobody)
-        s.close()
-        assert files_holding(d, data), "the rejected snapshot was overwritten"
-        rejected = s.log("snapshot_rejected")[0]
-        assert rejected["code"] == "unreadable" and "Permission denied" in rejected["why"]
-        assert Path(rejected["kept_as"]).read_bytes() == data
-        assert s.log("shutdown")[0]["saved"] is True
-        assert (d / "rkv.snap").read_bytes() != data
+        (d / "rkv.snap").chmod(0o600)
+        status, err, lines = run_rkv_until_exit(d, preexec_fn=drop_to_nobody)
+        assert status == 1
+        assert f"cannot read the snapshot {d / 'rkv.snap'}: cannot open: Permission denied (errno 13)" in err
+        assert len(lines) == 1 and lines[0]["code"] == "unreadable" and lines[0]["errno"] == 13
+        assert lines[0]["action"] == "refusing to start" and "kept_as" not in lines[0]
+        assert '"rkv":"ready"' not in err
+        assert_left_alone(d, data)
     finally:
         shutil.rmtree(d)
 
 
+def test_snapshot_that_does_not_fit_the_arena_refuses_to_start(tmp_path):
+    """A valid snapshot of 2 MB, and --arena-size 1mb: rkv says to raise
+    --arena-size and refuses to start; the file stays."""
+    s = Rkv(tmp_path, *NO_SAVE)
+    with s.client() as c:
+        c.mset({f"key:{i}": "v" * 1024 for i in range(2000)})
+        assert c.save()
+    s.close()
+    data = (tmp_path / "rkv.snap").read_bytes()
+    status, err, lines = run_rkv_until_exit(tmp_path, "--arena-size", "1mb")
+    assert status == 1 and "raise --arena-size (now 1048576 bytes)" in err
+    assert len(lines) == 1 and lines[0]["code"] == "no_room" and lines[0]["action"] == "refusing to start"
+    assert "valid, but out of memory after" in lines[0]["why"]
+    assert_left_alone(tmp_path, data)
+
+
+def limit_data_to_16mb():
+    resource.setrlimit(resource.RLIMIT_DATA, (16 << 20, 16 << 20))
+
+
+def test_snapshot_rkv_has_no_memory_to_read_refuses_to_start(tmp_path):
+    """A valid 32 MB snapshot, and rkv's private memory limited to 16 MB
+    (RLIMIT_DATA; the arena is shared memory): reading it fails with
+    ENOMEM, which is not the file's fault and not no_room (the arena is
+    large): refused, the file left as it is."""
+    s = Rkv(tmp_path, *NO_SAVE)
+    with s.client() as c:
+        assert c.set("big", b"x" * (32 << 20)) and c.save()
+    s.close()
+    data = (tmp_path / "rkv.snap").read_bytes()
+    status, err, lines = run_rkv_until_exit(tmp_path, preexec_fn=limit_data_to_16mb)
+    assert status == 1 and "(errno 12); refusing to start" in err
+    assert len(lines) == 1 and lines[0]["code"] == "unreadable" and lines[0]["errno"] == 12
+    assert_left_alone(tmp_path, data)
+
+
 def test_snapshot_that_cannot_be_moved_aside_stops_the_start(tmp_path):
-    """Unreadable, in a directory rkv (nobody) cannot write: it refuses to
-    start rather than run where a save could replace the file."""
-    data = saved_snapshot(tmp_path)
+    """Torn, in a directory rkv (nobody) cannot write: it refuses to start
+    rather than run where a save could replace the file."""
+    torn = saved_snapshot(tmp_path)[:-100]
     d = Path(tempfile.mkdtemp(prefix="rkv-nobody-"))
     try:
         d.chmod(0o755)
-        (d / "rkv.snap").write_bytes(data)
-        (d / "rkv.snap").chmod(0)
-        run = d / "run"
-        run.mkdir(mode=0o777)
-        run.chmod(0o777)
-        env = {k: v for k, v in os.environ.items() if k not in ("LISTEN_FDS", "LISTEN_PID")}
-        env["REKINDLE_RUNTIME_DIR"] = str(run)
-        argv = [str(RKV), "--port", str(free_port()), "--dir", str(d)]
-        p = subprocess.run(
-            argv, capture_output=True, text=True, timeout=30, env=env, preexec_fn=drop_to_nobody, check=False
-        )
-        assert p.returncode == 1
-        assert "nor move it aside (Permission denied); refusing to start" in p.stderr
-        assert '"action":"refusing to start"' in p.stderr
-        assert (d / "rkv.snap").read_bytes() == data
+        (d / "rkv.snap").write_bytes(torn)
+        (d / "rkv.snap").chmod(0o644)
+        status, err, lines = run_rkv_until_exit(d, preexec_fn=drop_to_nobody)
+        assert status == 1
+        assert "nor move it aside (Permission denied); refusing to start" in err
+        assert len(lines) == 1 and lines[0]["code"] == "corrupt" and lines[0]["action"] == "refusing to start"
+        assert (d / "rkv.snap").read_bytes() == torn
     finally:
         shutil.rmtree(d)
 

@@ -193,9 +193,19 @@ void command_exec(struct conn *c);
 int snapshot_save(struct db *db);     /* foreground; 0 or -errno */
 int snapshot_bgsave(struct db *db);   /* forks; 0 or -errno */
 void snapshot_reap(struct db *db);    /* collects a finished child */
-/* Loads the snapshot into db (empty); 0 if loaded or absent, -errno (db left
- * empty) if unusable; *why says what happened. */
-int snapshot_load(struct db *db, uint64_t *keys, const char **why);
+/* How snapshot_load ended.  The first two are the file's content: it can
+ * never load, and is moved aside.  The last two are the moment's: the
+ * file may be fine, and rkv refuses to start rather than replace it. */
+enum {
+	SNAP_OK = 0,             /* loaded, or no file */
+	SNAP_CORRUPT = -1,       /* torn, truncated, corrupt: not a snapshot */
+	SNAP_NOT_REGULAR = -2,   /* a directory, FIFO, socket or device */
+	SNAP_UNREADABLE = -3,    /* a system call failed with *err (EACCES, EIO, ENOMEM, ...) */
+	SNAP_NO_ROOM = -4,       /* valid, but larger than the keyspace can hold */
+};
+/* Loads the snapshot into db (empty): SNAP_OK, or a SNAP_ code with the db
+ * left empty; *why says what happened, *err the errno of SNAP_UNREADABLE. */
+int snapshot_load(struct db *db, uint64_t *keys, const char **why, int *err);
 void snapshot_path(char *out, size_t n);
 /* Moves the snapshot file that could not be loaded to
  * NAME.rejected-<unix seconds>[.N], never over an existing file, so that no
