@@ -696,6 +696,37 @@ def test_query_buffers_of_idle_clients_shrink(rkv):
             c.close()
 
 
+def test_idle_query_buffers_under_1mb_shrink_in_cron(rkv):
+    """40 connections each SET a 900 KB value and stay open, idle.  Each
+    query buffer grew to 1 MiB, not over it, so it is not freed as soon as
+    its request ran (that is the path above); cron shrinks it once the
+    connection has been idle for 2 s.  rkv's private memory falls back by
+    nearly all of the 40 MB, well before the clients close."""
+    value = b"x" * (900 << 10)
+    pid = rkv.proc.pid
+    before = rss_anon(pid)
+    socks = [socket.create_connection(("127.0.0.1", rkv.port), timeout=10) for _ in range(40)]
+    try:
+        for i, x in enumerate(socks):
+            x.sendall(resp("SET", f"k{i}", value))
+        for x in socks:
+            got = b""
+            while len(got) < 5:
+                got += x.recv(5 - len(got))
+            assert got == b"+OK\r\n"
+        assert rss_anon(pid) > before + (30 << 20)  # 40 buffers of 1 MiB
+        deadline = time.monotonic() + 10  # idle 2 s, each looked at once a second
+        while rss_anon(pid) > before + (8 << 20) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rss_anon(pid) < before + (8 << 20)
+        for i, x in enumerate(socks[:3]):  # the connections still work
+            x.sendall(resp("STRLEN", f"k{i}"))
+            assert x.recv(64) == b":%d\r\n" % len(value)
+    finally:
+        for x in socks:
+            x.close()
+
+
 # ---- 8a. messages that say what is wrong ---------------------------------------------
 
 
