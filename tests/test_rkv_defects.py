@@ -89,6 +89,33 @@ def test_pathological_glob_answers_at_once(rkv):
     c.close()
 
 
+def test_long_pattern_against_a_long_key_answers_in_time(rkv):
+    """KEYS "*", 100 KB of "a", "b" against a key of 200 KB of "a"s took about
+    10^10 steps: two minutes with the loop blocked.  Past the last star the
+    pattern can only match the key's end, so that is now one try, with the
+    right answer both ways.  A long part between two stars is still
+    searched for, and a match gives up (no match, logged) after its work
+    limit, as Redis gives up on a pattern nested deeper than 1000 stars."""
+    c = rkv.client()  # no retries: a KEYS that timed out is not sent again
+    long_a, tail = b"a" * 200_000, b"a" * 100_000 + b"b"
+    c.set(long_a, "v")
+    t0 = time.monotonic()
+    assert c.keys(b"*" + tail) == []
+    assert c.scan(0, match=b"*" + tail, count=100) == (0, [])
+    c.set(long_a + b"b", "v")
+    assert c.keys(b"*" + tail) == [long_a + b"b"]
+    assert not rkv.log("glob_gave_up")
+    c.delete(long_a + b"b")
+    assert c.keys(b"*" + tail + b"*") == []  # between two stars: the limit
+    assert c.scan(0, match=b"*" + tail + b"*", count=100) == (0, [])
+    assert time.monotonic() - t0 < 10  # each took about 2 minutes
+    gave_up = rkv.log("glob_gave_up")[0]
+    assert (gave_up["pattern_bytes"], gave_up["key_bytes"]) == (len(tail) + 2, len(long_a))
+    assert gave_up["answer"] == "no match"
+    assert sorted(c.keys("*a")) == [long_a] and c.keys("a*b") == []  # short ones as ever
+    c.close()
+
+
 # Pattern pieces that exercise every rule: stars, '?', classes (negated,
 # ranges in both orders, escapes, a ']' that opens a class, unterminated),
 # escapes, and bytes above 0x7f (ranges compare as signed char in Redis).

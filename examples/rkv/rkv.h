@@ -81,6 +81,16 @@ void ks_active_expire(struct db *db, int64_t now, int64_t budget_us);
  * the next cursor, 0 at the end. */
 uint64_t ks_scan(struct db *db, uint64_t cursor, uint64_t count, int64_t now, void (*fn)(struct entry *, void *),
 		 void *arg);
+/* Redis's glob patterns.  A pattern matched against many keys is looked
+ * at once (ks_glob_init), then matched against each (ks_glob_match). */
+struct glob {
+	const char *p;
+	size_t pn;
+	size_t last_star;               /* just past the last star; SIZE_MAX: none */
+	size_t tail_tokens;             /* chars the pattern takes after it */
+};
+void ks_glob_init(struct glob *g, const char *p, size_t pn);
+bool ks_glob_match(const struct glob *g, const char *s, size_t sn);
 bool ks_glob(const char *pat, size_t pn, const char *s, size_t sn);
 /* For the mark traversal, KEYS and the snapshot: every entry, expired or
  * not.  After a warm restart it finishes the check of the table first
