@@ -286,8 +286,8 @@ static int unreadable(const char **why, int *err, const char *doing, int e)
 	return SNAP_UNREADABLE;
 }
 
-/* The whole file in a malloc buffer (*size bytes); SNAP_OK, or SNAP_
- * NOT_REGULAR, SNAP_UNREADABLE (or, with *size 0, no file at all).  It is
+/* The whole file in a malloc buffer *out of *size bytes: SNAP_OK (with
+ * *out NULL if there is no file), SNAP_NOT_REGULAR or SNAP_UNREADABLE.  It is
  * looked at before it is opened, and opened without blocking: a FIFO at
  * the path would block open() until a writer came, a device has no
  * business being read.  read(), not mmap: an I/O error is then EIO, not a
