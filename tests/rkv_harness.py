@@ -48,7 +48,11 @@ class Rkv:
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=self.err, env=self.env, **popen_kw
         )
-        self.wait_log("ready")
+        try:
+            self.wait_log("ready")
+        except BaseException:
+            self.close()  # a server that never got ready is not left running
+            raise
 
     # ---- log ------------------------------------------------------------------
     def stderr(self):

@@ -6,6 +6,7 @@ next save overwrote, the accept loop that spun when out of fds, a corrupt
 entry that a warm start kept, query buffers that never shrank, and
 misleading messages (--arena-size units, OOM without maxmemory)."""
 
+import json
 import os
 import pwd
 import random
@@ -14,6 +15,7 @@ import selectors
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import tempfile
@@ -84,6 +86,33 @@ def test_pathological_glob_answers_at_once(rkv):
     t0 = time.monotonic()
     assert c.scan(0, match=stars, count=1000) == (0, [b"a" * 40 + b"b"])
     assert time.monotonic() - t0 < 0.1
+    c.close()
+
+
+def test_long_pattern_against_a_long_key_answers_in_time(rkv):
+    """KEYS "*", 100 KB of "a", "b" against a key of 200 KB of "a"s took about
+    10^10 steps: two minutes with the loop blocked.  Past the last star the
+    pattern can only match the key's end, so that is now one try, with the
+    right answer both ways.  A long part between two stars is still
+    searched for, and a match gives up (no match, logged) after its work
+    limit, as Redis gives up on a pattern nested deeper than 1000 stars."""
+    c = rkv.client()  # no retries: a KEYS that timed out is not sent again
+    long_a, tail = b"a" * 200_000, b"a" * 100_000 + b"b"
+    c.set(long_a, "v")
+    t0 = time.monotonic()
+    assert c.keys(b"*" + tail) == []
+    assert c.scan(0, match=b"*" + tail, count=100) == (0, [])
+    c.set(long_a + b"b", "v")
+    assert c.keys(b"*" + tail) == [long_a + b"b"]
+    assert not rkv.log("glob_gave_up")
+    c.delete(long_a + b"b")
+    assert c.keys(b"*" + tail + b"*") == []  # between two stars: the limit
+    assert c.scan(0, match=b"*" + tail + b"*", count=100) == (0, [])
+    assert time.monotonic() - t0 < 10  # each took about 2 minutes
+    gave_up = rkv.log("glob_gave_up")[0]
+    assert (gave_up["pattern_bytes"], gave_up["key_bytes"]) == (len(tail) + 2, len(long_a))
+    assert gave_up["answer"] == "no match"
+    assert sorted(c.keys("*a")) == [long_a] and c.keys("a*b") == []  # short ones as ever
     c.close()
 
 
@@ -206,7 +235,7 @@ def test_snapshot_path_that_is_a_directory_is_moved_aside(tmp_path):
         c.set("k", "v")
     s.close()
     rejected = s.log("snapshot_rejected")[0]
-    assert rejected["code"] == "unreadable" and "directory" in rejected["why"]
+    assert rejected["code"] == "not_regular" and "directory" in rejected["why"]
     assert (Path(rejected["kept_as"]) / "inside").read_bytes() == b"keep me"
     assert s.log("shutdown")[0]["saved"] is True
     s2 = Rkv(tmp_path, *NO_SAVE)
@@ -216,6 +245,24 @@ def test_snapshot_path_that_is_a_directory_is_moved_aside(tmp_path):
         s2.close()
 
 
+def test_fifo_at_the_snapshot_path_does_not_block_the_start(tmp_path):
+    """A FIFO at the path, with no writer: open() used to wait for one
+    forever.  It is not a regular file: moved aside at once, like a
+    directory, and rkv starts empty."""
+    os.mkfifo(tmp_path / "rkv.snap")
+    s = Rkv(tmp_path)  # waits 15 s for "ready"
+    with s.client() as c:
+        c.set("k", "v")
+    s.close()
+    assert s.log("ready")[0]["ready_ms"] < 5000
+    rejected = s.log("snapshot_rejected")[0]
+    assert rejected["code"] == "not_regular" and "FIFO" in rejected["why"]
+    assert rejected["action"] == "starting empty"
+    assert stat.S_ISFIFO(os.lstat(rejected["kept_as"]).st_mode)
+    assert s.log("shutdown")[0]["saved"] is True
+    assert (tmp_path / "rkv.snap").is_file()
+
+
 def drop_to_nobody():
     nobody = pwd.getpwnam("nobody")
     os.setgroups([])
@@ -223,49 +270,99 @@ def drop_to_nobody():
     os.setuid(nobody.pw_uid)
 
 
-def test_unreadable_snapshot_is_moved_aside_not_overwritten(tmp_path):
-    """rkv as nobody, the snapshot mode 000: it cannot be read, and after
-    start and SIGTERM its bytes are still there, moved aside."""
+def run_rkv_until_exit(d, *args, preexec_fn=None):
+    """rkv in the foreground, expected to exit at once: (status, stderr)."""
+    run = d / "run"
+    run.mkdir(mode=0o777, exist_ok=True)
+    run.chmod(0o777)
+    env = {k: v for k, v in os.environ.items() if k not in ("LISTEN_FDS", "LISTEN_PID")}
+    env["REKINDLE_RUNTIME_DIR"] = str(run)
+    argv = [str(RKV), "--port", str(free_port()), "--dir", str(d), *args]
+    p = subprocess.run(
+        argv, capture_output=True, text=True, timeout=30, env=env, preexec_fn=preexec_fn, check=False
+    )
+    lines = [json.loads(x) for x in p.stderr.splitlines() if x.startswith('{"rkv":"snapshot_rejected"')]
+    return p.returncode, p.stderr, lines
+
+
+def assert_left_alone(d, data):
+    """The snapshot is where it was, byte for byte, and nothing was moved aside."""
+    assert (d / "rkv.snap").read_bytes() == data
+    assert not list(d.glob("rkv.snap.rejected-*"))
+
+
+def test_unreadable_snapshot_refuses_to_start(tmp_path):
+    """rkv as nobody, the snapshot root's and mode 600 in a directory
+    nobody may write: it used to be moved aside, and the next save wrote an
+    empty rkv.snap in its place.  It may be fine: rkv refuses to start,
+    says why, and leaves it as it is (Redis exits too)."""
     data = saved_snapshot(tmp_path)
     d = Path(tempfile.mkdtemp(prefix="rkv-nobody-"))  # tmp_path's parents are root's alone
     try:
         d.chmod(0o777)
         (d / "rkv.snap").write_bytes(data)
-        (d / "rkv.snap").chmod(0)
-        s = Rkv(d, preexec_fn=drop_to_nobody)
-        s.close()
-        assert files_holding(d, data), "the rejected snapshot was overwritten"
-        rejected = s.log("snapshot_rejected")[0]
-        assert rejected["code"] == "unreadable" and "Permission denied" in rejected["why"]
-        assert Path(rejected["kept_as"]).read_bytes() == data
-        assert s.log("shutdown")[0]["saved"] is True
-        assert (d / "rkv.snap").read_bytes() != data
+        (d / "rkv.snap").chmod(0o600)
+        status, err, lines = run_rkv_until_exit(d, preexec_fn=drop_to_nobody)
+        assert status == 1
+        assert f"cannot read the snapshot {d / 'rkv.snap'}: cannot open: Permission denied (errno 13)" in err
+        assert len(lines) == 1 and lines[0]["code"] == "unreadable" and lines[0]["errno"] == 13
+        assert lines[0]["action"] == "refusing to start" and "kept_as" not in lines[0]
+        assert '"rkv":"ready"' not in err
+        assert_left_alone(d, data)
     finally:
         shutil.rmtree(d)
 
 
+def test_snapshot_that_does_not_fit_the_arena_refuses_to_start(tmp_path):
+    """A valid snapshot of 2 MB, and --arena-size 1mb: rkv says to raise
+    --arena-size and refuses to start; the file stays."""
+    s = Rkv(tmp_path, *NO_SAVE)
+    with s.client() as c:
+        c.mset({f"key:{i}": "v" * 1024 for i in range(2000)})
+        assert c.save()
+    s.close()
+    data = (tmp_path / "rkv.snap").read_bytes()
+    status, err, lines = run_rkv_until_exit(tmp_path, "--arena-size", "1mb")
+    assert status == 1 and "raise --arena-size (now 1048576 bytes)" in err
+    assert len(lines) == 1 and lines[0]["code"] == "no_room" and lines[0]["action"] == "refusing to start"
+    assert "valid, but out of memory after" in lines[0]["why"]
+    assert_left_alone(tmp_path, data)
+
+
+def limit_data_to_16mb():
+    resource.setrlimit(resource.RLIMIT_DATA, (16 << 20, 16 << 20))
+
+
+def test_snapshot_rkv_has_no_memory_to_read_refuses_to_start(tmp_path):
+    """A valid 32 MB snapshot, and rkv's private memory limited to 16 MB
+    (RLIMIT_DATA; the arena is shared memory): reading it fails with
+    ENOMEM, which is not the file's fault and not no_room (the arena is
+    large): refused, the file left as it is."""
+    s = Rkv(tmp_path, *NO_SAVE)
+    with s.client() as c:
+        assert c.set("big", b"x" * (32 << 20)) and c.save()
+    s.close()
+    data = (tmp_path / "rkv.snap").read_bytes()
+    status, err, lines = run_rkv_until_exit(tmp_path, preexec_fn=limit_data_to_16mb)
+    assert status == 1 and "(errno 12); refusing to start" in err
+    assert len(lines) == 1 and lines[0]["code"] == "unreadable" and lines[0]["errno"] == 12
+    assert_left_alone(tmp_path, data)
+
+
 def test_snapshot_that_cannot_be_moved_aside_stops_the_start(tmp_path):
-    """Unreadable, in a directory rkv (nobody) cannot write: it refuses to
-    start rather than run where a save could replace the file."""
-    data = saved_snapshot(tmp_path)
+    """Torn, in a directory rkv (nobody) cannot write: it refuses to start
+    rather than run where a save could replace the file."""
+    torn = saved_snapshot(tmp_path)[:-100]
     d = Path(tempfile.mkdtemp(prefix="rkv-nobody-"))
     try:
         d.chmod(0o755)
-        (d / "rkv.snap").write_bytes(data)
-        (d / "rkv.snap").chmod(0)
-        run = d / "run"
-        run.mkdir(mode=0o777)
-        run.chmod(0o777)
-        env = {k: v for k, v in os.environ.items() if k not in ("LISTEN_FDS", "LISTEN_PID")}
-        env["REKINDLE_RUNTIME_DIR"] = str(run)
-        argv = [str(RKV), "--port", str(free_port()), "--dir", str(d)]
-        p = subprocess.run(
-            argv, capture_output=True, text=True, timeout=30, env=env, preexec_fn=drop_to_nobody, check=False
-        )
-        assert p.returncode == 1
-        assert "nor move it aside (Permission denied); refusing to start" in p.stderr
-        assert '"action":"refusing to start"' in p.stderr
-        assert (d / "rkv.snap").read_bytes() == data
+        (d / "rkv.snap").write_bytes(torn)
+        (d / "rkv.snap").chmod(0o644)
+        status, err, lines = run_rkv_until_exit(d, preexec_fn=drop_to_nobody)
+        assert status == 1
+        assert "nor move it aside (Permission denied); refusing to start" in err
+        assert len(lines) == 1 and lines[0]["code"] == "corrupt" and lines[0]["action"] == "refusing to start"
+        assert (d / "rkv.snap").read_bytes() == torn
     finally:
         shutil.rmtree(d)
 
@@ -411,6 +508,190 @@ def test_entry_longer_than_its_block_makes_the_warm_start_cold(tmp_path, sweep):
         s.close()
 
 
+# ---- 5b. a request that reaches a broken chain before the check does ------------
+
+ENTRY = struct.Struct("<QQQQqIII")  # next, xprev, xnext, hash, expire_ms, klen, vlen, cap; then data
+CAP_AT = ENTRY.size - 4
+DB_MAGIC = struct.pack("<Q", 0x726B762D64623031)  # "rkv-db01"
+DB_HEAD = struct.Struct("<QQQQQ")  # magic, seed, buckets, mask, count
+COUNT_AT = 32
+TABLE_KEYS = 1 << 16  # the table's size exactly: the next new key doubles it
+
+
+class Arena:
+    """The keyspace arena of a stopped rkv, read and written through its
+    memfd: an address is the arena's base plus the offset in the file."""
+
+    def __init__(self, pid):
+        self.path = arena_fd_path(pid)
+        starts = []
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            if "rekindle:keyspace" in line:
+                addr, _, offset = line.split()[:3]
+                starts.append(int(addr.split("-")[0], 16) - int(offset, 16))
+        self.base = min(starts)
+        self.data = Path(self.path).read_bytes()
+        self.db = self.data.find(DB_MAGIC)
+        assert self.db >= 0 and self.data.find(DB_MAGIC, self.db + 1) < 0, "one db header in the arena"
+        _, _, self.buckets, self.mask, self.count = DB_HEAD.unpack_from(self.data, self.db)
+
+    def head(self, b):
+        return struct.unpack_from("<Q", self.data, self.buckets - self.base + 8 * b)[0]
+
+    def entry(self, addr):
+        """(next, key, cap) of the entry at addr."""
+        at = addr - self.base
+        nxt, _, _, _, _, klen, _, cap = ENTRY.unpack_from(self.data, at)
+        return nxt, self.data[at + ENTRY.size : at + ENTRY.size + klen], cap
+
+    def write(self, at, data):
+        with open(self.path, "r+b") as f:
+            f.seek(at)
+            f.write(data)
+
+    def last_quarter_pair(self):
+        """An entry X in the last quarter of the buckets, where the check in
+        slices comes last, with an entry Y behind it: (X's address, Y's key)."""
+        for b in range(self.mask, self.mask * 3 // 4, -1):
+            x = self.head(b)
+            if x and self.entry(x)[0]:
+                return x, self.entry(self.entry(x)[0])[1]
+        raise AssertionError("no chain of two in the last quarter of the table")
+
+
+def fill_table(c):
+    """TABLE_KEYS keys: a table of exactly TABLE_KEYS buckets, full."""
+    for start in range(0, TABLE_KEYS, 4096):
+        c.mset({f"key:{i}": "v" for i in range(start, min(start + 4096, TABLE_KEYS))})
+
+
+def stop_app(s):
+    pid = s.app_pid()
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+def queue_request(s, *args):
+    """A connection with one request, waiting in the listening socket's
+    backlog for the next incarnation."""
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    sock.sendall(resp(*args))
+    return sock
+
+
+def reply_or_close(sock):
+    """What the server sent before it closed the connection, or None if it
+    neither answered nor closed within the socket's timeout."""
+    out = b""
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return out
+            out += data
+    except TimeoutError:
+        return out or None
+    finally:
+        sock.close()
+
+
+def kill_stuck_apps(s):
+    """SIGKILLs any rkv the supervisor of s still has as a child (one that
+    spins in a cycle ignores SIGTERM), before the supervisor is stopped."""
+    for e in s.supervisor_events("spawn"):
+        try:
+            stat = Path(f"/proc/{e['pid']}/stat").read_text()
+        except FileNotFoundError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == s.proc.pid:
+            os.kill(e["pid"], signal.SIGKILL)
+
+
+def assert_cold_after_check(s, why):
+    failed = s.wait_log("recovery_check_failed")
+    assert why in failed["why"]
+    assert wait_cold_ready(s)["keys"] == 0  # no snapshot: --save ""
+    assert s.wait_serving().dbsize() == 0
+
+
+@pytest.mark.parametrize("request_kind", ["GET", "SCAN", "KEYS", "SET", "FLUSHALL", "SAVE"])
+def test_cycle_reached_by_a_request_before_the_check_goes_cold(tmp_path, request_kind):
+    """One entry's next pointer made to point at itself, in the last quarter
+    of a table of 65536 keys; SIGKILL under the supervisor, with a request
+    waiting in the backlog that walks that chain (GET of the key behind it),
+    some chains (SCAN) or all of them (KEYS, a SET that doubles the table,
+    FLUSHALL, SAVE).  The request runs before the check in slices gets
+    there: it used to follow the cycle forever, at 100% CPU.  Now the chain
+    is checked first: the start goes cold, with the reason logged."""
+    s = Rkv(tmp_path, *NO_SAVE, supervised=True)
+    try:
+        with s.client() as c:
+            fill_table(c)
+        arena = Arena(stop_app(s))
+        assert (arena.mask, arena.count) == (TABLE_KEYS - 1, TABLE_KEYS)
+        x, behind = arena.last_quarter_pair()
+        arena.write(x - arena.base, struct.pack("<Q", x))  # x->next = x
+        args = {
+            "GET": ["GET", behind],
+            "SCAN": ["SCAN", 0, "MATCH", "no-such-key", "COUNT", 10 * TABLE_KEYS],
+            "KEYS": ["KEYS", "no-such-key"],
+            "SET": ["SET", "one-more-key", "v"],
+            "FLUSHALL": ["FLUSHALL"],
+            "SAVE": ["SAVE"],
+        }[request_kind]
+        sock = queue_request(s, *args)
+        os.kill(s.app_pid(), signal.SIGKILL)
+        assert reply_or_close(sock) == b"", "the request was answered, or hung"
+        assert_cold_after_check(s, "a cycle")
+    finally:
+        kill_stuck_apps(s)
+        s.close()
+
+
+def test_set_cannot_write_past_a_block_before_the_check(tmp_path):
+    """An entry in the last quarter of the table claims 8 KB of room (cap)
+    in a block of about a hundred bytes; a SET of 5000 bytes to its key
+    waits in the backlog across SIGKILL.  It used to be written in place,
+    past the block, before the check in slices got there; now the entry is
+    checked against its block first and the start goes cold."""
+    s = Rkv(tmp_path, *NO_SAVE, supervised=True)
+    try:
+        with s.client() as c:
+            fill_table(c)
+        arena = Arena(stop_app(s))
+        x, _ = arena.last_quarter_pair()
+        _, key, cap = arena.entry(x)
+        assert cap < 256
+        arena.write(x - arena.base + CAP_AT, struct.pack("<I", 8192))
+        sock = queue_request(s, "SET", key, "x" * 5000)
+        os.kill(s.app_pid(), signal.SIGKILL)
+        assert reply_or_close(sock) == b"", "the SET was answered, or hung"
+        assert_cold_after_check(s, "lengths exceed its block")
+    finally:
+        kill_stuck_apps(s)
+        s.close()
+
+
+@pytest.mark.parametrize("sweep", ["no", "yes"])
+def test_cycle_with_a_corrupt_count_ends_the_check(tmp_path, sweep):
+    """A cycle, and a count of 2^62 that no longer bounds a chain: the check
+    (in slices, or the mark pass) still ends, bounded by what the arena can
+    hold, and the start goes cold; the check in slices used to spin."""
+    s = Rkv(tmp_path, *NO_SAVE, "--recovery-sweep", sweep, supervised=True)
+    try:
+        with s.client() as c:
+            fill_table(c)
+        arena = Arena(stop_app(s))
+        x, _ = arena.last_quarter_pair()
+        arena.write(x - arena.base, struct.pack("<Q", x))
+        arena.write(arena.db + COUNT_AT, struct.pack("<Q", 1 << 62))
+        os.kill(s.app_pid(), signal.SIGKILL)
+        assert_cold_after_check(s, "a cycle" if sweep == "no" else "an entry reached twice")
+    finally:
+        kill_stuck_apps(s)
+        s.close()
+
+
 # ---- 6. query buffers shrink --------------------------------------------------
 
 
@@ -440,6 +721,37 @@ def test_query_buffers_of_idle_clients_shrink(rkv):
     finally:
         for c in clients:
             c.close()
+
+
+def test_idle_query_buffers_under_1mb_shrink_in_cron(rkv):
+    """40 connections each SET a 900 KB value and stay open, idle.  Each
+    query buffer grew to 1 MiB, not over it, so it is not freed as soon as
+    its request ran (that is the path above); cron shrinks it once the
+    connection has been idle for 2 s.  rkv's private memory falls back by
+    nearly all of the 40 MB, well before the clients close."""
+    value = b"x" * (900 << 10)
+    pid = rkv.proc.pid
+    before = rss_anon(pid)
+    socks = [socket.create_connection(("127.0.0.1", rkv.port), timeout=10) for _ in range(40)]
+    try:
+        for i, x in enumerate(socks):
+            x.sendall(resp("SET", f"k{i}", value))
+        for x in socks:
+            got = b""
+            while len(got) < 5:
+                got += x.recv(5 - len(got))
+            assert got == b"+OK\r\n"
+        assert rss_anon(pid) > before + (30 << 20)  # 40 buffers of 1 MiB
+        deadline = time.monotonic() + 10  # idle 2 s, each looked at once a second
+        while rss_anon(pid) > before + (8 << 20) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rss_anon(pid) < before + (8 << 20)
+        for i, x in enumerate(socks[:3]):  # the connections still work
+            x.sendall(resp("STRLEN", f"k{i}"))
+            assert x.recv(64) == b":%d\r\n" % len(value)
+    finally:
+        for x in socks:
+            x.close()
 
 
 # ---- 8a. messages that say what is wrong ---------------------------------------------

@@ -639,14 +639,14 @@ static void cmd_persist(struct conn *c)
 struct keylist {
 	struct entry **v;
 	size_t n, cap;
-	struct arg pat;
+	struct glob pat;
 	bool all, oom;
 };
 
 static void keylist_add(struct entry *e, void *arg)
 {
 	struct keylist *kl = arg;
-	if (!kl->all && !ks_glob(kl->pat.p, kl->pat.n, e->data, e->klen))
+	if (!kl->all && !ks_glob_match(&kl->pat, e->data, e->klen))
 		return;
 	if (kl->n == kl->cap) {
 		size_t cap = kl->cap ? kl->cap * 2 : 64;
@@ -671,7 +671,8 @@ static void keylist_reply(struct conn *c, struct keylist *kl)
 
 static void cmd_keys(struct conn *c)
 {
-	struct keylist kl = {.pat = A(1), .all = A(1).n == 1 && A(1).p[0] == '*'};
+	struct keylist kl = {.all = A(1).n == 1 && A(1).p[0] == '*'};
+	ks_glob_init(&kl.pat, A(1).p, A(1).n);
 	KS_FOREACH (srv.db, e)
 		if (!e->expire_ms || e->expire_ms >= srv.now_ms)
 			keylist_add(e, &kl);
@@ -718,8 +719,8 @@ static void cmd_scan(struct conn *c)
 				return;
 			}
 		} else if (eq(A(i), "match")) {
-			kl.pat = A(i + 1);
-			kl.all = kl.pat.n == 1 && kl.pat.p[0] == '*';
+			ks_glob_init(&kl.pat, A(i + 1).p, A(i + 1).n);
+			kl.all = A(i + 1).n == 1 && A(i + 1).p[0] == '*';
 		} else if (eq(A(i), "type")) {
 			none = !eq(A(i + 1), "string");
 		} else {

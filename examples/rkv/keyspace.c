@@ -120,8 +120,12 @@ static inline bool entry_fits(const struct entry *e, size_t vn)
 	return need <= e->cap && (need >= e->cap / 2 || e->cap <= 64);
 }
 
+/* After a warm restart, a chain the check has not reached is checked
+ * before it is walked: it may be a cycle, or hold a broken entry. */
 static struct entry **find_link(struct db *db, const char *k, size_t kn, uint64_t h)
 {
+	if ((h & db->mask) >= glue_unchecked)
+		glue_check_bucket(db, h & db->mask);
 	struct entry **l = &db->buckets[h & db->mask];
 	for (struct entry *e; (e = *l) != NULL; l = &e->next)
 		if (e->hash == h && e->klen == kn && memcmp(e->data, k, kn) == 0)
@@ -228,6 +232,7 @@ static void maybe_grow(struct db *db)
 {
 	if (db->count <= db->mask + 1)
 		return;
+	glue_verify_all(db); /* every chain is walked: all of them checked first */
 	uint64_t nb = (db->mask + 1) * 2;
 	struct entry **nbk = store_alloc(nb * sizeof *nbk);
 	if (!nbk)
@@ -353,6 +358,7 @@ void ks_set_expire(struct db *db, struct entry *e, int64_t expire_ms)
 
 void ks_flush(struct db *db)
 {
+	glue_verify_all(db); /* every entry is freed: all of them checked first */
 	UNSAFE_BEGIN();
 	db->dirty += db->count;
 	for (uint64_t b = 0; b <= db->mask; b++) {
@@ -399,9 +405,13 @@ void ks_active_expire(struct db *db, int64_t now, int64_t budget_us)
 		UNSAFE_BEGIN();
 		for (; sampled < n && db->expires; sampled++) {
 			struct entry *e = db->xcursor ? db->xcursor : db->xhead;
+			glue_check_ttl_entry(e); /* not reached through a checked chain */
 			db->xcursor = e->xnext;
 			if (expired(e, now)) {
-				entry_remove(db, find_link(db, e->data, e->klen, e->hash));
+				struct entry **l = find_link(db, e->data, e->klen, e->hash);
+				if (!l || *l != e)
+					glue_check_failed("an entry in the TTL list but not in the table");
+				entry_remove(db, l);
 				db->st.expired++;
 				gone++;
 			}
@@ -426,6 +436,8 @@ uint64_t ks_scan(struct db *db, uint64_t v, uint64_t count, int64_t now, void (*
 {
 	uint64_t m = db->mask, found = 0, visits = count * 10;
 	do {
+		if ((v & m) >= glue_unchecked)
+			glue_check_bucket(db, v & m);
 		for (struct entry *e = db->buckets[v & m]; e; e = e->next)
 			if (!expired(e, now)) {
 				fn(e, arg);
@@ -486,38 +498,107 @@ static bool token_matches(const char *p, size_t pn, size_t i, char ch, size_t *n
 	return p[i] == ch;
 }
 
+/* The most work a match may take, in pattern bytes looked at: 64 per byte
+ * of pattern and key, and 16 M more.  Ordinary patterns stay far below it
+ * (a star then a plain char costs about one per key byte); a long pattern
+ * that matches a long key almost everywhere, as "*" then 100 KB of "a"
+ * against 200 KB of "a"s, would take about 10^10 (two minutes, the loop
+ * blocked) and gives up after about 35 M: no match, as Redis answers for a
+ * pattern nested deeper than 1000 stars. */
+#define GLOB_WORK_PER_BYTE 64u
+#define GLOB_WORK_MIN (16u << 20)
+
+static void glob_gave_up(size_t pn, size_t sn, uint64_t work)
+{
+	static int64_t last_ms; /* 0: the first one is logged */
+	static uint64_t quiet;
+	int64_t now = now_realtime_ms();
+	if (now - last_ms < 1000) {
+		quiet++; /* one line a second at most: KEYS may give up on every key */
+		return;
+	}
+	last_ms = now;
+	rkv_log("glob_gave_up",
+		"\"pattern_bytes\":%zu,\"key_bytes\":%zu,\"work\":%llu,\"answer\":\"no match\",\"not_logged\":%llu", pn,
+		sn, (unsigned long long)work, (unsigned long long)quiet);
+	quiet = 0;
+}
+
+void ks_glob_init(struct glob *g, const char *p, size_t pn)
+{
+	*g = (struct glob){.p = p, .pn = pn, .last_star = SIZE_MAX};
+	for (size_t i = 0, next; i < pn; i = next) {
+		if (p[i] == '*') {
+			next = i + 1;
+			g->last_star = next;
+			g->tail_tokens = 0;
+		} else {
+			token_matches(p, pn, i, 0, &next);
+			g->tail_tokens++;
+		}
+	}
+}
+
 /* Redis's glob: * ? [abc] [^a] [a-z] and \x.  Every token but '*' takes
  * one char, so only the last star needs remembering: on a mismatch, that
  * star takes one more char and the rest is tried again from there.  A
  * longer match of an earlier star could only start the rest later, which
- * the last star already covers.  O(pattern * string) steps, where the
- * recursive matcher this replaces took exponential time ("*a*a*a...b"
- * against "aaa...", the CVE-2022-36021 kind). */
-bool ks_glob(const char *p, size_t pn, const char *s, size_t sn)
+ * the last star already covers.  And past the pattern's last star, the
+ * rest takes a known number of chars: it can only match the end of the
+ * string, where it is tried once ("*" then 100 KB of "a" against 200 KB of
+ * "a"s took 10^10 steps).  O(pattern * string) steps, where the recursive
+ * matcher this replaces took exponential time ("*a*a*a...b" against
+ * "aaa...", the CVE-2022-36021 kind); at most about GLOB_WORK_MIN +
+ * GLOB_WORK_PER_BYTE * (pattern + string), past which the string counts
+ * as not matching.  Without a star to go back to, each token is looked at
+ * once, so only the tries again are counted. */
+bool ks_glob_match(const struct glob *g, const char *s, size_t sn)
 {
-	size_t i = 0, j = 0, star_i = SIZE_MAX, star_j = 0;
+	const char *p = g->p;
+	size_t pn = g->pn, i = 0, j = 0, star_i = SIZE_MAX, star_j = 0;
+	uint64_t work = 0, budget = GLOB_WORK_MIN + GLOB_WORK_PER_BYTE * ((uint64_t)pn + sn);
 	if (sn == 0)
 		return pn == 0; /* Redis: even "**" does not match an empty key */
 	while (j < sn) {
-		size_t next;
+		size_t next = i;
 		if (i < pn && p[i] == '*') {
 			while (i < pn && p[i] == '*')
 				i++;
 			star_i = i;
 			star_j = j;
-		} else if (i < pn && token_matches(p, pn, i, s[j], &next)) {
+			if (i == g->last_star) { /* the rest takes the string's last chars */
+				if (sn - j < g->tail_tokens)
+					return false;
+				j = sn - g->tail_tokens;
+				star_i = SIZE_MAX; /* one try: no other place can do */
+			}
+			continue;
+		}
+		bool ok = i < pn && token_matches(p, pn, i, s[j], &next);
+		work += next - i + 1; /* a class is read to its end, match or not */
+		if (ok) {
 			i = next;
 			j++;
-		} else if (star_i != SIZE_MAX) {
+		} else if (star_i == SIZE_MAX) {
+			return false;
+		} else if (work > budget) {
+			glob_gave_up(pn, sn, work);
+			return false;
+		} else {
 			i = star_i;
 			j = ++star_j;
-		} else {
-			return false;
 		}
 	}
 	while (i < pn && p[i] == '*')
 		i++;
 	return i == pn;
+}
+
+bool ks_glob(const char *p, size_t pn, const char *s, size_t sn)
+{
+	struct glob g;
+	ks_glob_init(&g, p, pn);
+	return ks_glob_match(&g, s, sn);
 }
 
 void ks_crash_in_mutation(struct db *db, const char *k, size_t kn)

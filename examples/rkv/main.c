@@ -751,6 +751,7 @@ static void on_stop(int sig)
 static void shutdown_now(void)
 {
 	bool save = srv.cfg.nsave > 0;
+	srv.stopping = true;
 	int r = save ? snapshot_save(srv.db) : 0;
 	rkv_log("shutdown", "\"signal\":%d,\"saved\":%s", (int)stop_signal, save && r == 0 ? "true" : "false");
 	exit(r < 0 ? 1 : 0);
@@ -769,14 +770,38 @@ static void raise_fd_limit(void)
 }
 
 /* A snapshot rkv could not load must survive: the next save would replace
- * it with the (empty) keyspace.  It is moved aside and rkv starts empty; if
- * it cannot be moved, rkv refuses to start.  code is the stable reason. */
-static void keep_rejected_snapshot(const char *path, const char *why, int err)
+ * it with the (empty) keyspace.  One whose content can never load (torn,
+ * corrupt, not a regular file) is moved aside and rkv starts empty; if it
+ * cannot be moved, rkv refuses to start.  One that could not be read now
+ * (no permission, an I/O error, out of fds or memory) or does not fit the
+ * keyspace may be fine: rkv refuses to start and leaves it where it is, as
+ * Redis does.  code is the stable reason. */
+static void snapshot_unusable(const char *path, int r, const char *why, int err)
 {
-	const char *code = err == -EINVAL ? "corrupt" : err == -ENOMEM ? "no_room" : "unreadable";
+	const char *code = r == SNAP_CORRUPT	   ? "corrupt"
+			   : r == SNAP_NOT_REGULAR ? "not_regular"
+			   : r == SNAP_NO_ROOM	   ? "no_room"
+						   : "unreadable";
+	if (r == SNAP_UNREADABLE) {
+		rkv_log("snapshot_rejected",
+			"\"path\":%s,\"code\":\"%s\",\"why\":%s,\"errno\":%d,\"action\":\"refusing to start\"", js(path),
+			code, js(why), err);
+		fprintf(stderr, "rkv: cannot read the snapshot %s: %s (errno %d); refusing to start, so that no save "
+				"replaces it (the file is left as it is)\n", path, why, err);
+		exit(1);
+	}
+	if (r == SNAP_NO_ROOM) {
+		rkv_log("snapshot_rejected",
+			"\"path\":%s,\"code\":\"%s\",\"why\":%s,\"arena_size\":%llu,\"action\":\"refusing to start\"",
+			js(path), code, js(why), (unsigned long long)srv.cfg.arena_size);
+		fprintf(stderr, "rkv: the snapshot %s does not fit the keyspace: %s; raise --arena-size (now %llu "
+				"bytes); refusing to start, so that no save replaces it (the file is left as it is)\n",
+			path, why, (unsigned long long)srv.cfg.arena_size);
+		exit(1);
+	}
 	char kept[4600];
-	int r = snapshot_set_aside(kept, sizeof kept);
-	if (r == 0) {
+	int e = snapshot_set_aside(kept, sizeof kept);
+	if (e == 0) {
 		rkv_log("snapshot_rejected",
 			"\"path\":%s,\"code\":\"%s\",\"why\":%s,\"kept_as\":%s,\"action\":\"starting empty\"", js(path),
 			code, js(why), js(kept));
@@ -784,9 +809,9 @@ static void keep_rejected_snapshot(const char *path, const char *why, int err)
 	}
 	rkv_log("snapshot_rejected",
 		"\"path\":%s,\"code\":\"%s\",\"why\":%s,\"action\":\"refusing to start\",\"set_aside_error\":%s", js(path),
-		code, js(why), js(strerror(-r)));
+		code, js(why), js(strerror(-e)));
 	fprintf(stderr, "rkv: cannot load the snapshot %s (%s) nor move it aside (%s); "
-			"refusing to start, so that no save replaces it\n", path, why, strerror(-r));
+			"refusing to start, so that no save replaces it\n", path, why, strerror(-e));
 	exit(1);
 }
 
@@ -837,10 +862,11 @@ static uint64_t open_keyspace(void)
 	char path[4400];
 	snapshot_path(path, sizeof path);
 	srv.loading = true;
-	int r = snapshot_load(srv.db, &keys, &why);
+	int err = 0;
+	int r = snapshot_load(srv.db, &keys, &why, &err);
 	srv.loading = false;
-	if (r < 0)
-		keep_rejected_snapshot(path, why, r);
+	if (r != SNAP_OK)
+		snapshot_unusable(path, r, why, err);
 	else
 		rkv_log("snapshot", "\"path\":%s,\"result\":%s", js(path), js(why));
 	glue_publish(srv.db);
@@ -908,6 +934,9 @@ int main(int argc, char **argv)
 		if (stop_signal)
 			shutdown_now();
 		srv.now_ms = now_realtime_ms();
+		/* After a warm restart, a slice of the table's check, before any
+		 * request: the first may have waited in the backlog meanwhile. */
+		verifying = glue_verify_step(srv.db, 300);
 		for (int i = 0; i < nev; i++) {
 			if (ev[i].data.ptr == &listen_tag) {
 				accept_clients(srv.listen_fd);
@@ -920,7 +949,6 @@ int main(int argc, char **argv)
 			else if (ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
 				conn_readable(c);
 		}
-		verifying = glue_verify_step(srv.db, 300); /* after a warm restart: 0.3 ms slices */
 		if (srv.now_ms >= next_cron) {
 			cron();
 			next_cron = srv.now_ms + CRON_MS;

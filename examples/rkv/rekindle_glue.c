@@ -14,6 +14,7 @@
 #include "store.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +34,9 @@ int glue_init(int argc, char **argv, uint64_t arena_size)
 }
 
 /* What is wrong with the db header, or NULL: the bucket array must hold
- * the mask's buckets, or every lookup reads past it. */
+ * the mask's buckets, or every lookup reads past it; the TTL list's head
+ * and active expiry's cursor must be entries, as the first TTL change
+ * writes through the one and the next expiry cycle reads the other. */
 static const char *db_fault(const struct db *db)
 {
 	if (db->magic != RKV_DB_MAGIC || rk_usable_size(rkv_arena, db) < sizeof *db)
@@ -41,30 +44,44 @@ static const char *db_fault(const struct db *db)
 	size_t fit = rk_usable_size(rkv_arena, db->buckets) / sizeof *db->buckets;
 	if ((db->mask & (db->mask + 1)) || db->mask >= fit)
 		return "the bucket array is smaller than the table's mask";
+	if ((db->xhead && rk_usable_size(rkv_arena, db->xhead) < sizeof *db->xhead) ||
+	    (db->xcursor && rk_usable_size(rkv_arena, db->xcursor) < sizeof *db->xcursor))
+		return "a broken TTL list head";
 	return NULL;
 }
 
-/* What is wrong with entry e of bucket b, or NULL.  It must be a block of
- * the arena, checked before any field is read (a stray pointer may lead
- * past the arena's mapped end); its lengths must fit the block (a corrupt
- * vlen made every GET of it read past the block: SIGBUS, then a warm
- * restart that kept it); its hash must name bucket b.  Hashing the key
- * again would catch more, but it took half again the check's time. */
-static const char *entry_fault(const struct db *db, const struct entry *e, uint64_t b)
+/* What is wrong with e as an entry, or NULL.  It must be a block of the
+ * arena, checked before any field is read (a stray pointer may lead past
+ * the arena's mapped end); its lengths must fit the block (a corrupt vlen
+ * made every GET of it read past the block: SIGBUS, then a warm restart
+ * that kept it; a corrupt cap let a SET write past it). */
+static const char *block_fault(const struct entry *e)
 {
 	size_t usable = rk_usable_size(rkv_arena, e);
 	if (usable < sizeof *e)
 		return "an entry that is not a block of the arena";
 	if ((uint64_t)e->klen + e->vlen > e->cap || offsetof(struct entry, data) + (size_t)e->cap > usable)
 		return "an entry whose key and value lengths exceed its block";
-	if ((e->hash & db->mask) != b)
-		return "an entry in the wrong bucket";
 	return NULL;
+}
+
+/* What is wrong with entry e of bucket b, or NULL: block_fault, and its
+ * hash must name bucket b.  Hashing the key again would catch more, but it
+ * took half again the check's time. */
+static const char *entry_fault(const struct db *db, const struct entry *e, uint64_t b)
+{
+	const char *fault = block_fault(e);
+	if (fault)
+		return fault;
+	return (e->hash & db->mask) != b ? "an entry in the wrong bucket" : NULL;
 }
 
 /* Marks what the db reaches and cross-checks it: each entry intact and
  * marked once (no cycle, no sharing), the counts right, the TTL list
- * consistent.  Returns what is wrong, or NULL. */
+ * consistent.  Returns what is wrong, or NULL.  It ends on a cycle
+ * whatever the count says: rk_mark returns 0 for an entry seen before,
+ * and the TTL list walk stops after as many entries as the table has
+ * with a TTL. */
 static const char *mark_db(struct db *db)
 {
 	uint64_t n = 0, x = 0;
@@ -86,9 +103,13 @@ static const char *mark_db(struct db *db)
 	return n == db->count && x == 0 ? NULL : "the counts disagree with the table";
 }
 
-static void cold_restart(const char *why)
+void glue_check_failed(const char *why)
 {
 	static char reason[120];
+	if (srv.stopping) { /* the save at SIGTERM finished the check: exit, saving nothing */
+		rkv_log("recovery_check_failed", "\"why\":%s,\"action\":\"exit without saving\"", js(why));
+		exit(1);
+	}
 	rkv_log("recovery_check_failed", "\"why\":%s,\"action\":\"cold restart\"", js(why));
 	snprintf(reason, sizeof reason, "rkv: keyspace check failed: %s", why);
 	rk_restart_cold(reason);
@@ -99,7 +120,7 @@ static void cold_restart(const char *why)
  * Otherwise serve at once (recovery ends in O(1); the objects of the
  * request in flight at the crash leak) and check the table in slices of
  * a fraction of a millisecond from the event loop (glue_verify_step). */
-static uint64_t verify_cursor = UINT64_MAX; /* next bucket to check; MAX: none pending */
+uint64_t glue_unchecked = UINT64_MAX; /* next bucket to check; MAX: none pending */
 static double verify_started_ms;
 
 struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_bytes)
@@ -110,14 +131,14 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 	struct db *db = rk_root_get(rkv_arena, "db");
 	const char *fault = !db ? NULL : sweep ? mark_db(db) : db_fault(db);
 	if (fault)
-		cold_restart(fault);
+		glue_check_failed(fault);
 	int r = rk_finish_recovery(sweep, &st);
 	if (r < 0)
 		rkv_log("warning", "\"what\":\"rk_finish_recovery\",\"error\":%s", js(strerror(-r)));
 	*freed_objects = st.objects_freed;
 	*freed_bytes = st.bytes_freed;
 	if (db && !sweep) {
-		verify_cursor = 0;
+		glue_unchecked = 0;
 		verify_started_ms = mono_ms();
 	}
 	return db; /* NULL if the last incarnation died before publishing one */
@@ -132,36 +153,82 @@ static bool ttl_links_broken(const struct db *db, const struct entry *e)
 	return (e->xprev ? e->xprev->xnext : db->xhead) != e || (e->xnext && e->xnext->xprev != e);
 }
 
-/* Checks buckets for up to budget_us: each entry intact (entry_fault), no
- * chain longer than the count, its TTL links consistent both ways.  Local
- * checks only, so clients may change the table between two slices.  Bounded
- * by time, not by buckets: right after a restart every entry is a page
- * fault. */
-bool glue_verify_step(struct db *db, double budget_us)
+/* The most entries one chain can hold: one more than the count (a SET
+ * links its entry before it counts it), but never more than the arena's
+ * heap has room for, as the count may be corrupt too.  A longer chain
+ * meets an entry twice: a cycle, which a walk would follow forever. */
+static uint64_t chain_limit(const struct db *db)
 {
-	if (verify_cursor == UINT64_MAX || !db)
-		return false;
-	uint64_t b = verify_cursor;
-	double deadline = mono_ms() + budget_us / 1000.0;
-	for (; b <= db->mask && ((b & 255) || mono_ms() < deadline || b == verify_cursor); b++) {
-		uint64_t chain = 0;
-		for (struct entry *e = db->buckets[b]; e; e = e->next) {
-			const char *fault = entry_fault(db, e, b);
-			if (fault)
-				cold_restart(fault);
-			if (++chain > db->count + 1)
-				cold_restart("a bucket chain longer than the count: a cycle");
-			if (e->expire_ms && ttl_links_broken(db, e))
-				cold_restart("a broken TTL list link");
-		}
+	struct rk_arena_stats st;
+	uint64_t blocks = (rk_arena_stats(rkv_arena, &st) == 0 ? st.heap_bytes : srv.cfg.arena_size) /
+			  sizeof(struct entry);
+	return db->count < blocks ? db->count + 1 : blocks;
+}
+
+/* Checks the chain of bucket b: each entry intact (entry_fault, before it
+ * is followed), not more of them than chain_limit, their TTL links
+ * consistent both ways; a failure restarts cold. */
+static void check_chain(const struct db *db, uint64_t b, uint64_t limit)
+{
+	uint64_t n = 0;
+	for (const struct entry *e = db->buckets[b]; e; e = e->next) {
+		const char *fault = entry_fault(db, e, b);
+		if (fault)
+			glue_check_failed(fault);
+		if (++n > limit)
+			glue_check_failed("a bucket chain longer than the count or the arena allows: a cycle");
+		if (e->expire_ms && ttl_links_broken(db, e))
+			glue_check_failed("a broken TTL list link");
 	}
-	verify_cursor = b;
+}
+
+/* A request is about to walk bucket b, which the slices have not reached. */
+void glue_check_bucket(const struct db *db, uint64_t b)
+{
+	if (b >= glue_unchecked && b <= db->mask)
+		check_chain(db, b, chain_limit(db));
+}
+
+/* An entry reached through the TTL list (active expiry) rather than a
+ * checked chain: it must be an entry before it is read, checked or not. */
+void glue_check_ttl_entry(const struct entry *e)
+{
+	const char *fault = block_fault(e);
+	if (fault)
+		glue_check_failed(fault);
+}
+
+/* Checks buckets until the clock passes deadline_ms (at least 256 of them).
+ * Local checks only, so clients may change the table between two slices.
+ * Bounded by time, not by buckets: right after a restart every entry is a
+ * page fault. */
+static void verify_until(const struct db *db, double deadline_ms)
+{
+	uint64_t b = glue_unchecked, limit = chain_limit(db);
+	for (; b <= db->mask && ((b & 255) || mono_ms() < deadline_ms || b == glue_unchecked); b++)
+		check_chain(db, b, limit);
+	glue_unchecked = b;
 	if (b > db->mask) {
-		verify_cursor = UINT64_MAX;
+		glue_unchecked = UINT64_MAX;
 		rkv_log("verified", "\"keys\":%llu,\"verify_ms\":%.1f", (unsigned long long)db->count,
 			mono_ms() - verify_started_ms);
 	}
-	return verify_cursor != UINT64_MAX;
+}
+
+bool glue_verify_step(struct db *db, double budget_us)
+{
+	if (glue_unchecked == UINT64_MAX || !db)
+		return false;
+	verify_until(db, mono_ms() + budget_us / 1000.0);
+	return glue_unchecked != UINT64_MAX;
+}
+
+/* Whatever walks every chain (KEYS, a save, table growth, FLUSHALL)
+ * finishes the check first, in one go. */
+void glue_verify_all(struct db *db)
+{
+	if (glue_unchecked != UINT64_MAX && db)
+		verify_until(db, INFINITY);
 }
 
 void glue_publish(struct db *db) { rk_root_set(rkv_arena, "db", db); }
@@ -212,6 +279,15 @@ bool glue_verify_step(struct db *db, double budget_us)
 {
 	(void)db, (void)budget_us;
 	return false;
+}
+uint64_t glue_unchecked = UINT64_MAX;
+void glue_check_bucket(const struct db *db, uint64_t b) { (void)db, (void)b; }
+void glue_check_ttl_entry(const struct entry *e) { (void)e; }
+void glue_verify_all(struct db *db) { (void)db; }
+void glue_check_failed(const char *why)
+{
+	rkv_log("keyspace_broken", "\"why\":%s", js(why));
+	abort(); /* no preserved state: only a bug of rkv gets here */
 }
 void glue_publish(struct db *db) { (void)db; }
 void glue_ready(void) {}

@@ -81,10 +81,22 @@ void ks_active_expire(struct db *db, int64_t now, int64_t budget_us);
  * the next cursor, 0 at the end. */
 uint64_t ks_scan(struct db *db, uint64_t cursor, uint64_t count, int64_t now, void (*fn)(struct entry *, void *),
 		 void *arg);
+/* Redis's glob patterns.  A pattern matched against many keys is looked
+ * at once (ks_glob_init), then matched against each (ks_glob_match). */
+struct glob {
+	const char *p;
+	size_t pn;
+	size_t last_star;               /* just past the last star; SIZE_MAX: none */
+	size_t tail_tokens;             /* chars the pattern takes after it */
+};
+void ks_glob_init(struct glob *g, const char *p, size_t pn);
+bool ks_glob_match(const struct glob *g, const char *s, size_t sn);
 bool ks_glob(const char *pat, size_t pn, const char *s, size_t sn);
-/* For the mark traversal and the snapshot: every entry, expired or not. */
-#define KS_FOREACH(db, e)                                      \
-	for (uint64_t b_ = 0; b_ <= (db)->mask; b_++)           \
+/* For the mark traversal, KEYS and the snapshot: every entry, expired or
+ * not.  After a warm restart it finishes the check of the table first
+ * (glue_verify_all): a chain of the last incarnation may be a cycle. */
+#define KS_FOREACH(db, e)                                                      \
+	for (uint64_t b_ = (glue_verify_all(db), 0); b_ <= (db)->mask; b_++)    \
 		for (struct entry *e = (db)->buckets[b_]; e; e = e->next)
 /* Test hook: a SET that faults half-way, inside its unsafe region. */
 void ks_crash_in_mutation(struct db *db, const char *k, size_t kn);
@@ -172,6 +184,7 @@ struct server {
 	int listen_fd;
 	bool listen_inherited;
 	bool loading;
+	bool stopping;                  /* SIGTERM: saving, then exit */
 	char exe[4096];
 };
 extern struct server srv;
@@ -190,9 +203,19 @@ void command_exec(struct conn *c);
 int snapshot_save(struct db *db);     /* foreground; 0 or -errno */
 int snapshot_bgsave(struct db *db);   /* forks; 0 or -errno */
 void snapshot_reap(struct db *db);    /* collects a finished child */
-/* Loads the snapshot into db (empty); 0 if loaded or absent, -errno (db left
- * empty) if unusable; *why says what happened. */
-int snapshot_load(struct db *db, uint64_t *keys, const char **why);
+/* How snapshot_load ended.  The first two are the file's content: it can
+ * never load, and is moved aside.  The last two are the moment's: the
+ * file may be fine, and rkv refuses to start rather than replace it. */
+enum {
+	SNAP_OK = 0,             /* loaded, or no file */
+	SNAP_CORRUPT = -1,       /* torn, truncated, corrupt: not a snapshot */
+	SNAP_NOT_REGULAR = -2,   /* a directory, FIFO, socket or device */
+	SNAP_UNREADABLE = -3,    /* a system call failed with *err (EACCES, EIO, ENOMEM, ...) */
+	SNAP_NO_ROOM = -4,       /* valid, but larger than the keyspace can hold */
+};
+/* Loads the snapshot into db (empty): SNAP_OK, or a SNAP_ code with the db
+ * left empty; *why says what happened, *err the errno of SNAP_UNREADABLE. */
+int snapshot_load(struct db *db, uint64_t *keys, const char **why, int *err);
 void snapshot_path(char *out, size_t n);
 /* Moves the snapshot file that could not be loaded to
  * NAME.rejected-<unix seconds>[.N], never over an existing file, so that no
@@ -211,6 +234,19 @@ int glue_init(int argc, char **argv, uint64_t arena_size);
  * in slices from the event loop. */
 struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_bytes);
 bool glue_verify_step(struct db *db, double budget_us); /* true: more to check */
+/* While that check is pending, buckets from glue_unchecked on (UINT64_MAX:
+ * none) are not checked yet, and the chain of one may be corrupt: a cycle,
+ * an entry longer than its block.  A request checks a bucket before it
+ * walks its chain (glue_check_bucket: the slices' check of that chain),
+ * and whatever walks every chain finishes the check first
+ * (glue_verify_all).  A failure restarts cold, as the slices' does. */
+extern uint64_t glue_unchecked;
+void glue_check_bucket(const struct db *db, uint64_t b);
+void glue_verify_all(struct db *db);
+/* An entry reached through the TTL list, not a chain: a block, its lengths. */
+void glue_check_ttl_entry(const struct entry *e);
+/* Logs recovery_check_failed with why and restarts cold. */
+void glue_check_failed(const char *why) __attribute__((noreturn));
 void glue_publish(struct db *db);
 const char *glue_start_kind(void);
 const char *glue_reason(void);

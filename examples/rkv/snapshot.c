@@ -7,9 +7,9 @@
  *            (absolute unix ms, 0 = none) | key | value
  *   trailer  u8 0xFF | u64 record count | u32 CRC32C of every byte before it
  * The file is written to temp-PID.rkv, fsync'd, renamed over the old one and
- * the directory fsync'd.  A load checks the whole file (magic, version,
- * checksum, every record's bounds, the count) before it inserts one key, so
- * a torn or corrupt file is never half-loaded.
+ * the directory fsync'd.  A load reads the whole file and checks it (magic,
+ * version, checksum, every record's bounds, the count) before it inserts one
+ * key, so a torn or corrupt file is never half-loaded.
  *
  * BGSAVE cannot rely on fork's copy-on-write: the keyspace is a MAP_SHARED
  * arena, so the parent's writes would show through in the child.  The
@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -278,52 +277,103 @@ static long long verify(const uint8_t *p, size_t size, const char **why)
 	return (long long)n;
 }
 
-int snapshot_load(struct db *db, uint64_t *keys, const char **why)
+/* A system call failed: *err says which errno, *why what was being done. */
+static int unreadable(const char **why, int *err, const char *doing, int e)
+{
+	snprintf(why_buf, sizeof why_buf, "%s: %s", doing, strerror(e));
+	*why = why_buf;
+	*err = e;
+	return SNAP_UNREADABLE;
+}
+
+/* The whole file in a malloc buffer *out of *size bytes: SNAP_OK (with
+ * *out NULL if there is no file), SNAP_NOT_REGULAR or SNAP_UNREADABLE.  It is
+ * looked at before it is opened, and opened without blocking: a FIFO at
+ * the path would block open() until a writer came, a device has no
+ * business being read.  read(), not mmap: an I/O error is then EIO, not a
+ * SIGBUS in the middle of the load. */
+static int read_whole(const char *path, uint8_t **out, size_t *size, const char **why, int *err)
+{
+	struct stat sb;
+	int r, fd;
+	*out = NULL;
+	*size = 0;
+	while ((r = stat(path, &sb)) < 0 && errno == EINTR)
+		;
+	if (r < 0 && errno == ENOENT) {
+		*why = "no snapshot file";
+		return SNAP_OK;
+	}
+	if (r < 0)
+		return unreadable(why, err, "cannot stat", errno);
+	if (!S_ISREG(sb.st_mode))
+		goto not_regular;
+	while ((fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)) < 0 && errno == EINTR)
+		;
+	if (fd < 0)
+		return unreadable(why, err, "cannot open", errno);
+	if (fstat(fd, &sb) < 0) {
+		int e = errno;
+		close(fd);
+		return unreadable(why, err, "cannot fstat", e);
+	}
+	if (!S_ISREG(sb.st_mode)) { /* put there since the stat */
+		close(fd);
+		goto not_regular;
+	}
+	size_t want = (size_t)sb.st_size, got = 0;
+	uint8_t *buf = malloc(want ? want : 1);
+	if (!buf) {
+		close(fd);
+		snprintf(why_buf, sizeof why_buf, "cannot allocate %zu bytes to read it: %s", want, strerror(ENOMEM));
+		*why = why_buf;
+		*err = ENOMEM;
+		return SNAP_UNREADABLE;
+	}
+	while (got < want) {
+		ssize_t n = read(fd, buf + got, want - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			int e = errno;
+			free(buf);
+			close(fd);
+			return unreadable(why, err, "cannot read", e);
+		}
+		if (n == 0)
+			break; /* shorter than it was: verify calls it torn */
+		got += (size_t)n;
+	}
+	close(fd);
+	*out = buf;
+	*size = got;
+	return SNAP_OK;
+not_regular:
+	*why = S_ISDIR(sb.st_mode)	? "a directory, not a snapshot file"
+	       : S_ISFIFO(sb.st_mode) ? "a FIFO, not a snapshot file"
+	       : S_ISSOCK(sb.st_mode) ? "a socket, not a snapshot file"
+				      : "a device, not a snapshot file";
+	return SNAP_NOT_REGULAR;
+}
+
+int snapshot_load(struct db *db, uint64_t *keys, const char **why, int *err)
 {
 	char path[4400];
+	uint8_t *p;
+	size_t size;
 	snapshot_path(path, sizeof path);
 	*keys = 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		int err = errno;
-		if (err == ENOENT) {
-			*why = "no snapshot file";
-			return 0;
-		}
-		snprintf(why_buf, sizeof why_buf, "cannot open: %s", strerror(err));
-		*why = why_buf;
-		return -err;
-	}
-	struct stat sb;
-	if (fstat(fd, &sb) < 0) {
-		int err = errno;
-		close(fd);
-		*why = "fstat failed";
-		return -err;
-	}
-	if (!S_ISREG(sb.st_mode)) {
-		close(fd);
-		*why = S_ISDIR(sb.st_mode) ? "a directory, not a snapshot file" : "not a regular file";
-		return S_ISDIR(sb.st_mode) ? -EISDIR : -ENODEV;
-	}
-	size_t size = (size_t)sb.st_size;
-	uint8_t *p = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
-	int map_err = errno;
-	close(fd);
-	if (p == MAP_FAILED) {
-		snprintf(why_buf, sizeof why_buf, "mmap failed: %s", strerror(map_err));
-		*why = why_buf;
-		return -map_err;
-	}
-	long long n = verify(p ? p : (const uint8_t *)"", size, why);
+	*err = 0;
+	int r = read_whole(path, &p, &size, why, err);
+	if (r != SNAP_OK || !p)
+		return r;
+	long long n = verify(p, size, why);
 	if (n < 0) {
-		if (p)
-			munmap(p, size);
-		return (int)n;
+		free(p);
+		return SNAP_CORRUPT;
 	}
 	int64_t now = now_realtime_ms();
 	uint64_t skipped = 0;
-	int r = 0;
 	size_t pos = HDR_BYTES;
 	/* One region around the whole load: a fault half-way must not leave a
 	 * partial keyspace for a warm restart to keep. */
@@ -341,15 +391,17 @@ int snapshot_load(struct db *db, uint64_t *keys, const char **why)
 			continue;
 		}
 		if (!ks_set(db, k, kl, k + kl, vl, exp)) {
+			snprintf(why_buf, sizeof why_buf, "valid, but out of memory after %llu of its %lld keys (%zu bytes)",
+				 (unsigned long long)db->count, n, size);
+			*why = why_buf;
 			ks_flush(db); /* all or nothing */
-			*why = "out of memory while loading";
-			r = -ENOMEM;
+			r = SNAP_NO_ROOM;
 			break;
 		}
 	}
 	UNSAFE_END();
-	munmap(p, size);
-	if (r == 0) {
+	free(p);
+	if (r == SNAP_OK) {
 		*keys = db->count;
 		snprintf(why_buf, sizeof why_buf, "loaded %llu keys (%llu expired skipped)",
 			 (unsigned long long)db->count, (unsigned long long)skipped);

@@ -167,7 +167,8 @@ static void check_snapshot(void)
 	const char *why = "";
 	if (!copy)
 		return; /* out of memory: nothing to compare with */
-	int r = snapshot_load(copy, &keys, &why);
+	int err;
+	int r = snapshot_load(copy, &keys, &why, &err);
 	if (r < 0) {
 		fprintf(stderr, "rkv-fuzz: snapshot written by SAVE does not load: %s\n", why);
 		abort();
