@@ -117,6 +117,11 @@ static void *run_job(void *arg)
 		rk_unsafe_begin(a);
 		rk_unsafe_end(a);
 	}
+	if (a && (j->kind == ALLOC_FREE || j->kind == ALLOC_PUBLISH || j->kind == ALLOC_IN_REGION)) {
+		/* and its thread cache, and the arena's first slab: the first
+		 * allocation grows the arena (ftruncate) and claims a cache */
+		rk_free(a, rk_alloc(a, 64));
+	}
 	if (j->bar)
 		pthread_barrier_wait(j->bar);
 	(void)getppid(); /* marker: measured loop starts */
