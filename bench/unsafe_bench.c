@@ -15,6 +15,14 @@
  * an allocation and its free alone (alloc_free), then with a pair between
  * them that commits the allocation (alloc_publish).
  *
+ * Where pkeys work, the protected cases too: a nested pair, an allocation
+ * and its free inside a region and outside any, and the floor of any
+ * protected pair: two WRPKRUs alone, opening and closing the arena's key
+ * without the runtime (wrpkru_pair), and the same two WRPKRUs placed by
+ * hand around a pair on an unprotected arena (pair_then_wrpkru).  An
+ * outermost protected pair must change the rights twice, so it cannot cost
+ * less than the latter.
+ *
  * Every measured loop is bracketed by getppid() in its own thread, as
  * markers for `strace -f` (bench/run_unsafe.py counts the syscalls between
  * them: the fast path must make none).
@@ -41,6 +49,20 @@ static _Atomic uint64_t shared_counter;
 /* the pair's memory traffic without the runtime: a locked add, then a
  * release store to the same word (what begin and end do to the depth) */
 static _Alignas(64) _Atomic uint16_t private_depth[2][32];
+/* PKRU with arena_wp's key open and closed (wrpkru_pair); pkeys only */
+static uint32_t pkru_open, pkru_closed;
+
+static inline uint32_t rdpkru(void)
+{
+	uint32_t eax, edx, ecx = 0;
+	__asm__ volatile(".byte 0x0f,0x01,0xee" : "=a"(eax), "=d"(edx) : "c"(ecx));
+	return eax;
+}
+
+static inline void wrpkru(uint32_t v)
+{
+	__asm__ volatile(".byte 0x0f,0x01,0xef" : : "a"(v), "c"(0), "d"(0) : "memory");
+}
 
 static uint64_t now_ns(void)
 {
@@ -52,7 +74,18 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-enum kind { EMPTY, PAIR, NESTED, ATOMIC, LOCKADD_STORE, ALLOC_FREE, ALLOC_PUBLISH };
+enum kind {
+	EMPTY,
+	PAIR,
+	NESTED,
+	ATOMIC,
+	LOCKADD_STORE,
+	ALLOC_FREE,
+	ALLOC_PUBLISH,
+	ALLOC_IN_REGION,
+	WRPKRU_PAIR,
+	PAIR_THEN_WRPKRU
+};
 
 struct job {
 	enum kind kind;
@@ -83,6 +116,11 @@ static void *run_job(void *arg)
 	if (a) { /* claim this thread's slot outside the measurement */
 		rk_unsafe_begin(a);
 		rk_unsafe_end(a);
+	}
+	if (a && (j->kind == ALLOC_FREE || j->kind == ALLOC_PUBLISH || j->kind == ALLOC_IN_REGION)) {
+		/* and its thread cache, and the arena's first slab: the first
+		 * allocation grows the arena (ftruncate) and claims a cache */
+		rk_free(a, rk_alloc(a, 64));
 	}
 	if (j->bar)
 		pthread_barrier_wait(j->bar);
@@ -125,6 +163,29 @@ static void *run_job(void *arg)
 			__asm__ volatile("" : : "r"(p) : "memory");
 			rk_unsafe_end(a);
 			rk_free(a, p);
+		}
+		break;
+	case ALLOC_IN_REGION: /* the app's usual shape: allocate and fill inside its region */
+		for (long i = 0; i < iters; i++) {
+			rk_unsafe_begin(a);
+			void *p = rk_alloc(a, 64);
+			__asm__ volatile("" : : "r"(p) : "memory");
+			rk_free(a, p);
+			rk_unsafe_end(a);
+		}
+		break;
+	case WRPKRU_PAIR:
+		for (long i = 0; i < iters; i++) {
+			wrpkru(pkru_open);
+			wrpkru(pkru_closed);
+		}
+		break;
+	case PAIR_THEN_WRPKRU: /* a (unprotected) pair, the rights changed by hand */
+		for (long i = 0; i < iters; i++) {
+			rk_unsafe_begin(a);
+			wrpkru(pkru_open);
+			rk_unsafe_end(a);
+			wrpkru(pkru_closed);
 		}
 		break;
 	case LOCKADD_STORE: {
@@ -195,7 +256,9 @@ static void bench_case(const char *name, enum kind kind, int nthreads, rk_arena 
 	for (int r = 0; r < runs; r++) /* sorted by median() */
 		printf("%s%.3f", r ? "," : "", ns[r]);
 	printf("],\"protected\":%s,\"note\":\"%s\"}\n",
-	       (kind == PAIR || kind == NESTED) && arenas && rk_arena_write_protected(arenas[0]) ? "true" : "false",
+	       kind != EMPTY && kind != ATOMIC && kind != LOCKADD_STORE && arenas && rk_arena_write_protected(arenas[0])
+		       ? "true"
+		       : "false",
 	       note);
 	fflush(stdout);
 }
@@ -233,31 +296,59 @@ int main(int argc, char **argv)
 		perror("unsafe_bench: rk_arena_open");
 		return 1;
 	}
+	/* Protected means the CPU and kernel have pkeys: RDPKRU works.  The
+	 * PKRU values with the key open and closed, from a region. */
+	bool prot = rk_arena_write_protected(arena_wp), pku_probe = false;
+	if (prot) {
+		uint32_t before = rdpkru();
+		rk_unsafe_begin(arena_wp);
+		pkru_open = rdpkru();
+		rk_unsafe_end(arena_wp);
+		pkru_closed = rdpkru();
+		pku_probe = pkru_closed == before && pkru_open != before;
+		if (!pku_probe)
+			fprintf(stderr, "unsafe_bench: a region did not change PKRU (%#x -> %#x): no wrpkru_pair\n",
+				before, pkru_open);
+	}
 	rk_arena *one[2] = {arena_a, arena_a}, *own[2] = {arena_a, arena_b}, *wp[2] = {arena_wp, arena_wp};
-	const char *wpnote = rk_arena_write_protected(arena_wp)
-				     ? "pkeys: rdpkru+wrpkru on the outermost begin and end"
-				     : "RK_ARENA_WRITE_PROTECT requested, pkeys unavailable: fell back to unprotected";
+	const char *wpnote = prot ? "pkeys: wrpkru on the outermost begin and end"
+				  : "RK_ARENA_WRITE_PROTECT requested, pkeys unavailable: fell back to unprotected";
 	struct {
 		const char *name;
 		enum kind kind;
 		int threads;
 		rk_arena **arenas;
 		const char *note;
+		bool pkeys_only; /* not run where the arena fell back to unprotected */
 	} cases[] = {
-		{"empty_loop", EMPTY, 1, NULL, "loop overhead"},
-		{"pair", PAIR, 1, one, "rk_unsafe_begin + rk_unsafe_end"},
-		{"nested_pair", NESTED, 1, one, "begin, begin, end, end (per iteration)"},
-		{"pair_2t_own_arenas", PAIR, 2, own, "2 threads, each on its own arena"},
-		{"pair_2t_same_arena", PAIR, 2, one, "2 threads on one arena (per-thread slots)"},
-		{"atomic_add_1t", ATOMIC, 1, NULL, "atomic_fetch_add, uncontended"},
-		{"atomic_add_2t_shared", ATOMIC, 2, NULL, "atomic_fetch_add on one shared counter (contended baseline)"},
-		{"lockadd_then_store", LOCKADD_STORE, 1, NULL, "the pair's memory ops alone: locked add + release store, same word"},
-		{"pair_write_protect", PAIR, 1, wp, wpnote},
-		{"alloc_free", ALLOC_FREE, 1, one, "rk_alloc(64) + rk_free, no region"},
-		{"alloc_publish", ALLOC_PUBLISH, 1, one, "rk_alloc(64), begin, end (commits it), rk_free"},
+		{"empty_loop", EMPTY, 1, NULL, "loop overhead", false},
+		{"pair", PAIR, 1, one, "rk_unsafe_begin + rk_unsafe_end", false},
+		{"nested_pair", NESTED, 1, one, "begin, begin, end, end (per iteration)", false},
+		{"pair_2t_own_arenas", PAIR, 2, own, "2 threads, each on its own arena", false},
+		{"pair_2t_same_arena", PAIR, 2, one, "2 threads on one arena (per-thread slots)", false},
+		{"atomic_add_1t", ATOMIC, 1, NULL, "atomic_fetch_add, uncontended", false},
+		{"atomic_add_2t_shared", ATOMIC, 2, NULL, "atomic_fetch_add on one shared counter (contended baseline)", false},
+		{"lockadd_then_store", LOCKADD_STORE, 1, NULL, "the pair's memory ops alone: locked add + release store, same word", false},
+		{"pair_write_protect", PAIR, 1, wp, wpnote, false},
+		{"alloc_free", ALLOC_FREE, 1, one, "rk_alloc(64) + rk_free, no region", false},
+		{"alloc_publish", ALLOC_PUBLISH, 1, one, "rk_alloc(64), begin, end (commits it), rk_free", false},
+		{"wrpkru_pair", WRPKRU_PAIR, 1, wp, "the floor of a protected pair: WRPKRU open + WRPKRU close, no runtime", true},
+		{"pair_then_wrpkru", PAIR_THEN_WRPKRU, 1, one, "begin + WRPKRU open + end + WRPKRU close on the plain arena", true},
+		{"nested_pair_write_protect", NESTED, 1, wp, "begin, begin, end, end on the protected arena", true},
+		{"alloc_in_region", ALLOC_IN_REGION, 1, one, "begin, rk_alloc(64), rk_free, end", false},
+		{"alloc_in_region_write_protect", ALLOC_IN_REGION, 1, wp, "the same on the protected arena", true},
+		{"alloc_free_write_protect", ALLOC_FREE, 1, wp, "rk_alloc(64) + rk_free on the protected arena, no region", true},
 	};
-	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-		if (!only || strcmp(only, cases[i].name) == 0)
-			bench_case(cases[i].name, cases[i].kind, cases[i].threads, cases[i].arenas, cases[i].note);
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		if (only && strcmp(only, cases[i].name) != 0)
+			continue;
+		bool by_hand = cases[i].kind == WRPKRU_PAIR || cases[i].kind == PAIR_THEN_WRPKRU;
+		if (cases[i].pkeys_only && !(prot && (!by_hand || pku_probe))) {
+			if (only)
+				fprintf(stderr, "unsafe_bench: %s needs pkeys\n", cases[i].name);
+			continue;
+		}
+		bench_case(cases[i].name, cases[i].kind, cases[i].threads, cases[i].arenas, cases[i].note);
+	}
 	return 0;
 }

@@ -35,5 +35,6 @@ if ! python3 -c 'import pytest, redis, matplotlib' >/dev/null 2>&1; then
 	python3 -m pip install -q -r "$(dirname "$0")/../tests/requirements.txt"
 fi
 
-# QEMU and a kernel image for the pkeys emulation test (tests/test_pkeys.py).
+# QEMU and a kernel image for the pkeys emulation test (tests/test_pkeys.py),
+# only where the host CPU has no PKU (or REKINDLE_PKEYS_QEMU=1).
 bash "$(dirname "$0")/../tests/pkeys/deps.sh"

@@ -403,8 +403,13 @@ rk_arena *rk_arena_open(const char *name, size_t max_bytes);
  * state.  Every write to the arena must then be inside rk_unsafe_begin/end,
  * including the initialisation of new objects.  Threads started before the
  * arena was opened can neither read nor write it outside unsafe regions:
- * open protected arenas before starting threads.  Without pkeys (CPU or
- * kernel) the arena is unprotected, and a warning says so once. */
+ * open protected arenas before starting threads.  A thread inherits its
+ * creator's rights, so one started inside an unsafe region can write the
+ * arena until it ends a region of its own: start threads outside regions.
+ * An outermost region of a protected arena changes the rights twice (two
+ * WRPKRUs, about 35 ns on AMD Zen 3): keep such regions coarse.  Without
+ * pkeys (CPU or kernel) the arena is unprotected, and a warning says so
+ * once. */
 #define RK_ARENA_WRITE_PROTECT 0x2u
 rk_arena *rk_arena_open_flags(const char *name, size_t max_bytes, unsigned flags);
 /* True when the arena's contents come from the previous incarnation; false

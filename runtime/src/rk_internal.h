@@ -346,14 +346,19 @@ static inline void rk_pkru_write(uint32_t v) { (void)v; }
 /* Opens the arena for writing in this thread; returns what to pass to
  * rk_wp_write_end.  The key is read once, and end looks only at what begin
  * returned: another thread may protect the arena in between (it sets
- * a->pkey), and end must not then install a PKRU begin never saved. */
+ * a->pkey), and end must not then install a PKRU begin never saved.
+ * Inside an unsafe region of the arena the key is open already: no WRPKRU
+ * then, neither here nor in end (each costs 13-20 ns on AMD Zen 3, more
+ * than the allocation it brackets). */
 static inline uint32_t rk_wp_write_begin(const struct rk_arena *a)
 {
 	int key = a->pkey;
 	if (RK_LIKELY(key <= 0))
 		return RK_WP_UNCHANGED;
-	uint32_t old = rk_pkru_read();
-	rk_pkru_write(old & ~(RK_PKRU_WD(key) | RK_PKRU_AD(key)));
+	uint32_t bits = RK_PKRU_WD(key) | RK_PKRU_AD(key), old = rk_pkru_read();
+	if (!(old & bits))
+		return RK_WP_UNCHANGED;
+	rk_pkru_write(old & ~bits);
 	return old;
 }
 static inline void rk_wp_write_end(uint32_t old)

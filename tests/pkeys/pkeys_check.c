@@ -1,9 +1,10 @@
 /*
  * pkeys_check.c - functional test of RK_ARENA_WRITE_PROTECT (memory
- * protection keys) for a CPU that has PKU.  Built static and booted as /init
- * of a tiny initramfs under QEMU TCG (tests/pkeys/run_qemu.sh), where the
- * emulated CPU has PKU; on a host without PKU it checks the warned fallback
- * and skips the rest.
+ * protection keys) for a CPU that has PKU.  On a host with PKU it runs every
+ * check natively (tests/test_pkeys.py); where the host has none it is built
+ * static and booted as /init of a tiny initramfs under QEMU TCG
+ * (tests/pkeys/run_qemu.sh), whose emulated CPU has PKU, and on the host it
+ * checks the warned fallback and skips the rest.
  *
  * Without arguments it is the driver: as PID 1 it mounts /proc and /dev,
  * then runs each sub-test in a fresh process (fork + exec of itself, so each
@@ -510,6 +511,152 @@ static int test_thread(int argc, char **argv)
 	return failures;
 }
 
+/* ---- sub-test "multi": two protected arenas, handlers, threads, fork --- */
+
+static rk_arena *m_a, *m_b;
+static volatile uint64_t *m_pa, *m_pb;
+static int m_ka, m_kb;
+static struct probe m_hb, m_ha;
+static volatile uint32_t m_handler_pkru;
+
+/* Interrupts a region of m_a: a region of m_b of its own */
+static void on_usr1_other(int sig)
+{
+	(void)sig;
+	m_handler_pkru = pkru_read();
+	rk_unsafe_begin(m_b);
+	m_hb = probe_access(m_pb, true, 0xb1);
+	rk_unsafe_end(m_b);
+	m_ha = probe_access(m_pa + 1, true, 0xbad); /* the handler is not in m_a's region */
+}
+
+static struct probe m_born_before, m_born_region, m_born_after, m_born_b;
+static void *born_in_region(void *arg)
+{
+	(void)arg;
+	m_born_before = probe_access(m_pa + 2, true, 0xc1); /* the creator's PKRU, inherited */
+	rk_unsafe_begin(m_a);
+	m_born_region = probe_access(m_pa + 2, true, 0xc2);
+	rk_unsafe_end(m_a);
+	m_born_after = probe_access(m_pa + 2, true, 0xbad);
+	m_born_b = probe_access(m_pb + 2, true, 0xbad);
+	return NULL;
+}
+
+static int test_multi(int argc, char **argv)
+{
+	char b1[160], b2[160];
+	init_runtime(argc, argv, RK_OPT_NO_SIGNAL_HANDLERS);
+	if (!have_pku) {
+		printf("SKIP multi: needs PKU\n");
+		return 0;
+	}
+	install_probe_handler();
+	uint32_t p0 = pkru_read();
+	m_a = rk_arena_open_flags("wp_a", 16u << 20, RK_ARENA_WRITE_PROTECT);
+	uint32_t p1 = pkru_read();
+	m_b = rk_arena_open_flags("wp_b", 16u << 20, RK_ARENA_WRITE_PROTECT);
+	uint32_t closed = pkru_read();
+	if (!m_a || !m_b)
+		die("rk_arena_open_flags");
+	m_ka = key_from_pkru(p0, p1);
+	m_kb = key_from_pkru(p1, closed);
+	m_pa = rk_calloc(m_a, 4, sizeof(uint64_t));
+	m_pb = rk_calloc(m_b, 4, sizeof(uint64_t));
+	if (!m_pa || !m_pb || m_ka <= 0 || m_kb <= 0 || m_ka == m_kb)
+		die("setup");
+
+	/* regions of two arenas, interleaved: each end closes its own key only */
+	rk_unsafe_begin(m_a);
+	rk_unsafe_begin(m_b);
+	struct probe wa = probe_access(m_pa, true, 1), wb = probe_access(m_pb, true, 1);
+	rk_unsafe_end(m_a);
+	struct probe wa2 = probe_access(m_pa, true, 0xbad), wb2 = probe_access(m_pb, true, 2);
+	rk_unsafe_end(m_b);
+	struct probe wb3 = probe_access(m_pb, true, 0xbad);
+	CHECK(!wa.faulted && !wb.faulted && is_pku_fault(&wa2, m_ka, m_pa) && !wb2.faulted &&
+		      is_pku_fault(&wb3, m_kb, m_pb) && pkru_read() == closed && m_pa[0] == 1 && m_pb[0] == 2,
+	      "multi.interleaved", "keys %d and %d: begin a, begin b, end a (a %s, b writable), end b (b %s); PKRU 0x%08x",
+	      m_ka, m_kb, probe_str(&wa2, b1, sizeof b1), probe_str(&wb3, b2, sizeof b2), pkru_read());
+
+	/* the runtime's writers inside a region: the key stays open, PKRU as
+	 * the region set it; another arena's writer closes its key again */
+	rk_unsafe_begin(m_a);
+	uint32_t in = pkru_read();
+	void *x = rk_alloc(m_a, 100);
+	bool same = pkru_read() == in;
+	rk_free(m_a, x);
+	same &= pkru_read() == in;
+	same &= rk_root_set(m_a, "r", (void *)m_pa) == 0 && rk_root_get(m_a, "r") == m_pa && pkru_read() == in;
+	void *y = rk_alloc(m_b, 100);
+	same &= y != NULL && pkru_read() == in;
+	wa = probe_access(m_pa, true, 3);
+	wb = probe_access(m_pb, true, 0xbad);
+	rk_unsafe_end(m_a);
+	rk_free(m_b, y);
+	CHECK(same && !wa.faulted && m_pa[0] == 3 && is_pku_fault(&wb, m_kb, m_pb) && pkru_read() == closed,
+	      "multi.writers-in-region", "rk_alloc/rk_free/roots in a region of their arena leave PKRU 0x%08x; "
+	      "rk_alloc of the other arena closes its key again: %s", in, probe_str(&wb, b1, sizeof b1));
+
+	/* a handler that interrupted a region of a opens a region of b */
+	if (signal(SIGUSR1, on_usr1_other) == SIG_ERR)
+		die("signal SIGUSR1");
+	rk_unsafe_begin(m_a);
+	raise(SIGUSR1);
+	wa = probe_access(m_pa, true, 4);
+	wb = probe_access(m_pb, true, 0xbad);
+	rk_unsafe_end(m_a);
+	CHECK(!m_hb.faulted && m_pb[0] == 0xb1 && (m_handler_pkru & AD(m_ka)) && is_pku_fault(&m_ha, m_ka, m_pa + 1),
+	      "multi.handler-other-arena", "handler (entered with PKRU 0x%08x) wrote b in its region: %s; a stays "
+	      "closed to it: %s", m_handler_pkru, probe_str(&m_hb, b1, sizeof b1), probe_str(&m_ha, b2, sizeof b2));
+	CHECK(!wa.faulted && m_pa[0] == 4 && is_pku_fault(&wb, m_kb, m_pb) && pkru_read() == closed,
+	      "multi.after-handler", "after sigreturn the interrupted region of a is writable, b is closed (%s)",
+	      probe_str(&wb, b1, sizeof b1));
+
+	/* a thread created inside a region inherits the creator's PKRU (key
+	 * open) until a region of its own in that arena ends */
+	rk_unsafe_begin(m_a);
+	pthread_t t;
+	if (pthread_create(&t, NULL, born_in_region, NULL) != 0 || pthread_join(t, NULL) != 0)
+		die("pthread_create/join");
+	wa = probe_access(m_pa, true, 5);
+	rk_unsafe_end(m_a);
+	printf("INFO multi: a thread created inside a region of a, before any region of its own: %s\n",
+	       m_born_before.faulted ? "a stray write faulted" : "a stray write landed (it inherited the open key)");
+	CHECK(!m_born_region.faulted && is_pku_fault(&m_born_after, m_ka, m_pa + 2) &&
+		      is_pku_fault(&m_born_b, m_kb, m_pb + 2) && !wa.faulted && m_pa[0] == 5,
+	      "multi.thread-born-in-region", "after its own region of a: %s; b: %s; the creator's region still "
+	      "writable", probe_str(&m_born_after, b1, sizeof b1), probe_str(&m_born_b, b2, sizeof b2));
+
+	/* fork inside nested regions: the child closes the key at its
+	 * outermost end, not before */
+	fflush(stdout);
+	rk_unsafe_begin(m_a);
+	rk_unsafe_begin(m_a);
+	pid_t pid = fork();
+	if (pid < 0)
+		die("fork");
+	if (pid == 0) {
+		rk_unsafe_end(m_a);
+		struct probe c1 = probe_access(m_pa + 3, true, 6);
+		rk_unsafe_end(m_a);
+		struct probe c2 = probe_access(m_pa + 3, true, 0xbad);
+		struct probe c3 = probe_access(m_pb + 3, true, 0xbad);
+		_exit(!c1.faulted && is_pku_fault(&c2, m_ka, m_pa + 3) && is_pku_fault(&c3, m_kb, m_pb + 3) ? 0 : 1);
+	}
+	rk_unsafe_end(m_a);
+	wa = probe_access(m_pa, true, 7);
+	rk_unsafe_end(m_a);
+	int st;
+	if (waitpid(pid, &st, 0) < 0)
+		die("waitpid");
+	wa2 = probe_access(m_pa, true, 0xbad);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && !wa.faulted && is_pku_fault(&wa2, m_ka, m_pa),
+	      "multi.fork-in-nested-region", "the child: writable after its inner end, protected after its outermost "
+	      "(%s); the parent likewise", WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "ok" : "wrong");
+	return failures;
+}
+
 /* ---- sub-test "warm": (g) the runtime's handler with a protected arena -- */
 
 static volatile uintptr_t null_addr; /* 0, out of the compiler's sight */
@@ -881,9 +1028,13 @@ static int test_bench(int argc, char **argv)
 		if (rep == 0 || p3 < pr2)
 			pr2 = p3;
 	}
-	printf("INFO h.emulated: TCG timings, NOT representative of hardware: empty loop %.1f ns/iter, "
-	       "rk_unsafe_begin/end pair %.1f ns unprotected, %.1f ns protected (%s), %.1f ns nested x2 protected\n",
-	       e, pl, pr, rk_arena_write_protected(wp) ? "pkey, rdpkru+wrpkru" : "fallback: unprotected", pr2);
+	/* the driver is PID 1 only as the guest's /init */
+	bool guest = getppid() == 1;
+	printf("INFO h.%s: %s: empty loop %.1f ns/iter, rk_unsafe_begin/end pair %.1f ns unprotected, %.1f ns protected "
+	       "(%s), %.1f ns nested x2 protected\n",
+	       guest ? "emulated" : "native",
+	       guest ? "guest timings (under QEMU TCG: emulated, NOT representative of hardware)" : "on this host's CPU",
+	       e, pl, pr, rk_arena_write_protected(wp) ? "pkey, wrpkru" : "fallback: unprotected", pr2);
 	PASS("h.bench", "measured %ld unprotected and %ld protected pairs, best of 3", n, np);
 	return failures;
 }
@@ -965,6 +1116,8 @@ int main(int argc, char **argv)
 			return test_basic(argc, argv);
 		if (strcmp(argv[1], "thread") == 0)
 			return test_thread(argc, argv);
+		if (strcmp(argv[1], "multi") == 0)
+			return test_multi(argc, argv);
 		if (strcmp(argv[1], "warm") == 0)
 			return test_warm(argc, argv);
 		if (strcmp(argv[1], "prefault") == 0)
@@ -973,7 +1126,7 @@ int main(int argc, char **argv)
 			return test_stages(argc, argv);
 		if (strcmp(argv[1], "bench") == 0)
 			return test_bench(argc, argv);
-		fprintf(stderr, "usage: %s [basic|thread|warm|prefault|stages|bench]\n", argv[0]);
+		fprintf(stderr, "usage: %s [basic|thread|multi|warm|prefault|stages|bench]\n", argv[0]);
 		return 2;
 	}
 	bool pid1 = getpid() == 1;
@@ -987,6 +1140,7 @@ int main(int argc, char **argv)
 	int failed = 0;
 	failed += run_sub(argv[0], "basic", env_plain);
 	failed += run_sub(argv[0], "thread", env_plain);
+	failed += run_sub(argv[0], "multi", env_plain);
 	failed += run_sub(argv[0], "warm", env_warm);
 	failed += run_sub(argv[0], "prefault", env_warm);
 	failed += run_sub(argv[0], "stages", env_plain);

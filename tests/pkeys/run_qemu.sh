@@ -38,7 +38,8 @@ $CC -O2 -g -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Iruntime/inclu
 mkdir -p "$OUT/root/proc" "$OUT/root/dev"
 (cd "$OUT/root" && find . -print0 | cpio --null -o -H newc --quiet --owner=0:0) | gzip -1 >"$OUT/initrd.gz"
 
-# TCG (not KVM): the host CPU has no PKU, TCG emulates it with -cpu max.
+# TCG (not KVM): the host CPU has no PKU (or REKINDLE_PKEYS_QEMU=1 asked for
+# the emulated run on one that has), TCG emulates it with -cpu max.
 set +e
 timeout "${PKEYS_TIMEOUT:-120}" qemu-system-x86_64 -accel tcg -cpu "${PKEYS_CPU:-max}" -smp 2 -m 512 \
 	-nographic -no-reboot -monitor none -serial stdio -nic none \
