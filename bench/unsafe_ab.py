@@ -62,7 +62,10 @@ def machine():
 
 def run_case(binary, case, iters, runs):
     p = subprocess.run(
-        [str(binary), "-n", str(iters), "-r", str(runs), "-c", case], capture_output=True, text=True, check=False
+        [str(binary), "-n", str(iters), "-r", str(runs), "-c", case],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     rows = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
     return rows[0] if rows else None  # None: the case needs pkeys here
@@ -78,7 +81,10 @@ def main():
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES))
     ap.add_argument("--json", help="also write every row here (JSON lines)")
     a = ap.parse_args()
-    builds = {"before": Path(a.before) / "bench" / "unsafe_bench", "after": Path(a.after) / "bench" / "unsafe_bench"}
+    builds = {
+        "before": Path(a.before) / "bench" / "unsafe_bench",
+        "after": Path(a.after) / "bench" / "unsafe_bench",
+    }
     for b in builds.values():
         if not b.exists():
             print(f"{b} missing", file=sys.stderr)
@@ -101,16 +107,21 @@ def main():
     mach = machine()
     mach["loadavg_1m_start"] = round(load0, 2)
     cmd = (
-        f"python3 bench/unsafe_ab.py {a.before} {a.after} --rounds {a.rounds} --iters {a.iters} --runs {a.runs}"
+        f"python3 bench/unsafe_ab.py {a.before} {a.after} --rounds {a.rounds}"
+        f" --iters {a.iters} --runs {a.runs}"
         + ("" if a.cases == ",".join(DEFAULT_CASES) else f" --cases {a.cases}")
     )
     print(f"`{cmd}`  ")
     print(
         f"{mach['cpu']}, {mach['cpus']} CPUs, Linux {mach['kernel']}, PKU {'yes' if mach['pku'] else 'no'}, "
-        f"load average {mach['loadavg_1m_start']} at the start and {mach['loadavg_1m']} at the end (shared machine)."
+        f"load average {mach['loadavg_1m_start']} at the start and {mach['loadavg_1m']} at the end"
+        " (shared machine)."
     )
     print()
-    print("| case | before ns (median of medians) | after ns | before best | after best | before / pair | after / pair |")
+    print(
+        "| case | before ns (median of medians) | after ns | before best | after best"
+        " | before / pair | after / pair |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
 
     def m(b, c, d):

@@ -96,7 +96,10 @@ class Supervisor:
         if not self.events_path.exists():
             return []
         out = []
-        for line in self.events_path.read_text().splitlines():
+        text = self.events_path.read_text()
+        # the supervisor may be writing a line right now: only whole lines
+        whole = text[: text.rfind("\n") + 1]
+        for line in whole.splitlines():
             if not line.strip():
                 continue
             e = json.loads(line)

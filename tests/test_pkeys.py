@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 from glob import glob
+from pathlib import Path
 
 import pytest
 
@@ -76,7 +77,7 @@ GUEST_PASSES = [
 def host_has_pku():
     """PKU in the CPU and enabled by the kernel (OSPKE): pkey_alloc works."""
     try:
-        text = open("/proc/cpuinfo").read()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
     for line in text.splitlines():
@@ -163,7 +164,7 @@ def test_host(tmp_path):
 
 def test_pkeys_under_qemu():
     if host_has_pku() and not qemu_forced():
-        pytest.skip("the host has PKU: test_host ran every check natively (REKINDLE_PKEYS_QEMU=1 boots QEMU too)")
+        pytest.skip("the host has PKU: test_host ran every check natively (REKINDLE_PKEYS_QEMU=1: QEMU too)")
     if not shutil.which("qemu-system-x86_64"):
         pytest.skip("qemu-system-x86_64 not installed (bash tests/pkeys/deps.sh)")
     if not glob("/boot/vmlinuz-*"):
