@@ -122,6 +122,15 @@ void glue_check_failed(const char *why)
  * a fraction of a millisecond from the event loop (glue_verify_step). */
 uint64_t glue_unchecked = UINT64_MAX; /* next bucket to check; MAX: none pending */
 static double verify_started_ms;
+/* chain_limit() as of the last slice: a request's check uses it (computing
+ * it reads every thread cache's line of the arena header, ~10 us a GET) */
+static uint64_t request_chain_limit;
+/* Buckets a request checked ahead of the slices (one bit each): checked
+ * once, not at every request that walks them.  NULL if it could not be
+ * allocated (then a request checks its chain every time). */
+static uint64_t *request_checked;
+static uint64_t request_checked_mask; /* the table's mask it was sized for */
+static uint64_t chain_limit(const struct db *db);
 
 struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_bytes)
 {
@@ -140,6 +149,9 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 	if (db && !sweep) {
 		glue_unchecked = 0;
 		verify_started_ms = mono_ms();
+		request_chain_limit = chain_limit(db);
+		request_checked = calloc((db->mask >> 6) + 1, sizeof *request_checked);
+		request_checked_mask = db->mask;
 	}
 	return db; /* NULL if the last incarnation died before publishing one */
 }
@@ -185,8 +197,14 @@ static void check_chain(const struct db *db, uint64_t b, uint64_t limit)
 /* A request is about to walk bucket b, which the slices have not reached. */
 void glue_check_bucket(const struct db *db, uint64_t b)
 {
-	if (b >= glue_unchecked && b <= db->mask)
-		check_chain(db, b, chain_limit(db));
+	if (b < glue_unchecked || b > db->mask)
+		return;
+	bool known = request_checked && db->mask == request_checked_mask;
+	if (known && (request_checked[b >> 6] >> (b & 63) & 1))
+		return; /* checked already; a change since went through a region of ours */
+	check_chain(db, b, request_chain_limit);
+	if (known)
+		request_checked[b >> 6] |= 1ull << (b & 63);
 }
 
 /* An entry reached through the TTL list (active expiry) rather than a
@@ -210,6 +228,8 @@ static void verify_until(const struct db *db, double deadline_ms)
 	glue_unchecked = b;
 	if (b > db->mask) {
 		glue_unchecked = UINT64_MAX;
+		free(request_checked);
+		request_checked = NULL;
 		rkv_log("verified", "\"keys\":%llu,\"verify_ms\":%.1f", (unsigned long long)db->count,
 			mono_ms() - verify_started_ms);
 	}
@@ -219,6 +239,7 @@ bool glue_verify_step(struct db *db, double budget_us)
 {
 	if (glue_unchecked == UINT64_MAX || !db)
 		return false;
+	request_chain_limit = chain_limit(db); /* the count and the heap grow as clients write */
 	verify_until(db, mono_ms() + budget_us / 1000.0);
 	return glue_unchecked != UINT64_MAX;
 }
