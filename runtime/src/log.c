@@ -148,10 +148,6 @@ void rk_ev_end(struct rk_ev *e)
 	}
 }
 
-#ifndef SEGV_PKUERR
-#define SEGV_PKUERR 4
-#endif
-
 /* What the kernel says about a fault (si_code): SEGV_PKUERR names a stray
  * write into a write-protected arena, SEGV_MAPERR a wild pointer, ... */
 const char *rk_si_code_name(int sig, int code)

@@ -218,9 +218,6 @@ static int preserved_owner(uint64_t addr)
 	return -1;
 }
 
-#ifndef SEGV_PKUERR
-#define SEGV_PKUERR 4
-#endif
 /* An identical fault outside preserved memory (same signal, kind and
  * address) goes cold only the third time in a row: a wild pointer kept in
  * preserved data faults at the same address each time, but so does a bug

@@ -52,6 +52,9 @@ size_t rk_strlcpy(char *dst, const char *src, size_t cap) RK_HIDDEN;
 size_t rk_strlcat(char *dst, const char *src, size_t cap) RK_HIDDEN;
 size_t rk_fmt_u64(char *dst, uint64_t v) RK_HIDDEN;
 const char *rk_signame(int sig) RK_HIDDEN;
+#ifndef SEGV_PKUERR
+#define SEGV_PKUERR 4 /* a protection-key fault; older libc headers lack it */
+#endif
 /* si_code by name ("SEGV_PKUERR", "SI_USER", ...). Async-signal-safe. */
 const char *rk_si_code_name(int sig, int code) RK_HIDDEN;
 

@@ -61,6 +61,12 @@ fn c_layout() -> HashMap<String, u64> {
     parse(&probe_output())
 }
 
+/// The probe's value of name; a name it did not print fails the test.
+fn want(c: &HashMap<String, u64>, name: &str) -> u64 {
+    *c.get(name)
+        .unwrap_or_else(|| panic!("the probe printed no {name}"))
+}
+
 fn parse(out: &str) -> HashMap<String, u64> {
     out.lines()
         .filter_map(|l| {
@@ -73,11 +79,7 @@ fn parse(out: &str) -> HashMap<String, u64> {
 #[test]
 fn rust_constants_match_the_c_headers() {
     let c = c_layout();
-    let want = |name: &str| -> u64 {
-        *c.get(name)
-            .unwrap_or_else(|| panic!("the probe printed no {name}"))
-    };
-    let same = |name: &str, rust: u64| assert_eq!(rust, want(name), "{name}: Rust {rust}");
+    let same = |name: &str, rust: u64| assert_eq!(rust, want(&c, name), "{name}: Rust {rust}");
     same("CONTROL_MAGIC", cb::MAGIC);
     same("CONTROL_VERSION", cb::VERSION as u64);
     same("CONTROL_SIZE", cb::SIZE as u64);
@@ -118,7 +120,7 @@ fn rust_constants_match_the_c_headers() {
         ("CONTROL_STATE_RESTARTING", "restarting"),
     ] {
         assert_eq!(
-            cb::CtlState::from_raw(want(name) as u32).as_str(),
+            cb::CtlState::from_raw(want(&c, name) as u32).as_str(),
             words,
             "{name}"
         );
@@ -136,12 +138,7 @@ fn rust_constants_match_the_c_headers() {
 #[test]
 fn inspect_reads_the_arena_as_the_c_headers_lay_it_out() {
     let c = c_layout();
-    let same = |name: &str, rust: u64| {
-        let want = *c
-            .get(name)
-            .unwrap_or_else(|| panic!("the probe printed no {name}"));
-        assert_eq!(rust, want, "{name}: Rust {rust}");
-    };
+    let same = |name: &str, rust: u64| assert_eq!(rust, want(&c, name), "{name}: Rust {rust}");
     for (name, rust) in [
         ("ARENA_OFF_PAGE_SIZE", ins::OFF_PAGE_SIZE),
         ("ARENA_OFF_LAYOUT", ins::OFF_LAYOUT),
@@ -217,10 +214,7 @@ fn inspect_computes_the_runtimes_size_classes_and_layout_hash() {
     let sizes = ins::class_sizes();
     for (i, s) in sizes.iter().enumerate() {
         let name = format!("CLASS_SIZE_{i}");
-        let want = c
-            .get(&name)
-            .unwrap_or_else(|| panic!("the probe printed no {name}"));
-        assert_eq!(*s as u64, *want, "{name}");
+        assert_eq!(*s as u64, want(&c, &name), "{name}");
     }
     assert!(
         !c.contains_key(&format!("CLASS_SIZE_{}", sizes.len())),

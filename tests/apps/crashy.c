@@ -164,6 +164,18 @@ static int fd_named(const char *prefix)
 	return -1;
 }
 
+/* A stray write over the magic of the memfd whose link starts with prefix. */
+static void flip_magic(const char *prefix, const char *what)
+{
+	int fd = fd_named(prefix);
+	uint64_t magic = 0;
+	if (fd < 0 || pread(fd, &magic, sizeof magic, 0) != sizeof magic)
+		fprintf(stderr, "crashy: no %s to corrupt\n", what);
+	magic ^= 0x5a;
+	if (fd >= 0 && pwrite(fd, &magic, sizeof magic, 0) != sizeof magic)
+		fprintf(stderr, "crashy: corrupt %s: %s\n", what, strerror(errno));
+}
+
 /* --wp: an object in a write-protected arena "wp", rooted as "obj" */
 static volatile uint64_t *wp_obj;
 
@@ -249,24 +261,12 @@ static void die_as(const char *kind, rk_arena *a)
 		/* a wild write over the (supervisor's) control block, where
 		 * unsafe regions are counted: the restart cannot tell whether
 		 * one was open */
-		int fd = fd_named("/memfd:rekindle:control");
-		uint64_t magic = 0;
-		if (fd < 0 || pread(fd, &magic, sizeof magic, 0) != sizeof magic)
-			fprintf(stderr, "crashy: no shared control block to corrupt\n");
-		magic ^= 0x5a;
-		if (fd >= 0 && pwrite(fd, &magic, sizeof magic, 0) != sizeof magic)
-			perror("crashy: corrupt control block");
+		flip_magic("/memfd:rekindle:control", "shared control block");
 		*null_ptr = 1;
 	} else if (!strcmp(kind, "corrupt-manifest")) {
 		/* what the next incarnation reads is not a manifest (the restart
 		 * recomputes the checksum, not the magic) */
-		int fd = fd_named("/memfd:rekindle:manifest");
-		uint64_t magic = 0;
-		if (fd < 0 || pread(fd, &magic, sizeof magic, 0) != sizeof magic)
-			fprintf(stderr, "crashy: no manifest to corrupt\n");
-		magic ^= 0x5a;
-		if (fd >= 0 && pwrite(fd, &magic, sizeof magic, 0) != sizeof magic)
-			perror("crashy: corrupt manifest");
+		flip_magic("/memfd:rekindle:manifest", "manifest");
 		*null_ptr = 1;
 	} else if (!strcmp(kind, "exit")) {
 		exit(0);
