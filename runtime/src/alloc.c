@@ -283,8 +283,9 @@ static void run_punch(struct rk_arena *a, uint64_t page, uint64_t npages)
 	if (atomic_load_explicit(&rk_g.no_punch, memory_order_relaxed))
 		return;
 	/* Give the memory back; a failure only costs memory, so it is not fatal. */
-	(void)fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(page * RK_PAGE),
-			(off_t)(npages * RK_PAGE));
+	if (fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(page * RK_PAGE),
+		      (off_t)(npages * RK_PAGE)) == 0)
+		rk_snapshot_note_punch(a->hdr->base + page * RK_PAGE, npages); /* no scan sees a hole */
 }
 
 /* ---- memory above the heap top (heap_lock held) ----------------------------

@@ -539,10 +539,10 @@ static bool others_open(void)
 	return false;
 }
 
-void rk_unsafe_freeze(uint64_t timeout_ns)
+bool rk_unsafe_freeze(uint64_t timeout_ns)
 {
 	if (!rk_ctl)
-		return;
+		return true;
 	int none = FREEZE_NONE; /* a second freeze of the same restart stays closed */
 	(void)atomic_compare_exchange_strong(&unsafe_freezing, &none, FREEZE_DRAIN);
 	freeze_barrier(); /* then look at the counters */
@@ -556,6 +556,7 @@ void rk_unsafe_freeze(uint64_t timeout_ns)
 	 * open, none can open (the next entry would be outermost). */
 	if (busy)
 		freeze_barrier();
+	return !busy;
 }
 
 void rk_unsafe_thaw(void)

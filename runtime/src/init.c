@@ -188,6 +188,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 	log_start();
 	rk_sup_hello();
 	rk_manifest_offer_spare(inherited_manifest_fd, rk_sup_send_fds() == 0);
+	rk_snapshot_agent_start();
 	return 0;
 }
 

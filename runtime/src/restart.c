@@ -453,11 +453,11 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 	struct rk_verdict v = rk_decide(&f);
 	if (v.warm) {
 		/* Let other threads finish what they are changing, then look. */
-		rk_unsafe_freeze(50ull * 1000 * 1000);
+		(void)rk_unsafe_freeze(50ull * 1000 * 1000);
 		(void)rk_allocator_freeze(50ull * 1000 * 1000);
 		/* A thread may have counted itself into an allocator critical
 		 * section just before the allocator froze; it leaves at once. */
-		rk_unsafe_freeze(50ull * 1000 * 1000);
+		(void)rk_unsafe_freeze(50ull * 1000 * 1000);
 		gather_region_facts(sig, ignore, &f);
 		v = rk_decide(&f);
 	}

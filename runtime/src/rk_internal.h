@@ -524,8 +524,9 @@ void rk_control_set_state(enum rk_ctl_state state) RK_HIDDEN;
 void rk_control_name_arenas(void) RK_HIDDEN; /* and the independent mask */
 /* Async-signal-safe.  Stops new unsafe regions and waits up to timeout for
  * other threads' open ones to close (nested entries go through meanwhile);
- * from its return on, every entry waits until the thaw. */
-void rk_unsafe_freeze(uint64_t timeout_ns) RK_HIDDEN;
+ * from its return on, every entry waits until the thaw.  True if none of
+ * the other threads' regions is open at the return. */
+bool rk_unsafe_freeze(uint64_t timeout_ns) RK_HIDDEN;
 void rk_unsafe_thaw(void) RK_HIDDEN; /* the restart failed: wakes the waiting threads */
 /* A thread a freeze stops waits while *flag is set; the thaw clears it and
  * wakes every waiter (futex, async-signal-safe; the allocator's too). */
@@ -678,5 +679,70 @@ void rk_exec_pool_release(void) RK_HIDDEN; /* just before execve; async-signal-s
 
 /* ---- signals.c: the fatal-signal and restart-signal handlers ---- */
 int rk_signals_install(void) RK_HIDDEN;
+
+/* ---- snapshot_agent.c: the app's side of durable snapshots -------------
+ * With `rekindle run --snapshot-dir`, a thread of the runtime tracks which
+ * preserved pages are written (userfaultfd async write-protect, Linux 6.7+)
+ * and, on the supervisor's request, reports them (PAGEMAP_SCAN, which
+ * write-protects them again in the same call) and takes the consistent cut:
+ * no unsafe region or allocator section open while the supervisor copies
+ * the pages written since the last report.  It talks on its own socket pair
+ * ($REKINDLE_SNAPSHOT_FD, the framing of supervisor_link.c) and fills a
+ * shared buffer (a memfd it hands over) whose layout is below; the
+ * supervisor's side is supervisor/src/snapshot/agent_link.rs, and
+ * supervisor/tests/layout.rs checks both against each other. */
+#define RK_SNAP_BUF_MAGIC 0x3146554250414e53ull /* "SNAPBUF1" */
+#define RK_SNAP_BUF_VERSION 1u
+#define RK_SNAP_MAX_REGIONS (RK_MAX_ARENAS + RK_MAX_RANGES)
+#define RK_SNAP_VEC_CAP 65536u   /* runs of written pages per report */
+#define RK_SNAP_PUNCH_CAP 65536u /* holes punched between two cuts */
+
+enum rk_snap_region_kind { RK_SNAP_ARENA = 1, RK_SNAP_RANGE = 2 };
+#define RK_SNAP_REGION_NEW 0x1u /* registered by this report: its pages were never reported */
+
+struct rk_snap_region {
+	uint32_t kind;  /* enum rk_snap_region_kind (the FDS kind of its memfd) */
+	uint32_t flags; /* RK_SNAP_REGION_* */
+	char name[48];  /* the FDS name of its memfd */
+	uint64_t addr, len; /* where it is mapped: page p is the memfd's page p */
+	uint32_t first, count; /* its runs in the vector of this report */
+};
+
+/* A hole the allocator punched in an arena (the pages read as zeros now,
+ * but the punch writes no page table entry a scan could see). */
+struct rk_snap_punch {
+	uint64_t addr;
+	uint64_t pages;
+};
+
+struct rk_snap_buf {
+	uint64_t magic;
+	uint32_t version, size;
+	uint64_t regions_off, vec_off, punch_off, manifest_off;
+	uint32_t vec_cap, punch_cap, manifest_cap, reserved;
+	/* the report's contents */
+	uint32_t nregions, nvec, manifest_len, npunch;
+	/* written by the allocator's punches between cuts */
+	_Atomic uint32_t punch_head;
+	_Atomic uint32_t punch_overflow;
+};
+
+/* The status of a report (DIRTY, RELEASED); the supervisor's reason codes
+ * for a snapshot that did not happen name them. */
+enum rk_snap_status {
+	RK_SNAP_OK = 0,
+	RK_SNAP_REGION_OPEN = 1,    /* an unsafe region or allocator section stayed open */
+	RK_SNAP_RESTARTING = 2,     /* a restart of the app is under way */
+	RK_SNAP_LAYOUT_CHANGING = 3, /* the arena list was being rewritten */
+	RK_SNAP_SCAN_FAILED = 4,    /* PAGEMAP_SCAN or UFFDIO_REGISTER failed (errno in detail) */
+	RK_SNAP_STOP_TIMEOUT = 5,   /* the supervisor did not release the cut in time: thawed anyway */
+	RK_SNAP_BAD_REQUEST = 6,
+	RK_SNAP_UNAVAILABLE = 7,    /* no dirty tracking in this process (errno in detail) */
+};
+
+/* Starts the agent if $REKINDLE_SNAPSHOT_FD is set (end of rk_init). */
+void rk_snapshot_agent_start(void) RK_HIDDEN;
+/* The allocator punched [addr, addr + pages * RK_PAGE) out of an arena. */
+void rk_snapshot_note_punch(uint64_t addr, uint64_t pages) RK_HIDDEN;
 
 #endif
