@@ -58,6 +58,8 @@ pub enum StoreError {
         since: String,
         id: String,
     },
+    #[error("{path}: the reader closed the stream")]
+    OutputClosed { path: PathBuf },
     #[error("{path}: stream is not a rekindle snapshot stream: {detail}")]
     StreamForeign { path: PathBuf, detail: String },
     #[error("{path}: stream corrupt: {detail}")]
@@ -87,6 +89,7 @@ impl StoreError {
             StoreError::Locked { .. } => "locked",
             StoreError::InvalidArgument { .. } => "invalid_argument",
             StoreError::NotAncestor { .. } => "not_ancestor",
+            StoreError::OutputClosed { .. } => "output_closed",
             StoreError::StreamForeign { .. } => "stream_foreign",
             StoreError::StreamCorrupt { .. } => "stream_corrupt",
             StoreError::StreamTruncated { .. } => "stream_truncated",
@@ -113,6 +116,7 @@ impl StoreError {
             | StoreError::Locked { path }
             | StoreError::InvalidArgument { path, .. }
             | StoreError::NotAncestor { path, .. }
+            | StoreError::OutputClosed { path }
             | StoreError::StreamForeign { path, .. }
             | StoreError::StreamCorrupt { path, .. }
             | StoreError::StreamTruncated { path, .. } => path,

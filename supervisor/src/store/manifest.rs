@@ -172,7 +172,7 @@ impl Manifest {
             detail,
         };
         // the checksum line: {"blake3":"<64 hex>"}\n, exactly
-        const LINE: usize = 12 + 64 + 3;
+        const LINE: usize = 11 + 64 + 3;
         let truncated = StoreError::ManifestTruncated {
             path: path.to_path_buf(),
         };

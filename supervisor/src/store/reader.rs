@@ -242,13 +242,16 @@ impl SnapshotReader {
         let total = slots.len() as u64;
         let mut buf = vec![0u8; PAGE];
         let fd_path = Path::new("<restore fd>");
+        let size = self.regions[region as usize].size;
         for (i, s) in slots.iter().enumerate() {
             let (path, file) = &self.packs[s.pack as usize];
             read_chunk(file, path, &s.entry, &mut buf)?;
             let off = (s.page * PAGE as u64) as i64;
+            // the last page of a region whose size is not a page multiple
+            let len = (size - s.page * PAGE as u64).min(PAGE as u64) as usize;
             let mut done = 0;
-            while done < PAGE {
-                let n = nix::sys::uio::pwrite(out_fd, &buf[done..], off + done as i64)
+            while done < len {
+                let n = nix::sys::uio::pwrite(out_fd, &buf[done..len], off + done as i64)
                     .map_err(|e| super::error::io_err("pwrite", fd_path, &std::io::Error::from(e)))?;
                 if n == 0 {
                     return Err(super::error::io_err("pwrite", fd_path, &std::io::Error::from(std::io::ErrorKind::WriteZero)));

@@ -52,6 +52,9 @@ fn stdout_path() -> PathBuf {
 }
 
 fn write_io(e: std::io::Error) -> StoreError {
+    if e.kind() == ErrorKind::BrokenPipe {
+        return StoreError::OutputClosed { path: stdout_path() };
+    }
     super::error::io_err("write", &stdout_path(), &e)
 }
 
