@@ -23,3 +23,5 @@ pub mod runtime_dir;
 pub mod signame;
 pub mod spawn;
 pub mod supervisor;
+pub mod store;
+pub mod store_cli;

@@ -37,6 +37,7 @@ fn main() {
         } => client::restart(&name, cold),
         Command::Stop { name } => client::stop(&name),
         Command::Inspect { name, json } => client::inspect(&name, json),
+        Command::Store(c) => Ok(rekindle::store_cli::run(c)),
     };
     match r {
         Ok(code) => std::process::exit(code),

@@ -1,0 +1,100 @@
+//! The store's I/O steps (write, fsync, rename, unlink), each counted for
+//! the test-only fault hook: with `REKINDLE_STORE_FAULT_AT=N` in the
+//! environment the process aborts (SIGABRT, no cleanup) just before its
+//! Nth step, so tests can kill a writer at every point deterministically.
+//! `REKINDLE_STORE_FAULT_TRACE=1` prints each step to stderr (to count them).
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::error::{StoreError, io_at};
+
+static STEP: AtomicU64 = AtomicU64::new(0);
+
+fn fault_at() -> Option<u64> {
+    static AT: OnceLock<Option<u64>> = OnceLock::new();
+    *AT.get_or_init(|| {
+        std::env::var("REKINDLE_STORE_FAULT_AT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    })
+}
+
+fn trace() -> bool {
+    static T: OnceLock<bool> = OnceLock::new();
+    *T.get_or_init(|| std::env::var_os("REKINDLE_STORE_FAULT_TRACE").is_some())
+}
+
+/// Counts one I/O step; aborts the process at the configured one.
+pub fn step(what: &str, path: &Path) {
+    let n = STEP.fetch_add(1, Ordering::Relaxed) + 1;
+    if trace() {
+        eprintln!("store-step {n} {what} {}", path.display());
+    }
+    if fault_at() == Some(n) {
+        eprintln!(
+            "rekindle: REKINDLE_STORE_FAULT_AT={n}: aborting before {what} {}",
+            path.display()
+        );
+        std::process::abort();
+    }
+}
+
+/// Creates a new file for writing (fails if it exists), mode 0644.
+pub fn create_new(path: &Path) -> Result<File, StoreError> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+        .map_err(io_at("create", path))
+}
+
+pub fn write_all(f: &mut File, path: &Path, data: &[u8]) -> Result<(), StoreError> {
+    step("write", path);
+    f.write_all(data).map_err(io_at("write", path))
+}
+
+pub fn fsync(f: &File, path: &Path) -> Result<(), StoreError> {
+    step("fsync", path);
+    f.sync_all().map_err(io_at("fsync", path))
+}
+
+pub fn rename(from: &Path, to: &Path) -> Result<(), StoreError> {
+    step("rename", to);
+    std::fs::rename(from, to).map_err(io_at("rename", to))
+}
+
+pub fn unlink(path: &Path) -> Result<(), StoreError> {
+    step("unlink", path);
+    std::fs::remove_file(path).map_err(io_at("unlink", path))
+}
+
+pub fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
+    step("fsync-dir", dir);
+    let f = File::open(dir).map_err(io_at("open", dir))?;
+    f.sync_all().map_err(io_at("fsync", dir))
+}
+
+/// Writes a whole small file and fsyncs it (the caller renames it).
+pub fn write_file_durable(path: &Path, data: &[u8]) -> Result<(), StoreError> {
+    let _ = std::fs::remove_file(path); // a leftover of a crashed write
+    let mut f = create_new(path)?;
+    write_all(&mut f, path, data)?;
+    fsync(&f, path)
+}
+
+/// Publishes `data` at `to` atomically: temp file, fsync, rename.  The
+/// caller fsyncs the directory.
+pub fn publish_file(tmp: &Path, to: &Path, data: &[u8]) -> Result<(), StoreError> {
+    write_file_durable(tmp, data)?;
+    if let Err(e) = rename(tmp, to) {
+        let _ = std::fs::remove_file(tmp);
+        return Err(e);
+    }
+    Ok(())
+}

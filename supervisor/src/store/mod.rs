@@ -1,0 +1,360 @@
+//! The snapshot store: a directory of content-addressed, zstd-compressed
+//! 4 KiB page chunks in pack files, one manifest and page map per snapshot,
+//! published atomically.  docs/store.md describes the format and its rules.
+//!
+//! ```text
+//! DIR/FORMAT                      "rekindle-store", "version 1"
+//! DIR/lock                        flock: one writer at a time
+//! DIR/packs/<id>.pack             chunks one snapshot added, index, trailer
+//! DIR/snapshots/<id>.json         manifest (JSON, checksum line last)
+//! DIR/snapshots/<id>-<h>.map      its page map (binary, zstd)
+//! DIR/tmp/                        files being written (leftovers of a crash)
+//! ```
+
+pub mod error;
+pub mod format;
+pub mod fsio;
+pub mod gc;
+pub mod manifest;
+pub mod map;
+pub mod pack;
+pub mod reader;
+pub mod stream;
+pub mod verify;
+pub mod writer;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::fcntl::{Flock, FlockArg};
+
+pub use error::StoreError;
+pub use format::{Hash, PAGE, SnapshotId};
+pub use gc::{GcReport, Retention};
+pub use manifest::{Manifest, RegionKind, RegionMeta, SnapshotInfo};
+pub use reader::SnapshotReader;
+pub use verify::{VerifyReport, VerifyStatus};
+pub use writer::{NewSnapshot, SnapshotWriter, WriteStats};
+
+use error::io_at;
+use format::{PACKS, SNAPSHOTS, TMP};
+use pack::IndexEntry;
+
+/// What a long operation reports as it goes (for a progress line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub phase: Phase,
+    pub done: u64,
+    pub total: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    VerifyPacks,
+    VerifySnapshots,
+    Gc,
+    Restore,
+    Send,
+    Recv,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::VerifyPacks => "verify packs",
+            Phase::VerifySnapshots => "verify snapshots",
+            Phase::Gc => "gc",
+            Phase::Restore => "restore",
+            Phase::Send => "send",
+            Phase::Recv => "recv",
+        }
+    }
+}
+
+/// Where a chunk lives: which of the store's packs, and its index entry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Loc {
+    pub pack: u32,
+    pub entry: IndexEntry,
+}
+
+/// One pack file known to the store; a pack that failed to load keeps its
+/// error, returned to every snapshot that needs it.
+pub(crate) struct PackSlot {
+    pub name: String,
+    pub path: PathBuf,
+    pub state: Result<Arc<File>, StoreError>,
+    pub chunks: u64,
+}
+
+/// A manifest file found in `snapshots/`, loaded or not.
+pub struct Listed {
+    pub id: SnapshotId,
+    pub path: PathBuf,
+    pub manifest: Result<Manifest, StoreError>,
+}
+
+/// An open store directory.
+pub struct Store {
+    dir: PathBuf,
+    packs: Vec<PackSlot>,
+    by_name: HashMap<String, u32>,
+    index: HashMap<Hash, Loc>,
+}
+
+impl Store {
+    /// Opens the store at `dir`, creating it (and `dir`) if it does not
+    /// exist.  An existing directory that is not empty and has no `FORMAT`
+    /// is refused (`store_foreign`).
+    pub fn create_or_open(dir: &Path) -> Result<Store, StoreError> {
+        if !dir.join(format::FORMAT_FILE).exists() {
+            std::fs::create_dir_all(dir).map_err(io_at("mkdir", dir))?;
+            let mut rd = std::fs::read_dir(dir).map_err(io_at("read", dir))?;
+            if rd.next().is_some() {
+                return Err(StoreError::Foreign {
+                    path: dir.to_path_buf(),
+                    detail: "not empty and has no FORMAT file".into(),
+                });
+            }
+            for sub in [TMP, PACKS, SNAPSHOTS] {
+                let p = dir.join(sub);
+                std::fs::create_dir_all(&p).map_err(io_at("mkdir", &p))?;
+            }
+            format::write_format(dir)?;
+        }
+        Store::open(dir)
+    }
+
+    /// Opens an existing store; loads every pack's index (not its chunks).
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        if !dir.is_dir() {
+            return Err(StoreError::NotFound {
+                path: dir.to_path_buf(),
+                what: "store directory".into(),
+            });
+        }
+        let fmt = dir.join(format::FORMAT_FILE);
+        if !fmt.exists() {
+            return Err(StoreError::Foreign {
+                path: dir.to_path_buf(),
+                detail: "no FORMAT file".into(),
+            });
+        }
+        format::check_format(dir)?;
+        let mut s = Store {
+            dir: dir.to_path_buf(),
+            packs: Vec::new(),
+            by_name: HashMap::new(),
+            index: HashMap::new(),
+        };
+        s.refresh_packs()?;
+        Ok(s)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub(crate) fn sub(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Names in a sub-directory ending in `suffix` (sorted); a directory a
+    /// backup dropped because it was empty counts as empty.
+    pub(crate) fn names(&self, sub: &str, suffix: &str) -> Result<Vec<String>, StoreError> {
+        let d = self.sub(sub);
+        let rd = match std::fs::read_dir(&d) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_at("read", &d)(e)),
+        };
+        let mut out = Vec::new();
+        for ent in rd {
+            let ent = ent.map_err(io_at("read", &d))?;
+            if let Some(n) = ent.file_name().to_str()
+                && n.ends_with(suffix)
+                && !n.starts_with('.')
+            {
+                out.push(n.to_string());
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Brings the pack list and the chunk index up to date with `packs/`
+    /// (another process may have added or collected packs).
+    pub(crate) fn refresh_packs(&mut self) -> Result<(), StoreError> {
+        let names = self.names(PACKS, ".pack")?;
+        let gone = self.packs.iter().any(|p| names.binary_search(&p.name).is_err());
+        if gone {
+            self.packs.clear();
+            self.by_name.clear();
+            self.index.clear();
+        }
+        for n in names {
+            if !self.by_name.contains_key(&n) {
+                self.add_pack(n);
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads one pack's index into the store's (a failed load is kept).
+    pub(crate) fn add_pack(&mut self, name: String) -> u32 {
+        let path = self.sub(PACKS).join(&name);
+        let id = self.packs.len() as u32;
+        let (state, chunks) = match pack::load(&path) {
+            Ok(lp) => {
+                for e in &lp.entries {
+                    self.index.entry(e.hash).or_insert(Loc { pack: id, entry: *e });
+                }
+                (Ok(Arc::new(lp.file)), lp.entries.len() as u64)
+            }
+            Err(e) => (Err(e), 0),
+        };
+        self.packs.push(PackSlot {
+            name: name.clone(),
+            path,
+            state,
+            chunks,
+        });
+        self.by_name.insert(name, id);
+        id
+    }
+
+    /// Every manifest file in `snapshots/`, oldest first, loaded or with
+    /// the error that stopped it.
+    pub fn list_all(&self) -> Result<Vec<Listed>, StoreError> {
+        let dir = self.sub(SNAPSHOTS);
+        Ok(self
+            .names(SNAPSHOTS, ".json")?
+            .into_iter()
+            .map(|n| {
+                let path = dir.join(&n);
+                let id = SnapshotId(n.trim_end_matches(".json").to_string());
+                let manifest = manifest::load(&path);
+                Listed { id, path, manifest }
+            })
+            .collect())
+    }
+
+    /// The snapshots whose manifests load, oldest first (`verify` reports
+    /// the others; `rekindle snapshots` lists them as broken).
+    pub fn list(&self) -> Result<Vec<SnapshotInfo>, StoreError> {
+        Ok(self
+            .list_all()?
+            .into_iter()
+            .filter_map(|l| l.manifest.ok().map(|m| m.info()))
+            .collect())
+    }
+
+    pub fn latest(&self) -> Result<Option<SnapshotInfo>, StoreError> {
+        Ok(self.list()?.pop())
+    }
+
+    /// `""` or `"latest"`: the newest snapshot; an id; or a tag (the
+    /// newest snapshot carrying it).
+    pub fn resolve(&self, spec: &str) -> Result<SnapshotId, StoreError> {
+        let not_found = || StoreError::NotFound {
+            path: self.sub(SNAPSHOTS),
+            what: format!("snapshot {spec:?}"),
+        };
+        if spec.is_empty() || spec == "latest" {
+            return self.latest()?.map(|i| i.id).ok_or_else(not_found);
+        }
+        let id = SnapshotId(spec.to_string());
+        if id.is_valid() {
+            let path = self.manifest_path(&id);
+            return if path.exists() { Ok(id) } else { Err(not_found()) };
+        }
+        self.list()?
+            .into_iter()
+            .rev()
+            .find(|i| i.tags.iter().any(|t| t == spec))
+            .map(|i| i.id)
+            .ok_or_else(not_found)
+    }
+
+    pub(crate) fn manifest_path(&self, id: &SnapshotId) -> PathBuf {
+        self.sub(SNAPSHOTS).join(format!("{id}.json"))
+    }
+
+    pub(crate) fn load_manifest(&self, id: &SnapshotId) -> Result<Manifest, StoreError> {
+        manifest::load(&self.manifest_path(id))
+    }
+
+    /// Takes the writers' lock (`DIR/lock`), without waiting.
+    pub(crate) fn lock(&self) -> Result<Flock<File>, StoreError> {
+        let path = self.dir.join(format::LOCK_FILE);
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_at("open", &path))?;
+        Flock::lock(f, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| match errno {
+            nix::errno::Errno::EWOULDBLOCK => StoreError::Locked { path: path.clone() },
+            e => error::io_err("flock", &path, &std::io::Error::from(e)),
+        })
+    }
+
+    /// Under the lock: creates missing sub-directories and removes what a
+    /// crashed writer left in `tmp/`.
+    pub(crate) fn prepare_write(&mut self) -> Result<Vec<PathBuf>, StoreError> {
+        for sub in [TMP, PACKS, SNAPSHOTS] {
+            let p = self.sub(sub);
+            std::fs::create_dir_all(&p).map_err(io_at("mkdir", &p))?;
+        }
+        let mut removed = Vec::new();
+        let tmp = self.sub(TMP);
+        for n in self.names(TMP, "")? {
+            let p = tmp.join(n);
+            fsio::unlink(&p)?;
+            removed.push(p);
+        }
+        self.refresh_packs()?;
+        Ok(removed)
+    }
+
+    /// The next snapshot's sequence number: above every id in use, even by
+    /// leftovers (a pack or map of a crashed commit).
+    pub(crate) fn next_seq(&self) -> Result<u64, StoreError> {
+        let mut max = 0;
+        for (sub, suf) in [(SNAPSHOTS, ""), (PACKS, ".pack")] {
+            for n in self.names(sub, suf)? {
+                if let Some(seq) = n.get(..12).and_then(|s| s.parse::<u64>().ok()) {
+                    max = max.max(seq);
+                }
+            }
+        }
+        Ok(max + 1)
+    }
+
+    pub(crate) fn pack_file(&self, pack: u32) -> Result<(&Path, &Arc<File>), StoreError> {
+        let slot = &self.packs[pack as usize];
+        match &slot.state {
+            Ok(f) => Ok((&slot.path, f)),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// Checks that every pack a manifest names is present and loaded.
+    pub(crate) fn check_packs(&self, m: &Manifest) -> Result<(), StoreError> {
+        for p in &m.packs {
+            match self.by_name.get(p) {
+                Some(&i) => {
+                    self.pack_file(i)?;
+                }
+                None => {
+                    return Err(StoreError::MissingPack {
+                        path: self.sub(PACKS).join(p),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}

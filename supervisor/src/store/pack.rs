@@ -1,0 +1,340 @@
+//! Pack files: the compressed page chunks one snapshot added, then an
+//! index (hash -> offset, length) and a fixed trailer that locates and
+//! checksums the index, so a pack's index loads without reading its chunks.
+//!
+//! ```text
+//! header  16 B   "RKPACK\0\0", version u32 LE, 0u32
+//! chunks         zstd frames (or raw 4 KiB pages that do not compress)
+//! index   48 B each, sorted by hash: hash[32], offset u64, len u32, flags u32
+//! trailer 64 B   "RKPKIDX\0", index offset u64, count u64, 0u64, blake3(index)[32]
+//! ```
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::error::{StoreError, io_at};
+use super::format::{Hash, PAGE, VERSION, hex};
+use super::fsio;
+
+pub const HEADER_MAGIC: &[u8; 8] = b"RKPACK\0\0";
+pub const TRAILER_MAGIC: &[u8; 8] = b"RKPKIDX\0";
+pub const HEADER_LEN: u64 = 16;
+pub const ENTRY_LEN: usize = 48;
+pub const TRAILER_LEN: u64 = 64;
+/// flags bit: the chunk is the page itself (it did not compress)
+pub const FLAG_RAW: u32 = 1;
+/// Chunks are written in batches of about this many bytes.
+const WRITE_BATCH: usize = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub hash: Hash,
+    pub offset: u64,
+    pub len: u32,
+    pub flags: u32,
+}
+
+impl IndexEntry {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.hash);
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&self.flags.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> IndexEntry {
+        let mut hash = [0u8; 32];
+        hash.copy_from_slice(&b[..32]);
+        IndexEntry {
+            hash,
+            offset: u64::from_le_bytes(b[32..40].try_into().unwrap_or_default()),
+            len: u32::from_le_bytes(b[40..44].try_into().unwrap_or_default()),
+            flags: u32::from_le_bytes(b[44..48].try_into().unwrap_or_default()),
+        }
+    }
+}
+
+/// A pack being written under `tmp/`; `finish` appends index and trailer
+/// and fsyncs it; the snapshot writer then renames it into `packs/`.
+pub struct PackWriter {
+    pub tmp: PathBuf,
+    file: File,
+    buf: Vec<u8>,
+    off: u64,
+    entries: Vec<IndexEntry>,
+}
+
+impl PackWriter {
+    pub fn create(tmp: PathBuf) -> Result<PackWriter, StoreError> {
+        let _ = std::fs::remove_file(&tmp); // a leftover of a crashed write
+        let file = fsio::create_new(&tmp)?;
+        let mut buf = Vec::with_capacity(WRITE_BATCH + 2 * PAGE);
+        buf.extend_from_slice(HEADER_MAGIC);
+        buf.extend_from_slice(&VERSION.to_le_bytes());
+        buf.extend_from_slice(&0u32.to_le_bytes());
+        Ok(PackWriter {
+            tmp,
+            file,
+            buf,
+            off: HEADER_LEN,
+            entries: Vec::new(),
+        })
+    }
+
+    /// Appends one chunk; returns its index entry.
+    pub fn add(&mut self, hash: Hash, bytes: &[u8], flags: u32) -> Result<IndexEntry, StoreError> {
+        let e = IndexEntry {
+            hash,
+            offset: self.off,
+            len: bytes.len() as u32,
+            flags,
+        };
+        self.buf.extend_from_slice(bytes);
+        self.off += bytes.len() as u64;
+        self.entries.push(e);
+        if self.buf.len() >= WRITE_BATCH {
+            self.flush()?;
+        }
+        Ok(e)
+    }
+
+    pub fn chunks(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Bytes of chunks written so far (header excluded).
+    pub fn chunk_bytes(&self) -> u64 {
+        self.off - HEADER_LEN
+    }
+
+    fn flush(&mut self) -> Result<(), StoreError> {
+        if !self.buf.is_empty() {
+            fsio::write_all(&mut self.file, &self.tmp, &self.buf)?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Index, trailer, fsync.  Returns the pack's total size.
+    pub fn finish(mut self) -> Result<u64, StoreError> {
+        self.flush()?;
+        let mut entries = std::mem::take(&mut self.entries);
+        entries.sort_unstable_by(|a, b| a.hash.cmp(&b.hash));
+        let mut index = Vec::with_capacity(entries.len() * ENTRY_LEN + TRAILER_LEN as usize);
+        for e in &entries {
+            e.encode(&mut index);
+        }
+        let sum = blake3::hash(&index);
+        let index_off = self.off;
+        index.extend_from_slice(TRAILER_MAGIC);
+        index.extend_from_slice(&index_off.to_le_bytes());
+        index.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+        index.extend_from_slice(&0u64.to_le_bytes());
+        index.extend_from_slice(sum.as_bytes());
+        fsio::write_all(&mut self.file, &self.tmp, &index)?;
+        fsio::fsync(&self.file, &self.tmp)?;
+        Ok(index_off + index.len() as u64)
+    }
+}
+
+fn corrupt(path: &Path, detail: impl Into<String>) -> StoreError {
+    StoreError::PackCorrupt {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+fn pread(file: &File, path: &Path, buf: &mut [u8], off: u64) -> Result<(), StoreError> {
+    file.read_exact_at(buf, off).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            corrupt(path, format!("short read at offset {off}"))
+        } else {
+            io_at("read", path)(e)
+        }
+    })
+}
+
+/// An open pack and its verified index.
+pub struct LoadedPack {
+    pub file: File,
+    pub entries: Vec<IndexEntry>,
+    pub size: u64,
+}
+
+/// Opens a pack and loads its index: checks header, trailer, the index's
+/// checksum and every entry's bounds.  Reads no chunk.
+pub fn load(path: &Path) -> Result<LoadedPack, StoreError> {
+    let file = File::open(path).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => StoreError::MissingPack {
+            path: path.to_path_buf(),
+        },
+        _ => io_at("open", path)(e),
+    })?;
+    let size = file.metadata().map_err(io_at("stat", path))?.len();
+    if size < HEADER_LEN + TRAILER_LEN {
+        return Err(corrupt(path, format!("truncated: {size} bytes")));
+    }
+    let mut head = [0u8; HEADER_LEN as usize];
+    pread(&file, path, &mut head, 0)?;
+    if &head[..8] != HEADER_MAGIC {
+        return Err(corrupt(path, "bad header magic"));
+    }
+    let version = u32::from_le_bytes(head[8..12].try_into().unwrap_or_default());
+    if version > VERSION {
+        return Err(StoreError::NewerVersion {
+            path: path.to_path_buf(),
+            found: version,
+            supported: VERSION,
+        });
+    }
+    if version == 0 {
+        return Err(corrupt(path, "version 0"));
+    }
+    let mut tr = [0u8; TRAILER_LEN as usize];
+    pread(&file, path, &mut tr, size - TRAILER_LEN)?;
+    if &tr[..8] != TRAILER_MAGIC {
+        return Err(corrupt(path, "bad trailer magic (truncated or torn)"));
+    }
+    let index_off = u64::from_le_bytes(tr[8..16].try_into().unwrap_or_default());
+    let count = u64::from_le_bytes(tr[16..24].try_into().unwrap_or_default());
+    let index_len = count.checked_mul(ENTRY_LEN as u64);
+    if index_len.and_then(|l| l.checked_add(index_off)).and_then(|e| e.checked_add(TRAILER_LEN)) != Some(size)
+        || index_off < HEADER_LEN
+    {
+        return Err(corrupt(path, "trailer does not match the file's size"));
+    }
+    let mut index = vec![0u8; (count as usize) * ENTRY_LEN];
+    pread(&file, path, &mut index, index_off)?;
+    if blake3::hash(&index).as_bytes() != &tr[32..64] {
+        return Err(corrupt(path, "index checksum mismatch"));
+    }
+    let mut entries = Vec::with_capacity(count as usize);
+    for b in index.chunks_exact(ENTRY_LEN) {
+        let e = IndexEntry::decode(b);
+        let end = e.offset.checked_add(e.len as u64);
+        if e.offset < HEADER_LEN
+            || end.is_none_or(|end| end > index_off)
+            || e.len == 0
+            || e.flags & !FLAG_RAW != 0
+            || (e.flags & FLAG_RAW != 0 && e.len as usize != PAGE)
+        {
+            return Err(corrupt(path, format!("index entry {} out of bounds", hex(&e.hash))));
+        }
+        if let Some(prev) = entries.last().map(|p: &IndexEntry| p.hash)
+            && prev >= e.hash
+        {
+            return Err(corrupt(path, "index not sorted"));
+        }
+        entries.push(e);
+    }
+    Ok(LoadedPack {
+        file,
+        entries,
+        size,
+    })
+}
+
+/// Reusable buffers for reading chunks (one per thread or per verifier).
+pub struct ChunkReader {
+    cbuf: Vec<u8>,
+    dctx: zstd::bulk::Decompressor<'static>,
+}
+
+impl ChunkReader {
+    pub fn new() -> Result<ChunkReader, StoreError> {
+        let dctx = zstd::bulk::Decompressor::new().map_err(|e| StoreError::Io {
+            path: PathBuf::new(),
+            op: "zstd",
+            detail: e.to_string(),
+        })?;
+        Ok(ChunkReader {
+            cbuf: vec![0u8; PAGE * 2],
+            dctx,
+        })
+    }
+
+    /// Reads the chunk `e` of the pack `file` into `out` (one page), and
+    /// checks it decompresses to one page whose blake3 is `e.hash`.
+    pub fn read(&mut self, file: &File, path: &Path, e: &IndexEntry, out: &mut [u8]) -> Result<(), StoreError> {
+        if out.len() != PAGE {
+            return Err(StoreError::InvalidArgument {
+                path: path.to_path_buf(),
+                detail: format!("page buffer of {} bytes, not {PAGE}", out.len()),
+            });
+        }
+        if e.flags & FLAG_RAW != 0 {
+            pread(file, path, out, e.offset)?;
+            return check_hash(path, e, out);
+        }
+        let n = e.len as usize;
+        let mut cbuf = std::mem::take(&mut self.cbuf);
+        if cbuf.len() < n {
+            cbuf.resize(n, 0);
+        }
+        let r = pread(file, path, &mut cbuf[..n], e.offset).and_then(|_| self.check_bytes(path, e, &cbuf[..n], out));
+        self.cbuf = cbuf;
+        r
+    }
+
+    /// Decompresses chunk bytes (of entry `e`) into `out` and checks them.
+    pub fn check_bytes(&mut self, path: &Path, e: &IndexEntry, bytes: &[u8], out: &mut [u8]) -> Result<(), StoreError> {
+        if e.flags & FLAG_RAW != 0 {
+            out.copy_from_slice(bytes);
+        } else {
+            let got = self
+                .dctx
+                .decompress_to_buffer(bytes, out)
+                .map_err(|err| chunk_bad(path, e, format!("zstd: {err}")))?;
+            if got != PAGE {
+                return Err(chunk_bad(path, e, format!("decompressed to {got} bytes")));
+            }
+        }
+        check_hash(path, e, out)
+    }
+}
+
+fn chunk_bad(path: &Path, e: &IndexEntry, detail: String) -> StoreError {
+    StoreError::ChunkChecksum {
+        path: path.to_path_buf(),
+        offset: e.offset,
+        detail,
+    }
+}
+
+fn check_hash(path: &Path, e: &IndexEntry, page: &[u8]) -> Result<(), StoreError> {
+    if blake3::hash(page).as_bytes() != &e.hash {
+        return Err(chunk_bad(path, e, format!("blake3 differs from {}", hex(&e.hash))));
+    }
+    Ok(())
+}
+
+/// Compresses pages for a writer (one zstd context, reused).
+pub struct ChunkCompressor {
+    cctx: zstd::bulk::Compressor<'static>,
+    out: Vec<u8>,
+}
+
+impl ChunkCompressor {
+    pub fn new(level: i32) -> Result<ChunkCompressor, StoreError> {
+        let cctx = zstd::bulk::Compressor::new(level).map_err(|e| StoreError::Io {
+            path: PathBuf::new(),
+            op: "zstd",
+            detail: e.to_string(),
+        })?;
+        Ok(ChunkCompressor {
+            cctx,
+            out: Vec::with_capacity(zstd::zstd_safe::compress_bound(PAGE)),
+        })
+    }
+
+    /// The chunk bytes and flags for one page: zstd, or the page itself
+    /// when zstd does not make it smaller.
+    pub fn compress<'a>(&'a mut self, page: &'a [u8]) -> (&'a [u8], u32) {
+        self.out.clear();
+        match self.cctx.compress_to_buffer(page, &mut self.out) {
+            Ok(n) if n < PAGE => (&self.out[..n], 0),
+            _ => (page, FLAG_RAW),
+        }
+    }
+}

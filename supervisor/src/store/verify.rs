@@ -1,0 +1,173 @@
+//! `Store::verify`: reads every pack (index and every chunk: decompress,
+//! blake3) and every manifest (checksum, page map, chain, every chunk it
+//! needs present and sound), and lists leftovers of crashed writes.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::PathBuf;
+
+use super::error::StoreError;
+use super::format::{Hash, PACKS, PAGE, SNAPSHOTS, SnapshotId, TMP};
+use super::pack::{self, ChunkReader};
+use super::{Phase, Progress, Store};
+
+/// One snapshot's verdict.
+#[derive(Debug, Clone)]
+pub struct VerifyStatus {
+    pub id: SnapshotId,
+    pub restorable: bool,
+    /// Why not restorable (may be about an ancestor's file).
+    pub error: Option<StoreError>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct VerifyReport {
+    /// Every problem found, once each.
+    pub errors: Vec<StoreError>,
+    pub snapshots: Vec<VerifyStatus>,
+    /// Files no published snapshot needs (crashed writes); `gc` removes them.
+    pub leftovers: Vec<PathBuf>,
+    pub packs: u64,
+    pub chunks: u64,
+    pub pack_bytes: u64,
+}
+
+impl VerifyReport {
+    pub fn ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    fn error(&mut self, e: StoreError) {
+        let dup = self
+            .errors
+            .iter()
+            .any(|x| x.code() == e.code() && x.path() == e.path());
+        if !dup {
+            self.errors.push(e);
+        }
+    }
+}
+
+impl Store {
+    pub fn verify(&self, progress: &mut dyn FnMut(Progress)) -> Result<VerifyReport, StoreError> {
+        let mut rep = VerifyReport::default();
+        let bad_chunks = self.verify_packs(&mut rep, progress)?;
+        let listed = self.list_all()?;
+        let total = listed.len() as u64;
+        let mut maps = BTreeSet::new();
+        let mut packs = BTreeSet::new();
+        for (i, l) in listed.into_iter().enumerate() {
+            let verdict = match l.manifest {
+                Err(e) => Err(e),
+                Ok(m) => {
+                    maps.insert(m.map.file.clone());
+                    packs.extend(m.packs.iter().cloned());
+                    packs.extend(m.pack.iter().cloned());
+                    self.verify_snapshot(&m.id, &bad_chunks)
+                }
+            };
+            let error = verdict.err();
+            if let Some(e) = &error {
+                rep.error(e.clone());
+            }
+            rep.snapshots.push(VerifyStatus {
+                id: l.id,
+                restorable: error.is_none(),
+                error,
+            });
+            progress(Progress {
+                phase: Phase::VerifySnapshots,
+                done: i as u64 + 1,
+                total,
+            });
+        }
+        // leftovers: what no manifest names (corrupt manifests name nothing
+        // we can read, so their own files are not called leftovers)
+        let broken: Vec<String> = rep
+            .snapshots
+            .iter()
+            .filter(|s| s.error.as_ref().is_some_and(|e| e.path() == self.manifest_path(&s.id)))
+            .map(|s| s.id.to_string())
+            .collect();
+        let mine = |n: &str| broken.iter().any(|b| n.starts_with(b.as_str()));
+        for n in self.names(TMP, "")? {
+            rep.leftovers.push(self.sub(TMP).join(n));
+        }
+        for n in self.names(SNAPSHOTS, ".map")? {
+            if !maps.contains(&n) && !mine(&n) {
+                rep.leftovers.push(self.sub(SNAPSHOTS).join(n));
+            }
+        }
+        for p in &self.packs {
+            if !packs.contains(&p.name) && !mine(&p.name) {
+                rep.leftovers.push(self.sub(PACKS).join(&p.name));
+            }
+        }
+        Ok(rep)
+    }
+
+    /// Every chunk of every pack; returns the hashes that failed.
+    fn verify_packs(&self, rep: &mut VerifyReport, progress: &mut dyn FnMut(Progress)) -> Result<HashSet<Hash>, StoreError> {
+        let mut bad = HashSet::new();
+        let mut reader = ChunkReader::new()?;
+        let mut page = vec![0u8; PAGE];
+        let total: u64 = self.packs.iter().map(|p| p.chunks).sum();
+        let mut done = 0u64;
+        for slot in &self.packs {
+            rep.packs += 1;
+            // load again: the index as it is on disk now, every entry
+            let lp = match pack::load(&slot.path) {
+                Ok(lp) => lp,
+                Err(e) => {
+                    rep.error(e);
+                    continue;
+                }
+            };
+            rep.pack_bytes += lp.size;
+            for e in &lp.entries {
+                rep.chunks += 1;
+                if let Err(err) = reader.read(&lp.file, &slot.path, e, &mut page) {
+                    bad.insert(e.hash);
+                    rep.error(err);
+                }
+                done += 1;
+                if done % 4096 == 0 {
+                    progress(Progress {
+                        phase: Phase::VerifyPacks,
+                        done,
+                        total,
+                    });
+                }
+            }
+        }
+        progress(Progress {
+            phase: Phase::VerifyPacks,
+            done: total,
+            total,
+        });
+        Ok(bad)
+    }
+
+    fn verify_snapshot(&self, id: &SnapshotId, bad: &HashSet<Hash>) -> Result<(), StoreError> {
+        let chain = self.chain(id)?;
+        let folded = self.fold(&chain)?;
+        for region in &folded {
+            for h in region.values() {
+                let Some(loc) = self.index.get(h) else {
+                    return Err(StoreError::MissingChunk {
+                        path: chain[0].0.clone(),
+                        hash: super::format::hex(h),
+                    });
+                };
+                if bad.contains(h) {
+                    let (path, _) = self.pack_file(loc.pack)?;
+                    return Err(StoreError::ChunkChecksum {
+                        path: path.to_path_buf(),
+                        offset: loc.entry.offset,
+                        detail: format!("needed by {id}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
