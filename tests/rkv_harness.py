@@ -25,11 +25,13 @@ RKV_MALLOC = BUILD / "examples" / "rkv-malloc"
 class Rkv:
     """One rkv server with its own directory; stopped by close()."""
 
-    def __init__(self, tmp_path, *args, supervised=False, exe=RKV, env=None, **popen_kw):
-        """popen_kw goes to subprocess.Popen (preexec_fn, for example)."""
+    def __init__(self, tmp_path, *args, supervised=False, exe=RKV, env=None, sup=("run",), **popen_kw):
+        """popen_kw goes to subprocess.Popen (preexec_fn, for example); sup:
+        the supervisor's command and extra options (`restore --from D`, ...)."""
         if not exe.exists():
             pytest.fail(f"{exe} missing: run `make` first")
         self.dir = Path(tmp_path)
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.err_path = self.dir / "rkv.err"
         self.events_path = self.dir / "events.jsonl"
@@ -41,7 +43,7 @@ class Rkv:
         cmd = [str(exe), "--port", str(self.port), "--dir", str(self.dir), *map(str, args)]
         if supervised:
             cmd = [
-                str(REKINDLE), "run", "--name", "rkv", "--events", str(self.events_path),
+                str(REKINDLE), *sup, "--name", "rkv", "--events", str(self.events_path),
                 "--listen", f"127.0.0.1:{self.port}", "--", *cmd,
             ]  # fmt: skip
         self.err = open(self.err_path, "w")  # noqa: SIM115 - closed in close()

@@ -82,8 +82,9 @@ enum rk_reason {
 	RK_REASON_MANIFEST_CORRUPT = 15,     /* the previous incarnation's manifest is unusable */
 	RK_REASON_ADDRESS_TAKEN = 16,        /* an arena's or range's address is taken */
 	RK_REASON_FOREIGN_FD = 17,           /* an inherited fd is not the file the manifest names */
+	RK_REASON_RESTORED = 18,             /* warm from a durable snapshot (rekindle restore) */
 };
-#define RK_REASON_COUNT 18
+#define RK_REASON_COUNT 19
 
 /* The stable snake_case name of a reason ("unsafe_region_open"), as events
  * carry it; "unknown" for a number this header does not know. */
@@ -94,7 +95,7 @@ static inline const char *rk_reason_name(enum rk_reason r)
 		"no_manifest",    "control_block_corrupt", "crash_loop",            "repeated_fault",
 		"manifest_busy",  "warm_disabled",       "hook_cold",               "unsafe_region_open",
 		"arena_check_failed", "independent_dropped", "crosscheck_mismatch", "manifest_corrupt",
-		"address_taken",  "foreign_fd",
+		"address_taken",  "foreign_fd",          "restored",
 	};
 	return (unsigned)r < RK_REASON_COUNT ? names[r] : "unknown";
 }
@@ -130,6 +131,11 @@ struct rk_restart_info {
 	unsigned statics_restored; /* RK_PRESERVED sections restored */
 	unsigned arenas_dropped;   /* half-changed arenas not reused (independent ones) */
 	enum rk_reason decision_code; /* `decision` as a stable code */
+	/* A warm start from a durable snapshot (`rekindle restore`): the
+	 * snapshot's id; "" otherwise.  The state is the snapshot's, not the
+	 * previous incarnation's: kind is RK_START_WARM, decision_code
+	 * RK_REASON_RESTORED. */
+	char snapshot[64];
 };
 
 /* Sweep statistics from rk_finish_recovery(true, ...). */

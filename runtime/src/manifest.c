@@ -213,6 +213,19 @@ static int take_fd_named(struct rk_inherit *inh, bool *used, const char *name)
 	return -1;
 }
 
+/* A restore: the supervisor made new memfds from a snapshot and matched
+ * them by name, so the files are not the ones the manifest recorded; the
+ * statics saved at the snapshot's cut are kept. */
+static void manifest_adopt_restored(struct rk_manifest *m, const struct rk_inherit *inh)
+{
+	for (unsigned i = 0; i < m->narenas; i++)
+		if (m->arenas[i].fd >= 0)
+			rk_fd_file_id(m->arenas[i].fd, &m->arenas[i].dev, &m->arenas[i].ino);
+	for (unsigned i = 0; i < m->nranges; i++)
+		rk_fd_file_id(m->ranges[i].fd, &m->ranges[i].dev, &m->ranges[i].ino);
+	rk_strlcpy(rk_g.info.snapshot, inh->reason, sizeof rk_g.info.snapshot);
+}
+
 /* The supervisor respawned us after a death and vouches for warm: take the
  * dead incarnation's manifest and point its entries at the fds the
  * supervisor handed over, matched by memfd name.  The rest of the warm path
@@ -255,6 +268,10 @@ static const struct rk_manifest *manifest_from_supervisor(struct rk_inherit *inh
 			munmap(m, *size);
 		return MAP_FAILED;
 	}
+	if (inh->flags & RK_INHERIT_RESTORED)
+		manifest_adopt_restored(m, inh);
+	else
+		m->statics_saved = 0; /* no handler ran to save them */
 	m->next_mode = RK_NEXT_WARM;
 	m->generation = inh->generation ? inh->generation - 1 : 0;
 	m->signal = inh->signal;
@@ -262,7 +279,6 @@ static const struct rk_manifest *manifest_from_supervisor(struct rk_inherit *inh
 	m->t_restart_ns = inh->t_detect_ns;
 	m->holder_pid = 0; /* the dead one's helper is the supervisor's to reap */
 	m->spare_fd = -1;  /* a number in the dead process, not in ours */
-	m->statics_saved = 0; /* no handler ran to save them */
 	rk_strlcpy(m->reason, inh->reason, sizeof m->reason);
 	rk_strlcpy(m->decision, inh->decision, sizeof m->decision);
 	m->decision_code = inh->decision_code;

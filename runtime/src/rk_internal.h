@@ -547,6 +547,10 @@ void rk_unsafe_forget_thread(void) RK_HIDDEN; /* in a forked child */
 enum rk_request_mode rk_control_take_request(char *reason, size_t cap) RK_HIDDEN;
 
 /* ---- supervisor_link.c: messages to and from `rekindle run` ---- */
+/* INHERIT flags: the fds are new memfds the supervisor filled from a durable
+ * snapshot (`rekindle restore`); reason holds the snapshot's id, and the
+ * manifest's saved statics are the snapshot's. */
+#define RK_INHERIT_RESTORED 0x1u
 struct rk_inherit {
 	uint32_t mode; /* 0 fresh, 1 warm, 2 cold */
 	uint32_t generation;
@@ -556,6 +560,7 @@ struct rk_inherit {
 	char reason[128];
 	char decision[160];
 	uint32_t decision_code; /* enum rk_reason */
+	uint32_t flags;         /* RK_INHERIT_* */
 	int fds[1 + 2 * RK_MAX_ARENAS]; /* with mode 1: manifest first */
 	unsigned nfds;
 };
@@ -739,6 +744,48 @@ enum rk_snap_status {
 	RK_SNAP_BAD_REQUEST = 6,
 	RK_SNAP_UNAVAILABLE = 7,    /* no dirty tracking in this process (errno in detail) */
 };
+
+/* Messages on the snapshot socket pair: the framing of supervisor_link.c
+ * (16-byte header, "RKSM", version 2), these types and payloads. */
+enum rk_snap_msg {
+	RK_SNAP_HELLO = 20,
+	RK_SNAP_DIRTY = 21,
+	RK_SNAP_RELEASED = 22,
+	RK_SNAP_SCAN = 120,
+	RK_SNAP_CONTINUE = 121,
+	RK_SNAP_RELEASE = 122,
+};
+
+struct rk_snap_hello {
+	uint32_t pid, generation, status;
+	int32_t err;
+	uint64_t buf_size;
+};
+struct rk_snap_scan {
+	uint64_t seq;
+	uint32_t cut, timeout_ms;
+};
+struct rk_snap_dirty {
+	uint64_t seq;
+	uint32_t status;
+	int32_t err;
+	uint32_t more, frozen;
+	uint64_t t_freeze_ns, t_scan_ns;
+	uint32_t punch_overflow, reserved;
+};
+struct rk_snap_seq {
+	uint64_t seq;
+};
+struct rk_snap_released {
+	uint64_t seq;
+	uint32_t status, reserved;
+	uint64_t stop_ns;
+};
+_Static_assert(sizeof(struct rk_snap_hello) == 24, "snapshot protocol layout");
+_Static_assert(sizeof(struct rk_snap_scan) == 16, "snapshot protocol layout");
+_Static_assert(sizeof(struct rk_snap_dirty) == 48, "snapshot protocol layout");
+_Static_assert(sizeof(struct rk_snap_released) == 24, "snapshot protocol layout");
+_Static_assert(sizeof(struct rk_snap_region) == 80, "snapshot buffer layout");
 
 /* Starts the agent if $REKINDLE_SNAPSHOT_FD is set (end of rk_init). */
 void rk_snapshot_agent_start(void) RK_HIDDEN;

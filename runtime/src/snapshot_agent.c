@@ -45,50 +45,13 @@
  * does: past it the agent thaws and the snapshot is abandoned. */
 #define STOP_MAX_MS 10000
 
-enum snap_msg {
-	SNAP_HELLO = 20,
-	SNAP_DIRTY = 21,
-	SNAP_RELEASED = 22,
-	SNAP_SCAN = 120,
-	SNAP_CONTINUE = 121,
-	SNAP_RELEASE = 122,
-};
-
+/* The messages (enum rk_snap_msg, struct rk_snap_*) are in rk_internal.h. */
 struct msg_hdr {
 	uint32_t magic;
 	uint16_t version, type;
 	uint32_t len, reserved;
 };
-struct snap_hello {
-	uint32_t pid, generation, status;
-	int32_t err;
-	uint64_t buf_size;
-};
-struct snap_scan {
-	uint64_t seq;
-	uint32_t cut, timeout_ms;
-};
-struct snap_dirty {
-	uint64_t seq;
-	uint32_t status;
-	int32_t err;
-	uint32_t more, frozen;
-	uint64_t t_freeze_ns, t_scan_ns;
-	uint32_t punch_overflow, reserved;
-};
-struct snap_seq {
-	uint64_t seq;
-};
-struct snap_released {
-	uint64_t seq;
-	uint32_t status, reserved;
-	uint64_t stop_ns;
-};
-_Static_assert(sizeof(struct snap_hello) == 24, "snapshot protocol layout");
-_Static_assert(sizeof(struct snap_scan) == 16, "snapshot protocol layout");
-_Static_assert(sizeof(struct snap_dirty) == 48, "snapshot protocol layout");
-_Static_assert(sizeof(struct snap_released) == 24, "snapshot protocol layout");
-_Static_assert(sizeof(struct rk_snap_region) == 80, "snapshot buffer layout");
+
 
 /* A mapping registered with our userfaultfd, and what it was. */
 struct tracked {
@@ -351,7 +314,7 @@ static enum rk_snap_status regions_build(int *err)
 static void reply_dirty(uint64_t seq, enum rk_snap_status st, int err, bool more, uint64_t t_freeze,
 			uint64_t t_scan, uint32_t overflow)
 {
-	struct snap_dirty d = {.seq = seq,
+	struct rk_snap_dirty d = {.seq = seq,
 			       .status = st,
 			       .err = err,
 			       .more = more,
@@ -359,7 +322,7 @@ static void reply_dirty(uint64_t seq, enum rk_snap_status st, int err, bool more
 			       .t_freeze_ns = t_freeze,
 			       .t_scan_ns = t_scan,
 			       .punch_overflow = overflow};
-	(void)send_msg(SNAP_DIRTY, &d, sizeof d, -1);
+	(void)send_msg(RK_SNAP_DIRTY, &d, sizeof d, -1);
 }
 
 /* Waits for the supervisor's CONTINUE (more == true) or RELEASE of seq;
@@ -371,7 +334,7 @@ static bool await(uint64_t seq, uint16_t want, int timeout_ms)
 		uint64_t spent = (rk_now_ns() - t0) / 1000000ull;
 		if (spent >= (uint64_t)timeout_ms)
 			return false;
-		struct snap_seq s;
+		struct rk_snap_seq s;
 		int t = recv_msg(&s, sizeof s, timeout_ms - (int)spent);
 		if (t <= 0)
 			return false;
@@ -435,7 +398,7 @@ static uint32_t cut_extras(void)
 	return atomic_load(&ag.buf->punch_overflow);
 }
 
-static void report(const struct snap_scan *q)
+static void report(const struct rk_snap_scan *q)
 {
 	uint64_t t0 = rk_now_ns();
 	int err = 0;
@@ -461,7 +424,7 @@ static void report(const struct snap_scan *q)
 		if (!more)
 			break;
 		reply_dirty(q->seq, st, 0, true, t_freeze, rk_now_ns() - ts, 0);
-		if (!await(q->seq, SNAP_CONTINUE, STOP_MAX_MS)) {
+		if (!await(q->seq, RK_SNAP_CONTINUE, STOP_MAX_MS)) {
 			st = RK_SNAP_STOP_TIMEOUT;
 			break;
 		}
@@ -476,28 +439,28 @@ static void report(const struct snap_scan *q)
 	reply_dirty(q->seq, st, 0, false, t_freeze, rk_now_ns() - t0 - t_freeze, overflow);
 	if (!cut)
 		return;
-	bool released = await(q->seq, SNAP_RELEASE, STOP_MAX_MS);
+	bool released = await(q->seq, RK_SNAP_RELEASE, STOP_MAX_MS);
 	if (released) {
 		/* consumed: the next cut reports the holes punched after this one */
 		atomic_store(&ag.buf->punch_head, 0);
 		atomic_store(&ag.buf->punch_overflow, 0);
 	}
 	thaw();
-	struct snap_released d = {.seq = q->seq,
+	struct rk_snap_released d = {.seq = q->seq,
 				  .status = released ? RK_SNAP_OK : RK_SNAP_STOP_TIMEOUT,
 				  .stop_ns = rk_now_ns() - t0};
-	(void)send_msg(SNAP_RELEASED, &d, sizeof d, -1);
+	(void)send_msg(RK_SNAP_RELEASED, &d, sizeof d, -1);
 }
 
 static void *agent_main(void *arg)
 {
 	(void)arg;
 	for (;;) {
-		struct snap_scan q;
+		struct rk_snap_scan q;
 		int t = recv_msg(&q, sizeof q, -1);
 		if (t < 0)
 			break; /* the supervisor is gone: nothing to report to */
-		if (t == SNAP_SCAN)
+		if (t == RK_SNAP_SCAN)
 			report(&q);
 		/* anything else is a stale CONTINUE or RELEASE: dropped */
 	}
@@ -568,12 +531,12 @@ static int buf_create(void)
 
 static void hello(uint32_t status, int err)
 {
-	struct snap_hello h = {.pid = (uint32_t)getpid(),
+	struct rk_snap_hello h = {.pid = (uint32_t)getpid(),
 			       .generation = rk_g.info.generation,
 			       .status = status,
 			       .err = err,
 			       .buf_size = status == RK_SNAP_OK ? ag.buf_size : 0};
-	(void)send_msg(SNAP_HELLO, &h, sizeof h, status == RK_SNAP_OK ? ag.buf_fd : -1);
+	(void)send_msg(RK_SNAP_HELLO, &h, sizeof h, status == RK_SNAP_OK ? ag.buf_fd : -1);
 }
 
 static void agent_stop_with(uint32_t status, int err, const char *what)

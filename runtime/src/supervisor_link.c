@@ -72,7 +72,8 @@ struct msg_inherit {
 	uint64_t t_detect_ns;
 	char reason[128];
 	char decision[160];
-	uint32_t decision_code, reserved;
+	uint32_t decision_code;
+	uint32_t flags; /* RK_INHERIT_* */
 };
 
 _Static_assert(sizeof(struct msg_hdr) == 16, "protocol layout");
@@ -357,6 +358,7 @@ int rk_sup_attach(struct rk_inherit *inh, char *why, size_t wl)
 		rk_strlcpy(inh->reason, body.in.reason, sizeof inh->reason);
 		rk_strlcpy(inh->decision, body.in.decision, sizeof inh->decision);
 		inh->decision_code = body.in.decision_code < RK_REASON_COUNT ? body.in.decision_code : RK_REASON_NONE;
+		inh->flags = body.in.flags;
 		return 0;
 	}
 	close_fds(inh->fds, inh->nfds);

@@ -30,6 +30,21 @@ pub enum Command {
     /// Run PROGRAM under supervision, in the foreground.
     #[command(override_usage = "rekindle run [OPTIONS] [--] PROGRAM [ARGS]...")]
     Run(Box<RunArgs>),
+    /// Run PROGRAM under supervision, starting warm from a durable snapshot
+    /// (after a reboot, or on another machine).
+    #[command(
+        override_usage = "rekindle restore --from DIR[@ID|@TAG] [OPTIONS] [--] PROGRAM [ARGS]...",
+        long_about = "Run PROGRAM under supervision like `rekindle run`, but the first incarnation \
+ starts warm from a durable snapshot: its arenas, preserved ranges and \
+ RK_PRESERVED statics are the snapshot's.  The app sees a warm start with \
+ decision code `restored` and the snapshot's id in rk_restart_info.snapshot.\n\n\
+ DIR is a snapshot store (rekindle run --snapshot-dir); @ID or @TAG picks a \
+ snapshot, the newest by default.  A snapshot that fails its checks (a \
+ torn, truncated or corrupt file) is refused with an error and nothing is \
+ started: pick an earlier one.  Every option of `rekindle run` applies; with \
+ --snapshot-dir the restored app goes on taking snapshots."
+    )]
+    Restore(Box<RestoreArgs>),
     /// Show the state of one running supervisor, or of all.
     Status {
         /// Supervisor name (default: all of them).
@@ -64,17 +79,17 @@ pub enum Command {
     /// objects by size class, roots, open unsafe regions.
     #[command(
         long_about = "Show what the app's preserved arenas hold, as read from the arena memfds \
-                      the supervisor holds (read-only, without stopping the app): per arena its \
-                      base address, reserved size, memfd size, heap carved, bytes allocated, \
-                      objects by size class, large objects, free page runs, roots (name, \
-                      address, the object they point at), allocator locks held and open unsafe \
-                      regions; and the app's pid, generation and start kind.\n\n\
-                      Nothing in an arena is trusted: what does not add up is listed under \
-                      problems, and the counts are then not exact.  Counts read while the app \
-                      allocates may differ from its own by what it is doing.\n\n\
-                      Exit status 1 when the supervisor cannot be reached or holds no arena \
-                      (the app does not use librekindle, or has opened none); --json prints \
-                      the reply then too, with an empty \"arenas\"."
+ the supervisor holds (read-only, without stopping the app): per arena its \
+ base address, reserved size, memfd size, heap carved, bytes allocated, \
+ objects by size class, large objects, free page runs, roots (name, \
+ address, the object they point at), allocator locks held and open unsafe \
+ regions; and the app's pid, generation and start kind.\n\n\
+ Nothing in an arena is trusted: what does not add up is listed under \
+ problems, and the counts are then not exact.  Counts read while the app \
+ allocates may differ from its own by what it is doing.\n\n\
+ Exit status 1 when the supervisor cannot be reached or holds no arena \
+ (the app does not use librekindle, or has opened none); --json prints \
+ the reply then too, with an empty \"arenas\"."
     )]
     Inspect {
         /// Supervisor name.
@@ -82,9 +97,37 @@ pub enum Command {
         /// Print the JSON the supervisor answered.
         #[arg(long)]
         json: bool,
-    },    /// Snapshot store commands (snapshots, verify, gc, send, recv).
+    },
+    /// Snapshot store commands (snapshots, verify, gc, send, recv).
     #[command(flatten)]
     Store(crate::store_cli::StoreCommand),
+    /// Take one durable snapshot of a running app now (it must run with
+    /// --snapshot-dir).
+    #[command(
+        long_about = "Take one durable snapshot of a running app now.  The app must run under `rekindle run --snapshot-dir DIR`.  The snapshot is a consistent cut: taken when no unsafe region of the app is open.\n\n Without --wait the request is queued and the command returns at once; with --wait it returns when the snapshot is published in the store and synced to disk, and prints its id.  Exit status 1 if the snapshot could not be taken (the reason and its code are printed)."
+    )]
+    Checkpoint {
+        /// Supervisor name.
+        name: String,
+        /// Tag the snapshot (repeatable); `rekindle restore --from DIR@TAG` finds it.
+        #[arg(long = "tag", value_name = "TAG")]
+        tags: Vec<String>,
+        /// Return when the snapshot is durable, not when it is queued.
+        #[arg(long)]
+        wait: bool,
+        /// Print the JSON the supervisor answered.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// The snapshot: a store directory, optionally @ID or @TAG.
+    #[arg(long, value_name = "DIR[@ID|@TAG]")]
+    pub from: String,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Debug, Args)]
@@ -150,6 +193,29 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 40, value_parser = parse_rt_signal)]
     pub restart_signal: i32,
 
+    /// Take continuous durable snapshots of the preserved state into this
+    /// store directory (created if missing; see `rekindle snapshots`).
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
+
+    /// With --snapshot-dir: take a snapshot this often (down to 10ms); 0 =
+    /// only on `rekindle checkpoint`.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1s",
+          requires = "snapshot_dir")]
+    pub snapshot_interval: Duration,
+
+    /// With --snapshot-dir: keep only the newest N snapshots (older ones are
+    /// folded away and their space freed after each snapshot).
+    #[arg(long, value_name = "N", requires = "snapshot_dir", value_parser = clap::value_parser!(u64).range(1..))]
+    pub snapshot_keep: Option<u64>,
+
+    /// With --snapshot-dir: at most this much copied page data held in
+    /// memory while a snapshot is taken; beyond it pages go to the store
+    /// early (the cut then takes longer).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "64M",
+          requires = "snapshot_dir")]
+    pub snapshot_memory: u64,
+
     /// The program to supervise and its arguments (after `--`).  Once
     /// PROGRAM is found, everything after it is its argument; before it, a
     /// word that starts with '-' is an option of ours (unknown ones are a
@@ -178,6 +244,19 @@ pub struct Config {
     pub events: Option<PathBuf>,
     pub metrics: Option<String>,
     pub restart_signal: i32,
+    pub snapshots: Option<SnapshotConfig>,
+    /// `rekindle restore --from`.
+    pub restore: Option<crate::snapshot::restore::Source>,
+}
+
+/// `--snapshot-*`, resolved.
+#[derive(Debug, Clone)]
+pub struct SnapshotConfig {
+    pub dir: PathBuf,
+    /// None: only on request.
+    pub interval: Option<Duration>,
+    pub keep: Option<usize>,
+    pub memory: usize,
 }
 
 /// Why `rekindle run`'s arguments cannot be used (a usage error: exit 2).
@@ -220,6 +299,14 @@ impl Config {
             events: a.events,
             metrics: a.metrics,
             restart_signal: a.restart_signal,
+            snapshots: a.snapshot_dir.map(|dir| SnapshotConfig {
+                dir,
+                interval: (!a.snapshot_interval.is_zero())
+                    .then(|| a.snapshot_interval.max(Duration::from_millis(10))),
+                keep: a.snapshot_keep.map(|k| k as usize),
+                memory: a.snapshot_memory.max(1 << 20) as usize,
+            }),
+            restore: None,
         })
     }
 }

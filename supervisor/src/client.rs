@@ -660,6 +660,52 @@ pub fn inspect(name: &str, as_json: bool) -> Result<i32> {
     Ok(0)
 }
 
+/// How long `rekindle checkpoint --wait` waits for a snapshot to be durable
+/// (a first, full snapshot of a large app reads and compresses all of it).
+const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// `rekindle checkpoint NAME [--tag T]... [--wait] [--json]`.
+pub fn checkpoint(name: &str, tags: &[String], wait: bool, as_json: bool) -> Result<i32> {
+    let p = socket_for(name)?;
+    let req = json!({"cmd": "checkpoint", "tags": tags, "wait": wait});
+    let timeout = if wait { CHECKPOINT_TIMEOUT } else { TIMEOUT };
+    let (v, _) = call(&p, &req, timeout).map_err(|e| explain(name, e))?;
+    if as_json {
+        println!("{v}");
+        return Ok(if v.get("ok").and_then(Value::as_bool) == Some(true) {
+            0
+        } else {
+            1
+        });
+    }
+    if v.get("ok").and_then(Value::as_bool) != Some(true) {
+        let code = v.get("code").and_then(Value::as_str).unwrap_or("refused");
+        let err = v
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("the supervisor refused");
+        eprintln!("rekindle: {name}: no snapshot: {err} ({code})");
+        return Ok(1);
+    }
+    if !wait {
+        println!("{name}: snapshot requested");
+        return Ok(0);
+    }
+    println!(
+        "{name}: snapshot {} ({}, {} pages, stop {} us, {} new bytes) is durable",
+        v.get("id").and_then(Value::as_str).unwrap_or("?"),
+        if v.get("full").and_then(Value::as_bool) == Some(true) {
+            "full"
+        } else {
+            "delta"
+        },
+        u(&v, "pages"),
+        u(&v, "stop_us"),
+        u(&v, "new_bytes"),
+    );
+    Ok(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 //!   {"cmd":"restart","mode":"warm"|"cold"}     (mode defaults to warm)
 //!   {"cmd":"stop"}
 //!   {"cmd":"inspect"}                          (the held arenas, read: inspect.rs)
+//!   {"cmd":"checkpoint","tags":[..],"wait":b}  (a snapshot; with wait, replied when durable)
 //!
 //! Replies are {"ok":true,...} or {"ok":false,"error":"..."}.  Malformed
 //! JSON, an empty line, a duplicate key, an unknown command or an overlong
@@ -179,6 +180,11 @@ pub enum Request {
     Restart(Mode),
     Stop,
     Inspect,
+    /// A snapshot now; with `wait` the reply comes when it is durable.
+    Checkpoint {
+        tags: Vec<String>,
+        wait: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -189,10 +195,12 @@ pub enum RequestError {
     NotObject,
     #[error("request has no string \"cmd\"")]
     NoCmd,
-    #[error("unknown cmd {0:?} (status, restart, stop, inspect)")]
+    #[error("unknown cmd {0:?} (status, restart, stop, inspect, checkpoint)")]
     UnknownCmd(String),
     #[error("mode must be \"warm\" or \"cold\"")]
     BadMode,
+    #[error("checkpoint takes \"tags\": an array of strings, and \"wait\": a boolean")]
+    BadTags,
     #[error("request longer than {MAX_LINE} bytes")]
     TooLong,
     #[error("empty request: send one JSON object per line, e.g. {{\"cmd\":\"status\"}}")]
@@ -301,6 +309,22 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
         "status" => Ok(Request::Status),
         "stop" => Ok(Request::Stop),
         "inspect" => Ok(Request::Inspect),
+        "checkpoint" => {
+            let tags = match o.get("tags") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|t| t.as_str().map(str::to_string).ok_or(RequestError::BadTags))
+                    .collect::<Result<Vec<_>, _>>()?,
+                Some(_) => return Err(RequestError::BadTags),
+            };
+            let wait = match o.get("wait") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(RequestError::BadTags),
+            };
+            Ok(Request::Checkpoint { tags, wait })
+        }
         "restart" => match o.get("mode") {
             None | Some(Value::Null) => Ok(Request::Restart(Mode::Warm)),
             Some(Value::String(s)) if s == "warm" => Ok(Request::Restart(Mode::Warm)),

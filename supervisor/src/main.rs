@@ -3,6 +3,10 @@ use clap::Parser;
 use rekindle::cli::{self, Cli, Command};
 use rekindle::{client, supervisor};
 
+fn snapshot_source(s: &str) -> rekindle::snapshot::restore::Source {
+    rekindle::snapshot::restore::Source::parse(s)
+}
+
 fn main() {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -28,6 +32,25 @@ fn main() {
                 std::process::exit(2);
             }
         },
+        Command::Restore(args) => {
+            let from = snapshot_source(&args.from);
+            match cli::Config::from_args(args.run) {
+                Ok(mut cfg) => {
+                    cfg.restore = Some(from);
+                    match supervisor::Supervisor::new(cfg) {
+                        Ok(s) => Ok(s.run()),
+                        Err(e) => {
+                            eprintln!("rekindle: {e:#}");
+                            std::process::exit(1);
+                        }
+                    }
+                }
+                Err(e) => {
+                    eprintln!("rekindle: {e:#}");
+                    std::process::exit(2);
+                }
+            }
+        }
         Command::Status { name, json } => client::status(name.as_deref(), json),
         Command::Ps { json } => client::ps(json),
         Command::Restart {
@@ -38,6 +61,12 @@ fn main() {
         Command::Stop { name } => client::stop(&name),
         Command::Inspect { name, json } => client::inspect(&name, json),
         Command::Store(c) => Ok(rekindle::store_cli::run(c)),
+        Command::Checkpoint {
+            name,
+            tags,
+            wait,
+            json,
+        } => client::checkpoint(&name, &tags, wait, json),
     };
     match r {
         Ok(code) => std::process::exit(code),

@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 pub struct Metrics {
@@ -22,6 +23,12 @@ pub struct Metrics {
     pub failures: IntCounterVec,
     pub control_block_corrupt: IntCounterVec,
     pub control_block_ok: IntGauge,
+    pub snapshot_stop: Histogram,
+    pub snapshots: IntCounterVec,
+    pub snapshot_pages: IntCounterVec,
+    pub snapshot_bytes_written: IntCounter,
+    pub snapshot_last_durable: Gauge,
+    pub snapshot_dedup_ratio: Gauge,
 }
 
 impl Metrics {
@@ -77,6 +84,48 @@ impl Metrics {
             "1 while the control block's header is intact",
         )?;
         control_block_ok.set(1);
+        let snapshot_stop = Histogram::with_opts(
+            HistogramOpts::new(
+                "rekindle_snapshot_stop_seconds",
+                "How long the app was held at the consistent cut of a snapshot",
+            )
+            .buckets(vec![
+                0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+                1.0, 5.0,
+            ]),
+        )?;
+        let snapshots = IntCounterVec::new(
+            Opts::new(
+                "rekindle_snapshots_total",
+                "Snapshots taken (result=ok) or not, by the reason code",
+            ),
+            &["result"],
+        )?;
+        let snapshot_pages = IntCounterVec::new(
+            Opts::new(
+                "rekindle_snapshot_pages_total",
+                "Pages put into snapshots: new (written to the store), dedup (already there), zero",
+            ),
+            &["kind"],
+        )?;
+        let snapshot_bytes_written = IntCounter::new(
+            "rekindle_snapshot_bytes_written_total",
+            "Compressed bytes of new page data written to the snapshot store",
+        )?;
+        let snapshot_last_durable = Gauge::new(
+            "rekindle_snapshot_last_durable_timestamp_seconds",
+            "Unix time of the newest durable snapshot (time() minus it is the durable lag)",
+        )?;
+        let snapshot_dedup_ratio = Gauge::new(
+            "rekindle_snapshot_dedup_ratio",
+            "Of the non-zero pages put into snapshots, the share already in the store",
+        )?;
+        registry.register(Box::new(snapshot_stop.clone()))?;
+        registry.register(Box::new(snapshots.clone()))?;
+        registry.register(Box::new(snapshot_pages.clone()))?;
+        registry.register(Box::new(snapshot_bytes_written.clone()))?;
+        registry.register(Box::new(snapshot_last_durable.clone()))?;
+        registry.register(Box::new(snapshot_dedup_ratio.clone()))?;
         registry.register(Box::new(control_block_corrupt.clone()))?;
         registry.register(Box::new(control_block_ok.clone()))?;
         registry.register(Box::new(restarts.clone()))?;
@@ -97,6 +146,12 @@ impl Metrics {
             control_block_corrupt,
             control_block_ok,
             failures,
+            snapshot_stop,
+            snapshots,
+            snapshot_pages,
+            snapshot_bytes_written,
+            snapshot_last_durable,
+            snapshot_dedup_ratio,
         })
     }
 

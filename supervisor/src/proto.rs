@@ -194,7 +194,13 @@ pub struct Inherit {
     /// With Warm: arenas of the manifest deliberately not handed over
     /// (half-changed independent ones).
     pub dropped: u32,
+    /// INHERIT_* bits.
+    pub flags: u32,
 }
+
+/// INHERIT `flags`: the fds are new memfds filled from a durable snapshot
+/// (`rekindle restore`); `reason` is the snapshot's id.
+pub const INHERIT_RESTORED: u32 = 0x1;
 
 /// A message from the supervisor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -548,7 +554,7 @@ pub fn encode_sup(m: &SupMsg) -> Vec<u8> {
             put_cstr(&mut p, &i.reason, REASON_LEN);
             put_cstr(&mut p, &i.decision, DECISION_LEN);
             p.extend_from_slice(&i.decision_code.code().to_le_bytes());
-            p.extend_from_slice(&0u32.to_le_bytes());
+            p.extend_from_slice(&i.flags.to_le_bytes());
             T_INHERIT
         }
         SupMsg::Error(e) => {
@@ -578,7 +584,9 @@ pub fn parse_sup(buf: &[u8]) -> Result<SupMsg, ProtoError> {
             let reason = r.cstr(REASON_LEN, "reason")?;
             let decision = r.cstr(DECISION_LEN, "decision")?;
             let decision_code = Reason::from_code(r.u32());
+            let flags = r.u32();
             Ok(SupMsg::Inherit(Inherit {
+                flags,
                 mode,
                 generation,
                 signal,
@@ -651,6 +659,7 @@ mod tests {
             decision: "x".into(),
             decision_code: Reason::UnsafeRegionOpen,
             dropped: 0,
+            flags: 0,
         });
         assert_eq!(encode_sup(&inh).len(), HDR_LEN + 320);
         assert_eq!(encode_sup(&SupMsg::Error("e".into())).len(), HDR_LEN + 256);
@@ -763,6 +772,7 @@ mod tests {
             decision: String::new(),
             decision_code: Reason::IndependentDropped,
             dropped: 1,
+            flags: INHERIT_RESTORED,
         }));
         // the supervisor's own types are refused from the app
         assert_eq!(

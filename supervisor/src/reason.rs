@@ -25,10 +25,11 @@ pub enum Reason {
     ManifestCorrupt = 15,
     AddressTaken = 16,
     ForeignFd = 17,
+    Restored = 18,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 19] = [
         Reason::None,
         Reason::AllChecksPassed,
         Reason::ColdRequested,
@@ -47,6 +48,7 @@ impl Reason {
         Reason::ManifestCorrupt,
         Reason::AddressTaken,
         Reason::ForeignFd,
+        Reason::Restored,
     ];
 
     pub fn code(self) -> u32 {
@@ -84,6 +86,7 @@ impl Reason {
             Reason::ManifestCorrupt => "manifest_corrupt",
             Reason::AddressTaken => "address_taken",
             Reason::ForeignFd => "foreign_fd",
+            Reason::Restored => "restored",
         }
     }
 

@@ -125,6 +125,8 @@ pub struct ChildFds<'a> {
     pub listen: Vec<BorrowedFd<'a>>,
     pub app_sock: BorrowedFd<'a>,
     pub control: BorrowedFd<'a>,
+    /// With snapshots: the app's end of the snapshot socket pair (5+L).
+    pub snapshot: Option<BorrowedFd<'a>>,
 }
 
 /// Builds "KEY=VALUE" strings.
@@ -161,11 +163,13 @@ pub fn spawn(
     fds: &ChildFds<'_>,
     listen_pid: bool,
 ) -> io::Result<libc::pid_t> {
-    let nl = fds.listen.len();
     let mut src: Vec<RawFd> = fds.listen.iter().map(|f| f.as_raw_fd()).collect();
     src.push(fds.app_sock.as_raw_fd());
     src.push(fds.control.as_raw_fd());
-    let first_free: RawFd = 5 + nl as RawFd;
+    if let Some(s) = fds.snapshot {
+        src.push(s.as_raw_fd());
+    }
+    let first_free: RawFd = 3 + src.len() as RawFd;
     let mut tmp: Vec<RawFd> = vec![-1; src.len()];
 
     // LISTEN_PID=<pid>: 11 bytes of key, room for 10 digits and the NUL.
@@ -181,7 +185,8 @@ pub fn spawn(
     let pid_digits: *mut u8 = listen_pid_buf[11..].as_mut_ptr();
     let exec_failed: &[u8] = b"rekindle: execve of the program failed\n";
 
-    // SAFETY: fork in a single-threaded process; the child below calls only
+    // SAFETY: fork (the supervisor may run its snapshot thread: the child
+    // below touches no lock and no allocator); the child calls only
     // async-signal-safe functions on memory prepared before the fork, and
     // ends in execve or _exit.
     let pid = unsafe { libc::fork() };

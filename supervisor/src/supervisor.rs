@@ -46,6 +46,7 @@ mod report;
 mod requests;
 mod respawn;
 mod setup;
+mod snapshots;
 
 use report::{Record, Report};
 use setup::{UnixListenFiles, bind_listen, ensure_stdio};
@@ -74,6 +75,9 @@ struct Plan {
     backoff_ms: u64,
     /// With Warm: arenas found half-changed (independent ones), not handed on.
     dropped: u32,
+    /// The held fds were made from a durable snapshot (rekindle restore):
+    /// `reason` is its id.
+    restored: bool,
 }
 
 /// A restart under way, waiting for the new incarnation's HELLO.
@@ -144,6 +148,14 @@ pub struct Supervisor {
     next_check_ns: u64,
     started_ns: u64,
     started_wall: String,
+    /// The snapshot engine's thread (with --snapshot-dir).
+    snapshots: Option<crate::snapshot::engine::Handle>,
+    /// `rekindle restore`: (DIR@ID, the id, bytes restored) of the snapshot
+    /// the held fds were made from, until the first spawn.
+    restored: Option<(String, String, u64)>,
+    /// Continuous snapshots since the last `snapshot` event, and its time.
+    snapshots_since_event: u64,
+    snapshot_event_ns: u64,
 }
 
 fn sig_name(sig: i32) -> String {
@@ -219,12 +231,43 @@ impl Supervisor {
             }
             listen.push((format!("listen{}", listen.len()), fd));
         }
-        let held = inherited
+        let mut held = inherited
             .held
             .into_iter()
             .filter(|(_, _, fd)| crate::arena::is_rekindle_memfd(fd.as_fd()))
             .map(|(kind, name, fd)| Held { kind, name, fd })
             .collect::<Vec<_>>();
+        let restored = match &cfg.restore {
+            Some(src) => {
+                let r = crate::snapshot::restore::materialize(src).map_err(|e| {
+                    let mut evs = EventLog::open(&cfg.name, cfg.events.as_deref()).ok();
+                    if let Some(l) = evs.as_mut() {
+                        l.emit(
+                            ev("error")
+                                .s("what", "cannot restore")
+                                .s("code", e.code())
+                                .s("error", e.to_string()),
+                        );
+                    }
+                    anyhow::anyhow!(
+                        "cannot restore from {}: {e} ({})",
+                        src.dir.display(),
+                        e.code()
+                    )
+                })?;
+                held = r
+                    .fds
+                    .into_iter()
+                    .map(|(kind, name, fd)| Held { kind, name, fd })
+                    .collect();
+                Some((
+                    crate::snapshot::restore::describe(&src.dir, &r.info),
+                    r.info.id.as_str().to_string(),
+                    r.bytes,
+                ))
+            }
+            None => None,
+        };
 
         let metrics = Metrics::new(&cfg.name)?;
         let metrics_server = match &cfg.metrics {
@@ -240,6 +283,7 @@ impl Supervisor {
             "REKINDLE_HANG_TIMEOUT_MS",
             "REKINDLE_NAME",
             "REKINDLE_MANIFEST_FD",
+            "REKINDLE_SNAPSHOT_FD",
             "NOTIFY_SOCKET",
             "LISTEN_FDS",
             "LISTEN_PID",
@@ -250,6 +294,10 @@ impl Supervisor {
         ]);
         // names this supervisor in every incarnation: orphan::find
         base_env.push(spawn::env_entry(orphan::SOCKET_ENV, control.path()));
+        let snapshots = match &cfg.snapshots {
+            Some(sc) => Some(snapshots::start_engine(sc, &cfg.name)?),
+            None => None,
+        };
         let now = now_ns();
         let mut s = Supervisor {
             report: Report::new(events, metrics, systemd),
@@ -279,9 +327,14 @@ impl Supervisor {
             started_ns: now,
             started_wall: humantime::format_rfc3339_millis(std::time::SystemTime::now())
                 .to_string(),
+            snapshots,
+            restored,
+            snapshots_since_event: 0,
+            snapshot_event_ns: 0,
             cfg,
         };
         s.sort_held();
+        s.snapshot_held();
         Ok(s)
     }
 
@@ -335,6 +388,7 @@ impl Supervisor {
                 decision_code: Reason::None,
                 backoff_ms: 0,
                 dropped: 0,
+                restored: false,
             }
         } else {
             // A new control block: nothing known of regions or independence.
@@ -355,20 +409,45 @@ impl Supervisor {
                 failure: Some("supervisor-restart"),
             });
             let dropped = self.apply_decision(&d);
-            Plan {
-                mode: if mode == Mode::Warm {
-                    StartKind::Warm
-                } else {
-                    StartKind::Cold
-                },
-                generation: 1,
-                signal: 0,
-                t_detect_ns: now_ns(),
-                reason: "supervisor restarted".into(),
-                decision: why,
-                decision_code: d.code,
-                backoff_ms: 0,
-                dropped,
+            let restored = self.restored.take().filter(|_| mode == Mode::Warm);
+            if let Some((what, id, bytes)) = &restored {
+                self.report.event(
+                    ev("restore")
+                        .s("snapshot", what.as_str())
+                        .s("id", id.as_str())
+                        .u("bytes", *bytes),
+                );
+            }
+            if let Some((what, id, _)) = restored {
+                Plan {
+                    mode: StartKind::Warm,
+                    generation: 1,
+                    signal: 0,
+                    t_detect_ns: now_ns(),
+                    reason: id,
+                    decision: format!("restored from snapshot {what}"),
+                    decision_code: Reason::Restored,
+                    backoff_ms: 0,
+                    dropped,
+                    restored: true,
+                }
+            } else {
+                Plan {
+                    mode: if mode == Mode::Warm {
+                        StartKind::Warm
+                    } else {
+                        StartKind::Cold
+                    },
+                    generation: 1,
+                    signal: 0,
+                    t_detect_ns: now_ns(),
+                    reason: "supervisor restarted".into(),
+                    decision: why,
+                    decision_code: d.code,
+                    backoff_ms: 0,
+                    dropped,
+                    restored: false,
+                }
             }
         };
         self.next_spawn = Some((now_ns(), first));
@@ -427,6 +506,7 @@ impl Supervisor {
             Ctl(u64),
             MetListen,
             MetConn,
+            Snap,
         }
         let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(16);
         let mut srcs: Vec<Src> = Vec::with_capacity(16);
@@ -468,6 +548,9 @@ impl Supervisor {
                 );
             }
         }
+        if let Some(h) = &self.snapshots {
+            add(h.notify.as_fd(), libc::POLLIN, Src::Snap);
+        }
         let timeout = self.poll_timeout_ms();
         // SAFETY: pfds is a live array of pollfd of the given length.
         let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
@@ -498,6 +581,7 @@ impl Supervisor {
                     metrics_active = true;
                 }
                 Src::MetConn => metrics_active = true,
+                Src::Snap => self.on_snapshot_notes(),
             }
         }
         if metrics_active {

@@ -210,6 +210,7 @@ fn sup_msg() -> impl Strategy<Value = SupMsg> {
                         decision,
                         decision_code: any_reason(generation),
                         dropped,
+                        flags: generation & 1,
                     })
                 }
             ),

@@ -9,7 +9,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rekindle::reason::Reason;
-use rekindle::{arena, control_block as cb, inspect as ins};
+use rekindle::snapshot::agent_link::{self as al, SnapStatus};
+use rekindle::{arena, control_block as cb, inspect as ins, proto};
 
 fn probe_output() -> String {
     run_probe("probe.c", false)
@@ -245,4 +246,57 @@ fn reason_codes_and_names_match_the_c_header() {
         Reason::ALL.len(),
         "C and Rust know different numbers of reasons"
     );
+}
+
+#[test]
+fn the_snapshot_agents_messages_and_buffer_match_the_c_header() {
+    let c = c_layout();
+    let same = |name: &str, rust: u64| assert_eq!(rust, want(&c, name), "{name}: Rust {rust}");
+    same("SNAP_BUF_MAGIC", al::BUF_MAGIC);
+    same("SNAP_BUF_VERSION", al::BUF_VERSION as u64);
+    same("SNAP_BUF_HDR_LEN", al::BUF_HDR_LEN as u64);
+    same("SNAP_OFF_REGIONS_OFF", al::OFF_BUF_REGIONS_OFF as u64);
+    same("SNAP_OFF_VEC_OFF", al::OFF_BUF_VEC_OFF as u64);
+    same("SNAP_OFF_PUNCH_OFF", al::OFF_BUF_PUNCH_OFF as u64);
+    same("SNAP_OFF_MANIFEST_OFF", al::OFF_BUF_MANIFEST_OFF as u64);
+    same("SNAP_OFF_VEC_CAP", al::OFF_BUF_VEC_CAP as u64);
+    same("SNAP_OFF_PUNCH_CAP", al::OFF_BUF_PUNCH_CAP as u64);
+    same("SNAP_OFF_NREGIONS", al::OFF_BUF_NREGIONS as u64);
+    same("SNAP_OFF_NVEC", al::OFF_BUF_NVEC as u64);
+    same("SNAP_OFF_MANIFEST_LEN", al::OFF_BUF_MANIFEST_LEN as u64);
+    same("SNAP_OFF_NPUNCH", al::OFF_BUF_NPUNCH as u64);
+    same("SNAP_REGION_LEN", al::REGION_LEN as u64);
+    // Report::regions reads the name at 8, addr/len at 56/64, first/count at 72/76
+    same("SNAP_REGION_OFF_NAME", 8);
+    same("SNAP_REGION_OFF_ADDR", 56);
+    same("SNAP_REGION_OFF_FIRST", 72);
+    same("SNAP_REGION_NEW", al::REGION_NEW as u64);
+    same("SNAP_REGION_ARENA", 1);
+    same("SNAP_REGION_RANGE", 2);
+    same("SNAP_RUN_LEN", al::RUN_LEN as u64);
+    same("SNAP_PUNCH_LEN", al::PUNCH_LEN as u64);
+    same("SNAP_MAX_REGIONS", al::MAX_REGIONS as u64);
+    same("SNAP_T_HELLO", al::T_SNAP_HELLO as u64);
+    same("SNAP_T_DIRTY", al::T_SNAP_DIRTY as u64);
+    same("SNAP_T_RELEASED", al::T_SNAP_RELEASED as u64);
+    same("SNAP_T_SCAN", al::T_SNAP_SCAN as u64);
+    same("SNAP_T_CONTINUE", al::T_SNAP_CONTINUE as u64);
+    same("SNAP_T_RELEASE", al::T_SNAP_RELEASE as u64);
+    same("SNAP_HELLO_LEN", al::SNAP_HELLO_LEN as u64);
+    same("SNAP_SCAN_LEN", al::SNAP_SCAN_LEN as u64);
+    same("SNAP_DIRTY_LEN", al::SNAP_DIRTY_LEN as u64);
+    same("SNAP_SEQ_LEN", al::SNAP_SEQ_LEN as u64);
+    same("SNAP_RELEASED_LEN", al::SNAP_RELEASED_LEN as u64);
+    for (name, s) in [
+        ("SNAP_STATUS_REGION_OPEN", SnapStatus::RegionOpen),
+        ("SNAP_STATUS_RESTARTING", SnapStatus::Restarting),
+        ("SNAP_STATUS_LAYOUT_CHANGING", SnapStatus::LayoutChanging),
+        ("SNAP_STATUS_SCAN_FAILED", SnapStatus::ScanFailed),
+        ("SNAP_STATUS_STOP_TIMEOUT", SnapStatus::StopTimeout),
+        ("SNAP_STATUS_BAD_REQUEST", SnapStatus::BadRequest),
+        ("SNAP_STATUS_UNAVAILABLE", SnapStatus::Unavailable),
+    ] {
+        same(name, s.code() as u64);
+    }
+    same("INHERIT_RESTORED", proto::INHERIT_RESTORED as u64);
 }

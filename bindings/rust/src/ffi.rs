@@ -67,6 +67,8 @@ pub struct rk_restart_info {
     pub arenas_dropped: c_uint,
     /// `enum rk_reason`
     pub decision_code: c_uint,
+    /// A restore from a durable snapshot: its id; empty otherwise.
+    pub snapshot: [c_char; 64],
 }
 
 /// `struct rk_sweep_stats`

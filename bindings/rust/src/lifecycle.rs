@@ -231,6 +231,8 @@ pub struct Start {
     pub statics_restored: u32,
     /// Half-changed independent arenas that were not reused.
     pub arenas_dropped: u32,
+    /// A warm start restored from a durable snapshot: the snapshot's id.
+    pub snapshot: Option<String>,
     /// `Some` on a warm start: mark what the app still reaches, then
     /// [`Recovery::finish`] or [`Recovery::sweep`]. Take it with
     /// `start.recovery.take()`.
@@ -256,6 +258,7 @@ impl Start {
             preserved_bytes: info.preserved_bytes,
             statics_restored: info.statics_restored,
             arenas_dropped: info.arenas_dropped,
+            snapshot: Some(c_chars_to_string(&info.snapshot)).filter(|s| !s.is_empty()),
             recovery: recovering.then_some(Recovery {
                 _not_send: PhantomData,
             }),

@@ -175,6 +175,11 @@ impl Supervisor {
             decision: p.decision.clone(),
             decision_code: p.decision_code,
             dropped: p.dropped,
+            flags: if p.restored {
+                proto::INHERIT_RESTORED
+            } else {
+                0
+            },
         };
         let bytes = proto::encode_sup(&SupMsg::Inherit(inh));
         let fds: Vec<BorrowedFd<'_>> = if p.mode == StartKind::Warm {
@@ -292,6 +297,7 @@ impl Supervisor {
             .collect();
         self.held = new; // the old set is closed here
         self.sort_held();
+        self.snapshot_held();
         let arenas: Vec<&str> = self
             .held
             .iter()

@@ -40,6 +40,10 @@ impl Supervisor {
                     }
                 }
                 Ok(Request::Inspect) => self.inspect(),
+                Ok(Request::Checkpoint { tags, wait }) => match self.checkpoint(id, tags, wait) {
+                    Some(reply) => reply,
+                    None => continue, // answered when the snapshot is durable
+                },
                 Ok(Request::Stop) => {
                     if let Some(c) = self.control.client_mut(id) {
                         c.hold_open = true; // closes when the supervisor exits

@@ -55,14 +55,31 @@ impl Supervisor {
             let names: Vec<&str> = self.listen.iter().map(|(n, _)| n.as_str()).collect();
             env.push(spawn::env_entry("LISTEN_FDNAMES", names.join(":")));
         }
+        // with snapshots: the agent's socket pair, at 5+L
+        let snap = match self.snapshots.as_ref().map(|_| app_link::pair()) {
+            Some(Ok(p)) => Some(p),
+            Some(Err(e)) => {
+                self.spawn_failed(plan, &format!("socketpair for snapshots: {e}"));
+                return;
+            }
+            None => None,
+        };
+        if snap.is_some() {
+            env.push(spawn::env_entry(
+                "REKINDLE_SNAPSHOT_FD",
+                (5 + l).to_string(),
+            ));
+        }
         let fds = ChildFds {
             listen: self.listen.iter().map(|(_, f)| f.as_fd()).collect(),
             app_sock: app_end.as_fd(),
             control: self.ctl.fd(),
+            snapshot: snap.as_ref().map(|(_, app)| app.as_fd()),
         };
         let r = spawn::spawn(&self.program, &env, &fds, l > 0);
         drop(fds);
         drop(app_end);
+        let snap_sup = snap.map(|(sup, _)| sup);
         let pid = match r {
             Ok(pid) => pid,
             Err(e) => {
@@ -71,6 +88,9 @@ impl Supervisor {
             }
         };
         self.generation = plan.generation;
+        if let Some(sock) = snap_sup {
+            self.snapshot_spawned(pid, sock);
+        }
         self.report.record(Record::Spawn {
             pid,
             generation: plan.generation,
@@ -130,6 +150,7 @@ impl Supervisor {
     /// The process is gone: decide and schedule the next one.
     pub(super) fn on_app_exit(&mut self, status: libc::c_int) {
         self.drain_app();
+        self.snapshot_gone();
         let now = now_ns();
         let (signal, code) = if libc::WIFSIGNALED(status) {
             (libc::WTERMSIG(status), None)
@@ -259,6 +280,7 @@ impl Supervisor {
             decision_code: d.code,
             backoff_ms: backoff.as_millis() as u64,
             dropped,
+            restored: false,
         };
         self.pending = Some(Pending {
             path: RestartPath::Respawn,

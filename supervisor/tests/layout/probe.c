@@ -127,5 +127,48 @@ int main(void)
 	for (int r = 0; r < RK_REASON_COUNT; r++)
 		printf("REASON_%d %d %s\n", r, r, rk_reason_name((enum rk_reason)r));
 	P("REASON_COUNT", RK_REASON_COUNT);
+	/* the snapshot agent's messages and shared buffer (agent_link.rs) */
+	P("SNAP_BUF_MAGIC", RK_SNAP_BUF_MAGIC);
+	P("SNAP_BUF_VERSION", RK_SNAP_BUF_VERSION);
+	P("SNAP_BUF_HDR_LEN", sizeof(struct rk_snap_buf));
+	P("SNAP_OFF_REGIONS_OFF", offsetof(struct rk_snap_buf, regions_off));
+	P("SNAP_OFF_VEC_OFF", offsetof(struct rk_snap_buf, vec_off));
+	P("SNAP_OFF_PUNCH_OFF", offsetof(struct rk_snap_buf, punch_off));
+	P("SNAP_OFF_MANIFEST_OFF", offsetof(struct rk_snap_buf, manifest_off));
+	P("SNAP_OFF_VEC_CAP", offsetof(struct rk_snap_buf, vec_cap));
+	P("SNAP_OFF_PUNCH_CAP", offsetof(struct rk_snap_buf, punch_cap));
+	P("SNAP_OFF_NREGIONS", offsetof(struct rk_snap_buf, nregions));
+	P("SNAP_OFF_NVEC", offsetof(struct rk_snap_buf, nvec));
+	P("SNAP_OFF_MANIFEST_LEN", offsetof(struct rk_snap_buf, manifest_len));
+	P("SNAP_OFF_NPUNCH", offsetof(struct rk_snap_buf, npunch));
+	P("SNAP_REGION_LEN", sizeof(struct rk_snap_region));
+	P("SNAP_REGION_OFF_NAME", offsetof(struct rk_snap_region, name));
+	P("SNAP_REGION_OFF_ADDR", offsetof(struct rk_snap_region, addr));
+	P("SNAP_REGION_OFF_FIRST", offsetof(struct rk_snap_region, first));
+	P("SNAP_REGION_NEW", RK_SNAP_REGION_NEW);
+	P("SNAP_REGION_ARENA", RK_SNAP_ARENA);
+	P("SNAP_REGION_RANGE", RK_SNAP_RANGE);
+	P("SNAP_RUN_LEN", 3 * sizeof(uint64_t)); /* struct page_region */
+	P("SNAP_PUNCH_LEN", sizeof(struct rk_snap_punch));
+	P("SNAP_MAX_REGIONS", RK_SNAP_MAX_REGIONS);
+	P("SNAP_T_HELLO", RK_SNAP_HELLO);
+	P("SNAP_T_DIRTY", RK_SNAP_DIRTY);
+	P("SNAP_T_RELEASED", RK_SNAP_RELEASED);
+	P("SNAP_T_SCAN", RK_SNAP_SCAN);
+	P("SNAP_T_CONTINUE", RK_SNAP_CONTINUE);
+	P("SNAP_T_RELEASE", RK_SNAP_RELEASE);
+	P("SNAP_HELLO_LEN", sizeof(struct rk_snap_hello));
+	P("SNAP_SCAN_LEN", sizeof(struct rk_snap_scan));
+	P("SNAP_DIRTY_LEN", sizeof(struct rk_snap_dirty));
+	P("SNAP_SEQ_LEN", sizeof(struct rk_snap_seq));
+	P("SNAP_RELEASED_LEN", sizeof(struct rk_snap_released));
+	P("SNAP_STATUS_REGION_OPEN", RK_SNAP_REGION_OPEN);
+	P("SNAP_STATUS_RESTARTING", RK_SNAP_RESTARTING);
+	P("SNAP_STATUS_LAYOUT_CHANGING", RK_SNAP_LAYOUT_CHANGING);
+	P("SNAP_STATUS_SCAN_FAILED", RK_SNAP_SCAN_FAILED);
+	P("SNAP_STATUS_STOP_TIMEOUT", RK_SNAP_STOP_TIMEOUT);
+	P("SNAP_STATUS_BAD_REQUEST", RK_SNAP_BAD_REQUEST);
+	P("SNAP_STATUS_UNAVAILABLE", RK_SNAP_UNAVAILABLE);
+	P("INHERIT_RESTORED", RK_INHERIT_RESTORED);
 	return 0;
 }

@@ -1,0 +1,771 @@
+//! One snapshot of a running app: reports of written pages from its agent
+//! (agent_link.rs), the pages copied out of the memfds the supervisor holds,
+//! the consistent cut, and the store writer.  Blocking; runs on the engine's
+//! thread (engine.rs), never on the supervisor's poll loop.
+//!
+//! The sequence (docs/snapshots.md, "Taking a snapshot"):
+//! 1. pre-copy rounds while the app runs: the agent reports the pages
+//!    written since the last report and write-protects them again; we copy
+//!    them (and, for a full snapshot, every page of every region);
+//! 2. the cut: the agent freezes the app at a consistent point and reports
+//!    the pages written since the last round, the holes the allocator
+//!    punched since the last cut, and the manifest with the statics; we copy
+//!    those pages while the app waits, then release it;
+//! 3. the staged pages go to the store, which publishes the snapshot.
+//!
+//! A page copied in a round and not written since holds the cut's state; a
+//! page written since is reported again at the cut and copied then.
+
+use std::collections::{BTreeSet, HashMap};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use super::agent_link::{self, AgentMsg, Region, RegionKind, Report, SnapStatus};
+use super::staging::{PAGE, Staging};
+use crate::app_link::{self, Recv};
+use crate::store::{self, NewSnapshot, RegionMeta, SnapshotId, SnapshotInfo, Store, StoreError};
+
+/// Why a snapshot did not happen; `code()` is the stable reason code.
+#[derive(Debug)]
+pub enum Failure {
+    /// The agent said no (an open region, a restart, ...).
+    Agent {
+        status: SnapStatus,
+        err: i32,
+    },
+    /// The agent did not answer in time, or its socket is gone.
+    AgentLost(String),
+    /// The agent's report broke the protocol.
+    BadReport(String),
+    /// The preserved set changed between two reports of one snapshot.
+    LayoutChanged,
+    /// The supervisor holds no fd for a region the agent reported.
+    NoFd(String),
+    /// Reading a memfd failed.
+    Read {
+        region: String,
+        err: std::io::Error,
+    },
+    Store(StoreError),
+    /// The agent restarted (a new incarnation) in the middle.
+    NewIncarnation,
+}
+
+impl Failure {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Failure::Agent { status, .. } => status.name(),
+            Failure::AgentLost(_) => "agent_lost",
+            Failure::BadReport(_) => "bad_report",
+            Failure::LayoutChanged => "layout_changed",
+            Failure::NoFd(_) => "no_fd",
+            Failure::Read { .. } => "memfd_read",
+            Failure::Store(e) => e.code(),
+            Failure::NewIncarnation => "new_incarnation",
+        }
+    }
+    /// Worth trying again at the next interval (the store is fine).
+    pub fn transient(&self) -> bool {
+        !matches!(self, Failure::Store(_))
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Agent { status, err } => {
+                write!(f, "the app's agent refused: {}", status.name())?;
+                if *err != 0 {
+                    write!(f, " ({})", std::io::Error::from_raw_os_error(*err))?;
+                }
+                Ok(())
+            }
+            Failure::AgentLost(w) => write!(f, "the app's agent did not answer: {w}"),
+            Failure::BadReport(w) => write!(f, "malformed report from the app's agent: {w}"),
+            Failure::LayoutChanged => {
+                write!(f, "the preserved regions changed during the snapshot")
+            }
+            Failure::NoFd(n) => write!(f, "no memfd held for region {n}"),
+            Failure::Read { region, err } => write!(f, "reading region {region}: {err}"),
+            Failure::Store(e) => write!(f, "{e}"),
+            Failure::NewIncarnation => write!(f, "the app restarted during the snapshot"),
+        }
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Store(e)
+    }
+}
+
+/// The agent of the current incarnation: its socket and shared buffer.
+pub struct AgentLink {
+    pub sock: OwnedFd,
+    pub buf: BufMap,
+    pub pid: u32,
+    pub generation: u32,
+    pub seq: u64,
+}
+
+/// The agent's shared buffer, mapped read-only.
+pub struct BufMap {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value; only the engine's thread uses it.
+unsafe impl Send for BufMap {}
+
+impl BufMap {
+    pub fn map(fd: BorrowedFd<'_>, len: usize) -> std::io::Result<BufMap> {
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat into a zeroed stat.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if (st.st_size as u64) < len as u64 || len < agent_link::BUF_HDR_LEN {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("snapshot buffer of {} bytes, {len} announced", st.st_size),
+            ));
+        }
+        // SAFETY: a fresh read-only shared mapping of a memfd of at least len bytes.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(BufMap { ptr, len })
+    }
+
+    /// The buffer as the agent left it: read only while the agent waits for
+    /// us (after its DIRTY, before our CONTINUE or RELEASE).
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: mapped for len bytes for the life of self; the agent does
+        // not write the parts we read while it waits for our answer.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for BufMap {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// A memfd the supervisor holds, by the FDS name the agent reports.
+pub struct HeldRegion {
+    pub kind: RegionKind,
+    pub fd: OwnedFd,
+}
+
+pub struct Plan<'a> {
+    pub parent: Option<SnapshotId>,
+    pub force_full: bool,
+    pub epoch: u64,
+    pub generation: u64,
+    pub app: &'a str,
+    pub tags: Vec<String>,
+    pub precopy_rounds: u32,
+    pub freeze_timeout_ms: u32,
+    pub staging_bytes: usize,
+    /// Pages an abandoned snapshot had reported (they are not reported again).
+    pub carry: &'a HashMap<String, BTreeSet<u64>>,
+}
+
+/// What a snapshot cost and what it wrote.
+#[derive(Debug, Clone)]
+pub struct Done {
+    pub info: SnapshotInfo,
+    pub full: bool,
+    pub stop_ns: u64,
+    pub freeze_ns: u64,
+    /// The agent's scan at the cut, and our copying while the app waited.
+    pub scan_ns: u64,
+    pub cut_copy_ns: u64,
+    pub cut_pages: u64,
+    pub precopy_pages: u64,
+    pub punched_pages: u64,
+    pub new_chunks: u64,
+    pub dedup_hits: u64,
+    pub zero_pages: u64,
+    pub bytes_compressed: u64,
+    pub staging_peak: usize,
+    pub took: Duration,
+}
+
+/// Answer timeouts: an agent that does not answer a report in this time is
+/// considered lost (its own cut timeout is shorter).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
+
+impl AgentLink {
+    fn send(&self, msg: &[u8]) -> Result<(), Failure> {
+        match app_link::send(self.sock_fd(), msg, &[]) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Failure::AgentLost("its socket is full".into())),
+            Err(e) => Err(Failure::AgentLost(e.to_string())),
+        }
+    }
+
+    fn sock_fd(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.sock.as_fd()
+    }
+
+    /// The next message for this seq; a HELLO means a new incarnation.
+    fn recv(&self, seq: u64) -> Result<AgentMsg, Failure> {
+        let deadline = Instant::now() + ANSWER_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Failure::AgentLost("timed out".into()));
+            }
+            let mut p = libc::pollfd {
+                fd: self.sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(Failure::AgentLost(e.to_string()));
+            }
+            if n == 0 {
+                continue;
+            }
+            match app_link::recv(self.sock_fd()) {
+                Ok(Recv::Msg { data, .. }) => match agent_link::parse(&data) {
+                    Ok(AgentMsg::Hello(_)) => return Err(Failure::NewIncarnation),
+                    Ok(AgentMsg::Dirty(d)) if d.seq == seq => return Ok(AgentMsg::Dirty(d)),
+                    Ok(AgentMsg::Released(r)) if r.seq == seq => return Ok(AgentMsg::Released(r)),
+                    Ok(_) => continue, // an earlier snapshot's
+                    Err(e) => return Err(Failure::BadReport(e.to_string())),
+                },
+                Ok(Recv::WouldBlock) => continue,
+                Ok(Recv::Empty) => return Err(Failure::AgentLost("socket closed".into())),
+                Err(e) => return Err(Failure::AgentLost(e.to_string())),
+            }
+        }
+    }
+}
+
+/// The regions of one snapshot, fixed by its first report.
+struct Layout {
+    regions: Vec<Region>,
+    manifest_size: u64,
+}
+
+impl Layout {
+    fn same(&self, other: &[Region]) -> bool {
+        self.regions.len() == other.len()
+            && self.regions.iter().zip(other).all(|(a, b)| {
+                a.name == b.name && a.kind == b.kind && a.addr == b.addr && a.len == b.len
+            })
+    }
+
+    fn metas(&self, held: &HashMap<String, HeldRegion>) -> Vec<RegionMeta> {
+        let mut v: Vec<RegionMeta> = self
+            .regions
+            .iter()
+            .map(|r| {
+                let file = held
+                    .get(&r.name)
+                    .map(|h| fd_size(h.fd.as_raw_fd()))
+                    .unwrap_or(0);
+                RegionMeta {
+                    kind: match r.kind {
+                        RegionKind::Arena => store::RegionKind::Arena,
+                        RegionKind::Range => store::RegionKind::Range,
+                    },
+                    name: r.name.clone(),
+                    addr: r.addr,
+                    size: r.len,
+                    layout: serde_json::json!({"memfd_bytes": file}),
+                }
+            })
+            .collect();
+        v.push(RegionMeta {
+            kind: store::RegionKind::Static,
+            name: MANIFEST_REGION.into(),
+            addr: 0,
+            size: self.manifest_size,
+            layout: serde_json::json!({"what": "the runtime's manifest with the statics saved at the cut"}),
+        });
+        v
+    }
+}
+
+/// The manifest (arena table, statics) travels as a region of its own.
+pub const MANIFEST_REGION: &str = "manifest";
+
+fn fd_size(fd: i32) -> u64 {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat into a zeroed stat.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return 0;
+    }
+    st.st_size as u64
+}
+
+fn pread_full(fd: i32, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: buf[done..] is writable for its length.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                buf[done..].as_mut_ptr().cast(),
+                buf.len() - done,
+                (off + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break; // past the end of the file: zeros
+        }
+        done += n as usize;
+    }
+    buf[done..].fill(0);
+    Ok(done)
+}
+
+/// The data extents of a memfd below `limit` (holes read as zeros and are
+/// not copied): SEEK_DATA / SEEK_HOLE.
+fn data_extents(fd: i32, limit: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    let mut v = Vec::new();
+    let mut at = 0u64;
+    while at < limit {
+        // SAFETY: lseek on our fd.
+        let d = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+        if d < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // no data from `at` on
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let h = unsafe { libc::lseek(fd, d, libc::SEEK_HOLE) };
+        if h < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let (s, e) = (
+            (d as u64) & !(PAGE as u64 - 1),
+            (h as u64).min(limit).div_ceil(PAGE as u64) * PAGE as u64,
+        );
+        if e > s {
+            v.push((s, e));
+        }
+        at = h as u64;
+    }
+    Ok(v)
+}
+
+/// A snapshot in the making.
+struct Taking<'s, 'h> {
+    writer: Option<store::SnapshotWriter<'s>>,
+    store: Option<&'s mut Store>,
+    held: &'h HashMap<String, HeldRegion>,
+    layout: Option<Layout>,
+    staging: Staging,
+    full: bool,
+    plan_meta: Option<NewSnapshot>,
+    /// Every page copied (region, page): carried to the next snapshot if this one is abandoned.
+    pub touched: HashMap<String, BTreeSet<u64>>,
+    copy_buf: Vec<u8>,
+    skip_zero: bool,
+    /// Pages copied by reading whole regions (a full snapshot).
+    whole_pages: u64,
+}
+
+impl<'s, 'h> Taking<'s, 'h> {
+    fn writer(&mut self) -> Result<&mut store::SnapshotWriter<'s>, Failure> {
+        if self.writer.is_none() {
+            let store = self.store.take().ok_or(Failure::LayoutChanged)?;
+            let meta = self.plan_meta.take().ok_or(Failure::LayoutChanged)?;
+            self.writer = Some(store.begin(meta)?);
+        }
+        self.writer.as_mut().ok_or(Failure::LayoutChanged)
+    }
+
+    fn flush(&mut self) -> Result<(), Failure> {
+        let mut staging = std::mem::replace(&mut self.staging, Staging::new(0));
+        let w = self.writer()?;
+        let mut err = None;
+        let r = staging.drain(|region, page, bytes| {
+            w.put_page(region, page, bytes).map_err(|e| {
+                let s = e.to_string();
+                err = Some(e);
+                s
+            })
+        });
+        self.staging = staging;
+        match (r, err) {
+            (Ok(()), _) => Ok(()),
+            (Err(_), Some(e)) => Err(Failure::Store(e)),
+            (Err(s), None) => Err(Failure::BadReport(s)),
+        }
+    }
+
+    /// Copies pages [from, to) (offsets in region idx's memfd) into staging.
+    fn copy_pages(&mut self, idx: u32, from: u64, to: u64) -> Result<u64, Failure> {
+        let (name, fd) = {
+            let r = &self.layout.as_ref().ok_or(Failure::LayoutChanged)?.regions[idx as usize];
+            let h = self
+                .held
+                .get(&r.name)
+                .ok_or_else(|| Failure::NoFd(r.name.clone()))?;
+            (r.name.clone(), h.fd.as_raw_fd())
+        };
+        const BATCH: u64 = 64 * PAGE as u64;
+        let mut copied = 0;
+        let mut off = from;
+        while off < to {
+            let n = (to - off).min(BATCH) as usize;
+            self.copy_buf.resize(n, 0);
+            pread_full(fd, &mut self.copy_buf[..n], off).map_err(|err| Failure::Read {
+                region: name.clone(),
+                err,
+            })?;
+            for i in 0..n / PAGE {
+                let page = off / PAGE as u64 + i as u64;
+                let bytes = &self.copy_buf[i * PAGE..(i + 1) * PAGE];
+                if self.skip_zero && bytes.iter().all(|&b| b == 0) {
+                    continue; // a full snapshot lists only non-zero pages
+                }
+                if self.staging.is_full() {
+                    let keep = std::mem::take(&mut self.copy_buf);
+                    self.flush()?;
+                    self.copy_buf = keep;
+                }
+                let bytes = &self.copy_buf[i * PAGE..(i + 1) * PAGE];
+                self.staging.put(idx, page, bytes);
+                self.touched.entry(name.clone()).or_default().insert(page);
+                copied += 1;
+            }
+            off += n as u64;
+        }
+        Ok(copied)
+    }
+
+    fn copy_whole(&mut self, idx: u32) -> Result<u64, Failure> {
+        let (name, fd, len) = {
+            let r = &self.layout.as_ref().ok_or(Failure::LayoutChanged)?.regions[idx as usize];
+            let h = self
+                .held
+                .get(&r.name)
+                .ok_or_else(|| Failure::NoFd(r.name.clone()))?;
+            (r.name.clone(), h.fd.as_raw_fd(), r.len)
+        };
+        let limit = fd_size(fd).min(len);
+        let ext = data_extents(fd, limit).map_err(|err| Failure::Read { region: name, err })?;
+        let mut n = 0;
+        for (s, e) in ext {
+            n += self.copy_pages(idx, s, e)?;
+        }
+        Ok(n)
+    }
+}
+
+/// Takes one snapshot.  On failure nothing is published, and `touched`
+/// says which pages the agent reported (they must be copied next time).
+pub fn take(
+    link: &mut AgentLink,
+    held: &HashMap<String, HeldRegion>,
+    store: &mut Store,
+    plan: Plan<'_>,
+    touched_out: &mut HashMap<String, BTreeSet<u64>>,
+) -> Result<Done, Failure> {
+    let t0 = Instant::now();
+    let mut t = Taking {
+        writer: None,
+        store: Some(store),
+        held,
+        layout: None,
+        staging: Staging::new(plan.staging_bytes),
+        full: plan.force_full || plan.parent.is_none(),
+        plan_meta: None,
+        touched: HashMap::new(),
+        copy_buf: Vec::new(),
+        skip_zero: false,
+        whole_pages: 0,
+    };
+    let r = run(link, &mut t, &plan, t0);
+    if r.is_err() {
+        for (k, v) in std::mem::take(&mut t.touched) {
+            touched_out.entry(k).or_default().extend(v);
+        }
+        if let Some(w) = t.writer.take() {
+            w.abort();
+        }
+    }
+    r
+}
+
+const MAX_ROUNDS: u32 = 4;
+const SMALL_ROUND_PAGES: u64 = 4096;
+
+struct Counts {
+    /// When the cut's first report arrived (the app waits from then on).
+    first_dirty: Option<Instant>,
+    precopy: u64,
+    cut: u64,
+    punched: u64,
+}
+
+fn run(
+    link: &mut AgentLink,
+    t: &mut Taking<'_, '_>,
+    plan: &Plan<'_>,
+    t0: Instant,
+) -> Result<Done, Failure> {
+    let mut c = Counts {
+        first_dirty: None,
+        precopy: 0,
+        cut: 0,
+        punched: 0,
+    };
+    // Rounds until the last one copied little (what the cut must then copy
+    // with the app frozen is what was written during that round).
+    for round in 1..=MAX_ROUNDS {
+        let before = c.precopy;
+        report(link, t, plan, false, &mut c)?;
+        if round >= plan.precopy_rounds && c.precopy - before <= SMALL_ROUND_PAGES {
+            break;
+        }
+    }
+    let (freeze_ns, scan_ns, manifest) = report(link, t, plan, true, &mut c)?;
+    // the app is frozen: release it
+    let cut_copy_ns = c.first_dirty.map_or(0, |t| t.elapsed().as_nanos() as u64);
+    link.send(&agent_link::encode_release(link.seq))?;
+    let stop_ns = match link.recv(link.seq)? {
+        AgentMsg::Released(r) if r.status == SnapStatus::Ok => r.stop_ns,
+        AgentMsg::Released(r) => {
+            return Err(Failure::Agent {
+                status: r.status,
+                err: 0,
+            });
+        }
+        _ => return Err(Failure::BadReport("DIRTY where RELEASED was due".into())),
+    };
+    t.flush()?;
+    let idx = t.layout.as_ref().map_or(0, |l| l.regions.len()) as u32;
+    let w = t.writer()?;
+    w.put_bytes(idx, &manifest)?;
+    let stats = w.stats();
+    let w = t.writer.take().ok_or(Failure::LayoutChanged)?;
+    let info = w.commit()?;
+    Ok(Done {
+        info,
+        full: t.full,
+        stop_ns,
+        freeze_ns,
+        scan_ns,
+        cut_copy_ns,
+        cut_pages: c.cut,
+        precopy_pages: c.precopy + t.whole_pages,
+        punched_pages: c.punched,
+        new_chunks: stats.new_chunks,
+        dedup_hits: stats.dedup_hits,
+        zero_pages: stats.zero_pages,
+        bytes_compressed: stats.bytes_compressed,
+        staging_peak: t.staging.peak_bytes,
+        took: t0.elapsed(),
+    })
+}
+
+/// One report (its batches), its pages copied; for the cut, also the
+/// punched pages and the manifest.  Returns (freeze time, scan time,
+/// manifest bytes).
+fn report(
+    link: &mut AgentLink,
+    t: &mut Taking<'_, '_>,
+    plan: &Plan<'_>,
+    cut: bool,
+    c: &mut Counts,
+) -> Result<(u64, u64, Vec<u8>), Failure> {
+    link.seq += 1;
+    let seq = link.seq;
+    link.send(&agent_link::encode_scan(seq, cut, plan.freeze_timeout_ms))?;
+    let mut first_batch = true;
+    loop {
+        let d = match link.recv(seq)? {
+            AgentMsg::Dirty(d) => d,
+            _ => return Err(Failure::BadReport("RELEASED where DIRTY was due".into())),
+        };
+        if d.status != SnapStatus::Ok {
+            return Err(Failure::Agent {
+                status: d.status,
+                err: d.err,
+            });
+        }
+        if cut && c.first_dirty.is_none() {
+            c.first_dirty = Some(Instant::now());
+        }
+        let rep = Report::new(link.buf.bytes()).map_err(|e| Failure::BadReport(e.to_string()))?;
+        let regions = rep
+            .regions()
+            .map_err(|e| Failure::BadReport(e.to_string()))?;
+        if first_batch {
+            first_batch = false;
+            start_report(t, plan, &regions, rep.manifest_len as u64, cut)?;
+        }
+        if t.layout.as_ref().is_some_and(|l| !l.same(&regions)) {
+            return Err(Failure::LayoutChanged);
+        }
+        for (i, r) in regions.iter().enumerate() {
+            for run in rep.runs(r).map_err(|e| Failure::BadReport(e.to_string()))? {
+                let n = t.copy_pages(i as u32, run.start - r.addr, run.end - r.addr)?;
+                if cut {
+                    c.cut += n;
+                } else {
+                    c.precopy += n;
+                }
+            }
+        }
+        if d.more {
+            link.send(&agent_link::encode_continue(seq))?;
+            continue;
+        }
+        if !cut {
+            return Ok((0, 0, Vec::new()));
+        }
+        if d.punch_overflow {
+            // more holes than the log holds: which pages they hit is
+            // unknown, so the cut cannot be trusted; the next one is full
+            return Err(Failure::Agent {
+                status: SnapStatus::LayoutChanging,
+                err: libc::ENOSPC,
+            });
+        }
+        // holes punched since the last cut: their pages read as the cut sees them
+        for (addr, pages) in rep.punches() {
+            if let Some((i, r)) = regions
+                .iter()
+                .enumerate()
+                .find(|(_, r)| addr >= r.addr && addr < r.addr + r.len)
+            {
+                let from = addr - r.addr;
+                let to = (from + pages.saturating_mul(PAGE as u64)).min(r.len);
+                let keep = t.skip_zero;
+                t.skip_zero = false;
+                c.punched += t.copy_pages(i as u32, from, to)?;
+                t.skip_zero = keep;
+            }
+        }
+        return Ok((d.t_freeze_ns, d.t_scan_ns, rep.manifest().to_vec()));
+    }
+}
+
+/// The first batch of a report: fixes the layout at the first report, and
+/// copies what must be copied whole (every region of a full snapshot, the
+/// regions the agent has just started tracking) and what an abandoned
+/// snapshot carried over.
+fn start_report(
+    t: &mut Taking<'_, '_>,
+    plan: &Plan<'_>,
+    regions: &[Region],
+    manifest_len: u64,
+    cut: bool,
+) -> Result<(), Failure> {
+    let first = t.layout.is_none();
+    if first {
+        if regions.iter().any(|r| r.new) {
+            t.full = true; // pages before the agent's tracking began are unknown
+        }
+        let layout = Layout {
+            regions: regions.to_vec(),
+            manifest_size: manifest_len.div_ceil(PAGE as u64) * PAGE as u64,
+        };
+        t.plan_meta = Some(NewSnapshot {
+            parent: plan.parent.clone(),
+            full: t.full,
+            epoch: plan.epoch,
+            generation: plan.generation,
+            app: plan.app.to_string(),
+            tags: plan.tags.clone(),
+            regions: layout.metas(t.held),
+        });
+        t.layout = Some(layout);
+        if t.full {
+            t.skip_zero = true;
+            for i in 0..regions.len() {
+                t.whole_pages += t.copy_whole(i as u32)?;
+            }
+            t.skip_zero = false;
+        } else {
+            for (i, r) in regions.iter().enumerate() {
+                if let Some(pages) = plan.carry.get(&r.name) {
+                    for &p in pages {
+                        let off = p * PAGE as u64;
+                        if off < r.len {
+                            t.copy_pages(i as u32, off, off + PAGE as u64)?;
+                        }
+                    }
+                }
+            }
+        }
+    } else if regions.iter().any(|r| r.new) {
+        // a region began to be tracked after the snapshot's first report
+        return Err(Failure::LayoutChanged);
+    }
+    let _ = cut;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_extents_skip_holes() {
+        let name = std::ffi::CString::new("extents").unwrap_or_default();
+        // SAFETY: memfd_create with a valid name.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: our fd; 1 MiB file, two written pages.
+        unsafe {
+            assert_eq!(libc::ftruncate(fd, 1 << 20), 0);
+            let p = [7u8; PAGE];
+            assert_eq!(
+                libc::pwrite(fd, p.as_ptr().cast(), PAGE, 3 * PAGE as i64),
+                PAGE as isize
+            );
+            assert_eq!(
+                libc::pwrite(fd, p.as_ptr().cast(), PAGE, 100 * PAGE as i64),
+                PAGE as isize
+            );
+        }
+        let e = data_extents(fd, 1 << 20).unwrap_or_else(|e| panic!("{e}"));
+        let pages: u64 = e.iter().map(|(s, e)| (e - s) / PAGE as u64).sum();
+        assert_eq!(pages, 2, "{e:?}");
+        let mut b = vec![1u8; 2 * PAGE];
+        assert_eq!(
+            pread_full(fd, &mut b, (1 << 20) - PAGE as u64).unwrap_or(0),
+            PAGE
+        );
+        assert!(b[PAGE..].iter().all(|&x| x == 0));
+        // SAFETY: our fd.
+        unsafe { libc::close(fd) };
+    }
+}

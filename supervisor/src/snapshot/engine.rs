@@ -1,0 +1,531 @@
+//! The snapshot engine: a thread of the supervisor that owns the store and
+//! talks to the app's snapshot agent.  The poll loop hands it what it needs
+//! (each incarnation's snapshot socket, dups of the held memfds, checkpoint
+//! requests) through `Handle`, and reads back `Note`s: the engine never
+//! touches the supervisor's state, and compression and writes never run on
+//! the poll loop or in the app.
+//!
+//! Back-pressure: snapshots are taken one after the other; when one takes
+//! longer than the interval (a slow disk, a high write rate), the next one
+//! starts as soon as it is done, so the interval stretches and every page
+//! written meanwhile is in the next snapshot (its dirty state stays in the
+//! page tables until then).  Memory: at most `staging_bytes` of copied
+//! pages are held; beyond that they go to the store writer early.
+
+use std::collections::{BTreeSet, HashMap};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::agent_link::{self, AgentMsg, RegionKind, SnapStatus};
+use super::cut::{self, AgentLink, BufMap, Done, Failure, HeldRegion, Plan};
+use crate::app_link::{self, Recv};
+use crate::proto::FdKind;
+use crate::store::{Retention, SnapshotId, Store};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub dir: PathBuf,
+    pub interval: Option<Duration>,
+    pub app: String,
+    /// Keep at most this many snapshots (gc after each commit).
+    pub keep: Option<usize>,
+    pub staging_bytes: usize,
+    pub freeze_timeout: Duration,
+    pub precopy_rounds: u32,
+}
+
+pub enum Cmd {
+    /// A new process: the supervisor's end of its snapshot socket pair.
+    Incarnation {
+        pid: i32,
+        sock: OwnedFd,
+    },
+    /// The memfds the supervisor holds now (dups), by FDS name.
+    Held(Vec<(FdKind, String, OwnedFd)>),
+    /// The process is gone.
+    Gone,
+    /// One snapshot now; `client` is answered with a `Note::Checkpoint`.
+    Checkpoint {
+        client: u64,
+        tags: Vec<String>,
+    },
+    Shutdown,
+}
+
+/// What the engine tells the poll loop.
+pub enum Note {
+    AgentReady {
+        pid: u32,
+        generation: u32,
+    },
+    AgentUnavailable {
+        pid: u32,
+        status: SnapStatus,
+        err: i32,
+    },
+    Snapshot(Box<Done>),
+    Failed {
+        code: &'static str,
+        detail: String,
+    },
+    Checkpoint {
+        client: u64,
+        reply: serde_json::Value,
+    },
+    Gc {
+        removed: usize,
+        freed_bytes: u64,
+    },
+}
+
+pub struct Handle {
+    tx: Sender<Cmd>,
+    wake: OwnedFd,
+    notes: Receiver<Note>,
+    /// Readable when notes are waiting (an eventfd).
+    pub notify: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: eventfd returns a fresh fd or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh and ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn poke(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: an 8-byte write to an eventfd.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+fn drain(fd: &OwnedFd) {
+    let mut v: u64 = 0;
+    // SAFETY: an 8-byte read from an eventfd.
+    unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+}
+
+impl Handle {
+    pub fn start(cfg: EngineConfig) -> std::io::Result<Handle> {
+        let (tx, rx) = channel();
+        let (ntx, notes) = channel();
+        let wake = eventfd()?;
+        let notify = eventfd()?;
+        let engine = Engine {
+            cfg,
+            rx,
+            wake: wake.try_clone()?,
+            notes: ntx,
+            notify: notify.try_clone()?,
+            store: None,
+            sock: None,
+            agent: None,
+            held: HashMap::new(),
+            last: None,
+            epoch: 0,
+            carry: HashMap::new(),
+            force_full: true,
+            next_due: None,
+            waiting: Vec::new(),
+            failing_since: None,
+            agent_since: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name("rk-snapshots".into())
+            .spawn(move || engine.run())?;
+        Ok(Handle {
+            tx,
+            wake,
+            notes,
+            notify,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn send(&self, c: Cmd) {
+        if self.tx.send(c).is_ok() {
+            poke(&self.wake);
+        }
+    }
+
+    /// Every note waiting.
+    pub fn notes(&self) -> Vec<Note> {
+        drain(&self.notify);
+        let mut v = Vec::new();
+        while let Ok(n) = self.notes.try_recv() {
+            v.push(n);
+        }
+        v
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.send(Cmd::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Engine {
+    cfg: EngineConfig,
+    rx: Receiver<Cmd>,
+    wake: OwnedFd,
+    notes: Sender<Note>,
+    notify: OwnedFd,
+    store: Option<Store>,
+    /// The current process's snapshot socket (before its agent's HELLO).
+    sock: Option<(i32, OwnedFd)>,
+    agent: Option<AgentLink>,
+    held: HashMap<String, HeldRegion>,
+    /// The last snapshot this engine committed: the parent of the next.
+    last: Option<SnapshotId>,
+    epoch: u64,
+    /// Pages reported for a snapshot that was abandoned.
+    carry: HashMap<String, BTreeSet<u64>>,
+    force_full: bool,
+    next_due: Option<Instant>,
+    waiting: Vec<(u64, Vec<String>)>,
+    /// Continuous snapshots failing since (reported once per failure kind).
+    failing_since: Option<&'static str>,
+    /// When the current agent said HELLO.
+    agent_since: Option<Instant>,
+}
+
+/// Right after an agent's HELLO the poll loop may not have handed over the
+/// memfds of the arenas the app opened meanwhile: a missing fd then is
+/// retried this soon, for this long, before it is reported.
+const HELD_RETRY: Duration = Duration::from_millis(50);
+const HELD_GRACE: Duration = Duration::from_secs(2);
+
+impl Engine {
+    fn note(&self, n: Note) {
+        if self.notes.send(n).is_ok() {
+            poke(&self.notify);
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            let timeout = self.poll_timeout();
+            let mut pfds = vec![libc::pollfd {
+                fd: self.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            let sock_fd = self
+                .agent
+                .as_ref()
+                .map(|a| a.sock.as_raw_fd())
+                .or(self.sock.as_ref().map(|(_, s)| s.as_raw_fd()));
+            if let Some(fd) = sock_fd {
+                pfds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            // SAFETY: a live array of pollfd.
+            unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
+            drain(&self.wake);
+            loop {
+                match self.rx.try_recv() {
+                    Ok(Cmd::Shutdown) | Err(TryRecvError::Disconnected) => return,
+                    Ok(c) => self.on_cmd(c),
+                    Err(TryRecvError::Empty) => break,
+                }
+            }
+            if pfds.len() > 1 && pfds[1].revents != 0 {
+                self.on_agent_readable();
+            }
+            let due = self.next_due.is_some_and(|t| Instant::now() >= t);
+            if self.agent.is_some() && (due || !self.waiting.is_empty()) {
+                self.snapshot();
+            }
+        }
+    }
+
+    fn poll_timeout(&self) -> i32 {
+        match (self.agent.is_some(), self.next_due) {
+            (true, Some(t)) => t
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .min(1000) as i32,
+            _ => 1000,
+        }
+    }
+
+    fn on_cmd(&mut self, c: Cmd) {
+        match c {
+            Cmd::Incarnation { pid, sock } => {
+                self.agent = None;
+                self.sock = Some((pid, sock));
+            }
+            Cmd::Held(v) => {
+                self.held = v
+                    .into_iter()
+                    .filter_map(|(k, name, fd)| {
+                        let kind = match k {
+                            FdKind::Arena => RegionKind::Arena,
+                            FdKind::Range => RegionKind::Range,
+                            FdKind::Manifest => return None,
+                        };
+                        Some((name, HeldRegion { kind, fd }))
+                    })
+                    .collect();
+            }
+            Cmd::Gone => {
+                self.agent = None;
+                self.sock = None;
+                self.force_full = true;
+                for (client, _) in std::mem::take(&mut self.waiting) {
+                    self.note(Note::Checkpoint {
+                        client,
+                        reply: serde_json::json!({"ok": false, "code": "app_gone",
+                            "error": "the app is gone; no snapshot was taken"}),
+                    });
+                }
+            }
+            Cmd::Checkpoint { client, tags } => {
+                if self.agent.is_none() {
+                    self.note(Note::Checkpoint {
+                        client,
+                        reply: serde_json::json!({"ok": false, "code": "agent_not_ready",
+                            "error": "the app's snapshot agent has not started (is the app linked with librekindle, and up?)"}),
+                    });
+                } else {
+                    self.waiting.push((client, tags));
+                }
+            }
+            Cmd::Shutdown => {}
+        }
+    }
+
+    /// A HELLO (a new incarnation's agent, also after an in-place restart
+    /// on the same socket), or a stale answer to drop.
+    fn on_agent_readable(&mut self) {
+        let fd = match (&self.agent, &self.sock) {
+            (Some(a), _) => a.sock.try_clone(),
+            (None, Some((_, s))) => s.try_clone(),
+            _ => return,
+        };
+        let Ok(fd) = fd else { return };
+        loop {
+            match app_link::recv(fd.as_fd()) {
+                Ok(Recv::Msg { data, fds, .. }) => match agent_link::parse(&data) {
+                    Ok(AgentMsg::Hello(h)) => self.on_hello(h, fds, &fd),
+                    Ok(_) => {} // an abandoned snapshot's answer
+                    Err(e) => self.note(Note::Failed {
+                        code: "bad_report",
+                        detail: format!("malformed message from the snapshot agent: {e}"),
+                    }),
+                },
+                Ok(Recv::WouldBlock) => return,
+                Ok(Recv::Empty) | Err(_) => {
+                    self.agent = None;
+                    self.sock = None;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_hello(&mut self, h: agent_link::Hello, mut fds: Vec<OwnedFd>, sock: &OwnedFd) {
+        self.force_full = true; // a new address space: what was written before is unknown
+        self.carry.clear();
+        if h.status != SnapStatus::Ok || fds.len() != 1 {
+            self.agent = None;
+            self.note(Note::AgentUnavailable {
+                pid: h.pid,
+                status: h.status,
+                err: h.err,
+            });
+            return;
+        }
+        let buf = match BufMap::map(fds.remove(0).as_fd(), h.buf_size as usize) {
+            Ok(b) => b,
+            Err(e) => {
+                self.note(Note::Failed {
+                    code: "bad_report",
+                    detail: format!("cannot map the agent's buffer: {e}"),
+                });
+                return;
+            }
+        };
+        let Ok(sock) = sock.try_clone() else { return };
+        self.agent = Some(AgentLink {
+            sock,
+            buf,
+            pid: h.pid,
+            generation: h.generation,
+            seq: 0,
+        });
+        self.sock = None;
+        self.agent_since = Some(Instant::now());
+        self.note(Note::AgentReady {
+            pid: h.pid,
+            generation: h.generation,
+        });
+        // the first snapshot of an incarnation at once: it is the base
+        self.next_due = self.cfg.interval.map(|_| Instant::now());
+    }
+
+    fn open_store(&mut self) -> Result<&mut Store, Failure> {
+        if self.store.is_none() {
+            let s = Store::create_or_open(&self.cfg.dir)?;
+            self.epoch = s.latest()?.map_or(0, |i| i.epoch);
+            self.store = Some(s);
+        }
+        self.store.as_mut().ok_or(Failure::LayoutChanged)
+    }
+
+    fn snapshot(&mut self) {
+        let waiting = std::mem::take(&mut self.waiting);
+        let mut tags: Vec<String> = waiting.iter().flat_map(|(_, t)| t.clone()).collect();
+        tags.sort();
+        tags.dedup();
+        if let Some(iv) = self.cfg.interval {
+            self.next_due = Some(Instant::now() + iv);
+        }
+        let r = self.take(tags);
+        match r {
+            Ok(done) => {
+                self.failing_since = None;
+                for (client, _) in &waiting {
+                    self.note(Note::Checkpoint {
+                        client: *client,
+                        reply: checkpoint_reply(&done),
+                    });
+                }
+                self.note(Note::Snapshot(Box::new(done)));
+                self.retention();
+            }
+            Err(Failure::NoFd(_))
+                if waiting.is_empty()
+                    && self.agent_since.is_some_and(|t| t.elapsed() < HELD_GRACE) =>
+            {
+                self.next_due = Some(Instant::now() + HELD_RETRY);
+            }
+            Err(f) => {
+                let code = f.code();
+                for (client, _) in &waiting {
+                    self.note(Note::Checkpoint {
+                        client: *client,
+                        reply: serde_json::json!({"ok": false, "code": code, "error": f.to_string()}),
+                    });
+                }
+                // a continuous failure is reported when it starts, not every 10 ms
+                if !waiting.is_empty() || self.failing_since != Some(code) {
+                    self.note(Note::Failed {
+                        code,
+                        detail: f.to_string(),
+                    });
+                }
+                self.failing_since = Some(code);
+                if matches!(f, Failure::NewIncarnation | Failure::AgentLost(_)) {
+                    self.agent = None;
+                }
+                if !f.transient() {
+                    // the store is broken: no point in trying every interval
+                    self.next_due = self
+                        .cfg
+                        .interval
+                        .map(|i| Instant::now() + i.max(Duration::from_secs(1)));
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, tags: Vec<String>) -> Result<Done, Failure> {
+        let epoch = {
+            self.open_store()?;
+            self.epoch + 1
+        };
+        let mut link = self
+            .agent
+            .take()
+            .ok_or(Failure::AgentLost("no agent".into()))?;
+        let carry = std::mem::take(&mut self.carry);
+        let mut touched = HashMap::new();
+        let plan = Plan {
+            parent: self.last.clone(),
+            force_full: self.force_full,
+            epoch,
+            generation: link.generation as u64,
+            app: &self.cfg.app,
+            tags,
+            precopy_rounds: self.cfg.precopy_rounds,
+            freeze_timeout_ms: self.cfg.freeze_timeout.as_millis().min(u32::MAX as u128) as u32,
+            staging_bytes: self.cfg.staging_bytes,
+            carry: &carry,
+        };
+        let store = self.store.as_mut().ok_or(Failure::LayoutChanged)?;
+        let r = cut::take(&mut link, &self.held, store, plan, &mut touched);
+        self.agent = Some(link);
+        match &r {
+            Ok(d) => {
+                self.last = Some(d.info.id.clone());
+                self.epoch = epoch;
+                self.force_full = false;
+            }
+            Err(_) => {
+                // what was reported and not published must be copied next time
+                let mut carry = carry;
+                for (k, v) in touched {
+                    carry.entry(k).or_default().extend(v);
+                }
+                self.carry = carry;
+            }
+        }
+        r
+    }
+
+    fn retention(&mut self) {
+        let Some(keep) = self.cfg.keep else { return };
+        let Some(store) = self.store.as_mut() else {
+            return;
+        };
+        let policy = Retention {
+            keep_last: Some(keep),
+            ..Retention::default()
+        };
+        match store.gc(&policy, &mut |_| {}) {
+            Ok(r) => {
+                if !r.deleted.is_empty() {
+                    self.note(Note::Gc {
+                        removed: r.deleted.len(),
+                        freed_bytes: r.freed_bytes,
+                    })
+                }
+            }
+            Err(e) => self.note(Note::Failed {
+                code: e.code(),
+                detail: format!("retention: {e}"),
+            }),
+        }
+    }
+}
+
+fn checkpoint_reply(d: &Done) -> serde_json::Value {
+    serde_json::json!({
+        "ok": true,
+        "id": d.info.id.as_str(),
+        "parent": d.info.parent.as_ref().map(|p| p.as_str().to_string()),
+        "epoch": d.info.epoch,
+        "full": d.full,
+        "tags": d.info.tags,
+        "pages": d.info.pages,
+        "stop_us": d.stop_ns / 1000,
+        "took_ms": d.took.as_millis() as u64,
+        "new_bytes": d.bytes_compressed,
+        "durable": true,
+    })
+}

@@ -1,0 +1,10 @@
+//! Durable snapshots of a running app (docs/snapshots.md): the protocol
+//! with the app's snapshot agent (`agent_link`), one snapshot from reports
+//! to the store (`cut`, with `staging` for the pages copied out), and the
+//! thread that schedules them and owns the store (`engine`).
+
+pub mod agent_link;
+pub mod cut;
+pub mod engine;
+pub mod restore;
+pub mod staging;

@@ -1,0 +1,190 @@
+//! `rekindle restore`: new memfds filled from a durable snapshot, named as
+//! the runtime names its own (`rekindle:NAME`, `rekindle:range:ADDR`,
+//! `rekindle:manifest`), so that the supervisor hands them to the first
+//! incarnation exactly as it hands over the memfds of a dead one; the
+//! runtime then starts warm (decision `restored`, the snapshot's id in
+//! `rk_restart_info.snapshot`).
+
+use std::ffi::CString;
+use std::io::IsTerminal;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use super::cut::MANIFEST_REGION;
+use crate::proto::FdKind;
+use crate::store::{self, Phase, Progress, SnapshotInfo, Store, StoreError};
+
+/// `DIR[@ID|@TAG]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub dir: PathBuf,
+    /// An id or a tag; "" for the newest.
+    pub spec: String,
+}
+
+impl Source {
+    pub fn parse(s: &str) -> Source {
+        match s.rsplit_once('@') {
+            Some((dir, spec)) if !dir.is_empty() && !spec.contains('/') => Source {
+                dir: PathBuf::from(dir),
+                spec: spec.to_string(),
+            },
+            _ => Source {
+                dir: PathBuf::from(s),
+                spec: String::new(),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum RestoreError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "snapshot {id} has no manifest region: it was not taken by `rekindle run --snapshot-dir`"
+    )]
+    NoManifest { id: String },
+    #[error("snapshot {id}: region {name:?}: {what}")]
+    Region {
+        id: String,
+        name: String,
+        what: String,
+    },
+    #[error("cannot create a memfd for {name}: {err}")]
+    Memfd { name: String, err: std::io::Error },
+}
+
+impl RestoreError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            RestoreError::Store(e) => e.code(),
+            RestoreError::NoManifest { .. } => "snapshot_without_manifest",
+            RestoreError::Region { .. } => "snapshot_region_invalid",
+            RestoreError::Memfd { .. } => "memfd",
+        }
+    }
+}
+
+/// What a restore hands to the first incarnation.
+pub struct Restored {
+    pub info: SnapshotInfo,
+    pub fds: Vec<(FdKind, String, OwnedFd)>,
+    pub bytes: u64,
+}
+
+fn memfd(name: &str, size: u64) -> Result<OwnedFd, RestoreError> {
+    let err = |e: std::io::Error| RestoreError::Memfd {
+        name: name.to_string(),
+        err: e,
+    };
+    let c = CString::new(format!("rekindle:{name}"))
+        .map_err(|_| err(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    // SAFETY: a NUL-terminated name; the fd is fresh and ours.
+    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    // SAFETY: fresh and ours.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate on our memfd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } < 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    Ok(fd)
+}
+
+/// Reads snapshot `src` into new memfds.  Progress goes to stderr when it
+/// is a terminal.
+pub fn materialize(src: &Source) -> Result<Restored, RestoreError> {
+    let store = Store::open(&src.dir)?;
+    let id = store.resolve(&src.spec)?;
+    let reader = store.open_snapshot(&id)?;
+    let info = reader.info().clone();
+    let sid = info.id.as_str().to_string();
+    let tty = std::io::stderr().is_terminal();
+    let mut fds = Vec::new();
+    let mut bytes = 0u64;
+    let mut has_manifest = false;
+    for (i, r) in reader.regions().iter().enumerate() {
+        let bad = |what: &str| RestoreError::Region {
+            id: sid.clone(),
+            name: r.name.clone(),
+            what: what.to_string(),
+        };
+        let (kind, size) = match r.kind {
+            store::RegionKind::Static if r.name == MANIFEST_REGION => {
+                has_manifest = true;
+                (FdKind::Manifest, r.size)
+            }
+            store::RegionKind::Static => continue, // not ours to hand over
+            store::RegionKind::Arena | store::RegionKind::Range => {
+                let file = r
+                    .layout
+                    .get("memfd_bytes")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(r.size);
+                if file > r.size {
+                    return Err(bad("its memfd is larger than its mapping"));
+                }
+                let kind = if r.kind == store::RegionKind::Arena {
+                    FdKind::Arena
+                } else {
+                    FdKind::Range
+                };
+                (kind, file)
+            }
+        };
+        if r.kind == store::RegionKind::Range && !r.name.starts_with("range:") {
+            return Err(bad("a range's name must be range:ADDR"));
+        }
+        let fd = memfd(&r.name, size)?;
+        let name = r.name.clone();
+        reader.read_region_into(i as u32, fd.as_fd(), &mut |p: Progress| {
+            if tty && p.phase == Phase::Restore && p.total > 0 {
+                eprint!("\rrekindle: restoring {name}: {}/{} pages", p.done, p.total);
+                if p.done == p.total {
+                    eprintln!();
+                }
+            }
+        })?;
+        bytes += reader.page_count(i as u32) as u64 * store::PAGE as u64;
+        fds.push((kind, r.name.clone(), fd));
+    }
+    if !has_manifest {
+        return Err(RestoreError::NoManifest { id: sid });
+    }
+    Ok(Restored { info, fds, bytes })
+}
+
+/// For messages: "DIR@ID".
+pub fn describe(dir: &Path, info: &SnapshotInfo) -> String {
+    format!("{}@{}", dir.display(), info.id.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_parse() {
+        assert_eq!(
+            Source::parse("/var/lib/snaps@nightly"),
+            Source {
+                dir: "/var/lib/snaps".into(),
+                spec: "nightly".into()
+            }
+        );
+        assert_eq!(
+            Source::parse("/var/lib/snaps"),
+            Source {
+                dir: "/var/lib/snaps".into(),
+                spec: String::new()
+            }
+        );
+        // an @ inside a directory name is part of the path
+        assert_eq!(Source::parse("/a@b/snaps").spec, "");
+    }
+}

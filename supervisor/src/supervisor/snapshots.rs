@@ -1,0 +1,211 @@
+//! The supervisor's side of durable snapshots: it starts the engine
+//! (snapshot/engine.rs), hands it each incarnation's snapshot socket and
+//! the memfds it holds, forwards `rekindle checkpoint`, and reports what
+//! the engine tells (events, metrics, replies to waiting clients).
+
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+
+use super::Supervisor;
+use crate::cli::SnapshotConfig;
+use crate::clock::now_ns;
+use crate::control_socket::error_reply;
+use crate::event::ev;
+use crate::snapshot::engine::{Cmd, EngineConfig, Handle, Note};
+
+/// Continuous snapshots are told as an event at most this often (the
+/// metrics count every one).
+const EVENT_EVERY: Duration = Duration::from_secs(1);
+
+pub(super) fn start_engine(sc: &SnapshotConfig, app: &str) -> Result<Handle> {
+    Handle::start(EngineConfig {
+        dir: sc.dir.clone(),
+        interval: sc.interval,
+        app: app.to_string(),
+        keep: sc.keep,
+        staging_bytes: sc.memory,
+        freeze_timeout: Duration::from_millis(50),
+        precopy_rounds: 1,
+    })
+    .context("cannot start the snapshot thread")
+}
+
+impl Supervisor {
+    pub(super) fn snapshot_spawned(&mut self, pid: libc::pid_t, sock: OwnedFd) {
+        if let Some(h) = &self.snapshots {
+            h.send(Cmd::Incarnation { pid, sock });
+        }
+    }
+
+    pub(super) fn snapshot_gone(&mut self) {
+        if let Some(h) = &self.snapshots {
+            h.send(Cmd::Gone);
+        }
+    }
+
+    /// The engine reads the memfds through its own dups of the held fds.
+    pub(super) fn snapshot_held(&mut self) {
+        let Some(h) = &self.snapshots else { return };
+        let mut v = Vec::new();
+        for held in &self.held {
+            match held.fd.try_clone() {
+                Ok(fd) => v.push((held.kind, held.name.clone(), fd)),
+                Err(e) => {
+                    self.report.event(
+                        ev("error")
+                            .s(
+                                "what",
+                                format!("snapshots: cannot dup the fd of {}: {e}", held.name),
+                            )
+                            .s("code", "no_fd"),
+                    );
+                    return;
+                }
+            }
+        }
+        h.send(Cmd::Held(v));
+    }
+
+    /// `rekindle checkpoint`: Some(reply) now, or None when the reply
+    /// follows (with wait, once the snapshot is durable).
+    pub(super) fn checkpoint(
+        &mut self,
+        client: u64,
+        tags: Vec<String>,
+        wait: bool,
+    ) -> Option<Value> {
+        let Some(h) = &self.snapshots else {
+            return Some(json!({"ok": false, "code": "snapshots_off",
+                "error": "this supervisor takes no snapshots: run it with --snapshot-dir DIR"}));
+        };
+        if let Some(bad) = tags
+            .iter()
+            .find(|t| crate::store::writer::check_tag(t).is_err())
+        {
+            return Some(error_reply(&format!(
+                "bad tag {bad:?}: {}",
+                crate::store::writer::check_tag(bad)
+                    .err()
+                    .unwrap_or_default()
+            )));
+        }
+        if !wait {
+            h.send(Cmd::Checkpoint { client: 0, tags });
+            return Some(json!({"ok": true, "queued": true}));
+        }
+        if let Some(c) = self.control.client_mut(client) {
+            c.hold_open = true; // until the engine's answer
+        }
+        h.send(Cmd::Checkpoint { client, tags });
+        None
+    }
+
+    pub(super) fn on_snapshot_notes(&mut self) {
+        let notes = match &self.snapshots {
+            Some(h) => h.notes(),
+            None => return,
+        };
+        for n in notes {
+            self.on_snapshot_note(n);
+        }
+    }
+
+    fn on_snapshot_note(&mut self, n: Note) {
+        let m = self.report.metrics();
+        match n {
+            Note::AgentReady { pid, generation } => self.report.event(
+                ev("snapshot_agent")
+                    .s("state", "ready")
+                    .i("pid", pid as i64)
+                    .u("generation", generation as u64),
+            ),
+            Note::AgentUnavailable { pid, status, err } => self.report.event(
+                ev("error")
+                    .s(
+                        "what",
+                        "snapshots: the app has no dirty tracking; no snapshot will be taken",
+                    )
+                    .s("code", status.name())
+                    .i("pid", pid as i64)
+                    .i("errno", err as i64),
+            ),
+            Note::Snapshot(d) => {
+                m.snapshots.with_label_values(&["ok"]).inc();
+                m.snapshot_stop.observe(d.stop_ns as f64 / 1e9);
+                m.snapshot_pages
+                    .with_label_values(&["new"])
+                    .inc_by(d.new_chunks);
+                m.snapshot_pages
+                    .with_label_values(&["dedup"])
+                    .inc_by(d.dedup_hits);
+                m.snapshot_pages
+                    .with_label_values(&["zero"])
+                    .inc_by(d.zero_pages);
+                m.snapshot_bytes_written.inc_by(d.bytes_compressed);
+                m.snapshot_last_durable
+                    .set(crate::store::format::unix_ns(d.info.created) as f64 / 1e9);
+                let new = m.snapshot_pages.with_label_values(&["new"]).get();
+                let dedup = m.snapshot_pages.with_label_values(&["dedup"]).get();
+                if new + dedup > 0 {
+                    m.snapshot_dedup_ratio
+                        .set(dedup as f64 / (new + dedup) as f64);
+                }
+                self.snapshots_since_event += 1;
+                let now = now_ns();
+                let due =
+                    now.saturating_sub(self.snapshot_event_ns) >= EVENT_EVERY.as_nanos() as u64;
+                if due || d.full || !d.info.tags.is_empty() {
+                    self.snapshot_event_ns = now;
+                    let count = std::mem::take(&mut self.snapshots_since_event);
+                    self.report.event(
+                        ev("snapshot")
+                            .s("id", d.info.id.as_str())
+                            .s("parent", d.info.parent.as_ref().map_or("", |p| p.as_str()))
+                            .u("epoch", d.info.epoch)
+                            .s("kind", if d.full { "full" } else { "delta" })
+                            .v("tags", d.info.tags.clone())
+                            .u("stop_us", d.stop_ns / 1000)
+                            .u("freeze_us", d.freeze_ns / 1000)
+                            .u("scan_us", d.scan_ns / 1000)
+                            .u("cut_copy_us", d.cut_copy_ns / 1000)
+                            .u("precopy_pages", d.precopy_pages)
+                            .u("cut_pages", d.cut_pages)
+                            .u("punched_pages", d.punched_pages)
+                            .u("new_pages", d.new_chunks)
+                            .u("dedup_pages", d.dedup_hits)
+                            .u("new_bytes", d.bytes_compressed)
+                            .u("staging_peak_bytes", d.staging_peak as u64)
+                            .u("took_ms", d.took.as_millis() as u64)
+                            .u("snapshots_since_last_event", count),
+                    );
+                }
+            }
+            Note::Failed { code, detail } => {
+                m.snapshots.with_label_values(&[code]).inc();
+                self.report
+                    .event(ev("snapshot_failed").s("code", code).s("error", detail));
+            }
+            Note::Checkpoint { client, reply } => {
+                if client == 0 {
+                    return; // a checkpoint nobody waits for
+                }
+                if let Some(c) = self.control.client_mut(client) {
+                    c.hold_open = false;
+                    c.queue(&reply);
+                    c.flush();
+                }
+            }
+            Note::Gc {
+                removed,
+                freed_bytes,
+            } => self.report.event(
+                ev("snapshot_gc")
+                    .u("removed", removed as u64)
+                    .u("freed_bytes", freed_bytes),
+            ),
+        }
+    }
+}
