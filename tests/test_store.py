@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import BUILD
 
 REKINDLE = BUILD / "bin" / "rekindle"
@@ -239,7 +240,9 @@ def assert_base_intact_first(b, store):
 def test_a_newer_or_foreign_store_is_refused(base):
     store = base["store"]
     (store / "FORMAT").write_text("rekindle-store\nversion 99\n")
-    for args in [("snapshots", store), ("verify", store), ("gc", store), ("store-export", store, "--region=main=/dev/null")]:
+    cmds = [("snapshots", store), ("verify", store), ("gc", store),
+            ("store-export", store, "--region=main=/dev/null")]
+    for args in cmds:
         p = rk(*args)
         assert p.returncode == 1 and error_code(p) == "store_newer_version", (args, p.stderr)
     (store / "FORMAT").write_text("zfs-pool\n")
@@ -327,7 +330,8 @@ def test_send_recv_full_since_and_damaged_streams(base, tmp_path):
     end_frame = 1 + 4 + 32
     cuts = [*range(0, len(inc) - end_frame, len(inc) // 13), len(inc) - end_frame - 1, len(inc) - 1]
     flipped = inc[:100] + bytes([inc[100] ^ 1]) + inc[101:]
-    for i, (bad, complete) in enumerate([(inc[:c], c >= len(inc) - end_frame) for c in cuts] + [(flipped, False)]):
+    cases = [(inc[:c], c >= len(inc) - end_frame) for c in cuts] + [(flipped, False)]
+    for i, (bad, complete) in enumerate(cases):
         d = tmp_path / f"d{i}"
         ok("recv", d, input=full)
         p = rk("recv", d, input=bad)
@@ -370,8 +374,9 @@ def test_gc_retention_and_listing(base, tmp_path):
     b = base
     store = b["store"]
     new = write(tmp_path / "n", data(9, 200))
+    files = {"main": new, "small": b["src"] / "small.2"}
     for _ in range(3):
-        assert import_snap(store, {"main": new, "small": b["src"] / "small.2"}, "--parent", "latest").returncode == 0
+        assert import_snap(store, files, "--parent", "latest").returncode == 0
     listing = json.loads(ok("snapshots", store, "--json").stdout)
     assert len(listing["snapshots"]) == 5 and listing["totals"]["dedup_ratio"] > 1
     assert [s["kind"] for s in listing["snapshots"]] == ["full", "delta", "delta", "delta", "delta"]
@@ -406,13 +411,14 @@ def test_gc_retention_and_listing(base, tmp_path):
         (["store-import", "{store}", "--app", "t", "--region=disk:x:0=/dev/null"], 2, None),
         (["store-import", "{store}", "--app", "t", "--region=arena:x:zz=/dev/null"], 2, None),
         (["store-import", "{store}", "--app", "t"], 2, None),
-        (["store-import", "{store}", "--app", "t", "--full", "--parent", "v1", "--region=arena:x:0=/etc/hostname"], 2, None),
+        (["store-import", "{store}", "--app", "t", "--full", "--parent", "v1",
+          "--region=arena:x:0=/etc/hostname"], 2, None),
         (["store-import", "{store}", "--app", "t", "--tag", "a b", "--region=arena:x:0=/etc/hostname"], 1,
          "invalid_argument"),
         (["store-import", "{store}", "--app", "t", "--region=arena:x:0=/nonexistent"], 1, "not_found"),
         (["store-import", "{store}", "--app", "t", "--region=arena:x:0=/dev/null"], 1, "invalid_argument"),
-        (["store-import", "{store}", "--app", "t", "--parent", "nosuch", "--region=arena:x:0=/etc/hostname"], 1,
-         "not_found"),
+        (["store-import", "{store}", "--app", "t", "--parent", "nosuch", "--region=arena:x:0=/etc/hostname"],
+         1, "not_found"),
     ],
 )
 def test_cli_errors(base, args, status, code):
