@@ -82,7 +82,8 @@ pub enum Command {
         /// Print the JSON the supervisor answered.
         #[arg(long)]
         json: bool,
-    },    /// Snapshot store commands (snapshots, verify, gc, send, recv).
+    },
+    /// Snapshot store commands (snapshots, verify, gc, send, recv).
     #[command(flatten)]
     Store(crate::store_cli::StoreCommand),
 }

@@ -22,6 +22,6 @@ pub mod reason;
 pub mod runtime_dir;
 pub mod signame;
 pub mod spawn;
-pub mod supervisor;
 pub mod store;
 pub mod store_cli;
+pub mod supervisor;

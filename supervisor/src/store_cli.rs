@@ -13,7 +13,10 @@ use serde_json::{Value, json};
 
 use crate::cli::parse_duration;
 use crate::store::format::PAGE;
-use crate::store::{NewSnapshot, Progress, RegionKind, RegionMeta, Retention, SnapshotId, SnapshotInfo, Store, StoreError};
+use crate::store::{
+    NewSnapshot, Progress, RegionKind, RegionMeta, Retention, SnapshotId, SnapshotInfo, Store,
+    StoreError,
+};
 
 #[derive(Debug, Subcommand)]
 pub enum StoreCommand {
@@ -172,12 +175,15 @@ pub struct RegionArg {
 }
 
 fn parse_region(s: &str) -> Result<RegionArg, String> {
-    let (spec, file) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected KIND:NAME:ADDR=FILE"))?;
+    let (spec, file) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected KIND:NAME:ADDR=FILE"))?;
     let parts: Vec<&str> = spec.split(':').collect();
     let [kind, name, addr] = parts[..] else {
         return Err(format!("{s:?}: expected KIND:NAME:ADDR=FILE"));
     };
-    let kind = RegionKind::parse(kind).ok_or_else(|| format!("{s:?}: kind {kind:?} is not arena, static or range"))?;
+    let kind = RegionKind::parse(kind)
+        .ok_or_else(|| format!("{s:?}: kind {kind:?} is not arena, static or range"))?;
     if name.is_empty() || file.is_empty() {
         return Err(format!("{s:?}: empty name or file"));
     }
@@ -233,7 +239,11 @@ pub fn run(cmd: StoreCommand) -> i32 {
 fn dispatch(cmd: StoreCommand) -> Result<i32, StoreError> {
     match cmd {
         StoreCommand::Snapshots { dir, json } => snapshots(&dir, json),
-        StoreCommand::Verify { dir, json, progress } => verify(&dir, json, progress),
+        StoreCommand::Verify {
+            dir,
+            json,
+            progress,
+        } => verify(&dir, json, progress),
         StoreCommand::Gc {
             dir,
             keep,
@@ -251,7 +261,10 @@ fn dispatch(cmd: StoreCommand) -> Result<i32, StoreError> {
                 keep_daily,
                 dry_run,
             };
-            if policy.keep_last == Some(0) || policy.keep_hourly == Some(0) || policy.keep_daily == Some(0) {
+            if policy.keep_last == Some(0)
+                || policy.keep_hourly == Some(0)
+                || policy.keep_daily == Some(0)
+            {
                 return Err(StoreError::InvalidArgument {
                     path: dir,
                     detail: "--keep, --keep-hourly and --keep-daily take N >= 1".into(),
@@ -265,7 +278,11 @@ fn dispatch(cmd: StoreCommand) -> Result<i32, StoreError> {
             follow,
             progress,
         } => send(&source, since.as_deref(), follow, progress),
-        StoreCommand::Recv { dir, json, progress } => recv(&dir, json, progress),
+        StoreCommand::Recv {
+            dir,
+            json,
+            progress,
+        } => recv(&dir, json, progress),
         StoreCommand::StoreImport {
             dir,
             app,
@@ -275,7 +292,15 @@ fn dispatch(cmd: StoreCommand) -> Result<i32, StoreError> {
             epoch,
             generation,
             region,
-        } => import(&dir, app, tag, parent.as_deref(), epoch, generation, &region),
+        } => import(
+            &dir,
+            app,
+            tag,
+            parent.as_deref(),
+            epoch,
+            generation,
+            &region,
+        ),
         StoreCommand::StoreExport { source, region } => export(&source, &region),
     }
 }
@@ -291,7 +316,11 @@ fn reporter(asked: bool) -> impl FnMut(Progress) {
             return;
         }
         last = Some(Instant::now());
-        let total = if p.total > 0 { format!("/{}", p.total) } else { String::new() };
+        let total = if p.total > 0 {
+            format!("/{}", p.total)
+        } else {
+            String::new()
+        };
         let line = format!("{} {}{total}", p.phase.as_str(), p.done);
         if tty {
             eprint!("\r\x1b[K{line}{}", if end { "\n" } else { "" });
@@ -309,7 +338,11 @@ fn human(bytes: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 fn age(t: SystemTime) -> Duration {
@@ -329,7 +362,9 @@ fn short_age(d: Duration) -> String {
 /// Bytes of every file in the store (what a backup copies).
 fn disk_usage(dir: &Path) -> u64 {
     fn walk(p: &Path) -> u64 {
-        let Ok(rd) = std::fs::read_dir(p) else { return 0 };
+        let Ok(rd) = std::fs::read_dir(p) else {
+            return 0;
+        };
         rd.flatten()
             .map(|e| match e.metadata() {
                 Ok(m) if m.is_dir() => walk(&e.path()),
@@ -371,7 +406,11 @@ fn snapshots(dir: &Path, as_json: bool) -> Result<i32, StoreError> {
     }
     let disk = disk_usage(dir);
     let logical: u64 = infos.iter().map(|i| i.logical_bytes).sum();
-    let ratio = if disk > 0 { logical as f64 / disk as f64 } else { 0.0 };
+    let ratio = if disk > 0 {
+        logical as f64 / disk as f64
+    } else {
+        0.0
+    };
     if as_json {
         let v = json!({
             "snapshots": infos.iter().map(info_json).collect::<Vec<_>>(),
@@ -403,7 +442,11 @@ fn snapshots(dir: &Path, as_json: bool) -> Result<i32, StoreError> {
         println!(
             "{} snapshots{}; {} on disk; {} logical; dedup ratio {ratio:.1}x",
             infos.len(),
-            if broken.is_empty() { String::new() } else { format!(" ({} broken)", broken.len()) },
+            if broken.is_empty() {
+                String::new()
+            } else {
+                format!(" ({} broken)", broken.len())
+            },
             human(disk),
             human(logical)
         );
@@ -427,7 +470,12 @@ fn verify(dir: &Path, as_json: bool, progress: bool) -> Result<i32, StoreError> 
         });
         println!("{v}");
     } else {
-        println!("{} packs, {} chunks, {}", rep.packs, rep.chunks, human(rep.pack_bytes));
+        println!(
+            "{} packs, {} chunks, {}",
+            rep.packs,
+            rep.chunks,
+            human(rep.pack_bytes)
+        );
         for s in &rep.snapshots {
             match &s.error {
                 None => println!("{}  restorable", s.id),
@@ -493,7 +541,12 @@ fn gc(dir: &Path, policy: &Retention, as_json: bool, progress: bool) -> Result<i
     Ok(0)
 }
 
-fn send(source: &str, since: Option<&str>, follow: bool, progress: bool) -> Result<i32, StoreError> {
+fn send(
+    source: &str,
+    since: Option<&str>,
+    follow: bool,
+    progress: bool,
+) -> Result<i32, StoreError> {
     let (dir, spec) = split_source(source);
     let mut store = Store::open(&dir)?;
     if std::io::stdout().is_terminal() {
@@ -509,7 +562,13 @@ fn send(source: &str, since: Option<&str>, follow: bool, progress: bool) -> Resu
     };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-    match store.send(&id, since.as_ref(), follow, &mut out, &mut reporter(progress)) {
+    match store.send(
+        &id,
+        since.as_ref(),
+        follow,
+        &mut out,
+        &mut reporter(progress),
+    ) {
         Ok(()) => Ok(0),
         // the reader went away: the end of a --follow
         Err(StoreError::OutputClosed { .. }) if follow => Ok(0),
@@ -536,13 +595,24 @@ fn read_file(p: &Path) -> Result<Vec<u8>, StoreError> {
     std::fs::read(p).map_err(crate::store::error::io_at("read", p))
 }
 
-fn import(dir: &Path, app: String, tags: Vec<String>, parent: Option<&str>, epoch: u64, generation: u64, regions: &[RegionArg]) -> Result<i32, StoreError> {
+fn import(
+    dir: &Path,
+    app: String,
+    tags: Vec<String>,
+    parent: Option<&str>,
+    epoch: u64,
+    generation: u64,
+    regions: &[RegionArg],
+) -> Result<i32, StoreError> {
     let mut store = Store::create_or_open(dir)?;
     let parent = match parent {
         Some(p) => Some(store.resolve(p)?),
         None => None,
     };
-    let datas: Vec<Vec<u8>> = regions.iter().map(|r| read_file(&r.file)).collect::<Result<_, _>>()?;
+    let datas: Vec<Vec<u8>> = regions
+        .iter()
+        .map(|r| read_file(&r.file))
+        .collect::<Result<_, _>>()?;
     let metas: Vec<RegionMeta> = regions
         .iter()
         .zip(&datas)
@@ -569,9 +639,12 @@ fn import(dir: &Path, app: String, tags: Vec<String>, parent: Option<&str>, epoc
     };
     let mut w = store.begin(meta)?;
     for (i, (m, data)) in metas.iter().zip(&datas).enumerate() {
-        let same = base
-            .as_ref()
-            .and_then(|b| b.regions().iter().position(|r| r.same_shape(m)).map(|j| (b, j as u32)));
+        let same = base.as_ref().and_then(|b| {
+            b.regions()
+                .iter()
+                .position(|r| r.same_shape(m))
+                .map(|j| (b, j as u32))
+        });
         let Some((b, j)) = same else {
             w.put_bytes(i as u32, data)?;
             continue;
@@ -607,10 +680,14 @@ fn export(source: &str, regions: &[(String, PathBuf)]) -> Result<i32, StoreError
     let id: SnapshotId = store.resolve(&spec)?;
     let r = store.open_snapshot(&id)?;
     for (name, file) in regions {
-        let idx = r.regions().iter().position(|m| &m.name == name).ok_or_else(|| StoreError::NotFound {
-            path: store.dir().join("snapshots").join(format!("{id}.json")),
-            what: format!("region {name:?}"),
-        })?;
+        let idx = r
+            .regions()
+            .iter()
+            .position(|m| &m.name == name)
+            .ok_or_else(|| StoreError::NotFound {
+                path: store.dir().join("snapshots").join(format!("{id}.json")),
+                what: format!("region {name:?}"),
+            })?;
         let size = r.regions()[idx].size;
         let io = crate::store::error::io_at;
         let f = std::fs::File::create(file).map_err(io("create", file))?;

@@ -5,7 +5,9 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use rekindle::store::{NewSnapshot, PAGE, RegionKind, RegionMeta, Retention, SnapshotId, Store, StoreError};
+use rekindle::store::{
+    NewSnapshot, PAGE, RegionKind, RegionMeta, Retention, SnapshotId, Store, StoreError,
+};
 
 fn tmp(tag: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("rekindle-store-{tag}-{}", std::process::id()));
@@ -54,7 +56,8 @@ fn snap(parent: Option<&SnapshotId>, regions: Vec<RegionMeta>) -> NewSnapshot {
 fn write(store: &mut Store, meta: NewSnapshot, pages: &[(u32, u64, u64)]) -> SnapshotId {
     let mut w = store.begin(meta).unwrap_or_else(|e| panic!("begin: {e}"));
     for &(r, p, seed) in pages {
-        w.put_page(r, p, &page(seed)).unwrap_or_else(|e| panic!("put: {e}"));
+        w.put_page(r, p, &page(seed))
+            .unwrap_or_else(|e| panic!("put: {e}"));
     }
     w.commit().unwrap_or_else(|e| panic!("commit: {e}")).id
 }
@@ -62,12 +65,15 @@ fn write(store: &mut Store, meta: NewSnapshot, pages: &[(u32, u64, u64)]) -> Sna
 /// Every page of every region of a snapshot, as seeds are hard to invert:
 /// the raw bytes.
 fn contents(store: &Store, id: &SnapshotId) -> Vec<Vec<u8>> {
-    let r = store.open_snapshot(id).unwrap_or_else(|e| panic!("open {id}: {e}"));
+    let r = store
+        .open_snapshot(id)
+        .unwrap_or_else(|e| panic!("open {id}: {e}"));
     let mut out = Vec::new();
     for (i, m) in r.regions().iter().enumerate() {
         let mut all = vec![0u8; m.page_count() as usize * PAGE];
         for (p, chunk) in all.chunks_mut(PAGE).enumerate() {
-            r.read_page(i as u32, p as u64, chunk).unwrap_or_else(|e| panic!("read: {e}"));
+            r.read_page(i as u32, p as u64, chunk)
+                .unwrap_or_else(|e| panic!("read: {e}"));
         }
         out.push(all);
     }
@@ -82,14 +88,38 @@ fn expect(seeds: &[u64]) -> Vec<u8> {
 fn full_then_deltas_fold_to_the_latest_pages() {
     let dir = tmp("fold");
     let mut s = Store::create_or_open(&dir).unwrap();
-    let regs = vec![region("a", 0x10000, 4 * PAGE as u64), region("b", 0x90000, 2 * PAGE as u64)];
-    let s1 = write(&mut s, snap(None, regs.clone()), &[(0, 0, 1), (0, 1, 2), (0, 3, 3), (1, 0, 4)]);
-    let s2 = write(&mut s, snap(Some(&s1), regs.clone()), &[(0, 1, 5), (1, 1, 6)]);
+    let regs = vec![
+        region("a", 0x10000, 4 * PAGE as u64),
+        region("b", 0x90000, 2 * PAGE as u64),
+    ];
+    let s1 = write(
+        &mut s,
+        snap(None, regs.clone()),
+        &[(0, 0, 1), (0, 1, 2), (0, 3, 3), (1, 0, 4)],
+    );
+    let s2 = write(
+        &mut s,
+        snap(Some(&s1), regs.clone()),
+        &[(0, 1, 5), (1, 1, 6)],
+    );
     // page 0 of a becomes zero; page 3 changes
-    let s3 = write(&mut s, snap(Some(&s2), regs.clone()), &[(0, 0, 0), (0, 3, 7)]);
-    assert_eq!(contents(&s, &s1), vec![expect(&[1, 2, 0, 3]), expect(&[4, 0])]);
-    assert_eq!(contents(&s, &s2), vec![expect(&[1, 5, 0, 3]), expect(&[4, 6])]);
-    assert_eq!(contents(&s, &s3), vec![expect(&[0, 5, 0, 7]), expect(&[4, 6])]);
+    let s3 = write(
+        &mut s,
+        snap(Some(&s2), regs.clone()),
+        &[(0, 0, 0), (0, 3, 7)],
+    );
+    assert_eq!(
+        contents(&s, &s1),
+        vec![expect(&[1, 2, 0, 3]), expect(&[4, 0])]
+    );
+    assert_eq!(
+        contents(&s, &s2),
+        vec![expect(&[1, 5, 0, 3]), expect(&[4, 6])]
+    );
+    assert_eq!(
+        contents(&s, &s3),
+        vec![expect(&[0, 5, 0, 7]), expect(&[4, 6])]
+    );
     let r = s.open_snapshot(&s3).unwrap();
     assert_eq!(r.pages(0).collect::<Vec<_>>(), vec![1, 3]);
     assert_eq!(r.info().parent.as_ref(), Some(&s2));
@@ -97,8 +127,18 @@ fn full_then_deltas_fold_to_the_latest_pages() {
     assert_eq!((r.info().epoch, r.info().generation), (1, 2));
     // the same from a fresh open (indexes loaded from the packs)
     let s = Store::open(&dir).unwrap();
-    assert_eq!(contents(&s, &s3), vec![expect(&[0, 5, 0, 7]), expect(&[4, 6])]);
-    assert_eq!(s.list().unwrap().iter().map(|i| i.id.clone()).collect::<Vec<_>>(), vec![s1, s2, s3.clone()]);
+    assert_eq!(
+        contents(&s, &s3),
+        vec![expect(&[0, 5, 0, 7]), expect(&[4, 6])]
+    );
+    assert_eq!(
+        s.list()
+            .unwrap()
+            .iter()
+            .map(|i| i.id.clone())
+            .collect::<Vec<_>>(),
+        vec![s1, s2, s3.clone()]
+    );
     assert_eq!(s.resolve("latest").unwrap(), s3);
     assert!(s.verify(&mut |_| {}).unwrap().ok());
 }
@@ -107,14 +147,20 @@ fn full_then_deltas_fold_to_the_latest_pages() {
 fn a_page_in_two_regions_and_two_snapshots_is_stored_once() {
     let dir = tmp("dedup");
     let mut s = Store::create_or_open(&dir).unwrap();
-    let regs = vec![region("a", 0x10000, 4 * PAGE as u64), region("b", 0x90000, 4 * PAGE as u64)];
+    let regs = vec![
+        region("a", 0x10000, 4 * PAGE as u64),
+        region("b", 0x90000, 4 * PAGE as u64),
+    ];
     let mut w = s.begin(snap(None, regs.clone())).unwrap();
     for (r, p) in [(0, 0), (0, 1), (1, 2), (1, 3)] {
         w.put_page(r, p, &page(42)).unwrap();
     }
     w.put_page(0, 2, &page(0)).unwrap();
     let st = w.stats();
-    assert_eq!((st.pages_put, st.new_chunks, st.dedup_hits, st.zero_pages), (5, 1, 3, 1));
+    assert_eq!(
+        (st.pages_put, st.new_chunks, st.dedup_hits, st.zero_pages),
+        (5, 1, 3, 1)
+    );
     let s1 = w.commit().unwrap().id;
     let mut w = s.begin(snap(None, regs.clone())).unwrap();
     w.put_page(1, 0, &page(42)).unwrap();
@@ -132,7 +178,9 @@ fn a_page_in_two_regions_and_two_snapshots_is_stored_once() {
 fn zero_pages_are_never_stored() {
     let dir = tmp("zero");
     let mut s = Store::create_or_open(&dir).unwrap();
-    let mut w = s.begin(snap(None, vec![region("a", 0, 64 * PAGE as u64)])).unwrap();
+    let mut w = s
+        .begin(snap(None, vec![region("a", 0, 64 * PAGE as u64)]))
+        .unwrap();
     w.put_bytes(0, &vec![0u8; 64 * PAGE]).unwrap();
     assert_eq!(w.stats().zero_pages, 64);
     let id = w.commit().unwrap();
@@ -149,14 +197,34 @@ fn zero_pages_are_never_stored() {
 fn a_region_that_changes_shape_inherits_nothing() {
     let dir = tmp("shape");
     let mut s = Store::create_or_open(&dir).unwrap();
-    let s1 = write(&mut s, snap(None, vec![region("a", 0x1000, 2 * PAGE as u64), region("b", 0x9000, PAGE as u64)]), &[(0, 0, 1), (0, 1, 2), (1, 0, 3)]);
+    let s1 = write(
+        &mut s,
+        snap(
+            None,
+            vec![
+                region("a", 0x1000, 2 * PAGE as u64),
+                region("b", 0x9000, PAGE as u64),
+            ],
+        ),
+        &[(0, 0, 1), (0, 1, 2), (1, 0, 3)],
+    );
     // a grows, b moves: neither inherits; c is new
-    let regs = vec![region("a", 0x1000, 3 * PAGE as u64), region("b", 0xa000, PAGE as u64), region("c", 0x20000, PAGE as u64)];
+    let regs = vec![
+        region("a", 0x1000, 3 * PAGE as u64),
+        region("b", 0xa000, PAGE as u64),
+        region("c", 0x20000, PAGE as u64),
+    ];
     let s2 = write(&mut s, snap(Some(&s1), regs.clone()), &[(0, 2, 4)]);
-    assert_eq!(contents(&s, &s2), vec![expect(&[0, 0, 4]), expect(&[0]), expect(&[0])]);
+    assert_eq!(
+        contents(&s, &s2),
+        vec![expect(&[0, 0, 4]), expect(&[0]), expect(&[0])]
+    );
     // the same shape again inherits from s2
     let s3 = write(&mut s, snap(Some(&s2), regs), &[(2, 0, 5)]);
-    assert_eq!(contents(&s, &s3), vec![expect(&[0, 0, 4]), expect(&[0]), expect(&[5])]);
+    assert_eq!(
+        contents(&s, &s3),
+        vec![expect(&[0, 0, 4]), expect(&[0]), expect(&[5])]
+    );
     // put_bytes: whole region, no inheritance even with the same shape
     let regs = vec![region("a", 0x1000, 3 * PAGE as u64)];
     let mut w = s.begin(snap(Some(&s3), regs)).unwrap();
@@ -176,21 +244,51 @@ fn bad_arguments_are_refused_with_codes() {
     let mut w = s.begin(snap(None, regs.clone())).unwrap();
     assert_eq!(code(w.put_page(1, 0, &page(1))), Some("invalid_argument"));
     assert_eq!(code(w.put_page(0, 2, &page(1))), Some("invalid_argument"));
-    assert_eq!(code(w.put_page(0, 0, &page(1)[..100])), Some("invalid_argument"));
-    assert_eq!(code(w.put_bytes(0, &vec![1u8; 3 * PAGE])), Some("invalid_argument"));
+    assert_eq!(
+        code(w.put_page(0, 0, &page(1)[..100])),
+        Some("invalid_argument")
+    );
+    assert_eq!(
+        code(w.put_bytes(0, &vec![1u8; 3 * PAGE])),
+        Some("invalid_argument")
+    );
     w.abort();
-    let delta_without_parent = NewSnapshot { full: false, ..snap(None, regs.clone()) };
-    assert_eq!(s.begin(delta_without_parent).err().map(|e| e.code()), Some("invalid_argument"));
+    let delta_without_parent = NewSnapshot {
+        full: false,
+        ..snap(None, regs.clone())
+    };
+    assert_eq!(
+        s.begin(delta_without_parent).err().map(|e| e.code()),
+        Some("invalid_argument")
+    );
     let missing = SnapshotId::new(99, std::time::SystemTime::now());
-    assert_eq!(s.begin(snap(Some(&missing), regs.clone())).err().map(|e| e.code()), Some("missing_parent"));
+    assert_eq!(
+        s.begin(snap(Some(&missing), regs.clone()))
+            .err()
+            .map(|e| e.code()),
+        Some("missing_parent")
+    );
     let mut twice = snap(None, vec![region("a", 0, 4096), region("a", 8192, 4096)]);
-    assert_eq!(s.begin(twice.clone()).err().map(|e| e.code()), Some("invalid_argument"));
+    assert_eq!(
+        s.begin(twice.clone()).err().map(|e| e.code()),
+        Some("invalid_argument")
+    );
     twice.regions.pop();
     twice.tags = vec!["has space".into()];
-    assert_eq!(s.begin(twice).err().map(|e| e.code()), Some("invalid_argument"));
+    assert_eq!(
+        s.begin(twice).err().map(|e| e.code()),
+        Some("invalid_argument")
+    );
     assert_eq!(s.resolve("nope").err().map(|e| e.code()), Some("not_found"));
-    assert_eq!(s.list().unwrap().len(), 0, "nothing published by the aborted writer");
-    assert!(!dir.join("tmp").read_dir().unwrap().any(|_| true), "abort leaves no temp file");
+    assert_eq!(
+        s.list().unwrap().len(),
+        0,
+        "nothing published by the aborted writer"
+    );
+    assert!(
+        !dir.join("tmp").read_dir().unwrap().any(|_| true),
+        "abort leaves no temp file"
+    );
 }
 
 #[test]
@@ -199,8 +297,18 @@ fn one_writer_at_a_time() {
     let mut a = Store::create_or_open(&dir).unwrap();
     let mut b = Store::open(&dir).unwrap();
     let w = a.begin(snap(None, vec![region("a", 0, 4096)])).unwrap();
-    assert_eq!(b.begin(snap(None, vec![region("a", 0, 4096)])).err().map(|e| e.code()), Some("locked"));
-    assert_eq!(b.gc(&Retention::default(), &mut |_| {}).err().map(|e| e.code()), Some("locked"));
+    assert_eq!(
+        b.begin(snap(None, vec![region("a", 0, 4096)]))
+            .err()
+            .map(|e| e.code()),
+        Some("locked")
+    );
+    assert_eq!(
+        b.gc(&Retention::default(), &mut |_| {})
+            .err()
+            .map(|e| e.code()),
+        Some("locked")
+    );
     w.abort();
     assert!(b.begin(snap(None, vec![region("a", 0, 4096)])).is_ok());
 }
@@ -209,21 +317,53 @@ fn one_writer_at_a_time() {
 fn retention_folds_children_and_keeps_every_kept_snapshot_identical() {
     let dir = tmp("retention");
     let mut s = Store::create_or_open(&dir).unwrap();
-    let regs = vec![region("a", 0x1000, 8 * PAGE as u64), region("b", 0x9000, 2 * PAGE as u64)];
-    let mut ids = vec![write(&mut s, snap(None, regs.clone()), &[(0, 0, 1), (0, 1, 2), (1, 0, 3)])];
+    let regs = vec![
+        region("a", 0x1000, 8 * PAGE as u64),
+        region("b", 0x9000, 2 * PAGE as u64),
+    ];
+    let mut ids = vec![write(
+        &mut s,
+        snap(None, regs.clone()),
+        &[(0, 0, 1), (0, 1, 2), (1, 0, 3)],
+    )];
     for i in 0..6u64 {
         let prev = ids.last().cloned();
-        let pages = [(0, i % 8, 10 + i), (0, 7, if i % 2 == 0 { 0 } else { 20 + i }), (1, 1, 30 + i)];
+        let pages = [
+            (0, i % 8, 10 + i),
+            (0, 7, if i % 2 == 0 { 0 } else { 20 + i }),
+            (1, 1, 30 + i),
+        ];
         ids.push(write(&mut s, snap(prev.as_ref(), regs.clone()), &pages));
     }
     let before: Vec<_> = ids.iter().map(|id| contents(&s, id)).collect();
-    let dry = s.gc(&Retention { keep_last: Some(3), dry_run: true, ..Default::default() }, &mut |_| {}).unwrap();
+    let dry = s
+        .gc(
+            &Retention {
+                keep_last: Some(3),
+                dry_run: true,
+                ..Default::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
     assert_eq!(dry.deleted, ids[..4].to_vec());
     assert_eq!(s.list().unwrap().len(), 7, "a dry run changes nothing");
-    let rep = s.gc(&Retention { keep_last: Some(3), ..Default::default() }, &mut |_| {}).unwrap();
+    let rep = s
+        .gc(
+            &Retention {
+                keep_last: Some(3),
+                ..Default::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
     assert_eq!(rep.deleted, ids[..4].to_vec());
     assert_eq!(rep.kept, ids[4..].to_vec());
-    assert_eq!(rep.rewritten, vec![ids[4].clone()], "only the oldest kept one loses its parent");
+    assert_eq!(
+        rep.rewritten,
+        vec![ids[4].clone()],
+        "only the oldest kept one loses its parent"
+    );
     assert!(rep.freed_bytes > 0);
     let s = Store::open(&dir).unwrap();
     for (i, id) in ids.iter().enumerate().skip(4) {
@@ -232,7 +372,12 @@ fn retention_folds_children_and_keeps_every_kept_snapshot_identical() {
     let list = s.list().unwrap();
     assert!(list[0].full && !list[1].full && !list[2].full);
     let v = s.verify(&mut |_| {}).unwrap();
-    assert!(v.ok() && v.leftovers.is_empty(), "{:?} {:?}", v.errors, v.leftovers);
+    assert!(
+        v.ok() && v.leftovers.is_empty(),
+        "{:?} {:?}",
+        v.errors,
+        v.leftovers
+    );
 }
 
 #[test]
@@ -249,7 +394,15 @@ fn gc_frees_unreferenced_packs_and_leftovers_and_nothing_else() {
     std::fs::write(dir.join("snapshots/000000000000-x-0000.map"), b"x").unwrap();
     let pack = |id: &SnapshotId| dir.join("packs").join(format!("{id}.pack"));
     let size1 = std::fs::metadata(pack(&s1)).unwrap().len();
-    let rep = s.gc(&Retention { keep_last: Some(1), ..Default::default() }, &mut |_| {}).unwrap();
+    let rep = s
+        .gc(
+            &Retention {
+                keep_last: Some(1),
+                ..Default::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
     assert_eq!(rep.deleted, vec![s1.clone(), s2.clone()]);
     assert!(!pack(&s1).exists(), "dead pack removed");
     assert!(pack(&s2).exists() && pack(&s3).exists(), "live packs kept");
@@ -257,18 +410,42 @@ fn gc_frees_unreferenced_packs_and_leftovers_and_nothing_else() {
     assert_eq!(rep.partly_live[0].0, format!("{s2}.pack"));
     assert!(rep.wasted_bytes > 0);
     assert!(rep.removed.iter().any(|p| p.ends_with("tmp/crashed.pack")));
-    assert!(rep.removed.iter().any(|p| p.ends_with("snapshots/000000000000-x-0000.map")));
+    assert!(
+        rep.removed
+            .iter()
+            .any(|p| p.ends_with("snapshots/000000000000-x-0000.map"))
+    );
     assert!(rep.freed_bytes >= size1);
     assert_eq!(contents(&s, &s3), vec![expect(&[3, 5, 0, 0])]);
     // a second gc has nothing to do
-    let again = s.gc(&Retention { keep_last: Some(1), ..Default::default() }, &mut |_| {}).unwrap();
+    let again = s
+        .gc(
+            &Retention {
+                keep_last: Some(1),
+                ..Default::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
     assert!(again.deleted.is_empty() && again.removed.is_empty());
     // tagged snapshots are kept whatever the policy
     let mut meta = snap(None, regs);
     meta.tags = vec!["keepme".into()];
     let t = write(&mut s, meta, &[(0, 0, 8)]);
-    write(&mut s, snap(Some(&t), vec![region("a", 0x1000, 4 * PAGE as u64)]), &[(0, 1, 9)]);
-    let rep = s.gc(&Retention { keep_last: Some(1), ..Default::default() }, &mut |_| {}).unwrap();
+    write(
+        &mut s,
+        snap(Some(&t), vec![region("a", 0x1000, 4 * PAGE as u64)]),
+        &[(0, 1, 9)],
+    );
+    let rep = s
+        .gc(
+            &Retention {
+                keep_last: Some(1),
+                ..Default::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
     assert!(rep.kept.contains(&t) && rep.deleted == vec![s3]);
     assert_eq!(s.resolve("keepme").unwrap(), t);
 }
@@ -321,12 +498,20 @@ fn damage_is_detected_with_its_code_and_older_snapshots_stay_readable() {
     // manifests: truncated, flipped
     for cut in (0..orig_man.len()).step_by(37) {
         std::fs::write(&man2, &orig_man[..cut]).unwrap();
-        assert_eq!(open_err(&dir, &s2), "manifest_truncated", "manifest cut at {cut}");
+        assert_eq!(
+            open_err(&dir, &s2),
+            "manifest_truncated",
+            "manifest cut at {cut}"
+        );
     }
     for at in (0..orig_man.len() - 80).step_by(53) {
         std::fs::write(&man2, &orig_man).unwrap();
         flip(&man2, at as u64);
-        assert_eq!(open_err(&dir, &s2), "manifest_corrupt", "manifest flipped at {at}");
+        assert_eq!(
+            open_err(&dir, &s2),
+            "manifest_corrupt",
+            "manifest flipped at {at}"
+        );
     }
     std::fs::write(&man2, &orig_man).unwrap();
     // the page map
@@ -334,7 +519,9 @@ fn damage_is_detected_with_its_code_and_older_snapshots_stay_readable() {
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .find(|p| p.to_string_lossy().contains(s2.as_str()) && p.extension().is_some_and(|e| e == "map"))
+        .find(|p| {
+            p.to_string_lossy().contains(s2.as_str()) && p.extension().is_some_and(|e| e == "map")
+        })
         .unwrap();
     flip(&map, 40);
     assert_eq!(open_err(&dir, &s2), "map_corrupt");
@@ -342,7 +529,10 @@ fn damage_is_detected_with_its_code_and_older_snapshots_stay_readable() {
     let s = Store::open(&dir).unwrap();
     assert_eq!(contents(&s, &s1), good);
     let v = s.verify(&mut |_| {}).unwrap();
-    assert_eq!(v.errors.iter().map(|e| e.code()).collect::<Vec<_>>(), vec!["map_corrupt"]);
+    assert_eq!(
+        v.errors.iter().map(|e| e.code()).collect::<Vec<_>>(),
+        vec!["map_corrupt"]
+    );
     assert!(v.snapshots[0].restorable && !v.snapshots[1].restorable);
     // a missing parent
     std::fs::remove_file(dir.join("snapshots").join(format!("{s1}.json"))).unwrap();
@@ -356,14 +546,26 @@ fn foreign_and_newer_stores_are_refused() {
     let dir = tmp("format");
     Store::create_or_open(&dir).unwrap();
     std::fs::write(dir.join("FORMAT"), "rekindle-store\nversion 2\n").unwrap();
-    assert_eq!(Store::open(&dir).err().map(|e| e.code()), Some("store_newer_version"));
+    assert_eq!(
+        Store::open(&dir).err().map(|e| e.code()),
+        Some("store_newer_version")
+    );
     std::fs::write(dir.join("FORMAT"), "something-else\n").unwrap();
-    assert_eq!(Store::open(&dir).err().map(|e| e.code()), Some("store_foreign"));
+    assert_eq!(
+        Store::open(&dir).err().map(|e| e.code()),
+        Some("store_foreign")
+    );
     let other = tmp("format-other");
     std::fs::create_dir_all(&other).unwrap();
     std::fs::write(other.join("data"), "x").unwrap();
-    assert_eq!(Store::create_or_open(&other).err().map(|e| e.code()), Some("store_foreign"));
-    assert_eq!(Store::open(&tmp("format-none")).err().map(|e| e.code()), Some("not_found"));
+    assert_eq!(
+        Store::create_or_open(&other).err().map(|e| e.code()),
+        Some("store_foreign")
+    );
+    assert_eq!(
+        Store::open(&tmp("format-none")).err().map(|e| e.code()),
+        Some("not_found")
+    );
 }
 
 #[test]
@@ -373,16 +575,30 @@ fn send_and_recv_round_trip_full_and_since() {
     let mut s = Store::create_or_open(&a).unwrap();
     let regs = vec![region("a", 0x1000, 4 * PAGE as u64)];
     let s1 = write(&mut s, snap(None, regs.clone()), &[(0, 0, 1), (0, 1, 2)]);
-    let s2 = write(&mut s, snap(Some(&s1), regs.clone()), &[(0, 2, 3), (0, 0, 0)]);
+    let s2 = write(
+        &mut s,
+        snap(Some(&s1), regs.clone()),
+        &[(0, 2, 3), (0, 0, 0)],
+    );
     let s3 = write(&mut s, snap(Some(&s2), regs.clone()), &[(0, 3, 1)]);
     let mut buf = Vec::new();
     s.send(&s1, None, false, &mut buf, &mut |_| {}).unwrap();
     let mut r = Store::create_or_open(&b).unwrap();
-    assert_eq!(r.recv(&mut &buf[..], &mut |_| {}).unwrap(), vec![s1.clone()]);
+    assert_eq!(
+        r.recv(&mut &buf[..], &mut |_| {}).unwrap(),
+        vec![s1.clone()]
+    );
     let mut inc = Vec::new();
-    s.send(&s3, Some(&s1), false, &mut inc, &mut |_| {}).unwrap();
-    assert!(inc.len() < buf.len() + 2 * PAGE, "the increment carries only new chunks");
-    assert_eq!(r.recv(&mut &inc[..], &mut |_| {}).unwrap(), vec![s2.clone(), s3.clone()]);
+    s.send(&s3, Some(&s1), false, &mut inc, &mut |_| {})
+        .unwrap();
+    assert!(
+        inc.len() < buf.len() + 2 * PAGE,
+        "the increment carries only new chunks"
+    );
+    assert_eq!(
+        r.recv(&mut &inc[..], &mut |_| {}).unwrap(),
+        vec![s2.clone(), s3.clone()]
+    );
     for id in [&s1, &s2, &s3] {
         assert_eq!(contents(&r, id), contents(&s, id));
     }
@@ -392,9 +608,15 @@ fn send_and_recv_round_trip_full_and_since() {
         let mut t = Store::create_or_open(&c).unwrap();
         t.recv(&mut &buf[..], &mut |_| {}).unwrap();
         let e = t.recv(&mut &inc[..cut], &mut |_| {}).unwrap_err();
-        assert!(["stream_truncated", "stream_corrupt"].contains(&e.code()), "{cut}: {e}");
+        assert!(
+            ["stream_truncated", "stream_corrupt"].contains(&e.code()),
+            "{cut}: {e}"
+        );
         let n = t.list().unwrap().len();
-        assert!(n == 1 || (n == 2 && cut > inc.len() / 2), "cut {cut}: {n} snapshots");
+        assert!(
+            n == 1 || (n == 2 && cut > inc.len() / 2),
+            "cut {cut}: {n} snapshots"
+        );
         assert!(t.verify(&mut |_| {}).unwrap().ok());
     }
     let mut bad = inc.clone();
@@ -402,13 +624,24 @@ fn send_and_recv_round_trip_full_and_since() {
     let c = tmp("send-d");
     let mut t = Store::create_or_open(&c).unwrap();
     t.recv(&mut &buf[..], &mut |_| {}).unwrap();
-    assert_eq!(t.recv(&mut &bad[..], &mut |_| {}).unwrap_err().code(), "stream_corrupt");
+    assert_eq!(
+        t.recv(&mut &bad[..], &mut |_| {}).unwrap_err().code(),
+        "stream_corrupt"
+    );
     assert_eq!(t.list().unwrap().len(), 1);
     // --since something that is not an ancestor
     let other = write(&mut s, snap(None, regs), &[(0, 0, 5)]);
-    assert_eq!(s.send(&s3, Some(&other), false, &mut Vec::new(), &mut |_| {}).unwrap_err().code(), "not_ancestor");
+    assert_eq!(
+        s.send(&s3, Some(&other), false, &mut Vec::new(), &mut |_| {})
+            .unwrap_err()
+            .code(),
+        "not_ancestor"
+    );
     // a delta without its parent on the receiver
-    let e = Store::create_or_open(&tmp("send-e")).unwrap().recv(&mut &inc[..], &mut |_| {}).unwrap_err();
+    let e = Store::create_or_open(&tmp("send-e"))
+        .unwrap()
+        .recv(&mut &inc[..], &mut |_| {})
+        .unwrap_err();
     assert_eq!(e.code(), "missing_parent");
 }
 
@@ -417,7 +650,11 @@ fn reads_from_many_threads() {
     let dir = tmp("threads");
     let mut s = Store::create_or_open(&dir).unwrap();
     let pages: Vec<(u32, u64, u64)> = (0..256).map(|p| (0, p, p + 1)).collect();
-    let id = write(&mut s, snap(None, vec![region("a", 0, 256 * PAGE as u64)]), &pages);
+    let id = write(
+        &mut s,
+        snap(None, vec![region("a", 0, 256 * PAGE as u64)]),
+        &pages,
+    );
     let r = s.open_snapshot(&id).unwrap();
     std::thread::scope(|sc| {
         for t in 0..4u64 {

@@ -36,7 +36,9 @@ pub fn parse_hex(s: &str) -> Option<Hash> {
 /// A snapshot's id: `<12-digit sequence>-<UTC time>`, e.g.
 /// `000000000042-20261123T212139Z`.  Sorts in creation order (the sequence
 /// leads); the time is for people.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct SnapshotId(pub String);
 

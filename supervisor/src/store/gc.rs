@@ -34,7 +34,10 @@ pub struct Retention {
 
 impl Retention {
     fn any_rule(&self) -> bool {
-        self.keep_last.is_some() || self.keep_within.is_some() || self.keep_hourly.is_some() || self.keep_daily.is_some()
+        self.keep_last.is_some()
+            || self.keep_within.is_some()
+            || self.keep_hourly.is_some()
+            || self.keep_daily.is_some()
     }
 }
 
@@ -57,7 +60,12 @@ pub struct GcReport {
 
 /// The newest snapshot of each of the `n` most recent `bucket`-second
 /// periods; `snaps` is newest first.
-fn keep_per_bucket(snaps: &[(SnapshotId, u64)], bucket: u64, n: usize, keep: &mut BTreeSet<SnapshotId>) {
+fn keep_per_bucket(
+    snaps: &[(SnapshotId, u64)],
+    bucket: u64,
+    n: usize,
+    keep: &mut BTreeSet<SnapshotId>,
+) {
     let mut seen = BTreeSet::new();
     for (id, ns) in snaps {
         let b = ns / 1_000_000_000 / bucket;
@@ -81,17 +89,30 @@ impl Store {
             keep.extend(ms.iter().map(|m| m.id.clone()));
             return keep;
         }
-        let newest: Vec<(SnapshotId, u64)> = ms.iter().rev().map(|m| (m.id.clone(), m.created_ns)).collect();
+        let newest: Vec<(SnapshotId, u64)> = ms
+            .iter()
+            .rev()
+            .map(|m| (m.id.clone(), m.created_ns))
+            .collect();
         if let Some((id, _)) = newest.first() {
             keep.insert(id.clone());
         }
-        keep.extend(ms.iter().filter(|m| !m.tags.is_empty()).map(|m| m.id.clone()));
+        keep.extend(
+            ms.iter()
+                .filter(|m| !m.tags.is_empty())
+                .map(|m| m.id.clone()),
+        );
         if let Some(n) = policy.keep_last {
             keep.extend(newest.iter().take(n).map(|(id, _)| id.clone()));
         }
         if let Some(d) = policy.keep_within {
             let cut = unix_ns(now).saturating_sub(d.as_nanos() as u64);
-            keep.extend(newest.iter().filter(|(_, ns)| *ns >= cut).map(|(id, _)| id.clone()));
+            keep.extend(
+                newest
+                    .iter()
+                    .filter(|(_, ns)| *ns >= cut)
+                    .map(|(id, _)| id.clone()),
+            );
         }
         if let Some(n) = policy.keep_hourly {
             keep_per_bucket(&newest, 3600, n, &mut keep);
@@ -103,7 +124,11 @@ impl Store {
     }
 
     /// Applies `policy`, then collects.  Takes the writers' lock.
-    pub fn gc(&mut self, policy: &Retention, progress: &mut dyn FnMut(Progress)) -> Result<GcReport, StoreError> {
+    pub fn gc(
+        &mut self,
+        policy: &Retention,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<GcReport, StoreError> {
         let _lock = self.lock()?;
         let mut rep = GcReport {
             dry_run: policy.dry_run,
@@ -116,12 +141,18 @@ impl Store {
                 Ok(m) => ms.push(m),
                 // an unreadable manifest may name any pack: collecting now
                 // could delete what it needs once it is readable again
-                Err(e @ (StoreError::PermissionDenied { .. } | StoreError::Io { .. })) => return Err(e),
+                Err(e @ (StoreError::PermissionDenied { .. } | StoreError::Io { .. })) => {
+                    return Err(e);
+                }
                 Err(e) => rep.broken.push(e),
             }
         }
         let mut keep = self.choose(policy, &ms, SystemTime::now());
-        let by_id: HashMap<SnapshotId, usize> = ms.iter().enumerate().map(|(i, m)| (m.id.clone(), i)).collect();
+        let by_id: HashMap<SnapshotId, usize> = ms
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.id.clone(), i))
+            .collect();
         // kept snapshots whose chain runs through a deleted one: fold them
         let mut referenced: HashSet<Hash> = HashSet::new();
         let mut rewrites: Vec<(usize, Vec<MapEntry>)> = Vec::new();
@@ -224,7 +255,13 @@ impl Store {
         }
     }
 
-    fn keep_chain_ids(&self, m: &Manifest, by_id: &HashMap<SnapshotId, usize>, ms: &[Manifest], keep: &mut BTreeSet<SnapshotId>) {
+    fn keep_chain_ids(
+        &self,
+        m: &Manifest,
+        by_id: &HashMap<SnapshotId, usize>,
+        ms: &[Manifest],
+        keep: &mut BTreeSet<SnapshotId>,
+    ) {
         let mut cur = m;
         while let Some(p) = &cur.parent {
             if cur.kind == SnapshotKind::Full {
@@ -236,7 +273,13 @@ impl Store {
         }
     }
 
-    fn nearest_kept(&self, m: &Manifest, by_id: &HashMap<SnapshotId, usize>, ms: &[Manifest], keep: &BTreeSet<SnapshotId>) -> Option<SnapshotId> {
+    fn nearest_kept(
+        &self,
+        m: &Manifest,
+        by_id: &HashMap<SnapshotId, usize>,
+        ms: &[Manifest],
+        keep: &BTreeSet<SnapshotId>,
+    ) -> Option<SnapshotId> {
         let mut cur = m;
         while let Some(p) = &cur.parent {
             if keep.contains(p) {
@@ -247,7 +290,12 @@ impl Store {
         None
     }
 
-    fn remove(&self, p: &std::path::Path, dry_run: bool, rep: &mut GcReport) -> Result<(), StoreError> {
+    fn remove(
+        &self,
+        p: &std::path::Path,
+        dry_run: bool,
+        rep: &mut GcReport,
+    ) -> Result<(), StoreError> {
         let size = size_of(p);
         if !dry_run {
             match fsio::unlink(p) {
@@ -263,7 +311,13 @@ impl Store {
 
     /// Replaces a snapshot's manifest by a full one with the given map:
     /// new map file, then the manifest (atomic rename), then the old map.
-    fn rewrite_full(&self, m: &Manifest, parent: Option<SnapshotId>, entries: &[MapEntry], rep: &mut GcReport) -> Result<(), StoreError> {
+    fn rewrite_full(
+        &self,
+        m: &Manifest,
+        parent: Option<SnapshotId>,
+        entries: &[MapEntry],
+        rep: &mut GcReport,
+    ) -> Result<(), StoreError> {
         let snaps = self.sub(SNAPSHOTS);
         let tmp = self.sub(TMP);
         let bytes = map::encode(entries)?;
@@ -293,7 +347,11 @@ impl Store {
         n.stats.pages = entries.len() as u64;
         n.stats.zero_pages = 0;
         fsio::fsync_dir(&snaps)?;
-        fsio::publish_file(&tmp.join(format!("{}.json", m.id)), &self.manifest_path(&m.id), &n.encode())?;
+        fsio::publish_file(
+            &tmp.join(format!("{}.json", m.id)),
+            &self.manifest_path(&m.id),
+            &n.encode(),
+        )?;
         fsio::fsync_dir(&snaps)?;
         if m.map.file != name {
             self.remove(&snaps.join(&m.map.file), false, rep)?;
@@ -302,7 +360,14 @@ impl Store {
     }
 
     /// Packs no kept snapshot needs, maps no manifest names, `tmp/`.
-    fn collect_files(&self, ms: &[Manifest], keep: &BTreeSet<SnapshotId>, referenced: &HashSet<Hash>, dry_run: bool, rep: &mut GcReport) -> Result<(), StoreError> {
+    fn collect_files(
+        &self,
+        ms: &[Manifest],
+        keep: &BTreeSet<SnapshotId>,
+        referenced: &HashSet<Hash>,
+        dry_run: bool,
+        rep: &mut GcReport,
+    ) -> Result<(), StoreError> {
         let broken_ids: Vec<String> = self
             .list_all()?
             .into_iter()
@@ -325,7 +390,11 @@ impl Store {
                 Err(_) if !named.contains(&slot.name) => Vec::new(),
                 Err(_) => continue,
             };
-            let dead: u64 = entries.iter().filter(|e| !referenced.contains(&e.hash)).map(|e| e.len as u64).sum();
+            let dead: u64 = entries
+                .iter()
+                .filter(|e| !referenced.contains(&e.hash))
+                .map(|e| e.len as u64)
+                .sum();
             let live = entries.iter().any(|e| referenced.contains(&e.hash));
             if live || named.contains(&slot.name) {
                 if dead > 0 {

@@ -194,7 +194,8 @@ impl Manifest {
         if blake3::hash(body) != want {
             return Err(corrupt("checksum mismatch".into()));
         }
-        let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| corrupt(format!("json: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(body).map_err(|e| corrupt(format!("json: {e}")))?;
         if v.get("format").and_then(|f| f.as_str()) != Some(FORMAT_NAME) {
             return Err(corrupt(format!("\"format\" is not {FORMAT_NAME:?}")));
         }

@@ -188,7 +188,10 @@ impl Store {
     /// (another process may have added or collected packs).
     pub(crate) fn refresh_packs(&mut self) -> Result<(), StoreError> {
         let names = self.names(PACKS, ".pack")?;
-        let gone = self.packs.iter().any(|p| names.binary_search(&p.name).is_err());
+        let gone = self
+            .packs
+            .iter()
+            .any(|p| names.binary_search(&p.name).is_err());
         if gone {
             self.packs.clear();
             self.by_name.clear();
@@ -209,7 +212,10 @@ impl Store {
         let (state, chunks) = match pack::load(&path) {
             Ok(lp) => {
                 for e in &lp.entries {
-                    self.index.entry(e.hash).or_insert(Loc { pack: id, entry: *e });
+                    self.index.entry(e.hash).or_insert(Loc {
+                        pack: id,
+                        entry: *e,
+                    });
                 }
                 (Ok(Arc::new(lp.file)), lp.entries.len() as u64)
             }
@@ -268,7 +274,11 @@ impl Store {
         let id = SnapshotId(spec.to_string());
         if id.is_valid() {
             let path = self.manifest_path(&id);
-            return if path.exists() { Ok(id) } else { Err(not_found()) };
+            return if path.exists() {
+                Ok(id)
+            } else {
+                Err(not_found())
+            };
         }
         self.list()?
             .into_iter()

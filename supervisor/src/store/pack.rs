@@ -120,7 +120,7 @@ impl PackWriter {
     pub fn finish(mut self) -> Result<u64, StoreError> {
         self.flush()?;
         let mut entries = std::mem::take(&mut self.entries);
-        entries.sort_unstable_by(|a, b| a.hash.cmp(&b.hash));
+        entries.sort_unstable_by_key(|e| e.hash);
         let mut index = Vec::with_capacity(entries.len() * ENTRY_LEN + TRAILER_LEN as usize);
         for e in &entries {
             e.encode(&mut index);
@@ -199,7 +199,10 @@ pub fn load(path: &Path) -> Result<LoadedPack, StoreError> {
     let index_off = u64::from_le_bytes(tr[8..16].try_into().unwrap_or_default());
     let count = u64::from_le_bytes(tr[16..24].try_into().unwrap_or_default());
     let index_len = count.checked_mul(ENTRY_LEN as u64);
-    if index_len.and_then(|l| l.checked_add(index_off)).and_then(|e| e.checked_add(TRAILER_LEN)) != Some(size)
+    if index_len
+        .and_then(|l| l.checked_add(index_off))
+        .and_then(|e| e.checked_add(TRAILER_LEN))
+        != Some(size)
         || index_off < HEADER_LEN
     {
         return Err(corrupt(path, "trailer does not match the file's size"));
@@ -219,7 +222,10 @@ pub fn load(path: &Path) -> Result<LoadedPack, StoreError> {
             || e.flags & !FLAG_RAW != 0
             || (e.flags & FLAG_RAW != 0 && e.len as usize != PAGE)
         {
-            return Err(corrupt(path, format!("index entry {} out of bounds", hex(&e.hash))));
+            return Err(corrupt(
+                path,
+                format!("index entry {} out of bounds", hex(&e.hash)),
+            ));
         }
         if let Some(prev) = entries.last().map(|p: &IndexEntry| p.hash)
             && prev >= e.hash
@@ -256,7 +262,13 @@ impl ChunkReader {
 
     /// Reads the chunk `e` of the pack `file` into `out` (one page), and
     /// checks it decompresses to one page whose blake3 is `e.hash`.
-    pub fn read(&mut self, file: &File, path: &Path, e: &IndexEntry, out: &mut [u8]) -> Result<(), StoreError> {
+    pub fn read(
+        &mut self,
+        file: &File,
+        path: &Path,
+        e: &IndexEntry,
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
         if out.len() != PAGE {
             return Err(StoreError::InvalidArgument {
                 path: path.to_path_buf(),
@@ -272,13 +284,20 @@ impl ChunkReader {
         if cbuf.len() < n {
             cbuf.resize(n, 0);
         }
-        let r = pread(file, path, &mut cbuf[..n], e.offset).and_then(|_| self.check_bytes(path, e, &cbuf[..n], out));
+        let r = pread(file, path, &mut cbuf[..n], e.offset)
+            .and_then(|_| self.check_bytes(path, e, &cbuf[..n], out));
         self.cbuf = cbuf;
         r
     }
 
     /// Decompresses chunk bytes (of entry `e`) into `out` and checks them.
-    pub fn check_bytes(&mut self, path: &Path, e: &IndexEntry, bytes: &[u8], out: &mut [u8]) -> Result<(), StoreError> {
+    pub fn check_bytes(
+        &mut self,
+        path: &Path,
+        e: &IndexEntry,
+        bytes: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
         if e.flags & FLAG_RAW != 0 {
             out.copy_from_slice(bytes);
         } else {
@@ -304,7 +323,11 @@ fn chunk_bad(path: &Path, e: &IndexEntry, detail: String) -> StoreError {
 
 fn check_hash(path: &Path, e: &IndexEntry, page: &[u8]) -> Result<(), StoreError> {
     if blake3::hash(page).as_bytes() != &e.hash {
-        return Err(chunk_bad(path, e, format!("blake3 differs from {}", hex(&e.hash))));
+        return Err(chunk_bad(
+            path,
+            e,
+            format!("blake3 differs from {}", hex(&e.hash)),
+        ));
     }
     Ok(())
 }

@@ -73,7 +73,9 @@ impl Store {
         };
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(corrupt("file missing")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(corrupt("file missing"));
+            }
             Err(e) => return Err(io_at("read", &path)(e)),
         };
         if bytes.len() as u64 != m.map.size {
@@ -92,19 +94,26 @@ impl Store {
                 .get(e.region as usize)
                 .is_some_and(|r| e.page < r.meta.page_count());
             if !ok {
-                return Err(corrupt(&format!("entry (region {}, page {}) out of range", e.region, e.page)));
+                return Err(corrupt(&format!(
+                    "entry (region {}, page {}) out of range",
+                    e.region, e.page
+                )));
             }
         }
         Ok(entries)
     }
 
     /// Folds a chain (newest first) into per-region page -> hash tables.
-    pub(crate) fn fold(&self, chain: &[(PathBuf, Manifest)]) -> Result<Vec<HashMap<u64, Hash>>, StoreError> {
+    pub(crate) fn fold(
+        &self,
+        chain: &[(PathBuf, Manifest)],
+    ) -> Result<Vec<HashMap<u64, Hash>>, StoreError> {
         let mut state: Vec<(RegionMeta, HashMap<u64, Hash>)> = Vec::new();
         for (_, m) in chain.iter().rev() {
             self.check_packs(m)?;
             let entries = self.load_map(m)?;
-            let mut next: Vec<(RegionMeta, HashMap<u64, Hash>)> = Vec::with_capacity(m.regions.len());
+            let mut next: Vec<(RegionMeta, HashMap<u64, Hash>)> =
+                Vec::with_capacity(m.regions.len());
             for r in &m.regions {
                 let inherited = if r.whole || m.kind == SnapshotKind::Full {
                     None
@@ -197,12 +206,17 @@ impl SnapshotReader {
     }
 
     fn slot(&self, region: u32, page: u64) -> Result<Option<&Slot>, StoreError> {
-        let r = self.regions.get(region as usize).ok_or_else(|| self.bad(format!("region {region} out of range")))?;
+        let r = self
+            .regions
+            .get(region as usize)
+            .ok_or_else(|| self.bad(format!("region {region} out of range")))?;
         if page >= r.page_count() {
             return Err(self.bad(format!("page {page} beyond region {:?}", r.name)));
         }
         let v = &self.pages[region as usize];
-        Ok(v.binary_search_by_key(&page, |s| s.page).ok().map(|i| &v[i]))
+        Ok(v.binary_search_by_key(&page, |s| s.page)
+            .ok()
+            .map(|i| &v[i]))
     }
 
     fn bad(&self, detail: String) -> StoreError {
@@ -234,7 +248,12 @@ impl SnapshotReader {
     /// Writes every present page of a region to `out_fd` at page * 4096.
     /// Absent pages are not written: `out_fd` must read as zeros there (a
     /// fresh memfd or file of the region's size).
-    pub fn read_region_into(&self, region: u32, out_fd: BorrowedFd, progress: &mut dyn FnMut(Progress)) -> Result<(), StoreError> {
+    pub fn read_region_into(
+        &self,
+        region: u32,
+        out_fd: BorrowedFd,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<(), StoreError> {
         let slots = self
             .pages
             .get(region as usize)
@@ -251,14 +270,19 @@ impl SnapshotReader {
             let len = (size - s.page * PAGE as u64).min(PAGE as u64) as usize;
             let mut done = 0;
             while done < len {
-                let n = nix::sys::uio::pwrite(out_fd, &buf[done..len], off + done as i64)
-                    .map_err(|e| super::error::io_err("pwrite", fd_path, &std::io::Error::from(e)))?;
+                let n = nix::sys::uio::pwrite(out_fd, &buf[done..len], off + done as i64).map_err(
+                    |e| super::error::io_err("pwrite", fd_path, &std::io::Error::from(e)),
+                )?;
                 if n == 0 {
-                    return Err(super::error::io_err("pwrite", fd_path, &std::io::Error::from(std::io::ErrorKind::WriteZero)));
+                    return Err(super::error::io_err(
+                        "pwrite",
+                        fd_path,
+                        &std::io::Error::from(std::io::ErrorKind::WriteZero),
+                    ));
                 }
                 done += n;
             }
-            if i % 4096 == 0 || i + 1 == slots.len() {
+            if i.is_multiple_of(4096) || i + 1 == slots.len() {
                 progress(Progress {
                     phase: Phase::Restore,
                     done: i as u64 + 1,
@@ -271,7 +295,12 @@ impl SnapshotReader {
 }
 
 /// Reads one chunk with this thread's reusable buffers.
-pub(crate) fn read_chunk(file: &File, path: &Path, e: &IndexEntry, out: &mut [u8]) -> Result<(), StoreError> {
+pub(crate) fn read_chunk(
+    file: &File,
+    path: &Path,
+    e: &IndexEntry,
+    out: &mut [u8],
+) -> Result<(), StoreError> {
     CHUNKS.with(|c| {
         let mut c = c.borrow_mut();
         if c.is_none() {

@@ -53,7 +53,9 @@ fn stdout_path() -> PathBuf {
 
 fn write_io(e: std::io::Error) -> StoreError {
     if e.kind() == ErrorKind::BrokenPipe {
-        return StoreError::OutputClosed { path: stdout_path() };
+        return StoreError::OutputClosed {
+            path: stdout_path(),
+        };
     }
     super::error::io_err("write", &stdout_path(), &e)
 }
@@ -82,7 +84,14 @@ impl Store {
     /// receiver of `since` lacks; without: `id` folded into one full
     /// snapshot).  With `follow`, then waits for new snapshots and sends
     /// each until the output closes.
-    pub fn send(&mut self, id: &SnapshotId, since: Option<&SnapshotId>, follow: bool, out: &mut dyn Write, progress: &mut dyn FnMut(Progress)) -> Result<(), StoreError> {
+    pub fn send(
+        &mut self,
+        id: &SnapshotId,
+        since: Option<&SnapshotId>,
+        follow: bool,
+        out: &mut dyn Write,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<(), StoreError> {
         let mut hdr = Vec::from(&MAGIC[..]);
         hdr.extend_from_slice(&VERSION.to_le_bytes());
         hdr.extend_from_slice(&0u32.to_le_bytes());
@@ -118,7 +127,14 @@ impl Store {
         }
     }
 
-    fn send_to(&self, id: &SnapshotId, since: Option<&SnapshotId>, sent: &mut Sent, out: &mut dyn Write, progress: &mut dyn FnMut(Progress)) -> Result<(), StoreError> {
+    fn send_to(
+        &self,
+        id: &SnapshotId,
+        since: Option<&SnapshotId>,
+        sent: &mut Sent,
+        out: &mut dyn Write,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<(), StoreError> {
         match since {
             None => {
                 let chain = self.chain(id)?;
@@ -174,7 +190,14 @@ impl Store {
         }
     }
 
-    fn send_one(&self, m: &Manifest, entries: &[MapEntry], sent: &mut Sent, out: &mut dyn Write, progress: &mut dyn FnMut(Progress)) -> Result<(), StoreError> {
+    fn send_one(
+        &self,
+        m: &Manifest,
+        entries: &[MapEntry],
+        sent: &mut Sent,
+        out: &mut dyn Write,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<(), StoreError> {
         let h = Header {
             id: m.id.clone(),
             parent: m.parent.clone(),
@@ -204,10 +227,13 @@ impl Store {
                     buf.extend_from_slice(hash);
                 }
                 Some(hash) => {
-                    let loc = self.index.get(hash).ok_or_else(|| StoreError::MissingChunk {
-                        path: self.manifest_path(&m.id),
-                        hash: hex(hash),
-                    })?;
+                    let loc = self
+                        .index
+                        .get(hash)
+                        .ok_or_else(|| StoreError::MissingChunk {
+                            path: self.manifest_path(&m.id),
+                            hash: hex(hash),
+                        })?;
                     let (path, file) = self.pack_file(loc.pack)?;
                     let n = loc.entry.len as usize;
                     chunk.resize(n, 0);
@@ -246,8 +272,15 @@ impl Store {
     /// Reads a stream into this store; returns the ids it published (a
     /// snapshot the store already has is skipped).  Any damage: an error,
     /// and the snapshot in flight is not published.
-    pub fn recv(&mut self, input: &mut dyn Read, progress: &mut dyn FnMut(Progress)) -> Result<Vec<SnapshotId>, StoreError> {
-        let mut r = FrameReader { input, path: PathBuf::from("<stream>") };
+    pub fn recv(
+        &mut self,
+        input: &mut dyn Read,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Vec<SnapshotId>, StoreError> {
+        let mut r = FrameReader {
+            input,
+            path: PathBuf::from("<stream>"),
+        };
         let mut hdr = [0u8; 16];
         r.exact(&mut hdr, "header")?;
         if &hdr[..8] != MAGIC {
@@ -287,8 +320,14 @@ impl Store {
         }
     }
 
-    fn recv_one(&mut self, r: &mut FrameReader<'_>, header: &[u8], progress: &mut dyn FnMut(Progress)) -> Result<Option<SnapshotId>, StoreError> {
-        let h: Header = serde_json::from_slice(header).map_err(|e| r.corrupt(format!("snapshot header: {e}")))?;
+    fn recv_one(
+        &mut self,
+        r: &mut FrameReader<'_>,
+        header: &[u8],
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Option<SnapshotId>, StoreError> {
+        let h: Header = serde_json::from_slice(header)
+            .map_err(|e| r.corrupt(format!("snapshot header: {e}")))?;
         if !h.id.is_valid() || h.parent.as_ref().is_some_and(|p| !p.is_valid()) {
             return Err(r.corrupt("malformed snapshot id".into()));
         }
@@ -331,7 +370,9 @@ impl Store {
                 b'P' => {
                     let mut at = 0;
                     while at < p.len() {
-                        let rec = p.get(at..at + 45).ok_or_else(|| r.corrupt("short page record".into()))?;
+                        let rec = p
+                            .get(at..at + 45)
+                            .ok_or_else(|| r.corrupt("short page record".into()))?;
                         let region = u32::from_le_bytes(rec[0..4].try_into().unwrap_or_default());
                         let pg = u64::from_le_bytes(rec[4..12].try_into().unwrap_or_default());
                         let mut hash = [0u8; 32];
@@ -350,18 +391,34 @@ impl Store {
                                 }
                             }
                             2 => {
-                                let lens = p.get(at..at + 8).ok_or_else(|| r.corrupt("short chunk record".into()))?;
-                                let flags = u32::from_le_bytes(lens[0..4].try_into().unwrap_or_default());
-                                let len = u32::from_le_bytes(lens[4..8].try_into().unwrap_or_default());
+                                let lens = p
+                                    .get(at..at + 8)
+                                    .ok_or_else(|| r.corrupt("short chunk record".into()))?;
+                                let flags =
+                                    u32::from_le_bytes(lens[0..4].try_into().unwrap_or_default());
+                                let len =
+                                    u32::from_le_bytes(lens[4..8].try_into().unwrap_or_default());
                                 at += 8;
-                                let bytes = p.get(at..at + len as usize).ok_or_else(|| r.corrupt("short chunk".into()))?;
+                                let bytes = p
+                                    .get(at..at + len as usize)
+                                    .ok_or_else(|| r.corrupt("short chunk".into()))?;
                                 at += len as usize;
                                 chunks += 1;
-                                if flags & !FLAG_RAW != 0 || len == 0 || (flags & FLAG_RAW != 0 && len as usize != PAGE) {
+                                if flags & !FLAG_RAW != 0
+                                    || len == 0
+                                    || (flags & FLAG_RAW != 0 && len as usize != PAGE)
+                                {
                                     return Err(r.corrupt("bad chunk flags or length".into()));
                                 }
-                                let e = IndexEntry { hash, offset: 0, len, flags };
-                                reader.check_bytes(&r.path, &e, bytes, &mut page).map_err(|err| r.corrupt(err.to_string()))?;
+                                let e = IndexEntry {
+                                    hash,
+                                    offset: 0,
+                                    len,
+                                    flags,
+                                };
+                                reader
+                                    .check_bytes(&r.path, &e, bytes, &mut page)
+                                    .map_err(|err| r.corrupt(err.to_string()))?;
                                 if let Some(w) = w.as_mut() {
                                     w.put_page(region, pg, &page)?;
                                 }
@@ -389,7 +446,12 @@ impl Store {
                         None => Ok(None),
                     };
                 }
-                k => return Err(r.corrupt(format!("unexpected frame {:?} inside snapshot {}", k as char, h.id))),
+                k => {
+                    return Err(r.corrupt(format!(
+                        "unexpected frame {:?} inside snapshot {}",
+                        k as char, h.id
+                    )));
+                }
             }
         }
     }

@@ -85,7 +85,11 @@ impl Store {
         let broken: Vec<String> = rep
             .snapshots
             .iter()
-            .filter(|s| s.error.as_ref().is_some_and(|e| e.path() == self.manifest_path(&s.id)))
+            .filter(|s| {
+                s.error
+                    .as_ref()
+                    .is_some_and(|e| e.path() == self.manifest_path(&s.id))
+            })
             .map(|s| s.id.to_string())
             .collect();
         let mine = |n: &str| broken.iter().any(|b| n.starts_with(b.as_str()));
@@ -106,7 +110,11 @@ impl Store {
     }
 
     /// Every chunk of every pack; returns the hashes that failed.
-    fn verify_packs(&self, rep: &mut VerifyReport, progress: &mut dyn FnMut(Progress)) -> Result<HashSet<Hash>, StoreError> {
+    fn verify_packs(
+        &self,
+        rep: &mut VerifyReport,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<HashSet<Hash>, StoreError> {
         let mut bad = HashSet::new();
         let mut reader = ChunkReader::new()?;
         let mut page = vec![0u8; PAGE];
@@ -130,7 +138,7 @@ impl Store {
                     rep.error(err);
                 }
                 done += 1;
-                if done % 4096 == 0 {
+                if done.is_multiple_of(4096) {
                     progress(Progress {
                         phase: Phase::VerifyPacks,
                         done,

@@ -14,7 +14,9 @@ use nix::fcntl::Flock;
 
 use super::error::StoreError;
 use super::format::{Hash, PACKS, PAGE, SNAPSHOTS, SnapshotId, TMP, VERSION, ZSTD_LEVEL, unix_ns};
-use super::manifest::{Manifest, ManifestRegion, ManifestStats, MapRef, RegionMeta, SnapshotInfo, SnapshotKind};
+use super::manifest::{
+    Manifest, ManifestRegion, ManifestStats, MapRef, RegionMeta, SnapshotInfo, SnapshotKind,
+};
 use super::map::{self, MapEntry};
 use super::pack::{ChunkCompressor, IndexEntry, PackWriter};
 use super::{Loc, PackSlot, Store, fsio};
@@ -102,13 +104,19 @@ fn check_meta(store: &Store, meta: &NewSnapshot) -> Result<(), StoreError> {
     let mut names = BTreeSet::new();
     for r in &meta.regions {
         if r.name.is_empty() || r.size == 0 {
-            return Err(bad(store, format!("region {:?}: empty name or size 0", r.name)));
+            return Err(bad(
+                store,
+                format!("region {:?}: empty name or size 0", r.name),
+            ));
         }
         if !names.insert(&r.name) {
             return Err(bad(store, format!("region name {:?} used twice", r.name)));
         }
         if r.addr.checked_add(r.size).is_none() {
-            return Err(bad(store, format!("region {:?}: address + size overflows", r.name)));
+            return Err(bad(
+                store,
+                format!("region {:?}: address + size overflows", r.name),
+            ));
         }
     }
     Ok(())
@@ -121,7 +129,11 @@ impl Store {
         self.begin_as(meta, None)
     }
 
-    pub(crate) fn begin_as(&mut self, meta: NewSnapshot, origin: Option<Origin>) -> Result<SnapshotWriter<'_>, StoreError> {
+    pub(crate) fn begin_as(
+        &mut self,
+        meta: NewSnapshot,
+        origin: Option<Origin>,
+    ) -> Result<SnapshotWriter<'_>, StoreError> {
         check_meta(self, &meta)?;
         let lock = self.lock()?;
         self.prepare_write()?;
@@ -207,7 +219,10 @@ impl SnapshotWriter<'_> {
         if page >= r.meta.page_count() {
             return Err(bad(
                 self.store,
-                format!("page {page} beyond region {:?} ({} bytes)", r.meta.name, r.meta.size),
+                format!(
+                    "page {page} beyond region {:?} ({} bytes)",
+                    r.meta.name, r.meta.size
+                ),
             ));
         }
         Ok(())
@@ -216,14 +231,21 @@ impl SnapshotWriter<'_> {
     /// Stores one 4 KiB page of a region.  A page put twice keeps the last.
     pub fn put_page(&mut self, region: u32, page: u64, data: &[u8]) -> Result<(), StoreError> {
         if data.len() != PAGE {
-            return Err(bad(self.store, format!("a page is {PAGE} bytes, not {}", data.len())));
+            return Err(bad(
+                self.store,
+                format!("a page is {PAGE} bytes, not {}", data.len()),
+            ));
         }
         self.check_page(region, page)?;
         self.stats.pages_put += 1;
         self.stats.bytes_raw += PAGE as u64;
         if is_zero(data) {
             self.stats.zero_pages += 1;
-            self.entries.push(MapEntry { region, page, hash: None });
+            self.entries.push(MapEntry {
+                region,
+                page,
+                hash: None,
+            });
             return Ok(());
         }
         let hash = *blake3::hash(data).as_bytes();
@@ -262,7 +284,12 @@ impl SnapshotWriter<'_> {
         if data.len() as u64 > r.meta.size {
             return Err(bad(
                 self.store,
-                format!("{} bytes for region {:?} of {} bytes", data.len(), r.meta.name, r.meta.size),
+                format!(
+                    "{} bytes for region {:?} of {} bytes",
+                    data.len(),
+                    r.meta.name,
+                    r.meta.size
+                ),
             ));
         }
         r.whole = true;
@@ -284,7 +311,12 @@ impl SnapshotWriter<'_> {
     }
 
     /// Records a page whose chunk the store already holds (recv).
-    pub(crate) fn put_known(&mut self, region: u32, page: u64, hash: Hash) -> Result<(), StoreError> {
+    pub(crate) fn put_known(
+        &mut self,
+        region: u32,
+        page: u64,
+        hash: Hash,
+    ) -> Result<(), StoreError> {
         self.check_page(region, page)?;
         if !self.store.index.contains_key(&hash) && !self.new_chunks.contains_key(&hash) {
             return Err(StoreError::MissingChunk {
@@ -307,7 +339,11 @@ impl SnapshotWriter<'_> {
         self.check_page(region, page)?;
         self.stats.pages_put += 1;
         self.stats.zero_pages += 1;
-        self.entries.push(MapEntry { region, page, hash: None });
+        self.entries.push(MapEntry {
+            region,
+            page,
+            hash: None,
+        });
         Ok(())
     }
 
@@ -424,7 +460,11 @@ impl SnapshotWriter<'_> {
         };
         fsio::fsync_dir(&snaps_dir)?;
         let man_path = self.store.manifest_path(&self.id);
-        fsio::publish_file(&tmp_dir.join(format!("{}.json", self.id)), &man_path, &m.encode())?;
+        fsio::publish_file(
+            &tmp_dir.join(format!("{}.json", self.id)),
+            &man_path,
+            &m.encode(),
+        )?;
         // published: from here on, a failure must not remove anything
         self.published.clear();
         fsio::fsync_dir(&snaps_dir)?;
@@ -451,7 +491,10 @@ impl SnapshotWriter<'_> {
         self.store.by_name.insert(name, id);
         if ok {
             for (h, e) in self.new_chunks.drain() {
-                self.store.index.entry(h).or_insert(Loc { pack: id, entry: e });
+                self.store
+                    .index
+                    .entry(h)
+                    .or_insert(Loc { pack: id, entry: e });
             }
         }
     }
