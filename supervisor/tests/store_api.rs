@@ -9,10 +9,14 @@ use rekindle::store::{
     NewSnapshot, PAGE, RegionKind, RegionMeta, Retention, SnapshotId, Store, StoreError,
 };
 
-fn tmp(tag: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("rekindle-store-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    p
+/// A store path inside a temporary directory removed when the guard drops.
+fn tmp(tag: &str) -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::Builder::new()
+        .prefix(&format!("rekindle-store-{tag}-"))
+        .tempdir()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let p = t.path().join("store");
+    (t, p)
 }
 
 fn region(name: &str, addr: u64, size: u64) -> RegionMeta {
@@ -86,7 +90,7 @@ fn expect(seeds: &[u64]) -> Vec<u8> {
 
 #[test]
 fn full_then_deltas_fold_to_the_latest_pages() {
-    let dir = tmp("fold");
+    let (_t_dir, dir) = tmp("fold");
     let mut s = Store::create_or_open(&dir).unwrap();
     let regs = vec![
         region("a", 0x10000, 4 * PAGE as u64),
@@ -145,7 +149,7 @@ fn full_then_deltas_fold_to_the_latest_pages() {
 
 #[test]
 fn a_page_in_two_regions_and_two_snapshots_is_stored_once() {
-    let dir = tmp("dedup");
+    let (_t_dir, dir) = tmp("dedup");
     let mut s = Store::create_or_open(&dir).unwrap();
     let regs = vec![
         region("a", 0x10000, 4 * PAGE as u64),
@@ -176,7 +180,7 @@ fn a_page_in_two_regions_and_two_snapshots_is_stored_once() {
 
 #[test]
 fn zero_pages_are_never_stored() {
-    let dir = tmp("zero");
+    let (_t_dir, dir) = tmp("zero");
     let mut s = Store::create_or_open(&dir).unwrap();
     let mut w = s
         .begin(snap(None, vec![region("a", 0, 64 * PAGE as u64)]))
@@ -195,7 +199,7 @@ fn zero_pages_are_never_stored() {
 
 #[test]
 fn a_region_that_changes_shape_inherits_nothing() {
-    let dir = tmp("shape");
+    let (_t_dir, dir) = tmp("shape");
     let mut s = Store::create_or_open(&dir).unwrap();
     let s1 = write(
         &mut s,
@@ -237,7 +241,7 @@ fn a_region_that_changes_shape_inherits_nothing() {
 
 #[test]
 fn bad_arguments_are_refused_with_codes() {
-    let dir = tmp("args");
+    let (_t_dir, dir) = tmp("args");
     let mut s = Store::create_or_open(&dir).unwrap();
     let regs = vec![region("a", 0, 2 * PAGE as u64)];
     let code = |r: Result<(), StoreError>| r.err().map(|e| e.code());
@@ -293,7 +297,7 @@ fn bad_arguments_are_refused_with_codes() {
 
 #[test]
 fn one_writer_at_a_time() {
-    let dir = tmp("lock");
+    let (_t_dir, dir) = tmp("lock");
     let mut a = Store::create_or_open(&dir).unwrap();
     let mut b = Store::open(&dir).unwrap();
     let w = a.begin(snap(None, vec![region("a", 0, 4096)])).unwrap();
@@ -315,7 +319,7 @@ fn one_writer_at_a_time() {
 
 #[test]
 fn retention_folds_children_and_keeps_every_kept_snapshot_identical() {
-    let dir = tmp("retention");
+    let (_t_dir, dir) = tmp("retention");
     let mut s = Store::create_or_open(&dir).unwrap();
     let regs = vec![
         region("a", 0x1000, 8 * PAGE as u64),
@@ -382,7 +386,7 @@ fn retention_folds_children_and_keeps_every_kept_snapshot_identical() {
 
 #[test]
 fn gc_frees_unreferenced_packs_and_leftovers_and_nothing_else() {
-    let dir = tmp("gc");
+    let (_t_dir, dir) = tmp("gc");
     let mut s = Store::create_or_open(&dir).unwrap();
     let regs = vec![region("a", 0x1000, 4 * PAGE as u64)];
     let s1 = write(&mut s, snap(None, regs.clone()), &[(0, 0, 1), (0, 1, 2)]);
@@ -459,7 +463,7 @@ fn flip(path: &Path, at: u64) {
 
 #[test]
 fn damage_is_detected_with_its_code_and_older_snapshots_stay_readable() {
-    let dir = tmp("damage");
+    let (_t_dir, dir) = tmp("damage");
     let mut s = Store::create_or_open(&dir).unwrap();
     let regs = vec![region("a", 0x1000, 4 * PAGE as u64)];
     let s1 = write(&mut s, snap(None, regs.clone()), &[(0, 0, 1), (0, 1, 2)]);
@@ -543,7 +547,7 @@ fn damage_is_detected_with_its_code_and_older_snapshots_stay_readable() {
 
 #[test]
 fn foreign_and_newer_stores_are_refused() {
-    let dir = tmp("format");
+    let (_t_dir, dir) = tmp("format");
     Store::create_or_open(&dir).unwrap();
     std::fs::write(dir.join("FORMAT"), "rekindle-store\nversion 2\n").unwrap();
     assert_eq!(
@@ -555,7 +559,7 @@ fn foreign_and_newer_stores_are_refused() {
         Store::open(&dir).err().map(|e| e.code()),
         Some("store_foreign")
     );
-    let other = tmp("format-other");
+    let (_t_other, other) = tmp("format-other");
     std::fs::create_dir_all(&other).unwrap();
     std::fs::write(other.join("data"), "x").unwrap();
     assert_eq!(
@@ -563,15 +567,15 @@ fn foreign_and_newer_stores_are_refused() {
         Some("store_foreign")
     );
     assert_eq!(
-        Store::open(&tmp("format-none")).err().map(|e| e.code()),
+        Store::open(&tmp("format-none").1).err().map(|e| e.code()),
         Some("not_found")
     );
 }
 
 #[test]
 fn send_and_recv_round_trip_full_and_since() {
-    let a = tmp("send-a");
-    let b = tmp("send-b");
+    let (_t_a, a) = tmp("send-a");
+    let (_t_b, b) = tmp("send-b");
     let mut s = Store::create_or_open(&a).unwrap();
     let regs = vec![region("a", 0x1000, 4 * PAGE as u64)];
     let s1 = write(&mut s, snap(None, regs.clone()), &[(0, 0, 1), (0, 1, 2)]);
@@ -604,7 +608,7 @@ fn send_and_recv_round_trip_full_and_since() {
     }
     // every prefix of a stream, and a flipped byte, publishes nothing new
     for cut in (0..inc.len()).step_by(211) {
-        let c = tmp("send-c");
+        let (_t_c, c) = tmp("send-c");
         let mut t = Store::create_or_open(&c).unwrap();
         t.recv(&mut &buf[..], &mut |_| {}).unwrap();
         let e = t.recv(&mut &inc[..cut], &mut |_| {}).unwrap_err();
@@ -621,7 +625,7 @@ fn send_and_recv_round_trip_full_and_since() {
     }
     let mut bad = inc.clone();
     bad[40] ^= 1;
-    let c = tmp("send-d");
+    let (_t_c, c) = tmp("send-d");
     let mut t = Store::create_or_open(&c).unwrap();
     t.recv(&mut &buf[..], &mut |_| {}).unwrap();
     assert_eq!(
@@ -638,7 +642,7 @@ fn send_and_recv_round_trip_full_and_since() {
         "not_ancestor"
     );
     // a delta without its parent on the receiver
-    let e = Store::create_or_open(&tmp("send-e"))
+    let e = Store::create_or_open(&tmp("send-e").1)
         .unwrap()
         .recv(&mut &inc[..], &mut |_| {})
         .unwrap_err();
@@ -647,7 +651,7 @@ fn send_and_recv_round_trip_full_and_since() {
 
 #[test]
 fn reads_from_many_threads() {
-    let dir = tmp("threads");
+    let (_t_dir, dir) = tmp("threads");
     let mut s = Store::create_or_open(&dir).unwrap();
     let pages: Vec<(u32, u64, u64)> = (0..256).map(|p| (0, p, p + 1)).collect();
     let id = write(
