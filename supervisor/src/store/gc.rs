@@ -219,9 +219,10 @@ impl Store {
                 self.rewrite_full(m, parent, &entries, &mut rep)?;
             }
         }
-        // delete what retention dropped (no kept chain needs it now)
+        // delete what retention dropped (no kept chain needs it now),
+        // newest first: a crash half-way leaves no child without its parent
         let snaps = self.sub(SNAPSHOTS);
-        for m in &ms {
+        for m in ms.iter().rev() {
             if keep.contains(&m.id) {
                 rep.kept.push(m.id.clone());
                 continue;
@@ -231,6 +232,8 @@ impl Store {
                 self.remove(&p, policy.dry_run, &mut rep)?;
             }
         }
+        rep.kept.reverse();
+        rep.deleted.reverse();
         if !policy.dry_run {
             fsio::fsync_dir(&snaps)?;
         }

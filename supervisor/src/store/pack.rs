@@ -120,7 +120,7 @@ impl PackWriter {
     pub fn finish(mut self) -> Result<u64, StoreError> {
         self.flush()?;
         let mut entries = std::mem::take(&mut self.entries);
-        entries.sort_unstable_by(|a, b| a.hash.cmp(&b.hash));
+        entries.sort_unstable_by_key(|e| e.hash);
         let mut index = Vec::with_capacity(entries.len() * ENTRY_LEN + TRAILER_LEN as usize);
         for e in &entries {
             e.encode(&mut index);

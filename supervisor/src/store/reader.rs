@@ -282,7 +282,7 @@ impl SnapshotReader {
                 }
                 done += n;
             }
-            if i % 4096 == 0 || i + 1 == slots.len() {
+            if i.is_multiple_of(4096) || i + 1 == slots.len() {
                 progress(Progress {
                     phase: Phase::Restore,
                     done: i as u64 + 1,

@@ -138,7 +138,7 @@ impl Store {
                     rep.error(err);
                 }
                 done += 1;
-                if done % 4096 == 0 {
+                if done.is_multiple_of(4096) {
                     progress(Progress {
                         phase: Phase::VerifyPacks,
                         done,
