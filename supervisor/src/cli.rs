@@ -216,6 +216,17 @@ pub struct RunArgs {
           requires = "snapshot_dir")]
     pub snapshot_memory: u64,
 
+    /// With --snapshot-dir: a `snapshot` event for every snapshot (every),
+    /// or for continuous ones at most once a second (sampled).
+    #[arg(
+        long,
+        value_name = "WHICH",
+        value_enum,
+        default_value = "sampled",
+        requires = "snapshot_dir"
+    )]
+    pub snapshot_events: SnapshotEvents,
+
     /// The program to supervise and its arguments (after `--`).  Once
     /// PROGRAM is found, everything after it is its argument; before it, a
     /// word that starts with '-' is an option of ours (unknown ones are a
@@ -249,9 +260,16 @@ pub struct Config {
     pub restore: Option<crate::snapshot::restore::Source>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SnapshotEvents {
+    Every,
+    Sampled,
+}
+
 /// `--snapshot-*`, resolved.
 #[derive(Debug, Clone)]
 pub struct SnapshotConfig {
+    pub events: SnapshotEvents,
     pub dir: PathBuf,
     /// None: only on request.
     pub interval: Option<Duration>,
@@ -300,6 +318,7 @@ impl Config {
             metrics: a.metrics,
             restart_signal: a.restart_signal,
             snapshots: a.snapshot_dir.map(|dir| SnapshotConfig {
+                events: a.snapshot_events,
                 dir,
                 interval: (!a.snapshot_interval.is_zero())
                     .then(|| a.snapshot_interval.max(Duration::from_millis(10))),

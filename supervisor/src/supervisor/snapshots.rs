@@ -155,8 +155,13 @@ impl Supervisor {
                 }
                 self.snapshots_since_event += 1;
                 let now = now_ns();
-                let due =
-                    now.saturating_sub(self.snapshot_event_ns) >= EVENT_EVERY.as_nanos() as u64;
+                let every = self
+                    .cfg
+                    .snapshots
+                    .as_ref()
+                    .is_some_and(|c| c.events == crate::cli::SnapshotEvents::Every);
+                let due = every
+                    || now.saturating_sub(self.snapshot_event_ns) >= EVENT_EVERY.as_nanos() as u64;
                 if due || d.full || !d.info.tags.is_empty() {
                     self.snapshot_event_ns = now;
                     let count = std::mem::take(&mut self.snapshots_since_event);
