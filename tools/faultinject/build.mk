@@ -34,7 +34,7 @@ $(FI_CC): tools/faultinject/rekindle-fi-cc.in
 
 # The IR tests of every fault type (lit + FileCheck; llvm-19-tools).
 faultinject-lit: faultinject
-	python3 $(FI_LIT) -sv --param plugin=$(abspath $(FI_PLUGIN)) tools/faultinject/test
+	python3 $(FI_LIT) -sv --param plugin=$(abspath $(FI_PLUGIN)) --param exec_root=$(abspath $(BUILD))/faultinject/lit tools/faultinject/test
 
 # rkv built with the pass (rkv's own build is unchanged): a smoke test
 # that the injector handles a real server, and the binary the overhead

@@ -32,8 +32,8 @@ static cl::opt<std::string> SitesPath("rekindle-fi-sites", cl::desc("write this 
 static cl::list<std::string> DenyOpt("rekindle-fi-deny", cl::CommaSeparated,
                                      cl::desc("path substrings whose code gets no faults"));
 
-// The runtime's and the injector's own code never get faults.
-static const char *const DefaultDeny[] = {"runtime/src/", "runtime/include/rekindle", "tools/faultinject/"};
+// The Rekindle runtime's own code (librekindle) never gets faults.
+static const char *const DefaultDeny[] = {"runtime/src/", "runtime/include/rekindle"};
 
 static std::vector<std::string> denyPatterns() {
   std::vector<std::string> Out(std::begin(DefaultDeny), std::end(DefaultDeny));

@@ -6,6 +6,7 @@
 #include "llvm/Analysis/PostDominators.h"
 #include "llvm/Analysis/ValueTracking.h"
 #include "llvm/IR/Constants.h"
+#include "llvm/IR/DebugInfo.h"
 #include "llvm/IR/DebugInfoMetadata.h"
 #include "llvm/IR/IntrinsicInst.h"
 #include "llvm/IR/Module.h"
@@ -128,6 +129,8 @@ static Site makeSite(FaultType T, Instruction &I, const std::string &Desc) {
 }
 
 static std::string typeStr(Type *T) {
+  if (auto *ST = dyn_cast<StructType>(T); ST && ST->hasName())
+    return ST->getName().str();
   std::string S;
   raw_string_ostream OS(S);
   T->print(OS);
@@ -142,7 +145,7 @@ static bool storableScalar(Type *T) {
 // unconditional steps: the body of "if (bad) return ...;" or "if (bad)
 // abort();".
 static bool leavesFunction(const BasicBlock *BB) {
-  for (int Step = 0; Step < 4 && BB; Step++) {
+  for (int Step = 0; Step < 2 && BB; Step++) {
     const Instruction *T = BB->getTerminator();
     if (isa<ReturnInst>(T) || isa<UnreachableInst>(T))
       return true;
@@ -271,8 +274,13 @@ static DenseSet<Instruction *> firstAssignments(Function &F) {
 
 static std::string allocaName(const Instruction &Write) {
   const Value *Dest = isa<StoreInst>(Write) ? cast<StoreInst>(Write).getPointerOperand()
-                                      : cast<MemIntrinsic>(Write).getDest();
-  const auto *AI = cast<AllocaInst>(getUnderlyingObject(Dest));
+                                            : cast<MemIntrinsic>(Write).getDest();
+  auto *AI = const_cast<AllocaInst *>(cast<AllocaInst>(getUnderlyingObject(Dest)));
+  // The source name, from the debug info (clang drops IR value names).
+  for (DbgVariableRecord *R : findDVRDeclares(AI))
+    return "'" + R->getVariable()->getName().str() + "'";
+  for (DbgDeclareInst *D : findDbgDeclares(AI))
+    return "'" + D->getVariable()->getName().str() + "'";
   if (AI->hasName())
     return "'" + AI->getName().str() + "'";
   return "a local " + typeStr(AI->getAllocatedType());
