@@ -49,7 +49,7 @@ $(RKV_FI): $(RKV_SRCS) $(RKV_HDRS) $(LIB_A) $(RT_HDRS) $(FI_PLUGIN) $(FI_RT) $(F
 	$(FI_CC) $(CFLAGS) $(RK_CFLAGS) $(RKV_SRCS) -o $@ $(LINK_RK) -lm
 $(RKV_CLANG): $(RKV_SRCS) $(RKV_HDRS) $(LIB_A) $(RT_HDRS)
 	@mkdir -p $(dir $@)
-	clang-19 $(CFLAGS) -gline-tables-only $(RK_CFLAGS) $(RKV_SRCS) -o $@ $(LINK_RK) -lm
+	clang-19 $(CFLAGS) $(RK_CFLAGS) $(RKV_SRCS) -o $@ $(LINK_RK) -lm
 
 # `make test` builds the injector and rkv-fi; tests/test_faultinject.py
 # runs the lit tests, the C programs and the rkv smoke test.
