@@ -54,3 +54,8 @@ $(RKV_CLANG): $(RKV_SRCS) $(RKV_HDRS) $(LIB_A) $(RT_HDRS)
 # `make test` builds the injector and rkv-fi; tests/test_faultinject.py
 # runs the lit tests, the C programs and the rkv smoke test.
 test system-test: faultinject $(RKV_FI)
+
+# The unarmed overhead on rkv (docs/results.md, "Fault injector").
+.PHONY: bench-faultinject
+bench-faultinject: deps $(RKV_FI) $(RKV_CLANG)
+	python3 tools/faultinject/bench_overhead.py $(BUILD)
