@@ -56,6 +56,14 @@ $(RKV_CLANG): $(RKV_SRCS) $(RKV_HDRS) $(LIB_A) $(RT_HDRS)
 test system-test: faultinject $(RKV_FI)
 
 # The unarmed overhead on rkv (docs/results.md, "Fault injector").
+# bench_micro: the gate's cost where calls are all there is.
+FI_MICRO := $(BUILD)/faultinject/micro-fi $(BUILD)/faultinject/micro-clang
+$(BUILD)/faultinject/micro-fi: tools/faultinject/bench_micro.c $(FI_PLUGIN) $(FI_RT) $(FI_CC)
+	@mkdir -p $(dir $@)
+	$(FI_CC) -O2 -Wall -Wextra -Werror $< -o $@
+$(BUILD)/faultinject/micro-clang: tools/faultinject/bench_micro.c
+	@mkdir -p $(dir $@)
+	clang-19 -O2 -g -Wall -Wextra -Werror $< -o $@
 .PHONY: bench-faultinject
-bench-faultinject: deps $(RKV_FI) $(RKV_CLANG)
+bench-faultinject: deps $(RKV_FI) $(RKV_CLANG) $(FI_MICRO)
 	python3 tools/faultinject/bench_overhead.py $(BUILD)
