@@ -29,6 +29,8 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)
 # adds its programs to EXAMPLE_BINS (and its tests' helpers, if any).
 EXAMPLE_BINS :=
 include $(wildcard examples/*/build.mk)
+# The fault injector (an LLVM pass) and its test and rkv targets.
+include tools/faultinject/build.mk
 # The supervisor (Rust): cargo decides what to rebuild; its outputs stay in build/.
 SUPERVISOR := $(BUILD)/bin/rekindle
 CARGO_FLAGS := --release --locked --manifest-path supervisor/Cargo.toml --target-dir $(abspath $(BUILD))/cargo
@@ -150,7 +152,7 @@ fuzz-rkv: deps $(RKV_FUZZ)
 		-artifact_prefix=$(BUILD)/fuzz/ -print_final_stats=1 $(BUILD)/fuzz/rkv-corpus examples/rkv/fuzz/corpus
 
 lint: runtime
-	ruff check tests bench scripts
+	ruff check tests bench scripts tools
 	cargo fmt --manifest-path supervisor/Cargo.toml -- --check
 	cargo clippy $(CARGO_FLAGS) --all-targets -- -D warnings
 	cargo fmt --manifest-path bindings/rust/Cargo.toml -- --check

@@ -19,6 +19,9 @@ have redis-cli && have redis-benchmark || need_apt+=(redis-tools)
 # rkv's fuzz target (examples/rkv/fuzz): clang and its libFuzzer runtime.
 have clang-19 || need_apt+=(clang-19)
 dpkg -s libclang-rt-19-dev >/dev/null 2>&1 || need_apt+=(libclang-rt-19-dev)
+# The fault injector (tools/faultinject): LLVM's headers, and FileCheck/lit.
+have llvm-config-19 || need_apt+=(llvm-19-dev)
+have FileCheck-19 || need_apt+=(llvm-19-tools)
 if [ "${#need_apt[@]}" -gt 0 ]; then
 	echo "deps: installing ${need_apt[*]} (apt)" >&2
 	if [ "$(id -u)" -ne 0 ]; then
