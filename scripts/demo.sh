@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main demo: a 1M-entry cache crashes twice and comes back warm each time,
 # then a crash inside the allocator shows the cold fallback with its reason,
-# then the supervisor brings a SIGKILLed server back warm.
+# then the supervisor brings a SIGKILLed server back warm, then durable
+# snapshots bring a server back after the whole stack is gone.
 set -euo pipefail
 BUILD=${1:-build}
 events=$(mktemp)
@@ -27,5 +28,9 @@ echo
 echo "== under the supervisor: SIGKILL (no handler can run) and the state still comes back"
 echo "   warm, from the arena fds that 'rekindle run' held"
 python3 scripts/demo_supervisor.py "$BUILD"
+echo
+echo "== the machine dies: durable snapshots. rkv runs under 'rekindle run --snapshot-dir',"
+echo "   which writes only the pages written since the last snapshot, at a consistent cut"
+python3 scripts/demo_snapshots.py "$BUILD"
 echo
 echo "Benchmarks: make bench (results in docs/results.md). Tests: make test."

@@ -96,7 +96,8 @@ pub struct ManifestStats {
     pub new_chunks: u64,
     pub dedup_hits: u64,
     pub new_bytes_compressed: u64,
-    /// Sum of the regions' sizes: the bytes a restore produces.
+    /// The bytes a restore produces: the regions' sizes, or for a region
+    /// whose `layout.memfd_bytes` says how much of it is backed, that.
     pub logical_bytes: u64,
 }
 

@@ -429,7 +429,19 @@ impl SnapshotWriter<'_> {
             new_chunks: self.stats.new_chunks,
             dedup_hits: self.stats.dedup_hits,
             new_bytes_compressed: self.stats.bytes_compressed,
-            logical_bytes: self.meta.regions.iter().map(|r| r.size).sum(),
+            // an arena is reserved large and backed as it grows: what a
+            // restore produces is its memfd's size, when the engine says it
+            logical_bytes: self
+                .meta
+                .regions
+                .iter()
+                .map(|r| {
+                    r.layout
+                        .get("memfd_bytes")
+                        .and_then(serde_json::Value::as_u64)
+                        .map_or(r.size, |b| b.min(r.size))
+                })
+                .sum(),
         };
         let m = Manifest {
             format: super::manifest::FORMAT_NAME.into(),
