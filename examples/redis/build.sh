@@ -40,7 +40,7 @@ if [ ! -f "$tree/.tree-stamp" ] || [ "$(cat "$tree/.tree-stamp")" != "$want" ]; 
 	if [ "$kind" = rekindle ]; then
 		while read -r p; do
 			case "$p" in '' | '#'*) continue ;; esac
-			patch -p1 -s -N -d "$tree.tmp" <"$patches/$p" || { echo "build.sh: patch $p does not apply" >&2; exit 1; }
+			patch -p1 -s -N --no-backup-if-mismatch -d "$tree.tmp" <"$patches/$p" || { echo "build.sh: patch $p does not apply" >&2; exit 1; }
 		done <"$patches/series"
 	fi
 	echo "$want" >"$tree.tmp/.tree-stamp"
