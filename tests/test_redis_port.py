@@ -96,7 +96,8 @@ class Standalone:
             pytest.fail(f"{PORT_SERVER} missing: run `make redis` first")
         self.port = free_port()
         self.log = open(tmp_path / "redis.log", "w+")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(server_args(self.port, tmp_path), stdout=self.log, stderr=subprocess.STDOUT)
+        args = server_args(self.port, tmp_path)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
 
     def text(self):
         self.log.flush()
