@@ -113,7 +113,7 @@ $(BUILD)/examples/%: examples/%.c $(LIB_A) $(RT_HDRS)
 
 # $(RKV_FUZZ) by name: `all` leaves it out where clang was missing when make
 # started, and deps has installed it by now (tests/test_rkv_fuzz.py needs it)
-test: deps all $(UNIT_TESTS) $(RKV_FUZZ)
+test: deps all $(UNIT_TESTS) $(RKV_FUZZ) redis-port
 	@bash scripts/run-tests.sh $(BUILD)
 # the C unit tests alone (`make test` runs them with everything else)
 unit-test: $(UNIT_TESTS)

@@ -22,6 +22,15 @@ dpkg -s libclang-rt-19-dev >/dev/null 2>&1 || need_apt+=(libclang-rt-19-dev)
 # The fault injector (tools/faultinject): LLVM's headers, and FileCheck/lit.
 have llvm-config-19 || need_apt+=(llvm-19-dev)
 have FileCheck-19 || need_apt+=(llvm-19-tools)
+# Redis from Debian's source package (examples/redis): dpkg-source to unpack
+# it, patch for our series, the libraries debian/rules builds with, and tcl
+# for Redis's own test suite.
+have dpkg-source || need_apt+=(dpkg-dev)
+have patch || need_apt+=(patch)
+have tclsh8.6 || need_apt+=(tcl8.6)
+for p in libjemalloc-dev liblzf-dev libsystemd-dev libssl-dev debian-archive-keyring; do
+	dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
+done
 if [ "${#need_apt[@]}" -gt 0 ]; then
 	echo "deps: installing ${need_apt[*]} (apt)" >&2
 	if [ "$(id -u)" -ne 0 ]; then

@@ -1,0 +1,214 @@
+"""Redis 7.0.15 (Debian's source, examples/redis) on Rekindle, as real
+processes: every data type and expiry kept through DEBUG SEGFAULT (restart
+in place) and through SIGKILL under `rekindle run`; a crash inside a
+mutation (EXEC of a transaction) goes cold with its reason, and Redis loads
+its RDB.  `make test` builds the port first (examples/redis/build.sh)."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from conftest import BUILD, ROOT
+
+PORT_SERVER = BUILD / "redis" / "rekindle" / "src" / "redis-server"
+HANG = ("--hang-timeout", "2s")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_args(port, workdir):
+    return [str(PORT_SERVER), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(workdir), "--enable-debug-command", "yes",
+            "--daemonize", "no", "--logfile", ""]
+
+
+def client(port, timeout=10.0):
+    """A client once the server answers PING (it may be restarting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        # no retries: redis-py would send DEBUG SEGFAULT again after the restart
+        c = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5, retry=Retry(NoBackoff(), 0))
+        try:
+            c.ping()
+            return c
+        except (redis.ConnectionError, redis.BusyLoadingError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def fill_every_type(c):
+    c.set("str", "hello")
+    c.set("int", 42)  # a shared integer object
+    c.set("big", "x" * 100_000)  # a large argv: the query buffer itself
+    c.append("str", " world")
+    c.incrby("counter", 7)
+    c.rpush("list", *[f"e{i}" for i in range(300)])  # past the listpack size
+    c.lpush("smalllist", "a", "b")
+    c.hset("hash", mapping={f"f{i}": f"v{i}" for i in range(200)})
+    c.hset("smallhash", "f", "v")
+    c.sadd("set", *[f"m{i}" for i in range(200)])
+    c.sadd("intset", 1, 2, 3)
+    c.zadd("zset", {f"z{i}": i for i in range(200)})
+    c.zadd("smallzset", {"a": 1.5})
+    c.xadd("stream", {"f": "v"}, id="1-1")
+    c.xadd("stream", {"g": "w"}, id="2-1")
+    c.xgroup_create("stream", "grp", id="0")
+    c.xreadgroup("grp", "consumer", {"stream": ">"}, count=1)
+    c.set("ttl", "v", ex=1000)
+    c.pfadd("hll", "a", "b", "c")
+    c.select(3)
+    c.set("db3", "three")
+    c.select(0)
+
+
+def snapshot(c):
+    """Every key of db 0 and db 3 by its DUMP (type and contents) and whether
+    it has a TTL."""
+    out = {}
+    for db in (0, 3):
+        c.execute_command("SELECT", db)
+        for k in c.keys("*"):
+            out[(db, k)] = (c.dump(k), c.pttl(k) > 0)
+    c.execute_command("SELECT", 0)
+    return out
+
+
+def crash(c, *command):
+    with pytest.raises(redis.ConnectionError):
+        c.execute_command(*command)
+
+
+class Standalone:
+    def __init__(self, tmp_path):
+        if not PORT_SERVER.exists():
+            pytest.fail(f"{PORT_SERVER} missing: run `make redis` first")
+        self.port = free_port()
+        self.log = open(tmp_path / "redis.log", "w+")  # noqa: SIM115 - closed in close()
+        args = server_args(self.port, tmp_path)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def text(self):
+        self.log.flush()
+        return open(self.log.name).read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def standalone(tmp_path):
+    s = Standalone(tmp_path)
+    yield s
+    s.close()
+
+
+def test_every_type_survives_debug_segfault_in_place(standalone):
+    c = client(standalone.port)
+    fill_every_type(c)
+    before = snapshot(c)
+    assert len(before) == 16  # 15 in db 0, 1 in db 3
+    crash(c, "DEBUG", "SEGFAULT")
+    c = client(standalone.port)
+    assert snapshot(c) == before
+    assert c.get("str") == b"hello world" and c.get("int") == b"42"
+    assert 990 < c.ttl("ttl") <= 1000
+    # a group's pending entry survives with its consumer
+    assert c.xpending("stream", "grp")["pending"] == 1
+    assert standalone.proc.poll() is None  # restarted in place, same process
+    log = standalone.text()
+    assert "Rekindle: warm start (generation 1)" in log and "Rekindle: 16 keys kept" in log
+    # the warm keyspace takes writes again, and a second crash keeps them
+    c.set("after", "yes")
+    c.lpush("list", "new")
+    before = snapshot(c)
+    time.sleep(1.2)  # past the crash-loop window of the warm start
+    crash(c, "DEBUG", "SEGFAULT")
+    c = client(standalone.port)
+    assert snapshot(c) == before
+    assert "Rekindle: warm start (generation 2)" in standalone.text()
+
+
+def test_memory_accounting_adopts_the_warm_keyspace(standalone):
+    c = client(standalone.port)
+    c.execute_command("DEBUG", "POPULATE", 20000, "k", 100)
+    used = c.info("memory")["used_memory"]
+    crash(c, "DEBUG", "SEGFAULT")
+    c = client(standalone.port)
+    assert c.dbsize() == 20000
+    after = c.info("memory")["used_memory"]
+    # not counted from zero: the kept keys are in used_memory again
+    assert after > used // 2, (used, after)
+    c.flushall()
+    assert c.info("memory")["used_memory"] < after // 2
+
+
+def test_a_crash_inside_exec_goes_cold_and_loads_the_rdb(standalone):
+    c = client(standalone.port)
+    c.set("saved", "1")
+    c.rpush("savedlist", "a", "b")
+    c.save()
+    c.set("unsaved", "1")
+    p = c.pipeline(transaction=True)  # MULTI ... EXEC: EXEC is one mutation
+    p.set("in-exec", "1")
+    p.execute_command("DEBUG", "SEGFAULT")
+    with pytest.raises(redis.ConnectionError):
+        p.execute()
+    c = client(standalone.port)
+    assert c.get("saved") == b"1" and c.lrange("savedlist", 0, -1) == [b"a", b"b"]
+    assert c.get("unsaved") is None and c.get("in-exec") is None
+    log = standalone.text()
+    assert "Rekindle: cold start (unsafe_region_open" in log, log[-3000:]
+    assert "DB loaded from disk" in log
+
+
+def test_warm_after_sigkill_under_rekindle_run(supervise, tmp_path):
+    if not PORT_SERVER.exists():
+        pytest.fail(f"{PORT_SERVER} missing: run `make redis` first")
+    sup = supervise(*HANG, app=server_args(0, tmp_path))
+    # the server's own --port is the supervisor's: it listens on LISTEN_FDS
+    first = sup.wait_up(0, timeout=20)
+    c = client(sup.port)
+    fill_every_type(c)
+    before = snapshot(c)
+    time.sleep(1.2)
+    os.kill(first["pid"], signal.SIGKILL)
+    up = sup.wait_up(1, timeout=20)
+    assert up["kind"] == "warm" and up["pid"] != first["pid"], up
+    decision = sup.wait_event("decision")
+    assert (decision["mode"], decision["path"], decision["code"]) == ("warm", "respawn", "all_checks_passed")
+    c = client(sup.port)
+    assert snapshot(c) == before
+    # and a fault in place under the supervisor
+    time.sleep(1.2)
+    crash(c, "DEBUG", "SEGFAULT")
+    up = sup.wait_up(2, timeout=20)
+    assert up["kind"] == "warm", up
+    assert snapshot(client(sup.port)) == before
+    assert not sup.events("giveup")
+
+
+def test_redis_own_suite_subset_passes_on_the_port():
+    """The data-type, expiry, keyspace and MULTI units of Redis's own test
+    suite (examples/redis/runtest.sh --subset) against the port."""
+    if not PORT_SERVER.exists():
+        pytest.fail(f"{PORT_SERVER} missing: run `make redis` first")
+    script = ROOT / "examples" / "redis" / "runtest.sh"
+    p = subprocess.run(["bash", str(script), "rekindle", "--subset"], capture_output=True, text=True,
+                       env={**os.environ, "BUILD": str(BUILD)}, timeout=1500, check=False)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert "All tests passed" in (BUILD / "redis" / "results" / "rekindle-runtest.log").read_text()
