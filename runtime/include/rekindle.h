@@ -268,6 +268,26 @@ int rk_listen_fds(void);
  * -1 is also poll's and epoll_wait's "no timeout". */
 int rk_heartbeat_interval_ms(void);
 
+/* ---- Durable snapshots (`rekindle run --snapshot-dir`, docs/snapshots.md) --
+ * The supervisor snapshots the preserved state at consistent cuts and
+ * numbers them: epoch 1, 2, ...  A write made inside an unsafe region that
+ * has ended is in the snapshot of epoch rk_epoch() (read after the region)
+ * or in an earlier one; it is on disk once rk_durable_epoch() >= that.  To
+ * send a reply only once the state it depends on is durable (external
+ * consistency): note e = rk_epoch() after the write, call rk_checkpoint(),
+ * and hold the reply until rk_durable_epoch() >= e; poll rk_durable_fd()
+ * to learn when it advances.  Many writes share one snapshot (group
+ * commit).  Without snapshots: rk_epoch() and rk_durable_epoch() are 0 (so
+ * the wait above ends at once), rk_durable_fd() is -1 and rk_checkpoint()
+ * returns -ENOTSUP: the app knows its writes are not durable. */
+uint64_t rk_epoch(void);
+uint64_t rk_durable_epoch(void);
+/* Readable (an eventfd) whenever rk_durable_epoch() has advanced; read 8
+ * bytes to clear it.  -1 without snapshots. */
+int rk_durable_fd(void);
+/* Ask for a snapshot as soon as possible (returns at once); 0 or -errno. */
+int rk_checkpoint(void);
+
 /* The app serves again (after rk_finish_recovery on a warm start, or after
  * its own recovery).  The supervisor times restarts up to this point. */
 int rk_ready(void);

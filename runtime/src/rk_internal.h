@@ -697,7 +697,7 @@ int rk_signals_install(void) RK_HIDDEN;
  * supervisor's side is supervisor/src/snapshot/agent_link.rs, and
  * supervisor/tests/layout.rs checks both against each other. */
 #define RK_SNAP_BUF_MAGIC 0x3146554250414e53ull /* "SNAPBUF1" */
-#define RK_SNAP_BUF_VERSION 1u
+#define RK_SNAP_BUF_VERSION 2u
 #define RK_SNAP_MAX_REGIONS (RK_MAX_ARENAS + RK_MAX_RANGES)
 #define RK_SNAP_VEC_CAP 65536u   /* runs of written pages per report */
 #define RK_SNAP_PUNCH_CAP 65536u /* holes punched between two cuts */
@@ -730,6 +730,11 @@ struct rk_snap_buf {
 	/* written by the allocator's punches between cuts */
 	_Atomic uint32_t punch_head;
 	_Atomic uint32_t punch_overflow;
+	/* This process's cuts, counted from 1 by the agent: the number of the
+	 * next cut (rk_epoch(), the agent's to write) and of the newest whose
+	 * snapshot is durable (rk_durable_epoch(), the supervisor's). */
+	_Atomic uint64_t open_epoch;
+	_Atomic uint64_t durable_epoch;
 };
 
 /* The status of a report (DIRTY, RELEASED); the supervisor's reason codes
@@ -756,6 +761,9 @@ enum rk_snap_msg {
 	RK_SNAP_RELEASE = 122,
 };
 
+/* HELLO's fds: the shared buffer, the durable eventfd (the supervisor
+ * writes it after each commit), the request eventfd (rk_checkpoint). */
+#define RK_SNAP_HELLO_FDS 3
 struct rk_snap_hello {
 	uint32_t pid, generation, status;
 	int32_t err;
@@ -772,6 +780,7 @@ struct rk_snap_dirty {
 	uint32_t more, frozen;
 	uint64_t t_freeze_ns, t_scan_ns;
 	uint32_t punch_overflow, reserved;
+	uint64_t epoch; /* with frozen: this cut's number (rk_epoch before it) */
 };
 struct rk_snap_seq {
 	uint64_t seq;
@@ -783,7 +792,7 @@ struct rk_snap_released {
 };
 _Static_assert(sizeof(struct rk_snap_hello) == 24, "snapshot protocol layout");
 _Static_assert(sizeof(struct rk_snap_scan) == 16, "snapshot protocol layout");
-_Static_assert(sizeof(struct rk_snap_dirty) == 48, "snapshot protocol layout");
+_Static_assert(sizeof(struct rk_snap_dirty) == 56, "snapshot protocol layout");
 _Static_assert(sizeof(struct rk_snap_released) == 24, "snapshot protocol layout");
 _Static_assert(sizeof(struct rk_snap_region) == 80, "snapshot buffer layout");
 

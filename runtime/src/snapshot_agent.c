@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -75,12 +76,13 @@ static uint64_t used_len(int fd, uint64_t len)
 
 static struct {
 	int sock, uffd, pagemap, buf_fd;
+	int durable_efd, request_efd; /* rk_durable_fd(), rk_checkpoint() */
 	struct rk_snap_buf *buf;
 	size_t buf_size;
 	struct tracked tracked[RK_SNAP_MAX_REGIONS];
 	unsigned ntracked;
 	bool frozen; /* holds rk_restarting and both freezes */
-} ag = {.sock = -1, .uffd = -1, .pagemap = -1, .buf_fd = -1};
+} ag = {.sock = -1, .uffd = -1, .pagemap = -1, .buf_fd = -1, .durable_efd = -1, .request_efd = -1};
 
 /* Published once the buffer is mapped: the allocator's punches look here. */
 static struct rk_snap_buf *_Atomic punch_buf;
@@ -104,7 +106,14 @@ static struct rk_manifest *buf_manifest(void)
 
 /* ---- messages -------------------------------------------------------- */
 
+static int send_msg_fds(uint16_t type, const void *payload, uint32_t len, const int *fds, unsigned nfds);
+
 static int send_msg(uint16_t type, const void *payload, uint32_t len, int fd)
+{
+	return send_msg_fds(type, payload, len, &fd, fd >= 0 ? 1 : 0);
+}
+
+static int send_msg_fds(uint16_t type, const void *payload, uint32_t len, const int *fds, unsigned nfds)
 {
 	char buf[sizeof(struct msg_hdr) + 64];
 	struct msg_hdr h = {.magic = MSG_MAGIC, .version = MSG_VERSION, .type = type, .len = len};
@@ -112,19 +121,21 @@ static int send_msg(uint16_t type, const void *payload, uint32_t len, int fd)
 	memcpy(buf + sizeof h, payload, len);
 	struct iovec iov = {.iov_base = buf, .iov_len = sizeof h + len};
 	union {
-		char space[CMSG_SPACE(sizeof(int))];
+		char space[CMSG_SPACE(RK_SNAP_HELLO_FDS * sizeof(int))];
 		struct cmsghdr align;
 	} cm;
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-	if (fd >= 0) {
+	if (nfds > RK_SNAP_HELLO_FDS)
+		return -EINVAL;
+	if (nfds) {
 		memset(&cm, 0, sizeof cm);
 		mh.msg_control = cm.space;
-		mh.msg_controllen = sizeof cm.space;
+		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
 		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
 		c->cmsg_level = SOL_SOCKET;
 		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &fd, sizeof fd);
+		c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
 	}
 	ssize_t n;
 	do
@@ -312,7 +323,7 @@ static enum rk_snap_status regions_build(int *err)
 /* ---- a report ---------------------------------------------------------- */
 
 static void reply_dirty(uint64_t seq, enum rk_snap_status st, int err, bool more, uint64_t t_freeze,
-			uint64_t t_scan, uint32_t overflow)
+			uint64_t t_scan, uint32_t overflow, uint64_t epoch)
 {
 	struct rk_snap_dirty d = {.seq = seq,
 			       .status = st,
@@ -321,7 +332,8 @@ static void reply_dirty(uint64_t seq, enum rk_snap_status st, int err, bool more
 			       .frozen = ag.frozen,
 			       .t_freeze_ns = t_freeze,
 			       .t_scan_ns = t_scan,
-			       .punch_overflow = overflow};
+			       .punch_overflow = overflow,
+			       .epoch = epoch};
 	(void)send_msg(RK_SNAP_DIRTY, &d, sizeof d, -1);
 }
 
@@ -388,8 +400,10 @@ static int scan_regions(unsigned *ri, uint64_t *resume, bool *more)
 }
 
 /* The statics and the holes punched since the last cut, for the cut. */
-static uint32_t cut_extras(void)
+static uint32_t cut_extras(uint64_t *epoch)
 {
+	/* from here on, writes are in the next cut (no region is open now) */
+	*epoch = atomic_fetch_add(&ag.buf->open_epoch, 1);
 	struct rk_manifest *c = buf_manifest();
 	rk_statics_save(c); /* into the copy: data_off is relative to it */
 	c->checksum = rk_manifest_checksum(c);
@@ -423,7 +437,7 @@ static void report(const struct rk_snap_scan *q)
 		}
 		if (!more)
 			break;
-		reply_dirty(q->seq, st, 0, true, t_freeze, rk_now_ns() - ts, 0);
+		reply_dirty(q->seq, st, 0, true, t_freeze, rk_now_ns() - ts, 0, 0);
 		if (!await(q->seq, RK_SNAP_CONTINUE, STOP_MAX_MS)) {
 			st = RK_SNAP_STOP_TIMEOUT;
 			break;
@@ -432,11 +446,12 @@ static void report(const struct rk_snap_scan *q)
 	if (st != RK_SNAP_OK) {
 		if (ag.frozen)
 			thaw();
-		reply_dirty(q->seq, st, err, false, t_freeze, 0, 0);
+		reply_dirty(q->seq, st, err, false, t_freeze, 0, 0, 0);
 		return;
 	}
-	uint32_t overflow = cut ? cut_extras() : 0;
-	reply_dirty(q->seq, st, 0, false, t_freeze, rk_now_ns() - t0 - t_freeze, overflow);
+	uint64_t epoch = 0;
+	uint32_t overflow = cut ? cut_extras(&epoch) : 0;
+	reply_dirty(q->seq, st, 0, false, t_freeze, rk_now_ns() - t0 - t_freeze, overflow, epoch);
 	if (!cut)
 		return;
 	bool released = await(q->seq, RK_SNAP_RELEASE, STOP_MAX_MS);
@@ -523,6 +538,7 @@ static int buf_create(void)
 				       .vec_off = vec_off,
 				       .punch_off = punch_off,
 				       .manifest_off = manifest_off,
+				       .open_epoch = 1, /* the first cut */
 				       .vec_cap = RK_SNAP_VEC_CAP,
 				       .punch_cap = RK_SNAP_PUNCH_CAP,
 				       .manifest_cap = (uint32_t)manifest_cap};
@@ -536,7 +552,8 @@ static void hello(uint32_t status, int err)
 			       .status = status,
 			       .err = err,
 			       .buf_size = status == RK_SNAP_OK ? ag.buf_size : 0};
-	(void)send_msg(RK_SNAP_HELLO, &h, sizeof h, status == RK_SNAP_OK ? ag.buf_fd : -1);
+	int fds[RK_SNAP_HELLO_FDS] = {ag.buf_fd, ag.durable_efd, ag.request_efd};
+	(void)send_msg_fds(RK_SNAP_HELLO, &h, sizeof h, fds, status == RK_SNAP_OK ? RK_SNAP_HELLO_FDS : 0);
 }
 
 static void agent_stop_with(uint32_t status, int err, const char *what)
@@ -567,6 +584,12 @@ void rk_snapshot_agent_start(void)
 	int e = buf_create();
 	if (e < 0) {
 		agent_stop_with(RK_SNAP_UNAVAILABLE, -e, "snapshots: cannot create the shared buffer");
+		return;
+	}
+	ag.durable_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	ag.request_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (ag.durable_efd < 0 || ag.request_efd < 0) {
+		agent_stop_with(RK_SNAP_UNAVAILABLE, errno, "snapshots: cannot create the eventfds");
 		return;
 	}
 	if ((ag.pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC)) < 0) {
@@ -609,4 +632,33 @@ void rk_snapshot_note_punch(uint64_t addr, uint64_t pages)
 		buf_punches(b)[i] = (struct rk_snap_punch){addr, pages};
 	else
 		atomic_store(&b->punch_overflow, 1);
+}
+
+/* ---- the public durability API (rekindle.h) ----------------------------- */
+
+uint64_t rk_epoch(void)
+{
+	struct rk_snap_buf *b = atomic_load_explicit(&punch_buf, memory_order_acquire);
+	return b ? atomic_load(&b->open_epoch) : 0;
+}
+
+uint64_t rk_durable_epoch(void)
+{
+	struct rk_snap_buf *b = atomic_load_explicit(&punch_buf, memory_order_acquire);
+	return b ? atomic_load(&b->durable_epoch) : 0;
+}
+
+int rk_durable_fd(void)
+{
+	return atomic_load_explicit(&punch_buf, memory_order_acquire) ? ag.durable_efd : -1;
+}
+
+int rk_checkpoint(void)
+{
+	if (!atomic_load_explicit(&punch_buf, memory_order_acquire) || getpid() != rk_g.pid)
+		return -ENOTSUP;
+	uint64_t one = 1;
+	if (write(ag.request_efd, &one, sizeof one) == (ssize_t)sizeof one || errno == EAGAIN)
+		return 0; /* EAGAIN: the counter is full, a request is pending anyway */
+	return -errno;
 }

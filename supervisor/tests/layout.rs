@@ -265,6 +265,9 @@ fn the_snapshot_agents_messages_and_buffer_match_the_c_header() {
     same("SNAP_OFF_NVEC", al::OFF_BUF_NVEC as u64);
     same("SNAP_OFF_MANIFEST_LEN", al::OFF_BUF_MANIFEST_LEN as u64);
     same("SNAP_OFF_NPUNCH", al::OFF_BUF_NPUNCH as u64);
+    same("SNAP_OFF_OPEN_EPOCH", al::OFF_BUF_OPEN_EPOCH as u64);
+    same("SNAP_OFF_DURABLE_EPOCH", al::OFF_BUF_DURABLE_EPOCH as u64);
+    same("SNAP_HELLO_FDS", al::HELLO_FDS as u64);
     same("SNAP_REGION_LEN", al::REGION_LEN as u64);
     // Report::regions reads the name at 8, addr/len at 56/64, first/count at 72/76
     same("SNAP_REGION_OFF_NAME", 8);

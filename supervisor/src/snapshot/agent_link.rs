@@ -20,14 +20,18 @@ pub const T_SNAP_RELEASE: u16 = 122;
 
 pub const SNAP_HELLO_LEN: usize = 24;
 pub const SNAP_SCAN_LEN: usize = 16;
-pub const SNAP_DIRTY_LEN: usize = 48;
+/// HELLO's fds: the buffer, the durable eventfd, the request eventfd.
+pub const HELLO_FDS: usize = 3;
+pub const SNAP_DIRTY_LEN: usize = 56;
 pub const SNAP_SEQ_LEN: usize = 8;
 pub const SNAP_RELEASED_LEN: usize = 24;
 
 /// `struct rk_snap_buf`.
 pub const BUF_MAGIC: u64 = 0x3146_5542_5041_4e53; // "SNAPBUF1"
-pub const BUF_VERSION: u32 = 1;
-pub const BUF_HDR_LEN: usize = 88;
+pub const BUF_VERSION: u32 = 2;
+pub const BUF_HDR_LEN: usize = 104;
+pub const OFF_BUF_OPEN_EPOCH: usize = 88;
+pub const OFF_BUF_DURABLE_EPOCH: usize = 96;
 pub const OFF_BUF_REGIONS_OFF: usize = 16;
 pub const OFF_BUF_VEC_OFF: usize = 24;
 pub const OFF_BUF_PUNCH_OFF: usize = 32;
@@ -110,6 +114,8 @@ pub struct Dirty {
     pub t_freeze_ns: u64,
     pub t_scan_ns: u64,
     pub punch_overflow: bool,
+    /// With `frozen`: this cut's number in the app (`rk_epoch()` before it).
+    pub epoch: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +216,7 @@ pub fn parse(b: &[u8]) -> Result<AgentMsg, AgentMsgError> {
             t_freeze_ns: u64_at(p, 24),
             t_scan_ns: u64_at(p, 32),
             punch_overflow: u32_at(p, 40) != 0,
+            epoch: u64_at(p, 48),
         }),
         _ => AgentMsg::Released(Released {
             seq: u64_at(p, 0),
@@ -271,6 +278,7 @@ pub fn encode_agent(m: &AgentMsg) -> Vec<u8> {
             p.extend_from_slice(&d.t_scan_ns.to_le_bytes());
             p.extend_from_slice(&(d.punch_overflow as u32).to_le_bytes());
             p.extend_from_slice(&0u32.to_le_bytes());
+            p.extend_from_slice(&d.epoch.to_le_bytes());
             frame(T_SNAP_DIRTY, &p)
         }
         AgentMsg::Released(r) => {
@@ -508,6 +516,7 @@ mod tests {
                 t_freeze_ns: 5,
                 t_scan_ns: 6,
                 punch_overflow: true,
+                epoch: 3,
             }),
             AgentMsg::Released(Released {
                 seq: 9,
@@ -549,6 +558,7 @@ mod tests {
             t_freeze_ns: 0,
             t_scan_ns: 0,
             punch_overflow: false,
+            epoch: 0,
         }));
         for n in 0..m.len() {
             assert!(parse(&m[..n]).is_err());

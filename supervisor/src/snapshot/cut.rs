@@ -108,7 +108,7 @@ pub struct AgentLink {
     pub seq: u64,
 }
 
-/// The agent's shared buffer, mapped read-only.
+/// The agent's shared buffer.  The supervisor writes only the epochs.
 pub struct BufMap {
     ptr: *mut libc::c_void,
     len: usize,
@@ -130,12 +130,12 @@ impl BufMap {
                 format!("snapshot buffer of {} bytes, {len} announced", st.st_size),
             ));
         }
-        // SAFETY: a fresh read-only shared mapping of a memfd of at least len bytes.
+        // SAFETY: a fresh shared mapping of a memfd of at least len bytes.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ,
+                libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
                 0,
@@ -153,6 +153,23 @@ impl BufMap {
         // SAFETY: mapped for len bytes for the life of self; the agent does
         // not write the parts we read while it waits for our answer.
         unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl BufMap {
+    /// Publishes an epoch to the app (`rk_epoch`, `rk_durable_epoch`).
+    pub fn set_epoch(&self, off: usize, v: u64) {
+        assert!(off.is_multiple_of(8) && off + 8 <= agent_link::BUF_HDR_LEN);
+        // SAFETY: an aligned u64 inside the mapping, which the app reads
+        // with atomic loads.
+        let a = unsafe {
+            &*(self
+                .ptr
+                .cast::<u8>()
+                .add(off)
+                .cast::<std::sync::atomic::AtomicU64>())
+        };
+        a.store(v, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -189,6 +206,8 @@ pub struct Done {
     pub info: SnapshotInfo,
     pub full: bool,
     pub stop_ns: u64,
+    /// The cut's number in the app's process (its `rk_epoch()` before it).
+    pub app_epoch: u64,
     pub freeze_ns: u64,
     /// The agent's scan at the cut, and our copying while the app waited.
     pub scan_ns: u64,
@@ -528,6 +547,7 @@ const SMALL_ROUND_PAGES: u64 = 4096;
 struct Counts {
     /// When the cut's first report arrived (the app waits from then on).
     first_dirty: Option<Instant>,
+    app_epoch: u64,
     precopy: u64,
     cut: u64,
     punched: u64,
@@ -541,6 +561,7 @@ fn run(
 ) -> Result<Done, Failure> {
     let mut c = Counts {
         first_dirty: None,
+        app_epoch: 0,
         precopy: 0,
         cut: 0,
         punched: 0,
@@ -579,6 +600,7 @@ fn run(
         info,
         full: t.full,
         stop_ns,
+        app_epoch: c.app_epoch,
         freeze_ns,
         scan_ns,
         cut_copy_ns,
@@ -673,6 +695,7 @@ fn report(
                 t.skip_zero = keep;
             }
         }
+        c.app_epoch = d.epoch;
         return Ok((d.t_freeze_ns, d.t_scan_ns, rep.manifest().to_vec()));
     }
 }

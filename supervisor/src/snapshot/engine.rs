@@ -136,6 +136,9 @@ impl Handle {
             waiting: Vec::new(),
             failing_since: None,
             agent_since: None,
+            durable_efd: None,
+            request_efd: None,
+            requested: false,
         };
         let thread = std::thread::Builder::new()
             .name("rk-snapshots".into())
@@ -198,6 +201,12 @@ struct Engine {
     failing_since: Option<&'static str>,
     /// When the current agent said HELLO.
     agent_since: Option<Instant>,
+    /// The app's eventfds: written after each commit (rk_durable_fd), and
+    /// read for rk_checkpoint()'s requests.
+    durable_efd: Option<OwnedFd>,
+    request_efd: Option<OwnedFd>,
+    /// rk_checkpoint() asked for a snapshot.
+    requested: bool,
 }
 
 /// Right after an agent's HELLO the poll loop may not have handed over the
@@ -226,6 +235,19 @@ impl Engine {
                 .as_ref()
                 .map(|a| a.sock.as_raw_fd())
                 .or(self.sock.as_ref().map(|(_, s)| s.as_raw_fd()));
+            let req_fd = self
+                .request_efd
+                .as_ref()
+                .filter(|_| self.agent.is_some())
+                .map(|f| f.as_raw_fd());
+            if let Some(fd) = req_fd {
+                pfds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            let sock_at = pfds.len();
             if let Some(fd) = sock_fd {
                 pfds.push(libc::pollfd {
                     fd,
@@ -243,11 +265,18 @@ impl Engine {
                     Err(TryRecvError::Empty) => break,
                 }
             }
-            if pfds.len() > 1 && pfds[1].revents != 0 {
+            if req_fd.is_some() && pfds[1].revents != 0 {
+                if let Some(f) = &self.request_efd {
+                    drain(f);
+                }
+                self.requested = true;
+            }
+            if pfds.len() > sock_at && pfds[sock_at].revents != 0 {
                 self.on_agent_readable();
             }
             let due = self.next_due.is_some_and(|t| Instant::now() >= t);
-            if self.agent.is_some() && (due || !self.waiting.is_empty()) {
+            if self.agent.is_some() && (due || self.requested || !self.waiting.is_empty()) {
+                self.requested = false;
                 self.snapshot();
             }
         }
@@ -285,6 +314,8 @@ impl Engine {
             Cmd::Gone => {
                 self.agent = None;
                 self.sock = None;
+                self.durable_efd = None;
+                self.request_efd = None;
                 self.force_full = true;
                 for (client, _) in std::mem::take(&mut self.waiting) {
                     self.note(Note::Checkpoint {
@@ -341,7 +372,7 @@ impl Engine {
     fn on_hello(&mut self, h: agent_link::Hello, mut fds: Vec<OwnedFd>, sock: &OwnedFd) {
         self.force_full = true; // a new address space: what was written before is unknown
         self.carry.clear();
-        if h.status != SnapStatus::Ok || fds.len() != 1 {
+        if h.status != SnapStatus::Ok || fds.len() != agent_link::HELLO_FDS {
             self.agent = None;
             self.note(Note::AgentUnavailable {
                 pid: h.pid,
@@ -350,6 +381,8 @@ impl Engine {
             });
             return;
         }
+        let request = fds.pop();
+        let durable = fds.pop();
         let buf = match BufMap::map(fds.remove(0).as_fd(), h.buf_size as usize) {
             Ok(b) => b,
             Err(e) => {
@@ -361,6 +394,8 @@ impl Engine {
             }
         };
         let Ok(sock) = sock.try_clone() else { return };
+        self.durable_efd = durable;
+        self.request_efd = request;
         self.agent = Some(AgentLink {
             sock,
             buf,
@@ -475,6 +510,14 @@ impl Engine {
                 self.last = Some(d.info.id.clone());
                 self.epoch = epoch;
                 self.force_full = false;
+                // tell the app: rk_durable_epoch(), rk_durable_fd()
+                if let Some(a) = &self.agent {
+                    a.buf
+                        .set_epoch(agent_link::OFF_BUF_DURABLE_EPOCH, d.app_epoch);
+                }
+                if let Some(f) = &self.durable_efd {
+                    poke(f);
+                }
             }
             Err(_) => {
                 // what was reported and not published must be copied next time

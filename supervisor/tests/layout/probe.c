@@ -141,6 +141,9 @@ int main(void)
 	P("SNAP_OFF_NVEC", offsetof(struct rk_snap_buf, nvec));
 	P("SNAP_OFF_MANIFEST_LEN", offsetof(struct rk_snap_buf, manifest_len));
 	P("SNAP_OFF_NPUNCH", offsetof(struct rk_snap_buf, npunch));
+	P("SNAP_OFF_OPEN_EPOCH", offsetof(struct rk_snap_buf, open_epoch));
+	P("SNAP_OFF_DURABLE_EPOCH", offsetof(struct rk_snap_buf, durable_epoch));
+	P("SNAP_HELLO_FDS", RK_SNAP_HELLO_FDS);
 	P("SNAP_REGION_LEN", sizeof(struct rk_snap_region));
 	P("SNAP_REGION_OFF_NAME", offsetof(struct rk_snap_region, name));
 	P("SNAP_REGION_OFF_ADDR", offsetof(struct rk_snap_region, addr));

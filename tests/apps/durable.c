@@ -1,0 +1,158 @@
+/* durable - acknowledges a write only once it is durable, with the runtime's
+ * durability API (rk_epoch, rk_checkpoint, rk_durable_epoch, rk_durable_fd),
+ * for tests/test_snapshots.py.  Its state is an array of counters in the
+ * "durable" arena.
+ *
+ *   durable --writes N [--threads T]   write v[i] = i + 1 for i < N (split
+ *                                      among T threads), each acknowledged
+ *                                      on stdout once durable:
+ *                                      {"app":"acked","i":I,"epoch":E}
+ *   durable --check                    print what the arena holds:
+ *                                      {"app":"check","set":S,"restored":"ID",...}
+ *
+ * Without a snapshot store, writing refuses to acknowledge anything (it
+ * exits 3): nothing it wrote would survive the machine. */
+#include "rekindle.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SLOTS 100000
+
+struct state {
+	uint64_t n;
+	uint64_t v[SLOTS];
+};
+
+static rk_arena *arena;
+static struct state *st;
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Blocks until the snapshot of epoch e is durable. */
+static void wait_durable(uint64_t e)
+{
+	int fd = rk_durable_fd();
+	while (rk_durable_epoch() < e) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (poll(&p, 1, 1000) > 0) {
+			uint64_t c;
+			(void)!read(fd, &c, sizeof c);
+		}
+	}
+}
+
+struct job {
+	uint64_t from, to;
+};
+
+static void *writer(void *arg)
+{
+	const struct job *j = arg;
+	for (uint64_t i = j->from; i < j->to; i++) {
+		rk_unsafe_begin(arena);
+		st->v[i] = i + 1;
+		rk_unsafe_end(arena);
+		uint64_t e = rk_epoch(); /* after the region: the write is in e or earlier */
+		if (rk_checkpoint() < 0)
+			abort();
+		wait_durable(e);
+		pthread_mutex_lock(&out_lock);
+		printf("{\"app\":\"acked\",\"i\":%llu,\"epoch\":%llu}\n", (unsigned long long)i,
+		       (unsigned long long)e);
+		fflush(stdout);
+		pthread_mutex_unlock(&out_lock);
+	}
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	long writes = -1, threads = 1;
+	int check = 0;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--writes") && i + 1 < argc)
+			writes = strtol(argv[++i], NULL, 10);
+		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			threads = strtol(argv[++i], NULL, 10);
+		else if (!strcmp(argv[i], "--check"))
+			check = 1;
+	}
+	if ((!check && (writes < 0 || writes > SLOTS)) || threads < 1 || threads > 16) {
+		fprintf(stderr, "usage: durable --writes N [--threads T] | --check\n");
+		return 2;
+	}
+	int r = rk_init(argc, argv, NULL);
+	if (r < 0) {
+		fprintf(stderr, "durable: rk_init: %s\n", strerror(-r));
+		return 1;
+	}
+	arena = rk_arena_open("durable", 64u << 20);
+	if (!arena)
+		return 1;
+	st = rk_is_recovery() ? rk_root_get(arena, "state") : NULL;
+	if (!st) {
+		rk_unsafe_begin(arena);
+		st = rk_alloc(arena, sizeof *st);
+		memset(st, 0, sizeof *st);
+		rk_root_set(arena, "state", st);
+		rk_unsafe_end(arena);
+	}
+	if (rk_is_recovery())
+		rk_finish_recovery_mode(RK_CLEANUP_PENDING, NULL);
+	rk_ready();
+	if (check) {
+		uint64_t set = 0, wrong = 0, last = 0;
+		for (uint64_t i = 0; i < SLOTS; i++) {
+			if (st->v[i] == 0)
+				continue;
+			set++;
+			wrong += st->v[i] != i + 1;
+			last = i;
+		}
+		const struct rk_restart_info *ri = rk_restart_info();
+		printf("{\"app\":\"check\",\"set\":%llu,\"wrong\":%llu,\"last\":%llu,\"restored\":\"%s\","
+		       "\"kind\":%d,\"ranges\":[",
+		       (unsigned long long)set, (unsigned long long)wrong, (unsigned long long)last, ri->snapshot,
+		       (int)ri->kind);
+		/* the slots set, as [from, to) runs */
+		const char *sep = "";
+		for (uint64_t i = 0; i < SLOTS;) {
+			if (st->v[i] == 0) {
+				i++;
+				continue;
+			}
+			uint64_t j = i;
+			while (j < SLOTS && st->v[j] != 0)
+				j++;
+			printf("%s[%llu,%llu]", sep, (unsigned long long)i, (unsigned long long)j);
+			sep = ",";
+			i = j;
+		}
+		printf("]}\n");
+		fflush(stdout);
+		/* stay up until the test stops us: the supervisor restarts an exit */
+		for (;;)
+			pause();
+	}
+	if (rk_checkpoint() == -ENOTSUP) {
+		fprintf(stderr, "durable: no snapshot store: nothing would be durable\n");
+		return 3;
+	}
+	pthread_t t[16];
+	struct job jobs[16];
+	for (long k = 0; k < threads; k++) {
+		jobs[k] = (struct job){(uint64_t)(writes * k / threads), (uint64_t)(writes * (k + 1) / threads)};
+		pthread_create(&t[k], NULL, writer, &jobs[k]);
+	}
+	for (long k = 0; k < threads; k++)
+		pthread_join(t[k], NULL);
+	printf("{\"app\":\"done\"}\n");
+	fflush(stdout);
+	for (;;)
+		pause();
+}
