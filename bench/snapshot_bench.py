@@ -83,7 +83,9 @@ def one_run(build, mb, permille, interval_ms, seconds, workdir):
 
 def table(rows):
     out = [
-        "| arena | dirty per interval | snapshots/s | stop median | stop p99 | scan (median) | copy at cut (median) | pages at cut (median) | snapshot took (median) | first (full) snapshot: stop / took | failed | peak staging |",
+        "| arena | dirty per interval | snapshots/s | stop median | stop p99 | scan (median) "
+        "| copy at cut (median) | pages at cut (median) | snapshot took (median) "
+        "| first (full) snapshot: stop / took | failed | peak staging |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]  # fmt: skip
     for r in rows:
