@@ -101,6 +101,37 @@ def test_checkpoint_then_restore_the_tagged_and_the_newest(tmp_path):
         new.close()
 
 
+def test_rollback_restarts_the_running_app_onto_an_earlier_snapshot(tmp_path):
+    store = tmp_path / "store"
+    r = snapshotting(tmp_path / "a", store)
+    try:
+        c = r.client()
+        c.set("a", "1")
+        first = checkpoint(r, "good")
+        c.set("a", "2")
+        c.set("b", "bad")
+        checkpoint(r)
+        pid = r.app_pid()
+        bad = rekindle("rollback", "rkv", "no-such-tag", env=r.env)
+        assert bad.returncode == 1 and "not_found" in bad.stderr, bad.stderr
+        assert r.app_pid() == pid and c.get("a") == b"2"  # refused: nothing changed
+        p = rekindle("rollback", "rkv", "good", "--json", env=r.env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert json.loads(p.stdout)["id"] == first["id"]
+        deadline = time.monotonic() + 15
+        while not [e for e in r.supervisor_events("up") if e.get("code") == "restored"]:
+            assert time.monotonic() < deadline, "no restored incarnation"
+            time.sleep(0.02)
+        c = r.wait_serving()
+        assert c.get("a") == b"1" and c.get("b") is None
+        assert r.app_pid() != pid
+        # it goes on taking snapshots from the rolled-back state
+        again = checkpoint(r)
+        assert again["full"]
+    finally:
+        r.close()
+
+
 def test_restore_after_the_stack_dies_under_load_keeps_a_prefix(tmp_path):
     """One client writes k0, k1, ... in order, each acknowledged, while
     snapshots are taken every 20 ms; the supervisor and the app are then

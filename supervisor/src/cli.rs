@@ -98,6 +98,25 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Restart a running app warm onto an earlier snapshot of its store.
+    #[command(
+        long_about = "Restart a running app warm onto a snapshot of the store it writes to \
+                      (rekindle run --snapshot-dir): the newest, or the one named by ID or \
+                      TAG.  The snapshot is read and checked first; a bad one is refused and \
+                      the app keeps running.  Then the running incarnation is killed and the \
+                      next one starts warm from the snapshot (decision code `restored`), as \
+                      `rekindle restore` would start it.  Whatever the app changed since that \
+                      snapshot is gone; the later snapshots stay in the store."
+    )]
+    Rollback {
+        /// Supervisor name.
+        name: String,
+        /// A snapshot id or tag (default: the newest).
+        snapshot: Option<String>,
+        /// Print the JSON the supervisor answered.
+        #[arg(long)]
+        json: bool,
+    },
     /// Snapshot store commands (snapshots, verify, gc, send, recv).
     #[command(flatten)]
     Store(crate::store_cli::StoreCommand),

@@ -660,6 +660,32 @@ pub fn inspect(name: &str, as_json: bool) -> Result<i32> {
     Ok(0)
 }
 
+/// `rekindle rollback NAME [SNAPSHOT] [--json]`.
+pub fn rollback(name: &str, snapshot: &str, as_json: bool) -> Result<i32> {
+    let p = socket_for(name)?;
+    let req = json!({"cmd": "rollback", "snapshot": snapshot});
+    // reading and checking the snapshot happens before the reply
+    let (v, _) = call(&p, &req, CHECKPOINT_TIMEOUT).map_err(|e| explain(name, e))?;
+    let ok = v.get("ok").and_then(Value::as_bool) == Some(true);
+    if as_json {
+        println!("{v}");
+    } else if ok {
+        println!(
+            "{name}: rolling back to snapshot {} (pid {} killed; the next one starts from it)",
+            v.get("id").and_then(Value::as_str).unwrap_or("?"),
+            n(&v, "pid")
+        );
+    } else {
+        let code = v.get("code").and_then(Value::as_str).unwrap_or("refused");
+        let err = v
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("the supervisor refused");
+        eprintln!("rekindle: {name}: no rollback: {err} ({code})");
+    }
+    Ok(if ok { 0 } else { 1 })
+}
+
 /// How long `rekindle checkpoint --wait` waits for a snapshot to be durable
 /// (a first, full snapshot of a large app reads and compresses all of it).
 const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);

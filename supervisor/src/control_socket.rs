@@ -7,6 +7,7 @@
 //!   {"cmd":"stop"}
 //!   {"cmd":"inspect"}                          (the held arenas, read: inspect.rs)
 //!   {"cmd":"checkpoint","tags":[..],"wait":b}  (a snapshot; with wait, replied when durable)
+//!   {"cmd":"rollback","snapshot":"ID|TAG"}     (restart warm onto a snapshot)
 //!
 //! Replies are {"ok":true,...} or {"ok":false,"error":"..."}.  Malformed
 //! JSON, an empty line, a duplicate key, an unknown command or an overlong
@@ -185,6 +186,10 @@ pub enum Request {
         tags: Vec<String>,
         wait: bool,
     },
+    /// Restart the app warm onto a snapshot ("" = the newest).
+    Rollback {
+        snapshot: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -195,11 +200,13 @@ pub enum RequestError {
     NotObject,
     #[error("request has no string \"cmd\"")]
     NoCmd,
-    #[error("unknown cmd {0:?} (status, restart, stop, inspect, checkpoint)")]
+    #[error("unknown cmd {0:?} (status, restart, stop, inspect, checkpoint, rollback)")]
     UnknownCmd(String),
     #[error("mode must be \"warm\" or \"cold\"")]
     BadMode,
-    #[error("checkpoint takes \"tags\": an array of strings, and \"wait\": a boolean")]
+    #[error(
+        "checkpoint takes \"tags\" (strings) and \"wait\" (a boolean); rollback a \"snapshot\" (a string)"
+    )]
     BadTags,
     #[error("request longer than {MAX_LINE} bytes")]
     TooLong,
@@ -325,6 +332,15 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
             };
             Ok(Request::Checkpoint { tags, wait })
         }
+        "rollback" => match o.get("snapshot") {
+            None | Some(Value::Null) => Ok(Request::Rollback {
+                snapshot: String::new(),
+            }),
+            Some(Value::String(s)) => Ok(Request::Rollback {
+                snapshot: s.clone(),
+            }),
+            Some(_) => Err(RequestError::BadTags),
+        },
         "restart" => match o.get("mode") {
             None | Some(Value::Null) => Ok(Request::Restart(Mode::Warm)),
             Some(Value::String(s)) if s == "warm" => Ok(Request::Restart(Mode::Warm)),

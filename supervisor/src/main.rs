@@ -61,6 +61,11 @@ fn main() {
         Command::Stop { name } => client::stop(&name),
         Command::Inspect { name, json } => client::inspect(&name, json),
         Command::Store(c) => Ok(rekindle::store_cli::run(c)),
+        Command::Rollback {
+            name,
+            snapshot,
+            json,
+        } => client::rollback(&name, snapshot.as_deref().unwrap_or(""), json),
         Command::Checkpoint {
             name,
             tags,

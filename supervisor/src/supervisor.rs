@@ -150,6 +150,9 @@ pub struct Supervisor {
     started_wall: String,
     /// The snapshot engine's thread (with --snapshot-dir).
     snapshots: Option<crate::snapshot::engine::Handle>,
+    /// `rekindle rollback`: the memfds made from the snapshot, for the next
+    /// incarnation once the running one (killed for it) is gone.
+    rollback: Option<snapshots::Rollback>,
     /// `rekindle restore`: (DIR@ID, the id, bytes restored) of the snapshot
     /// the held fds were made from, until the first spawn.
     restored: Option<(String, String, u64)>,
@@ -329,6 +332,7 @@ impl Supervisor {
                 .to_string(),
             snapshots,
             restored,
+            rollback: None,
             snapshots_since_event: 0,
             snapshot_event_ns: 0,
             cfg,

@@ -44,6 +44,7 @@ impl Supervisor {
                     Some(reply) => reply,
                     None => continue, // answered when the snapshot is durable
                 },
+                Ok(Request::Rollback { snapshot }) => self.rollback(&snapshot),
                 Ok(Request::Stop) => {
                     if let Some(c) = self.control.client_mut(id) {
                         c.hold_open = true; // closes when the supervisor exits

@@ -164,6 +164,10 @@ impl Supervisor {
             uptime_ns: now.saturating_sub(self.app.as_ref().map_or(now, |a| a.started_ns)),
         });
 
+        if self.rollback.is_some() && self.stopping.is_none() {
+            self.respawn_rolled_back(now);
+            return;
+        }
         let Some(a) = &self.app else { return };
         let (uptime, start_kind) = (now.saturating_sub(a.started_ns), a.start_kind);
         let mut death = a.state.on_death(self.stopping.is_some(), signal, code);

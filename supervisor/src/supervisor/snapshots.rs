@@ -9,12 +9,26 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
-use super::Supervisor;
+use super::{Held, Pending, Plan, Supervisor, send_signal};
 use crate::cli::SnapshotConfig;
 use crate::clock::now_ns;
 use crate::control_socket::error_reply;
+use crate::decide::Mode;
 use crate::event::ev;
+use crate::failure::FailureKind;
+use crate::lifecycle::RestartPath;
+use crate::proto::StartKind;
+use crate::reason::Reason;
 use crate::snapshot::engine::{Cmd, EngineConfig, Handle, Note};
+use crate::snapshot::restore::{self, Source};
+
+/// A rollback under way: the snapshot's memfds, waiting for the running
+/// incarnation to be gone.
+pub(super) struct Rollback {
+    what: String,
+    id: String,
+    fds: Vec<Held>,
+}
 
 /// Continuous snapshots are told as an event at most this often (the
 /// metrics count every one).
@@ -34,6 +48,91 @@ pub(super) fn start_engine(sc: &SnapshotConfig, app: &str) -> Result<Handle> {
 }
 
 impl Supervisor {
+    /// `rekindle rollback`: reads the snapshot into new memfds (its pages
+    /// are checked; a bad one is refused and nothing changes), then kills
+    /// the running incarnation; the next one starts warm from them.
+    pub(super) fn rollback(&mut self, spec: &str) -> Value {
+        let Some(sc) = &self.cfg.snapshots else {
+            return json!({"ok": false, "code": "snapshots_off",
+                "error": "this supervisor takes no snapshots: run it with --snapshot-dir DIR"});
+        };
+        let Some(pid) = self.app.as_ref().map(|a| a.pid) else {
+            return json!({"ok": false, "code": "no_app", "error": "no incarnation is running"});
+        };
+        if self.stopping.is_some() || self.rollback.is_some() {
+            return json!({"ok": false, "code": "busy", "error": "a stop or a rollback is under way"});
+        }
+        let src = Source {
+            dir: sc.dir.clone(),
+            spec: spec.to_string(),
+        };
+        let r = match restore::materialize(&src) {
+            Ok(r) => r,
+            Err(e) => {
+                self.report.event(
+                    ev("error")
+                        .s("what", "rollback refused")
+                        .s("code", e.code())
+                        .s("error", e.to_string()),
+                );
+                return json!({"ok": false, "code": e.code(), "error": e.to_string()});
+            }
+        };
+        let what = restore::describe(&src.dir, &r.info);
+        let id = r.info.id.as_str().to_string();
+        self.report.event(
+            ev("rollback")
+                .s("snapshot", what.as_str())
+                .s("id", id.as_str())
+                .u("bytes", r.bytes)
+                .i("killing", pid as i64),
+        );
+        self.rollback = Some(Rollback {
+            what,
+            id: id.clone(),
+            fds: r
+                .fds
+                .into_iter()
+                .map(|(kind, name, fd)| Held { kind, name, fd })
+                .collect(),
+        });
+        send_signal(pid, libc::SIGKILL);
+        send_signal(-pid, libc::SIGKILL);
+        json!({"ok": true, "id": id, "pid": pid})
+    }
+
+    /// The incarnation killed for a rollback is gone: the next one gets the
+    /// snapshot's memfds.
+    pub(super) fn respawn_rolled_back(&mut self, now: u64) {
+        let Some(rb) = self.rollback.take() else {
+            return;
+        };
+        self.app = None;
+        self.held = rb.fds;
+        self.sort_held();
+        self.snapshot_held();
+        let plan = Plan {
+            mode: StartKind::Warm,
+            generation: self.generation.wrapping_add(1),
+            signal: libc::SIGKILL,
+            t_detect_ns: now,
+            reason: rb.id,
+            decision: format!("restored from snapshot {} (rekindle rollback)", rb.what),
+            decision_code: Reason::Restored,
+            backoff_ms: 0,
+            dropped: 0,
+            restored: true,
+        };
+        self.pending = Some(Pending {
+            path: RestartPath::Respawn,
+            failure: FailureKind::Request,
+            t_failure_ns: None,
+            t_detect_ns: now,
+            decided: Mode::Warm,
+        });
+        self.next_spawn = Some((now, plan));
+    }
+
     pub(super) fn snapshot_spawned(&mut self, pid: libc::pid_t, sock: OwnedFd) {
         if let Some(h) = &self.snapshots {
             h.send(Cmd::Incarnation { pid, sock });
