@@ -132,6 +132,38 @@ def test_rollback_restarts_the_running_app_onto_an_earlier_snapshot(tmp_path):
         r.close()
 
 
+def test_a_crash_loop_restores_the_snapshot_from_before_the_loop(tmp_path):
+    """Two deaths within the crash-loop window after a warm restart would
+    make the next start cold (the preserved state may be what kills it);
+    with a store, the supervisor starts it from the newest snapshot taken
+    before the looping incarnation began instead, and says so."""
+    store = tmp_path / "store"
+    r = snapshotting(tmp_path / "a", store, "--crashloop-window", "5s")
+    try:
+        c = r.client()
+        c.set("a", "1")
+        snap = checkpoint(r)
+        c.set("a", "2")  # in the arena, in no snapshot
+        first = r.app_pid()
+        os.kill(first, signal.SIGKILL)  # a warm restart: a == 2 still
+        deadline = time.monotonic() + 15
+        while r.app_pid() == first or not r.supervisor_events("up")[1:]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert r.wait_serving().get("a") == b"2"
+        os.kill(r.app_pid(), signal.SIGKILL)  # again within the window: a loop
+        while len(r.supervisor_events("up")) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        up = r.supervisor_events("up")[-1]
+        assert up["code"] == "restored" and up["reason"] == snap["id"], up
+        decision = r.supervisor_events("decision")[-1]
+        assert decision["code"] == "restored" and "crash" in decision["reason"], decision
+        assert r.wait_serving().get("a") == b"1"
+    finally:
+        r.close()
+
+
 def test_restore_after_the_stack_dies_under_load_keeps_a_prefix(tmp_path):
     """One client writes k0, k1, ... in order, each acknowledged, while
     snapshots are taken every 20 ms; the supervisor and the app are then

@@ -13,6 +13,7 @@ use crate::decide::{self, Facts, Mode};
 use crate::event::ev;
 use crate::lifecycle::{AppState, Death, RestartPath};
 use crate::proto::{FdKind, StartKind};
+use crate::reason::Reason;
 use crate::spawn::{self, ChildFds};
 
 impl Supervisor {
@@ -248,6 +249,42 @@ impl Supervisor {
             cold_requested,
         };
         let d = decide::decide(&facts);
+        // a crash loop with a store: the state from before the loop, not none
+        if d.code == Reason::CrashLoop
+            && let Some(rb) =
+                self.crashloop_snapshot(std::time::SystemTime::now() - Duration::from_nanos(uptime))
+        {
+            let why = format!(
+                "{}; restored snapshot {} taken before the loop began instead of dropping the state",
+                d.why, rb.what
+            );
+            self.report.record(Record::Decision {
+                mode: "warm",
+                reason: &why,
+                code: Some(Reason::Restored),
+                path: Some(RestartPath::Respawn),
+                failure: Some(noted.kind.as_str()),
+            });
+            if damage.is_some() {
+                self.replace_control_block();
+            }
+            let sig = if signal != 0 { signal } else { noted.signal };
+            let plan = self.plan_restored(rb, now, why, sig);
+            self.pending = Some(Pending {
+                path: RestartPath::Respawn,
+                failure: noted.kind,
+                t_failure_ns: noted.t_failure_ns,
+                t_detect_ns: now,
+                decided: Mode::Warm,
+            });
+            let backoff = decide::backoff(
+                self.consecutive,
+                self.cfg.backoff_initial,
+                self.cfg.backoff_max,
+            );
+            self.next_spawn = Some((now + dur_ns(backoff), plan));
+            return;
+        }
         let (mode, why) = (d.mode, d.why.clone());
         self.report.record(Record::Decision {
             mode: mode.as_str(),

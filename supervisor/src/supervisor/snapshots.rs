@@ -25,7 +25,7 @@ use crate::snapshot::restore::{self, Source};
 /// A rollback under way: the snapshot's memfds, waiting for the running
 /// incarnation to be gone.
 pub(super) struct Rollback {
-    what: String,
+    pub(super) what: String,
     id: String,
     fds: Vec<Held>,
 }
@@ -101,6 +101,87 @@ impl Supervisor {
         json!({"ok": true, "id": id, "pid": pid})
     }
 
+    /// A crash loop would go cold: with a store, the newest snapshot taken
+    /// before `began` (when the looping incarnation started) read into new
+    /// memfds instead, or None (no store, no such snapshot, or it does not
+    /// read back: said in an event) and the restart goes cold as before.
+    pub(super) fn crashloop_snapshot(&mut self, began: std::time::SystemTime) -> Option<Rollback> {
+        let sc = self.cfg.snapshots.as_ref()?;
+        let pick = crate::store::Store::open(&sc.dir).and_then(|st| {
+            Ok(st
+                .list()?
+                .into_iter()
+                .rev()
+                .find(|i| i.created < began)
+                .map(|i| i.id.as_str().to_string()))
+        });
+        let fail = |e: &dyn std::fmt::Display, code: &str| {
+            ev("crash_loop_restore")
+                .s("result", "failed")
+                .s("code", code)
+                .s("error", e.to_string())
+        };
+        let id = match pick {
+            Ok(Some(id)) => id,
+            Ok(None) => {
+                self.report.event(
+                    ev("crash_loop_restore")
+                        .s("result", "none")
+                        .s("why", "no snapshot taken before the crash loop began"),
+                );
+                return None;
+            }
+            Err(e) => {
+                self.report.event(fail(&e, e.code()));
+                return None;
+            }
+        };
+        let src = Source {
+            dir: sc.dir.clone(),
+            spec: id,
+        };
+        match restore::materialize(&src) {
+            Ok(r) => Some(Rollback {
+                what: restore::describe(&src.dir, &r.info),
+                id: r.info.id.as_str().to_string(),
+                fds: r
+                    .fds
+                    .into_iter()
+                    .map(|(kind, name, fd)| Held { kind, name, fd })
+                    .collect(),
+            }),
+            Err(e) => {
+                self.report.event(fail(&e, e.code()));
+                None
+            }
+        }
+    }
+
+    /// The plan that starts the next incarnation from a snapshot's memfds.
+    pub(super) fn plan_restored(
+        &mut self,
+        rb: Rollback,
+        now: u64,
+        decision: String,
+        signal: i32,
+    ) -> Plan {
+        self.held = rb.fds;
+        self.sort_held();
+        self.snapshot_held();
+        Plan {
+            mode: StartKind::Warm,
+            generation: self.generation.wrapping_add(1),
+            signal,
+            t_detect_ns: now,
+            reason: rb.id,
+            decision,
+            decision_code: Reason::Restored,
+            backoff_ms: 0,
+            dropped: 0,
+            restored: true,
+        }
+    }
+
     /// The incarnation killed for a rollback is gone: the next one gets the
     /// snapshot's memfds.
     pub(super) fn respawn_rolled_back(&mut self, now: u64) {
@@ -108,21 +189,8 @@ impl Supervisor {
             return;
         };
         self.app = None;
-        self.held = rb.fds;
-        self.sort_held();
-        self.snapshot_held();
-        let plan = Plan {
-            mode: StartKind::Warm,
-            generation: self.generation.wrapping_add(1),
-            signal: libc::SIGKILL,
-            t_detect_ns: now,
-            reason: rb.id,
-            decision: format!("restored from snapshot {} (rekindle rollback)", rb.what),
-            decision_code: Reason::Restored,
-            backoff_ms: 0,
-            dropped: 0,
-            restored: true,
-        };
+        let decision = format!("restored from snapshot {} (rekindle rollback)", rb.what);
+        let plan = self.plan_restored(rb, now, decision, libc::SIGKILL);
         self.pending = Some(Pending {
             path: RestartPath::Respawn,
             failure: FailureKind::Request,
