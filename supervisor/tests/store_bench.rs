@@ -172,34 +172,6 @@ fn store_speed() {
         median(&mut lat_med),
         median(&mut lat_p99)
     );
-    // small deltas: 10 new pages each, commit latency (fsyncs dominate)
-    {
-        let dir =
-            std::env::temp_dir().join(format!("rekindle-store-bench-{}-small", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut s = Store::create_or_open(&dir).unwrap();
-        let mut w = s.begin(meta(true, None)).unwrap();
-        w.put_page(0, 0, &data[..PAGE]).unwrap();
-        let mut parent = w.commit().unwrap().id;
-        let mut lat = vec![];
-        for i in 0..DELTAS {
-            let t = Instant::now();
-            let mut w = s.begin(meta(false, Some(parent.clone()))).unwrap();
-            for p in 0..10 {
-                let at = ((i * 10 + p) % PAGES) as usize * PAGE;
-                w.put_page(0, p, &data[at..at + PAGE]).unwrap();
-            }
-            parent = w.commit().unwrap().id;
-            lat.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        lat.sort_by(|a, b| a.total_cmp(b));
-        println!(
-            "10-page delta, begin..commit  median {:.2} ms, p99 {:.2} ms ({DELTAS} deltas)",
-            lat[lat.len() / 2],
-            lat[lat.len() * 99 / 100]
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
     // zstd levels, one context, same pages
     for level in [1, -1, -3, -5, 3] {
         let mut c = zstd::bulk::Compressor::new(level).unwrap();
@@ -234,4 +206,37 @@ fn store_speed() {
             median(&mut rs)
         );
     }
+}
+
+/// Small deltas (10 new pages each): begin..commit latency, which the
+/// fsyncs dominate.  `-- --ignored small_delta_commit --nocapture`
+#[test]
+#[ignore]
+fn small_delta_commit() {
+    let data = pages();
+    let dir =
+        std::env::temp_dir().join(format!("rekindle-store-bench-{}-small", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut s = Store::create_or_open(&dir).unwrap();
+    let mut w = s.begin(meta(true, None)).unwrap();
+    w.put_page(0, 0, &data[..PAGE]).unwrap();
+    let mut parent = w.commit().unwrap().id;
+    let mut lat = vec![];
+    for i in 0..DELTAS {
+        let t = Instant::now();
+        let mut w = s.begin(meta(false, Some(parent.clone()))).unwrap();
+        for p in 0..10 {
+            let at = ((i * 10 + p) % PAGES) as usize * PAGE;
+            w.put_page(0, p, &data[at..at + PAGE]).unwrap();
+        }
+        parent = w.commit().unwrap().id;
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "10-page delta, begin..commit  median {:.2} ms, p99 {:.2} ms ({DELTAS} deltas)",
+        lat[lat.len() / 2],
+        lat[lat.len() * 99 / 100]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
