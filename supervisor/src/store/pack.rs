@@ -219,6 +219,7 @@ pub fn load(path: &Path) -> Result<LoadedPack, StoreError> {
         if e.offset < HEADER_LEN
             || end.is_none_or(|end| end > index_off)
             || e.len == 0
+            || e.len as usize > PAGE
             || e.flags & !FLAG_RAW != 0
             || (e.flags & FLAG_RAW != 0 && e.len as usize != PAGE)
         {

@@ -504,10 +504,7 @@ impl SnapshotWriter<'_> {
         self.store.by_name.insert(name, id);
         if ok {
             for (h, e) in self.new_chunks.drain() {
-                self.store
-                    .index
-                    .entry(h)
-                    .or_insert(Loc { pack: id, entry: e });
+                self.store.index.entry(h).or_insert(Loc::new(id, &e));
             }
         }
     }
