@@ -394,6 +394,9 @@ def test_gc_retention_and_listing(base, tmp_path):
     assert verify(store)[0] == 0
     rep = json.loads(ok("gc", store, "--keep-within", "1h", "--json").stdout)
     assert rep["deleted"] == []
+    # progress on stderr when asked (stderr is not a terminal here)
+    p = ok("verify", store, "--progress")
+    assert b"progress: verify packs" in p.stderr and b"progress: verify snapshots 3/3" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize(
