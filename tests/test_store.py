@@ -125,13 +125,13 @@ def steps_of(op, store):
 
 
 def test_writer_killed_at_every_io_step_leaves_a_consistent_store(base):
-    """Four writers (a delta with 3 MiB of new pages, a full snapshot, gc
+    """Four writers (a delta with 6 MiB of new pages, a full snapshot, gc
     folding a delta into a full, recv of a stream), each killed before
     each of its I/O steps in turn: the store verifies (leftovers only),
     the earlier snapshots export byte-identical, and the next write works."""
     b = base
     src = b["src"]
-    big = {"main": b["v2"]["main"][: 100 * PAGE] + data(-1, 100, zero_every=50), "small": b["v2"]["small"]}
+    big = {"main": b["v2"]["main"][: 100 * PAGE] + data(-1, 1500, zero_every=50), "small": b["v2"]["small"]}
     # `main` changes size: a new shape, so every page is written
     fbig = {n: write(src / f"{n}.big", v) for n, v in big.items()}
     f1 = {n: src / f"{n}.1" for n in b["v1"]}
@@ -394,6 +394,9 @@ def test_gc_retention_and_listing(base, tmp_path):
     assert verify(store)[0] == 0
     rep = json.loads(ok("gc", store, "--keep-within", "1h", "--json").stdout)
     assert rep["deleted"] == []
+    # progress on stderr when asked (stderr is not a terminal here)
+    p = ok("verify", store, "--progress")
+    assert b"progress: verify packs" in p.stderr and b"progress: verify snapshots 3/3" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize(

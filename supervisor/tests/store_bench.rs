@@ -11,6 +11,7 @@ use rekindle::store::{NewSnapshot, PAGE, RegionKind, RegionMeta, Store};
 
 const PAGES: u64 = 32768; // 128 MiB
 const ROUNDS: usize = 5;
+const DELTAS: u64 = 200;
 
 /// Arena-like pages: records of a key, a length and a value drawn from a
 /// small alphabet (compress about 2-3x), every 8th page random bytes.
@@ -205,4 +206,37 @@ fn store_speed() {
             median(&mut rs)
         );
     }
+}
+
+/// Small deltas (10 new pages each): begin..commit latency, which the
+/// fsyncs dominate.  `-- --ignored small_delta_commit --nocapture`
+#[test]
+#[ignore]
+fn small_delta_commit() {
+    let data = pages();
+    let dir =
+        std::env::temp_dir().join(format!("rekindle-store-bench-{}-small", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut s = Store::create_or_open(&dir).unwrap();
+    let mut w = s.begin(meta(true, None)).unwrap();
+    w.put_page(0, 0, &data[..PAGE]).unwrap();
+    let mut parent = w.commit().unwrap().id;
+    let mut lat = vec![];
+    for i in 0..DELTAS {
+        let t = Instant::now();
+        let mut w = s.begin(meta(false, Some(parent.clone()))).unwrap();
+        for p in 0..10 {
+            let at = ((i * 10 + p) % PAGES) as usize * PAGE;
+            w.put_page(0, p, &data[at..at + PAGE]).unwrap();
+        }
+        parent = w.commit().unwrap().id;
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "10-page delta, begin..commit  median {:.2} ms, p99 {:.2} ms ({DELTAS} deltas)",
+        lat[lat.len() / 2],
+        lat[lat.len() * 99 / 100]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -37,7 +37,8 @@ fn write_pages(dir: &std::path::Path) -> std::io::Result<usize> {
         n += 1;
         Ok(())
     };
-    for sub in top.get_subcommands() {
+    // hidden commands (the store's test helpers) get no page
+    for sub in top.get_subcommands().filter(|s| !s.is_hide_set()) {
         // a static name: clap's builder takes &'static str (this program
         // runs once and exits)
         let name: &'static str = Box::leak(format!("rekindle-{}", sub.get_name()).into_boxed_str());

@@ -80,6 +80,50 @@ pub fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
     f.sync_all().map_err(io_at("fsync", dir))
 }
 
+/// Writes a whole new file, without fsync; returns it open.
+pub fn write_new(path: &Path, data: &[u8]) -> Result<File, StoreError> {
+    let _ = std::fs::remove_file(path); // a leftover of a crashed write
+    let mut f = create_new(path)?;
+    write_all(&mut f, path, data)?;
+    Ok(f)
+}
+
+/// fsyncs files in parallel: a journaling file system commits them
+/// together, so a commit waits about one fsync instead of one per file.
+pub fn fsync_many(files: &[(&File, &Path)]) -> Result<(), StoreError> {
+    std::thread::scope(|sc| {
+        let others: Vec<_> = files[1.min(files.len())..]
+            .iter()
+            .map(|&(f, p)| sc.spawn(move || fsync(f, p)))
+            .collect();
+        let first = files.first().map_or(Ok(()), |&(f, p)| fsync(f, p));
+        let mut r = first;
+        for h in others {
+            let res = h.join().unwrap_or_else(|_| {
+                Err(StoreError::Io {
+                    path: Default::default(),
+                    op: "fsync",
+                    detail: "fsync thread panicked".into(),
+                })
+            });
+            if r.is_ok() {
+                r = res;
+            }
+        }
+        r
+    })
+}
+
+/// fsyncs directories in parallel (see `fsync_many`).
+pub fn fsync_dirs(dirs: &[&Path]) -> Result<(), StoreError> {
+    let mut opened = Vec::with_capacity(dirs.len());
+    for d in dirs {
+        opened.push((File::open(d).map_err(io_at("open", d))?, *d));
+    }
+    let refs: Vec<(&File, &Path)> = opened.iter().map(|(f, d)| (f, *d)).collect();
+    fsync_many(&refs)
+}
+
 /// Writes a whole small file and fsyncs it (the caller renames it).
 pub fn write_file_durable(path: &Path, data: &[u8]) -> Result<(), StoreError> {
     let _ = std::fs::remove_file(path); // a leftover of a crashed write

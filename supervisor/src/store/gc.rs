@@ -428,3 +428,42 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(seq: u64) -> SnapshotId {
+        SnapshotId(format!("{seq:012}-x"))
+    }
+
+    #[test]
+    fn per_bucket_keeps_the_newest_of_each_of_the_latest_n_periods() {
+        const H: u64 = 3600 * 1_000_000_000;
+        // newest first: two in hour 10, one in hour 9, two in hour 7, one in hour 3
+        let snaps: Vec<(SnapshotId, u64)> = [
+            (6, 10 * H + 5),
+            (5, 10 * H),
+            (4, 9 * H + 1),
+            (3, 7 * H + 9),
+            (2, 7 * H),
+            (1, 3 * H),
+        ]
+        .iter()
+        .map(|&(s, ns)| (id(s), ns))
+        .collect();
+        let mut keep = BTreeSet::new();
+        keep_per_bucket(&snaps, 3600, 3, &mut keep);
+        assert_eq!(
+            keep.into_iter().collect::<Vec<_>>(),
+            vec![id(3), id(4), id(6)]
+        );
+        let mut keep = BTreeSet::new();
+        keep_per_bucket(&snaps, 86400, 5, &mut keep);
+        assert_eq!(
+            keep.into_iter().collect::<Vec<_>>(),
+            vec![id(6)],
+            "all in one day"
+        );
+    }
+}

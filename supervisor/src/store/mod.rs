@@ -73,11 +73,35 @@ impl Phase {
     }
 }
 
-/// Where a chunk lives: which of the store's packs, and its index entry.
+/// Where a chunk lives: which of the store's packs, where in it.  16
+/// bytes: the index holds one per chunk (a chunk is at most a page, so its
+/// length fits 16 bits; `pack::load` checks it).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Loc {
+    pub offset: u64,
     pub pack: u32,
-    pub entry: IndexEntry,
+    pub len: u16,
+    pub flags: u16,
+}
+
+impl Loc {
+    pub fn new(pack: u32, e: &IndexEntry) -> Loc {
+        Loc {
+            offset: e.offset,
+            pack,
+            len: e.len as u16,
+            flags: e.flags as u16,
+        }
+    }
+
+    pub fn entry(&self, hash: Hash) -> IndexEntry {
+        IndexEntry {
+            hash,
+            offset: self.offset,
+            len: self.len as u32,
+            flags: self.flags as u32,
+        }
+    }
 }
 
 /// One pack file known to the store; a pack that failed to load keeps its
@@ -212,10 +236,7 @@ impl Store {
         let (state, chunks) = match pack::load(&path) {
             Ok(lp) => {
                 for e in &lp.entries {
-                    self.index.entry(e.hash).or_insert(Loc {
-                        pack: id,
-                        entry: *e,
-                    });
+                    self.index.entry(e.hash).or_insert(Loc::new(id, e));
                 }
                 (Ok(Arc::new(lp.file)), lp.entries.len() as u64)
             }

@@ -116,8 +116,9 @@ impl PackWriter {
         Ok(())
     }
 
-    /// Index, trailer, fsync.  Returns the pack's total size.
-    pub fn finish(mut self) -> Result<u64, StoreError> {
+    /// Writes index and trailer; returns the file, for the caller to
+    /// fsync (in parallel with the snapshot's other files).
+    pub fn finish(mut self) -> Result<File, StoreError> {
         self.flush()?;
         let mut entries = std::mem::take(&mut self.entries);
         entries.sort_unstable_by_key(|e| e.hash);
@@ -133,8 +134,7 @@ impl PackWriter {
         index.extend_from_slice(&0u64.to_le_bytes());
         index.extend_from_slice(sum.as_bytes());
         fsio::write_all(&mut self.file, &self.tmp, &index)?;
-        fsio::fsync(&self.file, &self.tmp)?;
-        Ok(index_off + index.len() as u64)
+        Ok(self.file)
     }
 }
 
@@ -219,6 +219,7 @@ pub fn load(path: &Path) -> Result<LoadedPack, StoreError> {
         if e.offset < HEADER_LEN
             || end.is_none_or(|end| end > index_off)
             || e.len == 0
+            || e.len as usize > PAGE
             || e.flags & !FLAG_RAW != 0
             || (e.flags & FLAG_RAW != 0 && e.len as usize != PAGE)
         {

@@ -168,7 +168,7 @@ impl Store {
                 slots.push(Slot {
                     page,
                     pack,
-                    entry: loc.entry,
+                    entry: loc.entry(hash),
                 });
             }
             slots.sort_unstable_by_key(|s| s.page);

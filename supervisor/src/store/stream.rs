@@ -235,13 +235,13 @@ impl Store {
                             hash: hex(hash),
                         })?;
                     let (path, file) = self.pack_file(loc.pack)?;
-                    let n = loc.entry.len as usize;
+                    let n = loc.len as usize;
                     chunk.resize(n, 0);
-                    file.read_exact_at(&mut chunk, loc.entry.offset)
+                    file.read_exact_at(&mut chunk, loc.offset)
                         .map_err(|err| super::error::io_err("read", path, &err))?;
                     buf.push(2);
                     buf.extend_from_slice(hash);
-                    buf.extend_from_slice(&loc.entry.flags.to_le_bytes());
+                    buf.extend_from_slice(&(loc.flags as u32).to_le_bytes());
                     buf.extend_from_slice(&(n as u32).to_le_bytes());
                     buf.extend_from_slice(&chunk);
                     sent.have.insert(*hash);

@@ -170,7 +170,7 @@ impl Store {
                     let (path, _) = self.pack_file(loc.pack)?;
                     return Err(StoreError::ChunkChecksum {
                         path: path.to_path_buf(),
-                        offset: loc.entry.offset,
+                        offset: loc.offset,
                         detail: format!("needed by {id}"),
                     });
                 }

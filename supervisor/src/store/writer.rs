@@ -389,23 +389,25 @@ impl SnapshotWriter<'_> {
         let packs_dir = self.store.sub(PACKS);
         let snaps_dir = self.store.sub(SNAPSHOTS);
         let tmp_dir = self.store.sub(TMP);
+        // Three rounds, each waiting about one fsync: (1) pack, map and
+        // manifest written to tmp/ and fsynced together; (2) pack and map
+        // renamed, both directories fsynced; (3) the manifest renamed (the
+        // commit point), snapshots/ fsynced.
+        let mut tmp_files: Vec<(File, PathBuf)> = Vec::new();
         // the pack: a free name (a crashed recv of this id may have left one)
-        let mut pack_name = None;
+        let mut pack = None;
         if let Some(pw) = self.pack.take() {
             let tmp = pw.tmp.clone();
-            pw.finish()?;
+            tmp_files.push((pw.finish()?, tmp.clone()));
             let mut name = format!("{}.pack", self.id);
             let mut k = 1;
             while packs_dir.join(&name).exists() {
                 name = format!("{}-r{k}.pack", self.id);
                 k += 1;
             }
-            let to = packs_dir.join(&name);
-            fsio::rename(&tmp, &to)?;
-            self.published.push(to);
-            fsio::fsync_dir(&packs_dir)?;
-            pack_name = Some(name);
+            pack = Some((tmp, name));
         }
+        let pack_name = pack.as_ref().map(|(_, n)| n.clone());
         // which packs the map's chunks are in
         let mut packs = BTreeSet::new();
         for e in &entries {
@@ -420,9 +422,8 @@ impl SnapshotWriter<'_> {
         let map_bytes = map::encode(&entries)?;
         let map_sum = blake3::hash(&map_bytes);
         let map_name = format!("{}-{}.map", self.id, &map_sum.to_hex()[..16]);
-        let map_path = snaps_dir.join(&map_name);
-        fsio::publish_file(&tmp_dir.join(&map_name), &map_path, &map_bytes)?;
-        self.published.push(map_path);
+        let map_tmp = tmp_dir.join(&map_name);
+        tmp_files.push((fsio::write_new(&map_tmp, &map_bytes)?, map_tmp.clone()));
         let stats = ManifestStats {
             pages: entries.iter().filter(|e| e.hash.is_some()).count() as u64,
             zero_pages: entries.iter().filter(|e| e.hash.is_none()).count() as u64,
@@ -461,7 +462,7 @@ impl SnapshotWriter<'_> {
             tags: self.meta.tags.clone(),
             regions: self.regions.clone(),
             map: MapRef {
-                file: map_name,
+                file: map_name.clone(),
                 size: map_bytes.len() as u64,
                 blake3: map_sum.to_hex().to_string(),
                 entries: entries.len() as u64,
@@ -470,13 +471,25 @@ impl SnapshotWriter<'_> {
             packs: packs.into_iter().collect(),
             stats,
         };
-        fsio::fsync_dir(&snaps_dir)?;
-        let man_path = self.store.manifest_path(&self.id);
-        fsio::publish_file(
-            &tmp_dir.join(format!("{}.json", self.id)),
-            &man_path,
-            &m.encode(),
-        )?;
+        let man_tmp = tmp_dir.join(format!("{}.json", self.id));
+        tmp_files.push((fsio::write_new(&man_tmp, &m.encode())?, man_tmp.clone()));
+        let refs: Vec<(&File, &std::path::Path)> =
+            tmp_files.iter().map(|(f, p)| (f, p.as_path())).collect();
+        fsio::fsync_many(&refs)?;
+        drop(refs);
+        tmp_files.clear();
+        let mut dirs = vec![snaps_dir.as_path()];
+        if let Some((tmp, name)) = &pack {
+            let to = packs_dir.join(name);
+            fsio::rename(tmp, &to)?;
+            self.published.push(to);
+            dirs.push(packs_dir.as_path());
+        }
+        let map_path = snaps_dir.join(&map_name);
+        fsio::rename(&map_tmp, &map_path)?;
+        self.published.push(map_path);
+        fsio::fsync_dirs(&dirs)?;
+        fsio::rename(&man_tmp, &self.store.manifest_path(&self.id))?;
         // published: from here on, a failure must not remove anything
         self.published.clear();
         fsio::fsync_dir(&snaps_dir)?;
@@ -503,10 +516,7 @@ impl SnapshotWriter<'_> {
         self.store.by_name.insert(name, id);
         if ok {
             for (h, e) in self.new_chunks.drain() {
-                self.store
-                    .index
-                    .entry(h)
-                    .or_insert(Loc { pack: id, entry: e });
+                self.store.index.entry(h).or_insert(Loc::new(id, &e));
             }
         }
     }
