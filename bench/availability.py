@@ -339,6 +339,7 @@ def analyse(name, keys, raw):
         "acked_writes_before_crash": acked_pre,
         "keys_written_after_mark": s["keys_written_between_marks"],
         "mark_before_crash_s": round(t_crash - raw["t_mark"], 1),
+        "t_crash_monotonic_s": t_crash,
         "in_flight_uncertain": v["uncertain_left"] + v["uncertain_applied"],
         "corrupt_values": s["corrupt"],
         "reconnects": s["reconnects"],

@@ -122,6 +122,7 @@ void glue_check_failed(const char *why)
  * a fraction of a millisecond from the event loop (glue_verify_step). */
 uint64_t glue_unchecked = UINT64_MAX; /* next bucket to check; MAX: none pending */
 static double verify_started_ms;
+static double verify_spent_ms; /* in the slices: the check's own CPU time, roughly */
 /* chain_limit() as of the last slice: a request's check uses it (computing
  * it reads every thread cache's line of the arena header, ~10 us a GET) */
 static uint64_t request_chain_limit;
@@ -194,16 +195,21 @@ static void check_chain(const struct db *db, uint64_t b, uint64_t limit)
 	}
 }
 
+/* True if a request checked bucket b ahead of the slices. */
+static bool request_checked_bucket(const struct db *db, uint64_t b)
+{
+	return request_checked && db->mask == request_checked_mask && (request_checked[b >> 6] >> (b & 63) & 1);
+}
+
 /* A request is about to walk bucket b, which the slices have not reached. */
 void glue_check_bucket(const struct db *db, uint64_t b)
 {
 	if (b < glue_unchecked || b > db->mask)
 		return;
-	bool known = request_checked && db->mask == request_checked_mask;
-	if (known && (request_checked[b >> 6] >> (b & 63) & 1))
+	if (request_checked_bucket(db, b))
 		return; /* checked already; a change since went through a region of ours */
 	check_chain(db, b, request_chain_limit);
-	if (known)
+	if (request_checked && db->mask == request_checked_mask)
 		request_checked[b >> 6] |= 1ull << (b & 63);
 }
 
@@ -216,31 +222,66 @@ void glue_check_ttl_entry(const struct entry *e)
 		glue_check_failed(fault);
 }
 
-/* Checks buckets until the clock passes deadline_ms (at least 256 of them).
- * Local checks only, so clients may change the table between two slices.
- * Bounded by time, not by buckets: right after a restart every entry is a
- * page fault. */
+/* How far ahead of the bucket being checked the slices prefetch a chain's
+ * first entry: each is a cache miss of its own, and the next ones' misses
+ * overlap it.  A prefetch of a corrupt pointer does not fault. */
+#define VERIFY_PREFETCH 16
+
+/* Checks buckets until the clock passes deadline_ms (at least 64 of them),
+ * skipping those a request checked.  Local checks only, so clients may
+ * change the table between two slices. */
 static void verify_until(const struct db *db, double deadline_ms)
 {
 	uint64_t b = glue_unchecked, limit = chain_limit(db);
-	for (; b <= db->mask && ((b & 255) || mono_ms() < deadline_ms || b == glue_unchecked); b++)
-		check_chain(db, b, limit);
+	for (; b <= db->mask && ((b & 63) || mono_ms() < deadline_ms || b == glue_unchecked); b++) {
+		if (b + VERIFY_PREFETCH <= db->mask) {
+			const char *ahead = (const char *)db->buckets[b + VERIFY_PREFETCH];
+			if (ahead) {
+				__builtin_prefetch(ahead);
+				__builtin_prefetch(ahead + offsetof(struct entry, data) - 1); /* the lengths */
+			}
+		}
+		if (!request_checked_bucket(db, b))
+			check_chain(db, b, limit);
+	}
 	glue_unchecked = b;
 	if (b > db->mask) {
 		glue_unchecked = UINT64_MAX;
 		free(request_checked);
 		request_checked = NULL;
-		rkv_log("verified", "\"keys\":%llu,\"verify_ms\":%.1f", (unsigned long long)db->count,
-			mono_ms() - verify_started_ms);
+		rkv_log("verified", "\"keys\":%llu,\"verify_ms\":%.1f,\"check_ms\":%.1f", (unsigned long long)db->count,
+			mono_ms() - verify_started_ms, verify_spent_ms);
 	}
 }
 
-bool glue_verify_step(struct db *db, double budget_us)
+/* The check's pacing while clients are waiting: a slice of VERIFY_SLICE_US
+ * each time VERIFY_SHARE of the time since the last one adds up to it, so
+ * the table's check takes that share of the CPU from requests that would
+ * otherwise run at full speed (requests check the chains they walk
+ * themselves).  With nobody waiting, a slice at every turn of the loop. */
+#define VERIFY_SHARE 0.05
+#define VERIFY_SLICE_US 100.0
+#define VERIFY_IDLE_US 300.0
+
+bool glue_verify_step(struct db *db, bool clients_waiting)
 {
+	static double credit_us, last_ms;
 	if (glue_unchecked == UINT64_MAX || !db)
 		return false;
+	double now = mono_ms(), budget_us = VERIFY_IDLE_US;
+	if (clients_waiting) {
+		credit_us += last_ms > 0 ? (now - last_ms) * 1000.0 * VERIFY_SHARE : VERIFY_SLICE_US;
+		last_ms = now;
+		if (credit_us < VERIFY_SLICE_US)
+			return true;
+		budget_us = credit_us;
+	}
 	request_chain_limit = chain_limit(db); /* the count and the heap grow as clients write */
-	verify_until(db, mono_ms() + budget_us / 1000.0);
+	verify_until(db, now + budget_us / 1000.0);
+	double spent_ms = mono_ms() - now;
+	verify_spent_ms += spent_ms;
+	credit_us = clients_waiting ? credit_us - spent_ms * 1000.0 : 0;
+	last_ms = mono_ms();
 	return glue_unchecked != UINT64_MAX;
 }
 
@@ -283,6 +324,45 @@ uint64_t glue_arena_bytes(void)
 
 const char *glue_oom_reply(void) { return "OOM out of memory: the keyspace arena is full (--arena-size)"; }
 
+/* Huge pages: after a warm restart the first touch of each 4 KiB page of
+ * the keyspace was a fault, 262,144 per GiB, and the client's first reads
+ * and the table's check paid them on the server's CPU (~85 ms a GiB, with
+ * the kernel's fault-around).  Kept in huge pages, the keyspace is mapped
+ * again with a fault per 2 MiB. */
+static uint64_t huge_ranges;  /* 2 MiB ranges collapsed (or found huge) */
+static double huge_retry_ms;  /* none to be had: try again from then on */
+static char huge_refused[96]; /* why the kernel refused: no more tries */
+
+bool glue_hugepages_step(void)
+{
+	if (!srv.cfg.hugepages || huge_refused[0] || (huge_retry_ms > 0 && mono_ms() < huge_retry_ms))
+		return false;
+	/* one range a call: a range the allocator filled before we saw it is a
+	 * 4 ms copy, and requests wait meanwhile */
+	int r = rk_arena_hugepages(rkv_arena, 1);
+	if (r >= 0) {
+		huge_ranges += (uint64_t)r;
+		huge_retry_ms = 0;
+		return r > 0;
+	}
+	if (r == -ENOMEM || r == -EAGAIN || r == -EBUSY) {
+		if (huge_retry_ms == 0)
+			rkv_log("hugepages", "\"state\":\"waiting\",\"why\":%s,\"retry_ms\":1000", js(strerror(-r)));
+		huge_retry_ms = mono_ms() + 1000;
+		return false;
+	}
+	snprintf(huge_refused, sizeof huge_refused, "refused by the kernel: %s", strerror(-r));
+	rkv_log("hugepages", "\"state\":\"off\",\"why\":%s", js(huge_refused));
+	return false;
+}
+
+const char *glue_hugepages_state(void)
+{
+	return !srv.cfg.hugepages ? "off" : huge_refused[0] ? huge_refused : huge_retry_ms > 0 ? "waiting" : "on";
+}
+
+uint64_t glue_hugepage_bytes(void) { return huge_ranges << 21; }
+
 #else /* RKV_PLAIN_MALLOC: the baseline, with no preserved state */
 
 int glue_init(int argc, char **argv, uint64_t arena_size)
@@ -296,9 +376,9 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 	*freed_objects = *freed_bytes = 0;
 	return NULL;
 }
-bool glue_verify_step(struct db *db, double budget_us)
+bool glue_verify_step(struct db *db, bool clients_waiting)
 {
-	(void)db, (void)budget_us;
+	(void)db, (void)clients_waiting;
 	return false;
 }
 uint64_t glue_unchecked = UINT64_MAX;
@@ -318,5 +398,8 @@ const char *glue_start_kind(void) { return "fresh"; }
 const char *glue_reason(void) { return "plain malloc build"; }
 uint64_t glue_arena_bytes(void) { return 0; }
 const char *glue_oom_reply(void) { return "OOM out of memory: malloc failed"; }
+bool glue_hugepages_step(void) { return false; }
+const char *glue_hugepages_state(void) { return "off"; }
+uint64_t glue_hugepage_bytes(void) { return 0; }
 
 #endif
