@@ -731,6 +731,7 @@ static void cron(void)
 	resume_listener();
 	clients_cron();
 	ks_active_expire(db, srv.now_ms, 25000); /* at most 25% of a 100 ms tick */
+	glue_hugepages_rescan();
 	snapshot_reap(db);
 	int64_t now_s = srv.now_ms / 1000;
 	if (db->bgsave_pid || (!db->bgsave_ok && now_s - db->bgsave_try_s < 5))

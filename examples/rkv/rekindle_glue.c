@@ -19,10 +19,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef RKV_PLAIN_MALLOC
 
 rk_arena *rkv_arena;
+/* The arena offset the huge pages' top pass is at (see glue_hugepages_step) */
+static uint64_t huge_grow_off;
 
 int glue_init(int argc, char **argv, uint64_t arena_size)
 {
@@ -122,7 +125,7 @@ void glue_check_failed(const char *why)
  * a fraction of a millisecond from the event loop (glue_verify_step). */
 uint64_t glue_unchecked = UINT64_MAX; /* next bucket to check; MAX: none pending */
 static double verify_started_ms;
-static double verify_spent_ms; /* in the slices: the check's own CPU time, roughly */
+static double verify_cpu_ms; /* the slices' CPU time (the machine may be shared) */
 /* chain_limit() as of the last slice: a request's check uses it (computing
  * it reads every thread cache's line of the arena header, ~10 us a GET) */
 static uint64_t request_chain_limit;
@@ -147,6 +150,7 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 		rkv_log("warning", "\"what\":\"rk_finish_recovery\",\"error\":%s", js(strerror(-r)));
 	*freed_objects = st.objects_freed;
 	*freed_bytes = st.bytes_freed;
+	huge_grow_off = RK_HUGEPAGES_TOP; /* what is below was the last incarnation's */
 	if (db && !sweep) {
 		glue_unchecked = 0;
 		verify_started_ms = mono_ms();
@@ -193,6 +197,12 @@ static void check_chain(const struct db *db, uint64_t b, uint64_t limit)
 		if (e->expire_ms && ttl_links_broken(db, e))
 			glue_check_failed("a broken TTL list link");
 	}
+}
+
+static double thread_cpu_ms(void)
+{
+	struct timespec ts;
+	return clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0 ? ts.tv_sec * 1e3 + ts.tv_nsec / 1e6 : 0;
 }
 
 /* True if a request checked bucket b ahead of the slices. */
@@ -250,7 +260,7 @@ static void verify_until(const struct db *db, double deadline_ms)
 		free(request_checked);
 		request_checked = NULL;
 		rkv_log("verified", "\"keys\":%llu,\"verify_ms\":%.1f,\"check_ms\":%.1f", (unsigned long long)db->count,
-			mono_ms() - verify_started_ms, verify_spent_ms);
+			mono_ms() - verify_started_ms, verify_cpu_ms);
 	}
 }
 
@@ -268,7 +278,7 @@ bool glue_verify_step(struct db *db, bool clients_waiting)
 	static double credit_us, last_ms;
 	if (glue_unchecked == UINT64_MAX || !db)
 		return false;
-	double now = mono_ms(), budget_us = VERIFY_IDLE_US;
+	double now = mono_ms(), cpu0 = thread_cpu_ms(), budget_us = VERIFY_IDLE_US;
 	if (clients_waiting) {
 		credit_us += last_ms > 0 ? (now - last_ms) * 1000.0 * VERIFY_SHARE : VERIFY_SLICE_US;
 		last_ms = now;
@@ -279,7 +289,7 @@ bool glue_verify_step(struct db *db, bool clients_waiting)
 	request_chain_limit = chain_limit(db); /* the count and the heap grow as clients write */
 	verify_until(db, now + budget_us / 1000.0);
 	double spent_ms = mono_ms() - now;
-	verify_spent_ms += spent_ms;
+	verify_cpu_ms += thread_cpu_ms() - cpu0;
 	credit_us = clients_waiting ? credit_us - spent_ms * 1000.0 : 0;
 	last_ms = mono_ms();
 	return glue_unchecked != UINT64_MAX;
@@ -328,32 +338,52 @@ const char *glue_oom_reply(void) { return "OOM out of memory: the keyspace arena
  * the keyspace was a fault, 262,144 per GiB, and the client's first reads
  * and the table's check paid them on the server's CPU (~85 ms a GiB, with
  * the kernel's fault-around).  Kept in huge pages, the keyspace is mapped
- * again with a fault per 2 MiB. */
-static uint64_t huge_ranges;  /* 2 MiB ranges collapsed (or found huge) */
-static double huge_retry_ms;  /* none to be had: try again from then on */
-static char huge_refused[96]; /* why the kernel refused: no more tries */
+ * again with a fault per 2 MiB.  Two passes: one follows the heap's top and
+ * collapses each range as it is reached (cheap: it is nearly empty); the
+ * other goes over everything below slowly, from cron once the warm start's
+ * check is over, for ranges a free split since (a large free gives its
+ * pages back to the kernel), each a 4 ms copy. */
+static uint64_t huge_rescan_off; /* and the other one */
+static uint64_t huge_ranges;     /* 2 MiB ranges the top pass collapsed */
+static double huge_retry_ms;     /* none to be had: try again from then on */
+static char huge_refused[96];    /* why the kernel refused: no more tries */
 
-bool glue_hugepages_step(void)
+/* One call of rk_arena_hugepages; r < 0 is logged and acted on. */
+static int hugepages(uint64_t *offset)
 {
 	if (!srv.cfg.hugepages || huge_refused[0] || (huge_retry_ms > 0 && mono_ms() < huge_retry_ms))
-		return false;
+		return 0;
 	/* one range a call: a range the allocator filled before we saw it is a
 	 * 4 ms copy, and requests wait meanwhile */
-	int r = rk_arena_hugepages(rkv_arena, 1);
+	int r = rk_arena_hugepages(rkv_arena, offset, 1);
 	if (r >= 0) {
-		huge_ranges += (uint64_t)r;
 		huge_retry_ms = 0;
-		return r > 0;
+		return r;
 	}
 	if (r == -ENOMEM || r == -EAGAIN || r == -EBUSY) {
 		if (huge_retry_ms == 0)
 			rkv_log("hugepages", "\"state\":\"waiting\",\"why\":%s,\"retry_ms\":1000", js(strerror(-r)));
 		huge_retry_ms = mono_ms() + 1000;
-		return false;
+		return 0;
 	}
 	snprintf(huge_refused, sizeof huge_refused, "refused by the kernel: %s", strerror(-r));
 	rkv_log("hugepages", "\"state\":\"off\",\"why\":%s", js(huge_refused));
-	return false;
+	return 0;
+}
+
+bool glue_hugepages_step(void)
+{
+	int r = hugepages(&huge_grow_off);
+	huge_ranges += (uint64_t)r;
+	return r > 0;
+}
+
+void glue_hugepages_rescan(void)
+{
+	if (glue_unchecked != UINT64_MAX)
+		return; /* not while the check runs: right after a warm restart */
+	if (hugepages(&huge_rescan_off) == 0 && huge_rescan_off >= huge_grow_off)
+		huge_rescan_off = 0; /* at the top (or waiting): from the start again */
 }
 
 const char *glue_hugepages_state(void)
@@ -399,6 +429,7 @@ const char *glue_reason(void) { return "plain malloc build"; }
 uint64_t glue_arena_bytes(void) { return 0; }
 const char *glue_oom_reply(void) { return "OOM out of memory: malloc failed"; }
 bool glue_hugepages_step(void) { return false; }
+void glue_hugepages_rescan(void) {}
 const char *glue_hugepages_state(void) { return "off"; }
 uint64_t glue_hugepage_bytes(void) { return 0; }
 

@@ -261,8 +261,11 @@ uint64_t glue_arena_bytes(void);
  * pages, one 2 MiB range a call (at once when there is nothing new);
  * true: more to do. */
 bool glue_hugepages_step(void);
-/* For INFO: "on", "off" (--hugepages no) or why the kernel refused; and
- * the bytes of the arena in huge pages (as far as this incarnation got). */
+/* From cron: one range of a slow pass over the whole keyspace, for ranges
+ * split since they were collapsed. */
+void glue_hugepages_rescan(void);
+/* For INFO: "on", "off" (--hugepages no), "waiting" or why the kernel
+ * refused; and the bytes the top pass collapsed in this incarnation. */
 const char *glue_hugepages_state(void);
 uint64_t glue_hugepage_bytes(void);
 /* The error reply when the keyspace cannot allocate (not maxmemory's). */

@@ -74,27 +74,24 @@ int rk_prefault(bool background)
 
 #define HUGE_BYTES (2ull << 20)
 
-/* Per arena index: the arena offset below which every 2 MiB range has been
- * collapsed by this incarnation. */
-static uint64_t huge_done[RK_MAX_ARENAS];
-
-/* Ranges are taken from where the last call stopped up to the one holding
- * the heap's top, so each is collapsed while the allocator has written
- * little of it (a collapse copies the pages present, ~4 ms for a full
- * 2 MiB, and zero-fills the rest).  A range with no page at all is refused
- * by the kernel (EINVAL, as for no support), hence the read of its first
- * page, which allocates it.  The first calls after a warm restart find the
- * ranges huge already and only map them (a few us each). */
-int rk_arena_hugepages(rk_arena *a, unsigned max_ranges)
+/* Ranges are taken from *offset up to the one holding the heap's top: a
+ * caller that follows the top collapses each while the allocator has
+ * written little of it (a collapse copies the pages present, ~4 ms for a
+ * full 2 MiB, and zero-fills the rest).  A range with no page at all is
+ * refused by the kernel (EINVAL, as for no support), hence the read of its
+ * first page, which allocates it.  A range huge already costs a few us. */
+int rk_arena_hugepages(rk_arena *a, uint64_t *offset, unsigned max_ranges)
 {
-	if (!a || !a->hdr || a->index >= RK_MAX_ARENAS)
+	if (!a || !a->hdr || !offset)
 		return -EINVAL;
 	const struct rk_arena_hdr *h = a->hdr;
 	uint64_t top = RK_ALIGN_UP(h->heap_offset + h->top, HUGE_BYTES);
 	uint64_t end = h->committed & ~(HUGE_BYTES - 1); /* a range past the file's end cannot be */
 	if (top < end)
 		end = top;
-	uint64_t from = huge_done[a->index];
+	if (*offset == RK_HUGEPAGES_TOP)
+		*offset = (h->heap_offset + h->top) & ~(HUGE_BYTES - 1);
+	uint64_t from = *offset & ~(HUGE_BYTES - 1);
 	if (from >= end || max_ranges == 0)
 		return 0;
 	if ((end - from) / HUGE_BYTES > max_ranges)
@@ -104,7 +101,7 @@ int rk_arena_hugepages(rk_arena *a, unsigned max_ranges)
 		if (madvise(base + off, RK_PAGE, MADV_POPULATE_READ) < 0)
 			return -errno;
 	if (madvise(base + from, end - from, MADV_COLLAPSE) < 0)
-		return -errno; /* huge_done stays: the next call tries these again */
-	huge_done[a->index] = end;
+		return -errno; /* *offset stays: the next call tries these again */
+	*offset = end;
 	return (int)((end - from) / HUGE_BYTES);
 }
