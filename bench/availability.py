@@ -435,7 +435,8 @@ def table(rows, command, mach, skipped, bucket_ms):
             snap = f"{r['keys_written_after_mark']:,}"
             t90h = fmt(r["t90_hit_rate_s"], ".2f", never) + " s"
             out.append(
-                f"| {r['label']} | {r['pre_get_per_s'] / 1000:,.0f}k, {r['pre_hit_rate']:.1%} | {dt} "
+                f"| {r['label']}{variant_note(r)} "
+                f"| {r['pre_get_per_s'] / 1000:,.0f}k, {r['pre_hit_rate']:.1%} | {dt} "
                 f"| {r['downtime_buckets_ms']} ms | {fmt(r['avail_5s'], '.0%')} | {t90} | {t90c} | {t90h} "
                 f"| {r['lost_acked_writes']:,} / {snap} | {restart_word(r)} |"
             )
@@ -445,6 +446,10 @@ def table(rows, command, mach, skipped, bucket_ms):
     for s in skipped:
         out.append(f"Not run: {s}  ")
     return "\n".join(out) + "\n"
+
+
+def variant_note(r):
+    return f" [{r['variant']}, run {r['run']}]" if "variant" in r else ""
 
 
 def restart_word(r):
@@ -459,26 +464,42 @@ def restart_word(r):
     return "; ".join(parts) or "?"
 
 
-def plot(rows, keys, path):
+PLOT_SMOOTH_MS = 50
+
+
+def trailing_mean(xs, n):
+    out, total = [], 0.0
+    for i, x in enumerate(xs):
+        total += x - (xs[i - n] if i >= n else 0)
+        out.append(total / min(i + 1, n))
+    return out
+
+
+def plot(rows, keys, path, xlim=(-8, None)):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    bucket_ms = rows[0]["bucket_ms"]
+    smooth = max(1, PLOT_SMOOTH_MS // bucket_ms)  # finer buckets are mostly the scheduler's noise
     for r in [r for r in rows if r["keys"] == keys]:
         s = r["series"]
         x = [t + r["bucket_ms"] / 1000 for t in s["rel_s"]]  # plotted at the bucket's end
-        ax1.plot(x, [e / 1000 for e in s["eff"]], label=r["label"].replace("`", ""), lw=1.2)
-        ax2.plot(x, [h * 100 if h is not None else float("nan") for h in s["hit_rate"]], lw=1.2)
+        label = (r["label"] + variant_note(r)).replace("`", "")
+        style = {"lw": 1.0, "ls": "--" if r.get("variant") == "baseline" else "-"}
+        ax1.plot(x, [e / 1000 for e in trailing_mean(s["eff"], smooth)], label=label, **style)
+        ax2.plot(x, [h * 100 if h is not None else float("nan") for h in s["hit_rate"]], **style)
     ax1.axvline(0, color="k", ls=":", lw=1)
     ax2.axvline(0, color="k", ls=":", lw=1)
-    ax1.set_ylabel(f"GET hits / s (thousands)\nper {rows[0]['bucket_ms']} ms")
+    per = f"per {bucket_ms} ms" + (f", mean of the last {smooth * bucket_ms} ms" if smooth > 1 else "")
+    ax1.set_ylabel(f"GET hits / s (thousands)\n{per}")
     ax2.set_ylabel("hit rate (%)")
     ax2.set_xlabel("time since DEBUG SEGFAULT (s)")
     ax2.set_ylim(-2, 102)
     ax1.set_ylim(bottom=0)
-    ax1.set_xlim(left=-8)
+    ax1.set_xlim(*xlim)
     ax1.legend(loc="lower right", fontsize=9)
     ax1.set_title(f"Effective availability through a crash, {keys:,} keys of 100 B")
     fig.tight_layout()
@@ -499,6 +520,9 @@ def main():
     ap.add_argument("--json", action="store_true", help="print the result rows as JSON lines")
     ap.add_argument("--bucket-ms", type=int, default=BUCKET_MS, help="client's count interval")
     ap.add_argument("--rkv-args", default="", help="more options for rkv, e.g. '--hugepages no'")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each scenario (medians if > 1)")
+    ap.add_argument("--baseline", type=Path, help="another build, run interleaved with BUILD")
+    ap.add_argument("--baseline-rkv-args", default="", help="rkv options for the baseline")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     if args.quick:
@@ -519,19 +543,39 @@ def main():
             print("skipping " + msg, file=sys.stderr)
             skipped.append(msg)
         scenarios = [s for s in scenarios if not s.startswith("rkv")]
+    variants = [("this", build, args.rkv_args)]
+    if args.baseline:
+        variants.insert(0, ("baseline", args.baseline.resolve(), args.baseline_rkv_args))
     mach = machine()
     rows = []
     for keys in args.keys:
-        for name in scenarios:
-            print(f"{name}, {keys} keys", flush=True)
-            with tempfile.TemporaryDirectory(prefix="avail-") as tmp:
-                raw = run_one(name, build, keys, args, Path(tmp))
-            row = analyse(name, keys, raw)
-            brief = {k: v for k, v in row.items() if k not in ("series", "notes", "gaps_near_crash_s")}
-            print("  " + json.dumps(brief), flush=True)
-            if args.json:
-                print(json.dumps(row))
-            rows.append(row)
+        for rep in range(args.repeat):
+            for variant, vbuild, rkv_args in variants:  # interleaved: the machine's drift hits both
+                for name in scenarios:
+                    print(
+                        f"{name}, {keys} keys, {variant} ({vbuild}), run {rep + 1}/{args.repeat}", flush=True
+                    )
+                    with tempfile.TemporaryDirectory(prefix="avail-") as tmp:
+                        raw = run_one(
+                            name,
+                            vbuild,
+                            keys,
+                            argparse.Namespace(**{**vars(args), "rkv_args": rkv_args}),
+                            Path(tmp),
+                        )
+                    row = {
+                        **analyse(name, keys, raw),
+                        "variant": variant,
+                        "build": str(vbuild),
+                        "run": rep + 1,
+                    }
+                    brief = {
+                        k: v for k, v in row.items() if k not in ("series", "notes", "gaps_near_crash_s")
+                    }
+                    print("  " + json.dumps(brief), flush=True)
+                    if args.json:
+                        print(json.dumps(row))
+                    rows.append(row)
     argv = " ".join(sys.argv[1:])
     command = f"python3 bench/availability.py {argv}"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -540,9 +584,60 @@ def main():
             f.write(json.dumps({**r, "machine": mach, "command": command}) + "\n")
     for keys in args.keys:
         plot(rows, keys, args.out / f"availability_{keys}.png")
+        if args.bucket_ms < 100:
+            plot(rows, keys, args.out / f"availability_{keys}_first_seconds.png", xlim=(-0.5, 3.0))
     md = table(rows, command, machine_line(mach), skipped, args.bucket_ms)
+    if args.repeat > 1 or args.baseline:
+        md += medians(rows)
     (args.out / "availability.md").write_text(md)
     print(md)
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+MEDIAN_COLUMNS = [  # (row key, heading, format)
+    ("pre_get_per_s", "before: GET/s", ",.0f"),
+    ("downtime_ms", "downtime, ms", ".1f"),
+    ("t90_s", "t90, s", ".3f"),
+    ("t90_100ms_s", "t90 at 100 ms, s", ".2f"),
+    ("t90_hit_rate_s", "hit rate back, s", ".3f"),
+    ("avail_5s", "avail@5s", ".1%"),
+]
+
+
+def medians(rows):
+    """Medians over the runs of each variant, and this one over the baseline."""
+    out = ["", "### Medians", ""]
+    out.append("| keys | scenario | variant | runs | " + " | ".join(h for _, h, _ in MEDIAN_COLUMNS) + " |")
+    out.append("|---:|---|---|---:|" + "---:|" * len(MEDIAN_COLUMNS))
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["keys"], r["scenario"], r["variant"]), []).append(r)
+    for (keys, scenario, variant), rs in groups.items():
+        cells = []
+        for key, _, spec in MEDIAN_COLUMNS:
+            m = median([r[key] for r in rs])
+            cells.append(
+                fmt(m, spec)
+                + (f" ({sum(r[key] is None for r in rs)} none)" if any(r[key] is None for r in rs) else "")
+            )
+            base = groups.get((keys, scenario, "baseline"))
+            if variant != "baseline" and base and m is not None:
+                b = median([r[key] for r in base])
+                if b:
+                    cells[-1] += f" ({m / b:.2f}x)"
+        out.append(f"| {keys:,} | {scenario} | {variant} | {len(rs)} | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append(
+        "(x: the median of this variant over the baseline's, same session; none: not reached while observed)"
+    )
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
