@@ -126,9 +126,12 @@ void glue_check_failed(const char *why)
 uint64_t glue_unchecked = UINT64_MAX; /* next bucket to check; MAX: none pending */
 static double verify_started_ms;
 static double verify_cpu_ms; /* the slices' CPU time (the machine may be shared) */
-/* chain_limit() as of the last slice: a request's check uses it (computing
- * it reads every thread cache's line of the arena header, ~10 us a GET) */
-static uint64_t request_chain_limit;
+/* The blocks the arena's heap has room for, as of heap_blocks_ms: taking
+ * it reads every thread cache's line of the arena header (rk_arena_stats,
+ * ~10 us: as much as a GET, or a short slice), so it is taken every 10 ms
+ * at most.  It only grows, and is far above any real chain's length. */
+static uint64_t heap_blocks;
+static double heap_blocks_ms;
 /* Buckets a request checked ahead of the slices (one bit each): checked
  * once, not at every request that walks them.  NULL if it could not be
  * allocated (then a request checks its chain every time). */
@@ -154,7 +157,7 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 	if (db && !sweep) {
 		glue_unchecked = 0;
 		verify_started_ms = mono_ms();
-		request_chain_limit = chain_limit(db);
+		heap_blocks_ms = -1e9; /* taken at the first chain_limit */
 		request_checked = calloc((db->mask >> 6) + 1, sizeof *request_checked);
 		request_checked_mask = db->mask;
 	}
@@ -176,10 +179,14 @@ static bool ttl_links_broken(const struct db *db, const struct entry *e)
  * meets an entry twice: a cycle, which a walk would follow forever. */
 static uint64_t chain_limit(const struct db *db)
 {
-	struct rk_arena_stats st;
-	uint64_t blocks = (rk_arena_stats(rkv_arena, &st) == 0 ? st.heap_bytes : srv.cfg.arena_size) /
-			  sizeof(struct entry);
-	return db->count < blocks ? db->count + 1 : blocks;
+	double now = mono_ms();
+	if (now - heap_blocks_ms >= 10) {
+		struct rk_arena_stats st;
+		heap_blocks = (rk_arena_stats(rkv_arena, &st) == 0 ? st.heap_bytes : srv.cfg.arena_size) /
+			      sizeof(struct entry);
+		heap_blocks_ms = now;
+	}
+	return db->count < heap_blocks ? db->count + 1 : heap_blocks;
 }
 
 /* Checks the chain of bucket b: each entry intact (entry_fault, before it
@@ -218,7 +225,7 @@ void glue_check_bucket(const struct db *db, uint64_t b)
 		return;
 	if (request_checked_bucket(db, b))
 		return; /* checked already; a change since went through a region of ours */
-	check_chain(db, b, request_chain_limit);
+	check_chain(db, b, chain_limit(db));
 	if (request_checked && db->mask == request_checked_mask)
 		request_checked[b >> 6] |= 1ull << (b & 63);
 }
@@ -240,9 +247,9 @@ void glue_check_ttl_entry(const struct entry *e)
 /* Checks buckets until the clock passes deadline_ms (at least 64 of them),
  * skipping those a request checked.  Local checks only, so clients may
  * change the table between two slices. */
-static void verify_until(const struct db *db, double deadline_ms)
+static void verify_until(const struct db *db, double deadline_ms, uint64_t limit)
 {
-	uint64_t b = glue_unchecked, limit = chain_limit(db);
+	uint64_t b = glue_unchecked;
 	for (; b <= db->mask && ((b & 63) || mono_ms() < deadline_ms || b == glue_unchecked); b++) {
 		if (b + VERIFY_PREFETCH <= db->mask) {
 			const char *ahead = (const char *)db->buckets[b + VERIFY_PREFETCH];
@@ -264,33 +271,36 @@ static void verify_until(const struct db *db, double deadline_ms)
 	}
 }
 
-/* The check's pacing while clients are waiting: a slice of VERIFY_SLICE_US
- * each time VERIFY_SHARE of the time since the last one adds up to it, so
- * the table's check takes that share of the CPU from requests that would
- * otherwise run at full speed (requests check the chains they walk
- * themselves).  With nobody waiting, a slice at every turn of the loop. */
+/* The check's pacing.  While clients are waiting: a slice of
+ * VERIFY_SLICE_US each time VERIFY_SHARE of the time since the last one
+ * adds up to it, so that the check takes that share of the CPU from
+ * requests (which check the chains they walk themselves).  When a turn of
+ * the loop finds nothing to do: a short slice, as a request may come at
+ * any moment (a closed-loop client sends its next batch right after our
+ * reply).  Credit does not pile up while idle. */
 #define VERIFY_SHARE 0.05
 #define VERIFY_SLICE_US 100.0
-#define VERIFY_IDLE_US 300.0
+#define VERIFY_IDLE_US 20.0
 
 bool glue_verify_step(struct db *db, bool clients_waiting)
 {
 	static double credit_us, last_ms;
 	if (glue_unchecked == UINT64_MAX || !db)
 		return false;
-	double now = mono_ms(), cpu0 = thread_cpu_ms(), budget_us = VERIFY_IDLE_US;
+	double now = mono_ms(), budget_us = VERIFY_IDLE_US;
 	if (clients_waiting) {
-		credit_us += last_ms > 0 ? (now - last_ms) * 1000.0 * VERIFY_SHARE : VERIFY_SLICE_US;
+		credit_us += last_ms > 0 ? (now - last_ms) * 1000.0 * VERIFY_SHARE : 0;
+		credit_us = credit_us < 2 * VERIFY_SLICE_US ? credit_us : 2 * VERIFY_SLICE_US;
 		last_ms = now;
 		if (credit_us < VERIFY_SLICE_US)
 			return true;
 		budget_us = credit_us;
 	}
-	request_chain_limit = chain_limit(db); /* the count and the heap grow as clients write */
-	verify_until(db, now + budget_us / 1000.0);
+	double cpu0 = thread_cpu_ms();
+	verify_until(db, now + budget_us / 1000.0, chain_limit(db));
 	double spent_ms = mono_ms() - now;
 	verify_cpu_ms += thread_cpu_ms() - cpu0;
-	credit_us = clients_waiting ? credit_us - spent_ms * 1000.0 : 0;
+	credit_us = clients_waiting ? credit_us - spent_ms * 1000.0 : credit_us;
 	last_ms = mono_ms();
 	return glue_unchecked != UINT64_MAX;
 }
@@ -300,7 +310,7 @@ bool glue_verify_step(struct db *db, bool clients_waiting)
 void glue_verify_all(struct db *db)
 {
 	if (glue_unchecked != UINT64_MAX && db)
-		verify_until(db, INFINITY);
+		verify_until(db, INFINITY, chain_limit(db));
 }
 
 void glue_publish(struct db *db) { rk_root_set(rkv_arena, "db", db); }
