@@ -52,6 +52,8 @@ def err(fn, *args):
         (["--save", "soon"], "bad --save"),
         (["--enable-debug", "maybe"], "bad --enable-debug"),
         (["--hugepages", "maybe"], "bad --hugepages 'maybe': expected yes or no"),
+        (["--recovery-check-cpu", "0"], "bad --recovery-check-cpu '0': expected a percent, 1..100"),
+        (["--recovery-check-cpu", "5x"], "bad --recovery-check-cpu '5x'"),
         (["--dir", "/nonexistent/dir"], "not a directory"),
         (["--dbfilename", "a/b"], "bad --dbfilename"),
     ],

@@ -127,6 +127,8 @@ static void usage(FILE *f)
 		   "  --recovery-sweep yes|no  after a warm restart, mark and sweep before serving (yes), or\n"
 		   "                           serve at once and check the table in the background (no,\n"
 		   "                           default; the crashed request's objects leak)\n"
+		   "  --recovery-check-cpu P   after a warm restart, check the table with P%% of the CPU\n"
+		   "                           while clients are waiting (default 2; all of it when idle)\n"
 		   "  --hugepages yes|no       keep the keyspace in huge pages where the kernel allows it,\n"
 		   "                           so a warm restart maps it again at once (default yes)\n"
 		   "  --help, --version\n"
@@ -219,7 +221,8 @@ static void die_bytes(const char *opt, const char *v, int r)
 static void parse_options(int argc, char **argv, struct config *cf)
 {
 	*cf = (struct config){.port = 6379, .bind = "127.0.0.1", .dir = ".", .dbfilename = "rkv.snap",
-			      .arena_size = 16ull << 30, .maxclients = 10000, .hugepages = true};
+			      .arena_size = 16ull << 30, .maxclients = 10000, .hugepages = true,
+			      .recovery_check_cpu = 2};
 	parse_save("3600 1 300 100 60 10000", cf);
 	for (int i = 1; i < argc; i++) {
 		const char *o = argv[i];
@@ -234,7 +237,7 @@ static void parse_options(int argc, char **argv, struct config *cf)
 		static const char *const with_value[] = {"--port",      "--bind",       "--dir",
 							 "--dbfilename", "--save",      "--maxmemory",
 							 "--enable-debug", "--arena-size", "--recovery-sweep",
-							 "--maxclients", "--hugepages"};
+							 "--maxclients", "--hugepages", "--recovery-check-cpu"};
 		bool known = false;
 		for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
 			known |= !strcmp(o, with_value[k]);
@@ -288,6 +291,11 @@ static void parse_options(int argc, char **argv, struct config *cf)
 			if (strcmp(v, "yes") && strcmp(v, "no"))
 				die_usage("bad --recovery-sweep '%s': expected yes or no", v);
 			cf->recovery_sweep = !strcmp(v, "yes");
+		} else if (!strcmp(o, "--recovery-check-cpu")) {
+			long n = strtol(v, &end, 10);
+			if (*end || end == v || n < 1 || n > 100)
+				die_usage("bad --recovery-check-cpu '%s': expected a percent, 1..100", v);
+			cf->recovery_check_cpu = (unsigned)n;
 		} else if (!strcmp(o, "--hugepages")) {
 			if (strcmp(v, "yes") && strcmp(v, "no"))
 				die_usage("bad --hugepages '%s': expected yes or no", v);

@@ -157,7 +157,8 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 	if (db && !sweep) {
 		glue_unchecked = 0;
 		verify_started_ms = mono_ms();
-		heap_blocks_ms = -1e9; /* taken at the first chain_limit */
+		heap_blocks_ms = -1e9;
+		(void)chain_limit(db); /* takes heap_blocks, which a request's check reads */
 		request_checked = calloc((db->mask >> 6) + 1, sizeof *request_checked);
 		request_checked_mask = db->mask;
 	}
@@ -225,7 +226,7 @@ void glue_check_bucket(const struct db *db, uint64_t b)
 		return;
 	if (request_checked_bucket(db, b))
 		return; /* checked already; a change since went through a region of ours */
-	check_chain(db, b, chain_limit(db));
+	check_chain(db, b, db->count < heap_blocks ? db->count + 1 : heap_blocks); /* chain_limit, no clock */
 	if (request_checked && db->mask == request_checked_mask)
 		request_checked[b >> 6] |= 1ull << (b & 63);
 }
@@ -272,13 +273,12 @@ static void verify_until(const struct db *db, double deadline_ms, uint64_t limit
 }
 
 /* The check's pacing.  While clients are waiting: a slice of
- * VERIFY_SLICE_US each time VERIFY_SHARE of the time since the last one
- * adds up to it, so that the check takes that share of the CPU from
- * requests (which check the chains they walk themselves).  When a turn of
+ * VERIFY_SLICE_US each time --recovery-check-cpu percent of the time since
+ * the last one adds up to it, so that the check takes that share of the
+ * CPU from requests (which check the chains they walk themselves).  When a turn of
  * the loop finds nothing to do: a short slice, as a request may come at
  * any moment (a closed-loop client sends its next batch right after our
  * reply).  Credit does not pile up while idle. */
-#define VERIFY_SHARE 0.05
 #define VERIFY_SLICE_US 100.0
 #define VERIFY_IDLE_US 20.0
 
@@ -289,7 +289,7 @@ bool glue_verify_step(struct db *db, bool clients_waiting)
 		return false;
 	double now = mono_ms(), budget_us = VERIFY_IDLE_US;
 	if (clients_waiting) {
-		credit_us += last_ms > 0 ? (now - last_ms) * 1000.0 * VERIFY_SHARE : 0;
+		credit_us += last_ms > 0 ? (now - last_ms) * 10.0 * srv.cfg.recovery_check_cpu : 0;
 		credit_us = credit_us < 2 * VERIFY_SLICE_US ? credit_us : 2 * VERIFY_SLICE_US;
 		last_ms = now;
 		if (credit_us < VERIFY_SLICE_US)

@@ -170,6 +170,7 @@ struct config {
 	uint64_t arena_size;
 	bool recovery_sweep;            /* mark and sweep before serving after a warm restart */
 	bool hugepages;                 /* collapse the keyspace arena into huge pages */
+	unsigned recovery_check_cpu;    /* percent of a busy CPU for the warm start's check */
 	unsigned maxclients;            /* lowered at start to fit the open file limit */
 };
 
