@@ -54,6 +54,7 @@ def err(fn, *args):
         (["--hugepages", "maybe"], "bad --hugepages 'maybe': expected yes or no"),
         (["--recovery-check-cpu", "0"], "bad --recovery-check-cpu '0': expected a percent, 1..100"),
         (["--recovery-check-cpu", "5x"], "bad --recovery-check-cpu '5x'"),
+        (["--prefault", "1"], "bad --prefault '1': expected yes or no"),
         (["--dir", "/nonexistent/dir"], "not a directory"),
         (["--dbfilename", "a/b"], "bad --dbfilename"),
     ],

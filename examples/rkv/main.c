@@ -129,6 +129,8 @@ static void usage(FILE *f)
 		   "                           default; the crashed request's objects leak)\n"
 		   "  --recovery-check-cpu P   after a warm restart, check the table with P%% of the CPU\n"
 		   "                           while clients are waiting (default 2; all of it when idle)\n"
+		   "  --prefault yes|no        after a warm restart, fault the keyspace in from a thread\n"
+		   "                           (default no: with huge pages there is little to fault)\n"
 		   "  --hugepages yes|no       keep the keyspace in huge pages where the kernel allows it,\n"
 		   "                           so a warm restart maps it again at once (default yes)\n"
 		   "  --help, --version\n"
@@ -237,7 +239,8 @@ static void parse_options(int argc, char **argv, struct config *cf)
 		static const char *const with_value[] = {"--port",      "--bind",       "--dir",
 							 "--dbfilename", "--save",      "--maxmemory",
 							 "--enable-debug", "--arena-size", "--recovery-sweep",
-							 "--maxclients", "--hugepages", "--recovery-check-cpu"};
+							 "--maxclients", "--hugepages", "--recovery-check-cpu",
+							 "--prefault"};
 		bool known = false;
 		for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
 			known |= !strcmp(o, with_value[k]);
@@ -296,6 +299,10 @@ static void parse_options(int argc, char **argv, struct config *cf)
 			if (*end || end == v || n < 1 || n > 100)
 				die_usage("bad --recovery-check-cpu '%s': expected a percent, 1..100", v);
 			cf->recovery_check_cpu = (unsigned)n;
+		} else if (!strcmp(o, "--prefault")) {
+			if (strcmp(v, "yes") && strcmp(v, "no"))
+				die_usage("bad --prefault '%s': expected yes or no", v);
+			cf->prefault = !strcmp(v, "yes");
 		} else if (!strcmp(o, "--hugepages")) {
 			if (strcmp(v, "yes") && strcmp(v, "no"))
 				die_usage("bad --hugepages '%s': expected yes or no", v);

@@ -33,7 +33,14 @@ int glue_init(int argc, char **argv, uint64_t arena_size)
 	if (r < 0)
 		return r;
 	rkv_arena = rk_arena_open("keyspace", arena_size);
-	return rkv_arena ? 0 : -errno;
+	if (!rkv_arena)
+		return -errno;
+	if (srv.cfg.prefault && rk_is_recovery()) {
+		r = rk_prefault(true); /* the runtime logs "prefaulted" when done */
+		if (r < 0)
+			rkv_log("warning", "\"what\":\"rk_prefault\",\"error\":%s", js(strerror(-r)));
+	}
+	return 0;
 }
 
 /* What is wrong with the db header, or NULL: the bucket array must hold

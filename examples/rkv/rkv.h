@@ -171,6 +171,7 @@ struct config {
 	bool recovery_sweep;            /* mark and sweep before serving after a warm restart */
 	bool hugepages;                 /* collapse the keyspace arena into huge pages */
 	unsigned recovery_check_cpu;    /* percent of a busy CPU for the warm start's check */
+	bool prefault;                  /* warm start: fault the keyspace in from a thread */
 	unsigned maxclients;            /* lowered at start to fit the open file limit */
 };
 
