@@ -631,7 +631,7 @@ def medians(rows):
             if variant != "baseline" and base and m is not None:
                 b = median([r[key] for r in base])
                 if b:
-                    cells[-1] += f" ({m / b:.2f}x)"
+                    cells[-1] += f" ({m / b:.2f}x)" if m / b >= 0.1 else f" ({m / b:.3f}x)"
         out.append(f"| {keys:,} | {scenario} | {variant} | {len(rs)} | " + " | ".join(cells) + " |")
     out.append("")
     out.append(
