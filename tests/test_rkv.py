@@ -51,6 +51,10 @@ def err(fn, *args):
         (["--maxmemory", "lots"], "bad --maxmemory"),
         (["--save", "soon"], "bad --save"),
         (["--enable-debug", "maybe"], "bad --enable-debug"),
+        (["--hugepages", "maybe"], "bad --hugepages 'maybe': expected yes or no"),
+        (["--recovery-check-cpu", "0"], "bad --recovery-check-cpu '0': expected a percent, 1..100"),
+        (["--recovery-check-cpu", "5x"], "bad --recovery-check-cpu '5x'"),
+        (["--prefault", "1"], "bad --prefault '1': expected yes or no"),
         (["--dir", "/nonexistent/dir"], "not a directory"),
         (["--dbfilename", "a/b"], "bad --dbfilename"),
     ],
@@ -369,6 +373,67 @@ def test_warm_restart_checks_the_table_in_the_background(rkv):
     verified = rkv.wait_log("verified")
     assert verified["keys"] == 3000
     check_all(rkv.wait_serving(), 3000)
+
+
+def shmem_huge_denied():
+    """True where the kernel refuses huge pages for shmem altogether."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            return "[deny]" in f.read()
+    except OSError:
+        return True  # no THP in this kernel
+
+
+def keyspace_pmd_kb(pid):
+    """ShmemPmdMapped of the keyspace arena's mapping in process pid."""
+    with open(f"/proc/{pid}/smaps") as f:
+        lines = f.read().splitlines()
+    at = next(i for i, ln in enumerate(lines) if "rekindle:keyspace" in ln)
+    for ln in lines[at + 1 :]:
+        if ln.startswith("ShmemPmdMapped:"):
+            return int(ln.split()[1])
+        if "-" in ln.split()[0]:  # the next mapping
+            break
+    raise AssertionError("no ShmemPmdMapped line for the keyspace")
+
+
+def test_keyspace_in_huge_pages_mapped_with_them_after_a_warm_restart(rkv):
+    """The keyspace is collapsed into huge pages as it grows (where the
+    kernel allows a collapse of shmem), and after a warm restart the new
+    process maps it with them: a fault per 2 MiB, not per 4 KiB."""
+    c = rkv.client()
+    n = 6000
+    fill(c, n)
+    c.set("big", "x" * (24 << 20))  # past a few 2 MiB ranges of the heap
+    info = c.info("memory")
+    if shmem_huge_denied():
+        assert info["arena_hugepages"].startswith("refused by the kernel")
+        return
+    assert info["arena_hugepages"] == "on"
+    assert info["arena_hugepage_bytes"] >= 8 << 20
+    pid = c.info("server")["process_id"]
+    assert keyspace_pmd_kb(pid) >= 8 << 10
+    with pytest.raises(redis.ConnectionError):
+        c.execute_command("DEBUG", "SEGFAULT")
+    assert rkv.ready(2)["start"] == "warm"
+    c = rkv.wait_serving()
+    check_all(c, n)
+    assert len(c.get("big")) == 24 << 20
+    rkv.wait_log("verified")
+    assert keyspace_pmd_kb(c.info("server")["process_id"]) >= 8 << 10, "the new mapping has huge pages"
+    assert c.info("memory")["arena_hugepages"] == "on"
+
+
+def test_hugepages_no_keeps_small_pages(tmp_path):
+    s = Rkv(tmp_path, *NO_SAVE, "--hugepages", "no")
+    try:
+        c = s.client()
+        c.set("big", "x" * (24 << 20))
+        info = c.info("memory")
+        assert info["arena_hugepages"] == "off" and info["arena_hugepage_bytes"] == 0
+        assert keyspace_pmd_kb(c.info("server")["process_id"]) == 0
+    finally:
+        s.close()
 
 
 def test_recovery_sweep_yes_marks_and_sweeps_before_serving(tmp_path):

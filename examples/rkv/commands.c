@@ -819,9 +819,11 @@ static void cmd_info(struct conn *c)
 		human(h2, sizeof h2, srv.cfg.maxmemory);
 		sb_printf(&b,
 			  "# Memory\r\nused_memory:%llu\r\nused_memory_human:%s\r\nmaxmemory:%llu\r\n"
-			  "maxmemory_human:%s\r\nmaxmemory_policy:noeviction\r\narena_allocated_bytes:%llu\r\n\r\n",
+			  "maxmemory_human:%s\r\nmaxmemory_policy:noeviction\r\narena_allocated_bytes:%llu\r\n"
+			  "arena_hugepages:%s\r\narena_hugepage_bytes:%llu\r\n\r\n",
 			  (unsigned long long)db->mem, h1, (unsigned long long)srv.cfg.maxmemory, h2,
-			  (unsigned long long)glue_arena_bytes());
+			  (unsigned long long)glue_arena_bytes(), glue_hugepages_state(),
+			  (unsigned long long)glue_hugepage_bytes());
 	}
 	if (want(c, "persistence", true))
 		sb_printf(&b,

@@ -127,6 +127,12 @@ static void usage(FILE *f)
 		   "  --recovery-sweep yes|no  after a warm restart, mark and sweep before serving (yes), or\n"
 		   "                           serve at once and check the table in the background (no,\n"
 		   "                           default; the crashed request's objects leak)\n"
+		   "  --recovery-check-cpu P   after a warm restart, check the table with P%% of the CPU\n"
+		   "                           while clients are waiting (default 2; all of it when idle)\n"
+		   "  --prefault yes|no        after a warm restart, fault the keyspace in from a thread\n"
+		   "                           (default no: with huge pages there is little to fault)\n"
+		   "  --hugepages yes|no       keep the keyspace in huge pages where the kernel allows it,\n"
+		   "                           so a warm restart maps it again at once (default yes)\n"
 		   "  --help, --version\n"
 		   "Under `rekindle run --listen`, the socket in $LISTEN_FDS is used instead of --port.\n");
 }
@@ -217,7 +223,8 @@ static void die_bytes(const char *opt, const char *v, int r)
 static void parse_options(int argc, char **argv, struct config *cf)
 {
 	*cf = (struct config){.port = 6379, .bind = "127.0.0.1", .dir = ".", .dbfilename = "rkv.snap",
-			      .arena_size = 16ull << 30, .maxclients = 10000};
+			      .arena_size = 16ull << 30, .maxclients = 10000, .hugepages = true,
+			      .recovery_check_cpu = 2};
 	parse_save("3600 1 300 100 60 10000", cf);
 	for (int i = 1; i < argc; i++) {
 		const char *o = argv[i];
@@ -232,7 +239,8 @@ static void parse_options(int argc, char **argv, struct config *cf)
 		static const char *const with_value[] = {"--port",      "--bind",       "--dir",
 							 "--dbfilename", "--save",      "--maxmemory",
 							 "--enable-debug", "--arena-size", "--recovery-sweep",
-							 "--maxclients"};
+							 "--maxclients", "--hugepages", "--recovery-check-cpu",
+							 "--prefault"};
 		bool known = false;
 		for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
 			known |= !strcmp(o, with_value[k]);
@@ -286,6 +294,19 @@ static void parse_options(int argc, char **argv, struct config *cf)
 			if (strcmp(v, "yes") && strcmp(v, "no"))
 				die_usage("bad --recovery-sweep '%s': expected yes or no", v);
 			cf->recovery_sweep = !strcmp(v, "yes");
+		} else if (!strcmp(o, "--recovery-check-cpu")) {
+			long n = strtol(v, &end, 10);
+			if (*end || end == v || n < 1 || n > 100)
+				die_usage("bad --recovery-check-cpu '%s': expected a percent, 1..100", v);
+			cf->recovery_check_cpu = (unsigned)n;
+		} else if (!strcmp(o, "--prefault")) {
+			if (strcmp(v, "yes") && strcmp(v, "no"))
+				die_usage("bad --prefault '%s': expected yes or no", v);
+			cf->prefault = !strcmp(v, "yes");
+		} else if (!strcmp(o, "--hugepages")) {
+			if (strcmp(v, "yes") && strcmp(v, "no"))
+				die_usage("bad --hugepages '%s': expected yes or no", v);
+			cf->hugepages = !strcmp(v, "yes");
 		} else if (!strcmp(o, "--enable-debug")) {
 			if (!strcmp(v, "yes"))
 				cf->enable_debug = 1;
@@ -725,6 +746,7 @@ static void cron(void)
 	resume_listener();
 	clients_cron();
 	ks_active_expire(db, srv.now_ms, 25000); /* at most 25% of a 100 ms tick */
+	glue_hugepages_rescan();
 	snapshot_reap(db);
 	int64_t now_s = srv.now_ms / 1000;
 	if (db->bgsave_pid || (!db->bgsave_ok && now_s - db->bgsave_try_s < 5))
@@ -923,10 +945,10 @@ int main(int argc, char **argv)
 
 	struct epoll_event ev[1024];
 	int64_t next_cron = 0;
-	bool verifying = true;
+	bool verifying = true, collapsing = true;
 	for (;;) {
 		glue_heartbeat(); /* a safe point: no request is half-done here */
-		int nev = epoll_wait(epfd, ev, 1024, verifying ? 0 : CRON_MS);
+		int nev = epoll_wait(epfd, ev, 1024, verifying || collapsing ? 0 : CRON_MS);
 		if (nev < 0 && errno != EINTR) {
 			rkv_log("error", "\"what\":\"epoll_wait\",\"error\":%s", js(strerror(errno)));
 			return 1;
@@ -936,7 +958,8 @@ int main(int argc, char **argv)
 		srv.now_ms = now_realtime_ms();
 		/* After a warm restart, a slice of the table's check, before any
 		 * request: the first may have waited in the backlog meanwhile. */
-		verifying = glue_verify_step(srv.db, 300);
+		verifying = glue_verify_step(srv.db, nev > 0);
+		collapsing = glue_hugepages_step();
 		for (int i = 0; i < nev; i++) {
 			if (ev[i].data.ptr == &listen_tag) {
 				accept_clients(srv.listen_fd);

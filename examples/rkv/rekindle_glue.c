@@ -19,10 +19,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef RKV_PLAIN_MALLOC
 
 rk_arena *rkv_arena;
+/* The arena offset the huge pages' top pass is at (see glue_hugepages_step) */
+static uint64_t huge_grow_off;
 
 int glue_init(int argc, char **argv, uint64_t arena_size)
 {
@@ -30,7 +33,14 @@ int glue_init(int argc, char **argv, uint64_t arena_size)
 	if (r < 0)
 		return r;
 	rkv_arena = rk_arena_open("keyspace", arena_size);
-	return rkv_arena ? 0 : -errno;
+	if (!rkv_arena)
+		return -errno;
+	if (srv.cfg.prefault && rk_is_recovery()) {
+		r = rk_prefault(true); /* the runtime logs "prefaulted" when done */
+		if (r < 0)
+			rkv_log("warning", "\"what\":\"rk_prefault\",\"error\":%s", js(strerror(-r)));
+	}
+	return 0;
 }
 
 /* What is wrong with the db header, or NULL: the bucket array must hold
@@ -122,9 +132,13 @@ void glue_check_failed(const char *why)
  * a fraction of a millisecond from the event loop (glue_verify_step). */
 uint64_t glue_unchecked = UINT64_MAX; /* next bucket to check; MAX: none pending */
 static double verify_started_ms;
-/* chain_limit() as of the last slice: a request's check uses it (computing
- * it reads every thread cache's line of the arena header, ~10 us a GET) */
-static uint64_t request_chain_limit;
+static double verify_cpu_ms; /* the slices' CPU time (the machine may be shared) */
+/* The blocks the arena's heap has room for, as of heap_blocks_ms: taking
+ * it reads every thread cache's line of the arena header (rk_arena_stats,
+ * ~10 us: as much as a GET, or a short slice), so it is taken every 10 ms
+ * at most.  It only grows, and is far above any real chain's length. */
+static uint64_t heap_blocks;
+static double heap_blocks_ms;
 /* Buckets a request checked ahead of the slices (one bit each): checked
  * once, not at every request that walks them.  NULL if it could not be
  * allocated (then a request checks its chain every time). */
@@ -146,10 +160,12 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 		rkv_log("warning", "\"what\":\"rk_finish_recovery\",\"error\":%s", js(strerror(-r)));
 	*freed_objects = st.objects_freed;
 	*freed_bytes = st.bytes_freed;
+	huge_grow_off = RK_HUGEPAGES_TOP; /* what is below was the last incarnation's */
 	if (db && !sweep) {
 		glue_unchecked = 0;
 		verify_started_ms = mono_ms();
-		request_chain_limit = chain_limit(db);
+		heap_blocks_ms = -1e9;
+		(void)chain_limit(db); /* takes heap_blocks, which a request's check reads */
 		request_checked = calloc((db->mask >> 6) + 1, sizeof *request_checked);
 		request_checked_mask = db->mask;
 	}
@@ -171,10 +187,14 @@ static bool ttl_links_broken(const struct db *db, const struct entry *e)
  * meets an entry twice: a cycle, which a walk would follow forever. */
 static uint64_t chain_limit(const struct db *db)
 {
-	struct rk_arena_stats st;
-	uint64_t blocks = (rk_arena_stats(rkv_arena, &st) == 0 ? st.heap_bytes : srv.cfg.arena_size) /
-			  sizeof(struct entry);
-	return db->count < blocks ? db->count + 1 : blocks;
+	double now = mono_ms();
+	if (now - heap_blocks_ms >= 10) {
+		struct rk_arena_stats st;
+		heap_blocks = (rk_arena_stats(rkv_arena, &st) == 0 ? st.heap_bytes : srv.cfg.arena_size) /
+			      sizeof(struct entry);
+		heap_blocks_ms = now;
+	}
+	return db->count < heap_blocks ? db->count + 1 : heap_blocks;
 }
 
 /* Checks the chain of bucket b: each entry intact (entry_fault, before it
@@ -184,6 +204,9 @@ static void check_chain(const struct db *db, uint64_t b, uint64_t limit)
 {
 	uint64_t n = 0;
 	for (const struct entry *e = db->buckets[b]; e; e = e->next) {
+		/* the entry's line and the allocator's page map line that
+		 * rk_usable_size reads are two cache misses: start both at once */
+		__builtin_prefetch(e);
 		const char *fault = entry_fault(db, e, b);
 		if (fault)
 			glue_check_failed(fault);
@@ -194,16 +217,28 @@ static void check_chain(const struct db *db, uint64_t b, uint64_t limit)
 	}
 }
 
+static double thread_cpu_ms(void)
+{
+	struct timespec ts;
+	return clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0 ? ts.tv_sec * 1e3 + ts.tv_nsec / 1e6 : 0;
+}
+
+/* True if a request checked bucket b ahead of the slices. */
+static bool request_checked_bucket(const struct db *db, uint64_t b)
+{
+	return request_checked && db->mask == request_checked_mask && (request_checked[b >> 6] >> (b & 63) & 1);
+}
+
 /* A request is about to walk bucket b, which the slices have not reached. */
 void glue_check_bucket(const struct db *db, uint64_t b)
 {
 	if (b < glue_unchecked || b > db->mask)
 		return;
-	bool known = request_checked && db->mask == request_checked_mask;
-	if (known && (request_checked[b >> 6] >> (b & 63) & 1))
+	__builtin_prefetch(&db->buckets[b]); /* a miss of its own, beside the bitmap's */
+	if (request_checked_bucket(db, b))
 		return; /* checked already; a change since went through a region of ours */
-	check_chain(db, b, request_chain_limit);
-	if (known)
+	check_chain(db, b, db->count < heap_blocks ? db->count + 1 : heap_blocks); /* chain_limit, no clock */
+	if (request_checked && db->mask == request_checked_mask)
 		request_checked[b >> 6] |= 1ull << (b & 63);
 }
 
@@ -216,31 +251,74 @@ void glue_check_ttl_entry(const struct entry *e)
 		glue_check_failed(fault);
 }
 
-/* Checks buckets until the clock passes deadline_ms (at least 256 of them).
- * Local checks only, so clients may change the table between two slices.
- * Bounded by time, not by buckets: right after a restart every entry is a
- * page fault. */
-static void verify_until(const struct db *db, double deadline_ms)
+/* How far ahead of the bucket being checked the slices prefetch a chain's
+ * first entry: each is a cache miss of its own, and the next ones' misses
+ * overlap it.  A prefetch of a corrupt pointer does not fault. */
+#define VERIFY_PREFETCH 16
+
+/* Checks buckets until the clock passes deadline_ms (at least 64 of them),
+ * skipping those a request checked.  Local checks only, so clients may
+ * change the table between two slices. */
+static void verify_until(const struct db *db, double deadline_ms, uint64_t limit)
 {
-	uint64_t b = glue_unchecked, limit = chain_limit(db);
-	for (; b <= db->mask && ((b & 255) || mono_ms() < deadline_ms || b == glue_unchecked); b++)
-		check_chain(db, b, limit);
+	uint64_t b = glue_unchecked;
+	for (; b <= db->mask && ((b & 63) || mono_ms() < deadline_ms || b == glue_unchecked); b++) {
+		if (b + VERIFY_PREFETCH <= db->mask) {
+			const char *ahead = (const char *)db->buckets[b + VERIFY_PREFETCH];
+			if (ahead) {
+				__builtin_prefetch(ahead);
+				__builtin_prefetch(ahead + offsetof(struct entry, data) - 1); /* the lengths */
+			}
+		}
+		if (!request_checked_bucket(db, b))
+			check_chain(db, b, limit);
+	}
 	glue_unchecked = b;
 	if (b > db->mask) {
 		glue_unchecked = UINT64_MAX;
 		free(request_checked);
 		request_checked = NULL;
-		rkv_log("verified", "\"keys\":%llu,\"verify_ms\":%.1f", (unsigned long long)db->count,
-			mono_ms() - verify_started_ms);
+		rkv_log("verified", "\"keys\":%llu,\"verify_ms\":%.1f,\"check_ms\":%.1f", (unsigned long long)db->count,
+			mono_ms() - verify_started_ms, verify_cpu_ms);
 	}
 }
 
-bool glue_verify_step(struct db *db, double budget_us)
+/* The check's pacing.  While clients are waiting: a slice of
+ * VERIFY_SLICE_US each time --recovery-check-cpu percent of the time since
+ * the last one adds up to it, so that the check takes that share of the
+ * CPU from requests (which check the chains they walk themselves).  When
+ * no client has sent anything for VERIFY_IDLE_AFTER_MS: short slices (a
+ * request may come at any moment).  A turn of the loop that finds nothing
+ * sooner is not idleness: a closed-loop client sends its next batch right
+ * after our reply, and slices there cost it 10-15% (measured at 5 M keys).
+ * Credit does not pile up while idle. */
+#define VERIFY_SLICE_US 100.0
+#define VERIFY_IDLE_US 20.0
+#define VERIFY_IDLE_AFTER_MS 2.0
+
+bool glue_verify_step(struct db *db, bool clients_waiting)
 {
+	static double credit_us, last_ms, last_request_ms;
 	if (glue_unchecked == UINT64_MAX || !db)
 		return false;
-	request_chain_limit = chain_limit(db); /* the count and the heap grow as clients write */
-	verify_until(db, mono_ms() + budget_us / 1000.0);
+	double now = mono_ms(), budget_us = VERIFY_IDLE_US;
+	if (clients_waiting)
+		last_request_ms = now;
+	bool busy = now - last_request_ms < VERIFY_IDLE_AFTER_MS;
+	if (busy) {
+		credit_us += last_ms > 0 ? (now - last_ms) * 10.0 * srv.cfg.recovery_check_cpu : 0;
+		credit_us = credit_us < 2 * VERIFY_SLICE_US ? credit_us : 2 * VERIFY_SLICE_US;
+		last_ms = now;
+		if (credit_us < VERIFY_SLICE_US)
+			return true;
+		budget_us = credit_us;
+	}
+	double cpu0 = thread_cpu_ms();
+	verify_until(db, now + budget_us / 1000.0, chain_limit(db));
+	double spent_ms = mono_ms() - now;
+	verify_cpu_ms += thread_cpu_ms() - cpu0;
+	credit_us = busy ? credit_us - spent_ms * 1000.0 : credit_us;
+	last_ms = mono_ms();
 	return glue_unchecked != UINT64_MAX;
 }
 
@@ -249,7 +327,7 @@ bool glue_verify_step(struct db *db, double budget_us)
 void glue_verify_all(struct db *db)
 {
 	if (glue_unchecked != UINT64_MAX && db)
-		verify_until(db, INFINITY);
+		verify_until(db, INFINITY, chain_limit(db));
 }
 
 void glue_publish(struct db *db) { rk_root_set(rkv_arena, "db", db); }
@@ -283,6 +361,65 @@ uint64_t glue_arena_bytes(void)
 
 const char *glue_oom_reply(void) { return "OOM out of memory: the keyspace arena is full (--arena-size)"; }
 
+/* Huge pages: after a warm restart the first touch of each 4 KiB page of
+ * the keyspace was a fault, 262,144 per GiB, and the client's first reads
+ * and the table's check paid them on the server's CPU (~85 ms a GiB, with
+ * the kernel's fault-around).  Kept in huge pages, the keyspace is mapped
+ * again with a fault per 2 MiB.  Two passes: one follows the heap's top and
+ * collapses each range as it is reached (cheap: it is nearly empty); the
+ * other goes over everything below slowly, from cron once the warm start's
+ * check is over, for ranges a free split since (a large free gives its
+ * pages back to the kernel), each a 4 ms copy. */
+static uint64_t huge_rescan_off; /* and the other one */
+static uint64_t huge_ranges;     /* 2 MiB ranges the top pass collapsed */
+static double huge_retry_ms;     /* none to be had: try again from then on */
+static char huge_refused[96];    /* why the kernel refused: no more tries */
+
+/* One call of rk_arena_hugepages; r < 0 is logged and acted on. */
+static int hugepages(uint64_t *offset)
+{
+	if (!srv.cfg.hugepages || huge_refused[0] || (huge_retry_ms > 0 && mono_ms() < huge_retry_ms))
+		return 0;
+	/* one range a call: a range the allocator filled before we saw it is a
+	 * 4 ms copy, and requests wait meanwhile */
+	int r = rk_arena_hugepages(rkv_arena, offset, 1);
+	if (r >= 0) {
+		huge_retry_ms = 0;
+		return r;
+	}
+	if (r == -ENOMEM || r == -EAGAIN || r == -EBUSY) {
+		if (huge_retry_ms == 0)
+			rkv_log("hugepages", "\"state\":\"waiting\",\"why\":%s,\"retry_ms\":1000", js(strerror(-r)));
+		huge_retry_ms = mono_ms() + 1000;
+		return 0;
+	}
+	snprintf(huge_refused, sizeof huge_refused, "refused by the kernel: %s", strerror(-r));
+	rkv_log("hugepages", "\"state\":\"off\",\"why\":%s", js(huge_refused));
+	return 0;
+}
+
+bool glue_hugepages_step(void)
+{
+	int r = hugepages(&huge_grow_off);
+	huge_ranges += (uint64_t)r;
+	return r > 0;
+}
+
+void glue_hugepages_rescan(void)
+{
+	if (glue_unchecked != UINT64_MAX)
+		return; /* not while the check runs: right after a warm restart */
+	if (hugepages(&huge_rescan_off) == 0 && huge_rescan_off >= huge_grow_off)
+		huge_rescan_off = 0; /* at the top (or waiting): from the start again */
+}
+
+const char *glue_hugepages_state(void)
+{
+	return !srv.cfg.hugepages ? "off" : huge_refused[0] ? huge_refused : huge_retry_ms > 0 ? "waiting" : "on";
+}
+
+uint64_t glue_hugepage_bytes(void) { return huge_ranges << 21; }
+
 #else /* RKV_PLAIN_MALLOC: the baseline, with no preserved state */
 
 int glue_init(int argc, char **argv, uint64_t arena_size)
@@ -296,9 +433,9 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 	*freed_objects = *freed_bytes = 0;
 	return NULL;
 }
-bool glue_verify_step(struct db *db, double budget_us)
+bool glue_verify_step(struct db *db, bool clients_waiting)
 {
-	(void)db, (void)budget_us;
+	(void)db, (void)clients_waiting;
 	return false;
 }
 uint64_t glue_unchecked = UINT64_MAX;
@@ -318,5 +455,9 @@ const char *glue_start_kind(void) { return "fresh"; }
 const char *glue_reason(void) { return "plain malloc build"; }
 uint64_t glue_arena_bytes(void) { return 0; }
 const char *glue_oom_reply(void) { return "OOM out of memory: malloc failed"; }
+bool glue_hugepages_step(void) { return false; }
+void glue_hugepages_rescan(void) {}
+const char *glue_hugepages_state(void) { return "off"; }
+uint64_t glue_hugepage_bytes(void) { return 0; }
 
 #endif

@@ -169,6 +169,9 @@ struct config {
 	int enable_debug;               /* 0 no, 1 yes, 2 local (loopback clients) */
 	uint64_t arena_size;
 	bool recovery_sweep;            /* mark and sweep before serving after a warm restart */
+	bool hugepages;                 /* collapse the keyspace arena into huge pages */
+	unsigned recovery_check_cpu;    /* percent of a busy CPU for the warm start's check */
+	bool prefault;                  /* warm start: fault the keyspace in from a thread */
 	unsigned maxclients;            /* lowered at start to fit the open file limit */
 };
 
@@ -233,7 +236,9 @@ int glue_init(int argc, char **argv, uint64_t arena_size);
  * returning; else return at once and let glue_verify_step check the table
  * in slices from the event loop. */
 struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_bytes);
-bool glue_verify_step(struct db *db, double budget_us); /* true: more to check */
+/* A slice of that check, paced to a small share of the CPU while clients
+ * are waiting (a larger one when none is); true: more to check. */
+bool glue_verify_step(struct db *db, bool clients_waiting);
 /* While that check is pending, buckets from glue_unchecked on (UINT64_MAX:
  * none) are not checked yet, and the chain of one may be corrupt: a cycle,
  * an entry longer than its block.  A request checks a bucket before it
@@ -254,6 +259,17 @@ unsigned glue_generation(void);
 void glue_ready(void);
 void glue_heartbeat(void);
 uint64_t glue_arena_bytes(void);
+/* With --hugepages yes: moves what the keyspace arena grew by into huge
+ * pages, one 2 MiB range a call (at once when there is nothing new);
+ * true: more to do. */
+bool glue_hugepages_step(void);
+/* From cron: one range of a slow pass over the whole keyspace, for ranges
+ * split since they were collapsed. */
+void glue_hugepages_rescan(void);
+/* For INFO: "on", "off" (--hugepages no), "waiting" or why the kernel
+ * refused; and the bytes the top pass collapsed in this incarnation. */
+const char *glue_hugepages_state(void);
+uint64_t glue_hugepage_bytes(void);
 /* The error reply when the keyspace cannot allocate (not maxmemory's). */
 const char *glue_oom_reply(void);
 

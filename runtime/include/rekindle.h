@@ -237,6 +237,18 @@ int rk_restart_cold(const char *reason);
 /* Fault in every preserved page now; with background=true in a detached
  * thread.  Returns 0 or -errno. */
 int rk_prefault(bool background);
+/* Moves arena memory into huge pages where the kernel allows it
+ * (MADV_COLLAPSE), so that a warm restart maps it again with one fault per
+ * 2 MiB instead of 512 and walks it with fewer TLB misses: the 2 MiB ranges
+ * from arena offset *offset to the one holding the heap's top, at most
+ * max_ranges of them; *offset moves past them (RK_HUGEPAGES_TOP: start
+ * from the top's range).  A caller that keeps its offset and calls often
+ * collapses each range as the heap reaches it, while it is cheap.  Returns
+ * the ranges collapsed (0: at the top), or -errno: EINVAL the kernel cannot
+ * (older than 6.1, no THP, shmem_enabled "deny"), ENOMEM or EAGAIN none to
+ * be had now (*offset stays). */
+#define RK_HUGEPAGES_TOP UINT64_MAX
+int rk_arena_hugepages(rk_arena *arena, uint64_t *offset, unsigned max_ranges);
 
 /* ---- supervision and correctness ---------------------------------------- */
 
