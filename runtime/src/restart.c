@@ -130,6 +130,8 @@ static void hand_over_fds(bool warm, bool hot_switch, uint32_t drop, bool on)
 		rk_fd_set_cloexec(rk_sup_fd(), !on);
 	if (rk_control_fd() >= 0)
 		rk_fd_set_cloexec(rk_control_fd(), !on);
+	if (rk_snapshot_fd() >= 0)
+		rk_fd_set_cloexec(rk_snapshot_fd(), !on);
 	if (!warm)
 		return;
 	for (unsigned i = 0; i < rk_g.narenas; i++) {

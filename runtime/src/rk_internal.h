@@ -796,6 +796,8 @@ _Static_assert(sizeof(struct rk_snap_dirty) == 56, "snapshot protocol layout");
 _Static_assert(sizeof(struct rk_snap_released) == 24, "snapshot protocol layout");
 _Static_assert(sizeof(struct rk_snap_region) == 80, "snapshot buffer layout");
 
+/* The snapshot socket, -1 if none: handed on at an in-place restart. */
+int rk_snapshot_fd(void) RK_HIDDEN;
 /* Starts the agent if $REKINDLE_SNAPSHOT_FD is set (end of rk_init). */
 void rk_snapshot_agent_start(void) RK_HIDDEN;
 /* The allocator punched [addr, addr + pages * RK_PAGE) out of an arena. */

@@ -576,7 +576,10 @@ void rk_snapshot_agent_start(void)
 	long fd = strtol(v, &end, 10);
 	if (*end || fd < 0 || fd > INT_MAX || fcntl((int)fd, F_GETFD) < 0)
 		return; /* not ours to talk on */
-	ag.sock = (int)fd; /* kept across in-place restarts, like the supervisor's socket */
+	/* kept across in-place restarts, like the supervisor's socket
+	 * (hand_over_fds), but not for the app's own children */
+	ag.sock = (int)fd;
+	rk_fd_set_cloexec(ag.sock, true);
 	/* a report the previous incarnation never answered is stale */
 	char drop[MSG_MAX];
 	while (recv(ag.sock, drop, sizeof drop, MSG_DONTWAIT) > 0)
@@ -661,4 +664,9 @@ int rk_checkpoint(void)
 	if (write(ag.request_efd, &one, sizeof one) == (ssize_t)sizeof one || errno == EAGAIN)
 		return 0; /* EAGAIN: the counter is full, a request is pending anyway */
 	return -errno;
+}
+
+int rk_snapshot_fd(void)
+{
+	return ag.sock;
 }

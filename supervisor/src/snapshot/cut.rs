@@ -47,8 +47,8 @@ pub enum Failure {
         err: std::io::Error,
     },
     Store(StoreError),
-    /// The agent restarted (a new incarnation) in the middle.
-    NewIncarnation,
+    /// The agent restarted (a new incarnation) in the middle: its HELLO.
+    NewIncarnation(Box<(agent_link::Hello, Vec<OwnedFd>)>),
 }
 
 impl Failure {
@@ -61,7 +61,7 @@ impl Failure {
             Failure::NoFd(_) => "no_fd",
             Failure::Read { .. } => "memfd_read",
             Failure::Store(e) => e.code(),
-            Failure::NewIncarnation => "new_incarnation",
+            Failure::NewIncarnation(_) => "new_incarnation",
         }
     }
     /// Worth trying again at the next interval (the store is fine).
@@ -88,7 +88,7 @@ impl std::fmt::Display for Failure {
             Failure::NoFd(n) => write!(f, "no memfd held for region {n}"),
             Failure::Read { region, err } => write!(f, "reading region {region}: {err}"),
             Failure::Store(e) => write!(f, "{e}"),
-            Failure::NewIncarnation => write!(f, "the app restarted during the snapshot"),
+            Failure::NewIncarnation(_) => write!(f, "the app restarted during the snapshot"),
         }
     }
 }
@@ -267,8 +267,10 @@ impl AgentLink {
                 continue;
             }
             match app_link::recv(self.sock_fd()) {
-                Ok(Recv::Msg { data, .. }) => match agent_link::parse(&data) {
-                    Ok(AgentMsg::Hello(_)) => return Err(Failure::NewIncarnation),
+                Ok(Recv::Msg { data, fds, .. }) => match agent_link::parse(&data) {
+                    Ok(AgentMsg::Hello(h)) => {
+                        return Err(Failure::NewIncarnation(Box::new((h, fds))));
+                    }
                     Ok(AgentMsg::Dirty(d)) if d.seq == seq => return Ok(AgentMsg::Dirty(d)),
                     Ok(AgentMsg::Released(r)) if r.seq == seq => return Ok(AgentMsg::Released(r)),
                     Ok(_) => continue, // an earlier snapshot's

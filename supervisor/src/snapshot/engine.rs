@@ -465,10 +465,26 @@ impl Engine {
                     });
                 }
                 self.failing_since = Some(code);
-                if matches!(f, Failure::NewIncarnation | Failure::AgentLost(_)) {
-                    self.agent = None;
+                let transient = f.transient();
+                match f {
+                    // the new incarnation's HELLO came while we waited for
+                    // the old one's answer: take it now
+                    Failure::NewIncarnation(b) => {
+                        if let Some(link) = self.agent.take() {
+                            let (h, fds) = *b;
+                            self.on_hello(h, fds, &link.sock);
+                        }
+                    }
+                    // keep the socket: the agent may answer later, or a new
+                    // incarnation's agent say HELLO on it
+                    Failure::AgentLost(_) => {
+                        if let Some(link) = self.agent.take() {
+                            self.sock = Some((link.pid as i32, link.sock));
+                        }
+                    }
+                    _ => {}
                 }
-                if !f.transient() {
+                if !transient {
                     // the store is broken: no point in trying every interval
                     self.next_due = self
                         .cfg
