@@ -60,7 +60,10 @@ def one_run(build, mb, permille, interval_ms, seconds, workdir):
         "seconds": seconds,
         "wall_s": round(wall, 2),
         "snapshots": len(delta),
-        "per_second": round(len(delta) / seconds, 1),
+        # after the first (full) one: the steady rate
+        "per_second": round(len(delta) / max(1e-3, (delta[-1]["t_ns"] - delta[0]["t_ns"]) / 1e9), 1)
+        if len(delta) > 1
+        else 0.0,
         "failed": len(failed),
         "failed_codes": sorted({e["code"] for e in failed}),
         "stop_us_median": statistics.median(stops) if stops else None,

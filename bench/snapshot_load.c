@@ -63,8 +63,8 @@ int main(int argc, char **argv)
 	char **chunks = calloc(nchunks, sizeof *chunks);
 	if (!chunks)
 		return 1;
-	rk_unsafe_begin(a);
 	for (size_t i = 0; i < nchunks; i++) {
+		rk_unsafe_begin(a); /* one region per MiB: a cut can come between */
 		chunks[i] = rk_alloc(a, CHUNK);
 		if (!chunks[i]) {
 			fprintf(stderr, "snapshot_load: rk_alloc: out of arena\n");
@@ -72,8 +72,8 @@ int main(int argc, char **argv)
 		}
 		for (size_t p = 0; p < CHUNK; p += PAGE) /* distinct, non-zero pages */
 			memcpy(chunks[i] + p, &(uint64_t){(i << 20 | p) + 1}, 8);
+		rk_unsafe_end(a);
 	}
-	rk_unsafe_end(a);
 	rk_ready();
 	printf("{\"load\":\"filled\",\"mb\":%ld}\n", mb);
 	fflush(stdout);

@@ -577,6 +577,10 @@ fn run(
             break;
         }
     }
+    // The cut gets the whole staging budget: what the rounds copied goes to
+    // the store now (a page written again is put again at the cut, and the
+    // writer keeps the last), so no flush runs while the app waits.
+    t.flush()?;
     let (freeze_ns, scan_ns, manifest) = report(link, t, plan, true, &mut c)?;
     // the app is frozen: release it
     let cut_copy_ns = c.first_dirty.map_or(0, |t| t.elapsed().as_nanos() as u64);
