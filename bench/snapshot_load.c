@@ -75,7 +75,10 @@ int main(int argc, char **argv)
 		rk_unsafe_end(a);
 	}
 	rk_ready();
-	printf("{\"load\":\"filled\",\"mb\":%ld}\n", mb);
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	printf("{\"load\":\"filled\",\"mb\":%ld,\"t_ns\":%llu}\n", mb,
+	       (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
 	fflush(stdout);
 
 	uint64_t seed = 0x9e3779b97f4a7c15ull, pages = nchunks * (CHUNK / PAGE);

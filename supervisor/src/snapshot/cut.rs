@@ -543,7 +543,7 @@ pub fn take(
     r
 }
 
-const MAX_ROUNDS: u32 = 4;
+const MAX_ROUNDS: u32 = 8;
 const SMALL_ROUND_PAGES: u64 = 4096;
 
 struct Counts {
@@ -568,14 +568,19 @@ fn run(
         cut: 0,
         punched: 0,
     };
-    // Rounds until the last one copied little (what the cut must then copy
-    // with the app frozen is what was written during that round).
+    // Rounds until the last one copied little: what the cut must copy with
+    // the app frozen is what was written during the last round.  A round
+    // that copied no less than the one before will not converge (the app
+    // writes as fast as we copy): the cut comes then, and takes longer.
+    let mut last = u64::MAX;
     for round in 1..=MAX_ROUNDS {
-        let before = c.precopy;
+        let before = c.precopy + t.whole_pages;
         report(link, t, plan, false, &mut c)?;
-        if round >= plan.precopy_rounds && c.precopy - before <= SMALL_ROUND_PAGES {
+        let copied = c.precopy + t.whole_pages - before;
+        if round >= plan.precopy_rounds && (copied <= SMALL_ROUND_PAGES || copied >= last) {
             break;
         }
+        last = copied;
     }
     // The cut gets the whole staging budget: what the rounds copied goes to
     // the store now (a page written again is put again at the cut, and the
