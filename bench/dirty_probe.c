@@ -8,8 +8,8 @@
  *
  *   dirty_probe [--mb N] [--dirty-permille P] [--rounds R]
  *
- * The uapi constants are written here because Debian 12's kernel headers
- * (6.1) predate PAGEMAP_SCAN and UFFD_FEATURE_WP_ASYNC (both Linux 6.7). */
+ * The uapi constants come from runtime/src/uffd_uapi.h: Debian 12's kernel
+ * headers (6.1) predate PAGEMAP_SCAN and UFFD_FEATURE_WP_ASYNC (Linux 6.7). */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
@@ -23,27 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifndef UFFD_FEATURE_WP_UNPOPULATED
-#define UFFD_FEATURE_WP_UNPOPULATED (1 << 13)
-#endif
-#ifndef UFFD_FEATURE_WP_ASYNC
-#define UFFD_FEATURE_WP_ASYNC (1 << 15)
-#endif
-#ifndef UFFD_USER_MODE_ONLY
-#define UFFD_USER_MODE_ONLY 1
-#endif
-
-struct page_region {
-	uint64_t start, end, categories;
-};
-struct pm_scan_arg {
-	uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
-	uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
-};
-#define PAGEMAP_SCAN _IOWR('f', 16, struct pm_scan_arg)
-#define PM_SCAN_WP_MATCHING (1 << 0)
-#define PM_SCAN_CHECK_WPASYNC (1 << 1)
-#define PAGE_IS_WRITTEN (1 << 1)
+#include "../runtime/src/uffd_uapi.h" /* the 6.7 uapi Debian 12's headers lack */
 
 #define PAGE 4096ull
 

@@ -3,8 +3,25 @@ use clap::Parser;
 use rekindle::cli::{self, Cli, Command};
 use rekindle::{client, supervisor};
 
-fn snapshot_source(s: &str) -> rekindle::snapshot::restore::Source {
-    rekindle::snapshot::restore::Source::parse(s)
+/// `rekindle run`, or `rekindle restore` with the snapshot to start from:
+/// runs the supervisor in the foreground; bad arguments exit 2, a
+/// supervisor that cannot start exits 1.
+fn supervise(args: cli::RunArgs, restore: Option<rekindle::snapshot::restore::Source>) -> ! {
+    let mut cfg = match cli::Config::from_args(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rekindle: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    cfg.restore = restore;
+    match supervisor::Supervisor::new(cfg) {
+        Ok(s) => std::process::exit(s.run()),
+        Err(e) => {
+            eprintln!("rekindle: {e:#}");
+            std::process::exit(1);
+        }
+    }
 }
 
 fn main() {
@@ -19,37 +36,10 @@ fn main() {
         },
     };
     let r = match cli.cmd {
-        Command::Run(args) => match cli::Config::from_args(*args) {
-            Ok(cfg) => match supervisor::Supervisor::new(cfg) {
-                Ok(s) => Ok(s.run()),
-                Err(e) => {
-                    eprintln!("rekindle: {e:#}");
-                    std::process::exit(1);
-                }
-            },
-            Err(e) => {
-                eprintln!("rekindle: {e:#}");
-                std::process::exit(2);
-            }
-        },
+        Command::Run(args) => supervise(*args, None),
         Command::Restore(args) => {
-            let from = snapshot_source(&args.from);
-            match cli::Config::from_args(args.run) {
-                Ok(mut cfg) => {
-                    cfg.restore = Some(from);
-                    match supervisor::Supervisor::new(cfg) {
-                        Ok(s) => Ok(s.run()),
-                        Err(e) => {
-                            eprintln!("rekindle: {e:#}");
-                            std::process::exit(1);
-                        }
-                    }
-                }
-                Err(e) => {
-                    eprintln!("rekindle: {e:#}");
-                    std::process::exit(2);
-                }
-            }
+            let from = rekindle::snapshot::restore::Source::parse(&args.from);
+            supervise(args.run, Some(from))
         }
         Command::Status { name, json } => client::status(name.as_deref(), json),
         Command::Ps { json } => client::ps(json),
