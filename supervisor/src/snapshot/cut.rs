@@ -33,8 +33,10 @@ pub enum Failure {
         status: SnapStatus,
         err: i32,
     },
-    /// The agent did not answer in time, or its socket is gone.
+    /// The agent did not answer in time, or its socket failed.
     AgentLost(String),
+    /// The app closed its end: it is gone (an exit, a kill).
+    AgentGone,
     /// The agent's report broke the protocol.
     BadReport(String),
     /// The preserved set changed between two reports of one snapshot.
@@ -56,6 +58,7 @@ impl Failure {
         match self {
             Failure::Agent { status, .. } => status.name(),
             Failure::AgentLost(_) => "agent_lost",
+            Failure::AgentGone => "app_gone",
             Failure::BadReport(_) => "bad_report",
             Failure::LayoutChanged => "layout_changed",
             Failure::NoFd(_) => "no_fd",
@@ -81,6 +84,7 @@ impl std::fmt::Display for Failure {
                 Ok(())
             }
             Failure::AgentLost(w) => write!(f, "the app's agent did not answer: {w}"),
+            Failure::AgentGone => write!(f, "the app is gone"),
             Failure::BadReport(w) => write!(f, "malformed report from the app's agent: {w}"),
             Failure::LayoutChanged => {
                 write!(f, "the preserved regions changed during the snapshot")
@@ -277,7 +281,7 @@ impl AgentLink {
                     Err(e) => return Err(Failure::BadReport(e.to_string())),
                 },
                 Ok(Recv::WouldBlock) => continue,
-                Ok(Recv::Empty) => return Err(Failure::AgentLost("socket closed".into())),
+                Ok(Recv::Empty) => return Err(Failure::AgentGone),
                 Err(e) => return Err(Failure::AgentLost(e.to_string())),
             }
         }

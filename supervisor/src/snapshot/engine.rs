@@ -449,6 +449,12 @@ impl Engine {
             {
                 self.next_due = Some(Instant::now() + HELD_RETRY);
             }
+            // the app exited or was killed mid-snapshot: its death is the
+            // supervisor's to report, not a snapshot failure
+            Err(Failure::AgentGone) if waiting.is_empty() => {
+                self.agent = None;
+                self.sock = None;
+            }
             Err(f) => {
                 let code = f.code();
                 for (client, _) in &waiting {
@@ -481,6 +487,10 @@ impl Engine {
                         if let Some(link) = self.agent.take() {
                             self.sock = Some((link.pid as i32, link.sock));
                         }
+                    }
+                    Failure::AgentGone => {
+                        self.agent = None;
+                        self.sock = None;
                     }
                     _ => {}
                 }
