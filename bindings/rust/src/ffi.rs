@@ -106,6 +106,10 @@ unsafe extern "C" {
     pub fn rk_is_supervised() -> bool;
     pub fn rk_heartbeat();
     pub fn rk_heartbeat_interval_ms() -> c_int;
+    pub fn rk_epoch() -> u64;
+    pub fn rk_durable_epoch() -> u64;
+    pub fn rk_durable_fd() -> c_int;
+    pub fn rk_checkpoint() -> c_int;
     pub fn rk_ready() -> c_int;
     pub fn rk_unsafe_begin(arena: *mut rk_arena);
     pub fn rk_unsafe_end(arena: *mut rk_arena);

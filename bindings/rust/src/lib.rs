@@ -76,9 +76,9 @@ mod vec;
 pub use arena::{Arena, ArenaFlags, ArenaStats, Region, View};
 pub use error::{Error, Result};
 pub use lifecycle::{
-    Options, Recovery, Start, StartKind, SweepStats, abort_on_panic, heartbeat, heartbeat_interval,
-    init, is_initialized, is_recovery, is_supervised, prefault, ready, restart, restart_cold,
-    set_warm_allowed,
+    Options, Recovery, Start, StartKind, SweepStats, abort_on_panic, checkpoint, durable_epoch,
+    durable_fd, epoch, heartbeat, heartbeat_interval, init, is_initialized, is_recovery,
+    is_supervised, prefault, ready, restart, restart_cold, set_warm_allowed,
 };
 pub use preserved::{Preservable, Preserved};
 pub use vec::PVec;

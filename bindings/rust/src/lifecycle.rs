@@ -430,6 +430,39 @@ pub fn heartbeat_interval() -> Option<std::time::Duration> {
     u64::try_from(ms).ok().map(std::time::Duration::from_millis)
 }
 
+/// Durable snapshots (`rekindle run --snapshot-dir`): the number of this
+/// process's next snapshot cut. A write made in a [`Region`](crate::Region)
+/// that has ended is in that cut or an earlier one: hold a reply that
+/// depends on it until [`durable_epoch`] reaches this value. 0 without
+/// snapshots.
+pub fn epoch() -> u64 {
+    // SAFETY: an atomic load, 0 when snapshots are off.
+    unsafe { ffi::rk_epoch() }
+}
+
+/// The newest cut whose snapshot is on disk (synced). 0 without snapshots.
+pub fn durable_epoch() -> u64 {
+    // SAFETY: as above.
+    unsafe { ffi::rk_durable_epoch() }
+}
+
+/// An eventfd that becomes readable when [`durable_epoch`] advances (read
+/// 8 bytes to clear it); `None` without snapshots.
+pub fn durable_fd() -> Option<std::os::fd::BorrowedFd<'static>> {
+    // SAFETY: the runtime owns the eventfd for the life of the process.
+    let fd = unsafe { ffi::rk_durable_fd() };
+    // SAFETY: a valid fd that stays open (never closed by the runtime).
+    (fd >= 0).then(|| unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+}
+
+/// Asks for a snapshot as soon as possible and returns at once; requests
+/// made while one is being taken share the next (group commit). An
+/// [`Error::Os`] with `ENOTSUP` without snapshots: nothing would be durable.
+pub fn checkpoint() -> Result<()> {
+    // SAFETY: writes to the runtime's eventfd, or returns -ENOTSUP.
+    check("rk_checkpoint", unsafe { ffi::rk_checkpoint() }).map(|_| ())
+}
+
 /// Tells the supervisor that the app serves again (after recovery); it
 /// times restarts up to this point.
 pub fn ready() -> Result<()> {

@@ -157,6 +157,17 @@ fn fresh(c: &mut Checks, start: &rekindle::Start, arena: Arena) {
         start.kind == StartKind::Fresh && start.recovery.is_none(),
         start,
     );
+    // not under `rekindle run --snapshot-dir`: the durability calls say so
+    let cp = rekindle::checkpoint();
+    c.check(
+        "no_snapshots_no_durability",
+        rekindle::epoch() == 0
+            && rekindle::durable_epoch() == 0
+            && rekindle::durable_fd().is_none()
+            && cp.as_ref().err().and_then(Error::raw_os_error) == Some(95), // ENOTSUP on Linux
+        &cp,
+    );
+    c.check("not_restored", start.snapshot.is_none(), start);
     c.check("new_arena_is_not_preserved", !arena.preserved(), arena);
     let same = Arena::open("api", 64 << 20);
     c.check(
