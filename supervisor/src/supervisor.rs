@@ -153,9 +153,9 @@ pub struct Supervisor {
     /// `rekindle rollback`: the memfds made from the snapshot, for the next
     /// incarnation once the running one (killed for it) is gone.
     rollback: Option<snapshots::Rollback>,
-    /// `rekindle restore`: (DIR@ID, the id, bytes restored) of the snapshot
-    /// the held fds were made from, until the first spawn.
-    restored: Option<(String, String, u64)>,
+    /// `rekindle restore`: the snapshot the held fds were made from (its
+    /// fds already held), until the first spawn.
+    restored: Option<snapshots::Rollback>,
     /// Continuous snapshots since the last `snapshot` event, and its time.
     snapshots_since_event: u64,
     snapshot_event_ns: u64,
@@ -258,16 +258,9 @@ impl Supervisor {
                         e.code()
                     )
                 })?;
-                held = r
-                    .fds
-                    .into_iter()
-                    .map(|(kind, name, fd)| Held { kind, name, fd })
-                    .collect();
-                Some((
-                    crate::snapshot::restore::describe(&src.dir, &r.info),
-                    r.info.id.as_str().to_string(),
-                    r.bytes,
-                ))
+                let mut rb = snapshots::Rollback::new(&src.dir, r);
+                held = std::mem::take(&mut rb.fds);
+                Some(rb)
             }
             None => None,
         };
@@ -414,27 +407,15 @@ impl Supervisor {
             });
             let dropped = self.apply_decision(&d);
             let restored = self.restored.take().filter(|_| mode == Mode::Warm);
-            if let Some((what, id, bytes)) = &restored {
+            if let Some(rb) = restored {
                 self.report.event(
                     ev("restore")
-                        .s("snapshot", what.as_str())
-                        .s("id", id.as_str())
-                        .u("bytes", *bytes),
+                        .s("snapshot", rb.what.as_str())
+                        .s("id", rb.id.as_str())
+                        .u("bytes", rb.bytes),
                 );
-            }
-            if let Some((what, id, _)) = restored {
-                Plan {
-                    mode: StartKind::Warm,
-                    generation: 1,
-                    signal: 0,
-                    t_detect_ns: now_ns(),
-                    reason: id,
-                    decision: format!("restored from snapshot {what}"),
-                    decision_code: Reason::Restored,
-                    backoff_ms: 0,
-                    dropped,
-                    restored: true,
-                }
+                let decision = format!("restored from snapshot {}", rb.what);
+                self.restored_plan(rb.id, decision, 0, now_ns(), dropped)
             } else {
                 Plan {
                     mode: if mode == Mode::Warm {

@@ -25,9 +25,27 @@ use crate::snapshot::restore::{self, Source};
 /// A rollback under way: the snapshot's memfds, waiting for the running
 /// incarnation to be gone.
 pub(super) struct Rollback {
+    /// "DIR@ID", for events and decisions.
     pub(super) what: String,
-    id: String,
-    fds: Vec<Held>,
+    pub(super) id: String,
+    /// Bytes of page data read back.
+    pub(super) bytes: u64,
+    pub(super) fds: Vec<Held>,
+}
+
+impl Rollback {
+    pub(super) fn new(dir: &std::path::Path, r: restore::Restored) -> Rollback {
+        Rollback {
+            what: restore::describe(dir, &r.info),
+            id: r.info.id.as_str().to_string(),
+            bytes: r.bytes,
+            fds: r
+                .fds
+                .into_iter()
+                .map(|(kind, name, fd)| Held { kind, name, fd })
+                .collect(),
+        }
+    }
 }
 
 /// Continuous snapshots are told as an event at most this often (the
@@ -78,24 +96,16 @@ impl Supervisor {
                 return json!({"ok": false, "code": e.code(), "error": e.to_string()});
             }
         };
-        let what = restore::describe(&src.dir, &r.info);
-        let id = r.info.id.as_str().to_string();
+        let rb = Rollback::new(&src.dir, r);
+        let id = rb.id.clone();
         self.report.event(
             ev("rollback")
-                .s("snapshot", what.as_str())
+                .s("snapshot", rb.what.as_str())
                 .s("id", id.as_str())
-                .u("bytes", r.bytes)
+                .u("bytes", rb.bytes)
                 .i("killing", pid as i64),
         );
-        self.rollback = Some(Rollback {
-            what,
-            id: id.clone(),
-            fds: r
-                .fds
-                .into_iter()
-                .map(|(kind, name, fd)| Held { kind, name, fd })
-                .collect(),
-        });
+        self.rollback = Some(rb);
         send_signal(pid, libc::SIGKILL);
         send_signal(-pid, libc::SIGKILL);
         json!({"ok": true, "id": id, "pid": pid})
@@ -141,15 +151,7 @@ impl Supervisor {
             spec: id,
         };
         match restore::materialize(&src) {
-            Ok(r) => Some(Rollback {
-                what: restore::describe(&src.dir, &r.info),
-                id: r.info.id.as_str().to_string(),
-                fds: r
-                    .fds
-                    .into_iter()
-                    .map(|(kind, name, fd)| Held { kind, name, fd })
-                    .collect(),
-            }),
+            Ok(r) => Some(Rollback::new(&src.dir, r)),
             Err(e) => {
                 self.report.event(fail(&e, e.code()));
                 None
@@ -160,24 +162,37 @@ impl Supervisor {
     /// The plan that starts the next incarnation from a snapshot's memfds.
     pub(super) fn plan_restored(
         &mut self,
-        rb: Rollback,
+        mut rb: Rollback,
         now: u64,
         decision: String,
         signal: i32,
     ) -> Plan {
-        self.held = rb.fds;
+        self.held = std::mem::take(&mut rb.fds);
         self.sort_held();
         self.snapshot_held();
+        self.restored_plan(rb.id, decision, signal, now, 0)
+    }
+
+    /// A warm start from a snapshot whose memfds are held now: `id` goes to
+    /// the app as INHERIT's reason (rk_restart_info.snapshot).
+    pub(super) fn restored_plan(
+        &self,
+        id: String,
+        decision: String,
+        signal: i32,
+        now: u64,
+        dropped: u32,
+    ) -> Plan {
         Plan {
             mode: StartKind::Warm,
             generation: self.generation.wrapping_add(1),
             signal,
             t_detect_ns: now,
-            reason: rb.id,
+            reason: id,
             decision,
             decision_code: Reason::Restored,
             backoff_ms: 0,
-            dropped: 0,
+            dropped,
             restored: true,
         }
     }
