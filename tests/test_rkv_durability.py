@@ -8,6 +8,7 @@ import subprocess
 import threading
 import time
 
+import pytest
 import redis
 from rkv_harness import RKV, Rkv
 from supervisor_harness import free_port
@@ -154,3 +155,34 @@ def test_durability_modes_need_snapshots_and_a_valid_name(tmp_path):
         [str(RKV), "--durability", "always"], capture_output=True, text=True, timeout=20, check=False
     )
     assert p.returncode == 1 and "bad --durability 'always'" in p.stderr
+
+
+def test_a_crash_inside_a_mutation_restores_the_newest_snapshot_not_cold(tmp_path):
+    """A crash inside an unsafe region would restart cold and drop the
+    keyspace; with a store, the runtime leaves the restart to the
+    supervisor, which starts rkv from the newest snapshot: with sync, every
+    acknowledged write is there, and the half-done SET is not."""
+    store = tmp_path / "store"
+    r = Rkv(
+        tmp_path / "a", "--durability", "sync", "--enable-debug", "yes", supervised=True,
+        sup=("run", "--snapshot-dir", str(store), "--snapshot-interval", "0", "--crashloop-window", "0"),
+    )  # fmt: skip
+    try:
+        c = r.client()
+        for i in range(300):
+            c.set(f"k{i}", i)
+        with pytest.raises(redis.ConnectionError):
+            c.execute_command("DEBUG", "CRASH-IN-MUTATION", "half-linked")
+        ready = r.wait_log("ready", count=2)
+        assert ready["start"] == "warm" and ready["keys"] == 300
+        handed = [e for e in r.runtime_events("restart") if e.get("mode") == "snapshot"]
+        assert handed and handed[-1]["code"] == "unsafe_region_open"
+        cold = r.supervisor_events("cold_restore")
+        assert not cold or cold[-1].get("result") != "failed", cold
+        decision = [e for e in r.supervisor_events("decision") if e.get("code") == "restored"]
+        assert decision and "unsafe" in decision[-1]["reason"], r.supervisor_events("decision")
+        c = r.wait_serving()
+        assert [c.get(f"k{i}") for i in (0, 150, 299)] == [b"0", b"150", b"299"]
+        assert c.get("half-linked") is None and c.dbsize() == 300
+    finally:
+        r.close()

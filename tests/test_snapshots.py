@@ -390,3 +390,39 @@ def test_no_acknowledged_write_is_lost_when_the_stack_dies(tmp_path):
     finally:
         back.send_signal(signal.SIGTERM)
         back.wait(timeout=20)
+
+
+def test_run_starts_from_the_newest_snapshot_of_its_store(tmp_path):
+    """After a reboot the same `rekindle run --snapshot-dir DIR` brings the
+    app back from its store (--start-from newest, the default); --start-from
+    empty starts without it; a store that cannot be read is refused, not
+    replaced by an empty start."""
+    store = tmp_path / "store"
+    r = snapshotting(tmp_path / "a", store)
+    r.client().set("k", "before the reboot")
+    checkpoint(r)
+    kill_stack(r)
+
+    again = snapshotting(tmp_path / "b", store)
+    try:
+        assert again.wait_log("ready")["start"] == "warm"
+        assert again.client().get("k") == b"before the reboot"
+        ev = again.supervisor_events("restore")[-1]
+        assert "starting from the newest" in ev["why"]
+    finally:
+        again.close()
+
+    empty = snapshotting(tmp_path / "c", store, "--start-from", "empty")
+    try:
+        assert empty.wait_log("ready")["start"] == "fresh"
+        assert empty.client().get("k") is None
+    finally:
+        empty.close()
+
+    (store / "FORMAT").write_text("not a rekindle store\n")
+    p = subprocess.run(
+        [str(REKINDLE), "run", "--snapshot-dir", str(store), "--", "true"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert p.returncode == 1
+    assert "cannot read the snapshot store" in p.stderr and "refusing to start" in p.stderr

@@ -385,6 +385,38 @@ static void manifest_switch_arena(bool on)
 	}
 }
 
+/* A cold restart the supervisor makes from the newest snapshot instead
+ * (rk_reason_restorable): die, with the fault's own signal if there is one,
+ * leaving the evidence (the open region) in the control block for it. */
+static void leave_to_supervisor(const char *reason, const char *decision, enum rk_reason code, int sig,
+				uint64_t age_ms) __attribute__((noreturn));
+static void leave_to_supervisor(const char *reason, const char *decision, enum rk_reason code, int sig,
+				uint64_t age_ms)
+{
+	struct rk_ev e;
+	rk_ev_begin(&e, "restart");
+	rk_ev_str(&e, "mode", "snapshot");
+	rk_ev_str(&e, "reason", reason);
+	rk_ev_str(&e, "decision", decision);
+	rk_ev_str(&e, "code", rk_reason_name(code));
+	rk_ev_str(&e, "action", "exit: the supervisor restarts from the newest snapshot instead of cold");
+	if (sig)
+		rk_ev_str(&e, "signal", rk_signame(sig));
+	rk_ev_u64(&e, "generation", rk_g.info.generation);
+	rk_ev_u64(&e, "uptime_ms", age_ms);
+	rk_ev_end(&e);
+	int die = sig ? sig : SIGKILL;
+	struct sigaction dfl = {.sa_handler = SIG_DFL};
+	sigaction(die, &dfl, NULL);
+	sigset_t one;
+	sigemptyset(&one);
+	sigaddset(&one, die);
+	pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+	(void)syscall(SYS_tgkill, getpid(), (pid_t)syscall(SYS_gettid), die);
+	kill(getpid(), SIGKILL); /* a signal that did not kill (ignored SIGABRT?) */
+	_exit(128 + die);
+}
+
 /* hot_switch: a cross-check found the preserved state wrong;
  * not a failure of the app, so no crash-loop count, and whatever was open in
  * the replaced arena does not matter (it is discarded). */
@@ -465,6 +497,8 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 	}
 	word_decision(&v, &f, hot_switch ? reason : NULL, sig, si, uc, age_ms, decision, sizeof decision);
 	bool warm = v.warm;
+	if (!warm && !hot_switch && rk_snapshot_active() && rk_reason_restorable(v.code))
+		leave_to_supervisor(reason, decision, v.code, sig, age_ms);
 	uint32_t drop = warm ? v.drop : 0;
 	if (!warm)
 		rk_control_repair(); /* the decision is made: no evidence is needed now */

@@ -798,6 +798,21 @@ _Static_assert(sizeof(struct rk_snap_region) == 80, "snapshot buffer layout");
 
 /* The snapshot socket, -1 if none: handed on at an in-place restart. */
 int rk_snapshot_fd(void) RK_HIDDEN;
+/* The agent runs: the supervisor takes snapshots of this process. */
+bool rk_snapshot_active(void) RK_HIDDEN;
+/* A cold decision for one of these reasons is left to the supervisor when
+ * the app takes snapshots: the process dies instead of exec'ing itself cold,
+ * and the supervisor, which reads the same evidence in the control block,
+ * starts the next incarnation from the newest snapshot instead of from
+ * nothing (the cut was taken with no unsafe region open, so it is
+ * consistent, and the change cut short is not in it).  Other cold reasons
+ * are the app's or the operator's choice, or evidence the supervisor does
+ * not see.  The supervisor's Reason::restorable is the same set
+ * (supervisor/tests/layout.rs). */
+static inline bool rk_reason_restorable(enum rk_reason r)
+{
+	return r == RK_REASON_UNSAFE_REGION_OPEN || r == RK_REASON_CONTROL_BLOCK_CORRUPT;
+}
 /* Starts the agent if $REKINDLE_SNAPSHOT_FD is set (end of rk_init). */
 void rk_snapshot_agent_start(void) RK_HIDDEN;
 /* The allocator punched [addr, addr + pages * RK_PAGE) out of an arena. */

@@ -666,6 +666,8 @@ int rk_checkpoint(void)
 	return -errno;
 }
 
+bool rk_snapshot_active(void) { return atomic_load_explicit(&punch_buf, memory_order_acquire) != NULL; }
+
 int rk_snapshot_fd(void)
 {
 	return ag.sock;

@@ -246,6 +246,20 @@ pub struct RunArgs {
     )]
     pub snapshot_events: SnapshotEvents,
 
+    /// With --snapshot-dir, what the first incarnation starts from: the
+    /// newest snapshot in the store if it holds one (newest: after a reboot
+    /// the app comes back with its state; a store that cannot be read is
+    /// an error, not an empty start), or nothing (empty).  `rekindle
+    /// restore --from DIR@ID` starts from a chosen one.
+    #[arg(
+        long,
+        value_name = "WHAT",
+        value_enum,
+        default_value = "newest",
+        requires = "snapshot_dir"
+    )]
+    pub start_from: StartFrom,
+
     /// The program to supervise and its arguments (after `--`).  Once
     /// PROGRAM is found, everything after it is its argument; before it, a
     /// word that starts with '-' is an option of ours (unknown ones are a
@@ -275,8 +289,17 @@ pub struct Config {
     pub metrics: Option<String>,
     pub restart_signal: i32,
     pub snapshots: Option<SnapshotConfig>,
-    /// `rekindle restore --from`.
+    /// `rekindle restore --from`, or the store's newest (`--start-from`).
     pub restore: Option<crate::snapshot::restore::Source>,
+    /// Why the first incarnation starts from `restore` (the restore event).
+    pub restore_why: &'static str,
+    pub start_from: StartFrom,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StartFrom {
+    Newest,
+    Empty,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -345,6 +368,8 @@ impl Config {
                 memory: a.snapshot_memory.max(1 << 20) as usize,
             }),
             restore: None,
+            restore_why: "",
+            start_from: a.start_from,
         })
     }
 }

@@ -14,11 +14,48 @@ fn supervise(args: cli::RunArgs, restore: Option<rekindle::snapshot::restore::So
             std::process::exit(2);
         }
     };
-    cfg.restore = restore;
+    cfg.restore_why = "rekindle restore --from";
+    cfg.restore = match restore {
+        Some(r) => Some(r),
+        None => start_from_store(&mut cfg),
+    };
     match supervisor::Supervisor::new(cfg) {
         Ok(s) => std::process::exit(s.run()),
         Err(e) => {
             eprintln!("rekindle: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// `run --snapshot-dir DIR` with `--start-from newest`: the store's newest
+/// snapshot, or None when there is no store or it holds none yet.  A store
+/// that cannot be read exits 1: starting empty would hide the state it holds.
+fn start_from_store(cfg: &mut cli::Config) -> Option<rekindle::snapshot::restore::Source> {
+    let sc = cfg.snapshots.as_ref()?;
+    if cfg.start_from == cli::StartFrom::Empty {
+        return None;
+    }
+    let is_empty_dir = |d: &std::path::Path| d.read_dir().map(|mut r| r.next().is_none());
+    if !sc.dir.exists() || is_empty_dir(&sc.dir).unwrap_or(false) {
+        return None; // the first run: the store begins now
+    }
+    match rekindle::store::Store::open(&sc.dir).and_then(|s| s.latest()) {
+        Ok(None) => None,
+        Ok(Some(_)) => {
+            cfg.restore_why = "the store holds snapshots: starting from the newest (--start-from newest)";
+            Some(rekindle::snapshot::restore::Source {
+                dir: sc.dir.clone(),
+                spec: String::new(),
+            })
+        }
+        Err(e) => {
+            eprintln!(
+                "rekindle: cannot read the snapshot store {}: {e} ({}); refusing to start so that its \
+                 state is not replaced (--start-from empty starts without it)",
+                sc.dir.display(),
+                e.code()
+            );
             std::process::exit(1);
         }
     }

@@ -65,6 +65,18 @@ impl Reason {
             .unwrap_or(Reason::None)
     }
 
+    /// A cold decision for this reason starts from the store's newest
+    /// snapshot instead, when the app takes snapshots: the cut was taken
+    /// with no unsafe region open, so it is consistent, and the change cut
+    /// short is not in it.  Both are read in the control block, so the
+    /// runtime leaves such a restart to us (it dies instead of exec'ing
+    /// itself cold).  Other cold reasons are the app's or the operator's
+    /// choice, or evidence only the runtime sees.  The runtime's
+    /// `rk_reason_restorable` is the same set (tests/layout.rs).
+    pub fn restorable(self) -> bool {
+        matches!(self, Reason::UnsafeRegionOpen | Reason::ControlBlockCorrupt)
+    }
+
     /// The stable name, as `rk_reason_name()` gives it.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -412,7 +412,8 @@ impl Supervisor {
                     ev("restore")
                         .s("snapshot", rb.what.as_str())
                         .s("id", rb.id.as_str())
-                        .u("bytes", rb.bytes),
+                        .u("bytes", rb.bytes)
+                        .s("why", self.cfg.restore_why),
                 );
                 let decision = format!("restored from snapshot {}", rb.what);
                 self.restored_plan(rb.id, decision, 0, now_ns(), dropped)

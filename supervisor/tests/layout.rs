@@ -234,11 +234,16 @@ fn reason_codes_and_names_match_the_c_header() {
         .filter(|l| l.starts_with("REASON_") && !l.starts_with("REASON_COUNT"))
     {
         let f: Vec<&str> = line.split(' ').collect();
-        assert_eq!(f.len(), 3, "{line}");
+        assert_eq!(f.len(), 4, "{line}");
         let n: u32 = f[1].parse().unwrap_or(u32::MAX);
         let r = Reason::from_code(n);
         assert_eq!(r.code(), n, "C reason {n} ({}) unknown to Rust", f[2]);
         assert_eq!(r.as_str(), f[2], "reason {n}");
+        assert_eq!(
+            r.restorable(),
+            f[3] == "1",
+            "reason {n}: rk_reason_restorable and Reason::restorable disagree"
+        );
         seen += 1;
     }
     assert_eq!(

@@ -249,13 +249,26 @@ impl Supervisor {
             cold_requested,
         };
         let d = decide::decide(&facts);
-        // a crash loop with a store: the state from before the loop, not none
-        if d.code == Reason::CrashLoop
-            && let Some(rb) =
-                self.crashloop_snapshot(std::time::SystemTime::now() - Duration::from_nanos(uptime))
+        // A cold restart with a store: the state of a snapshot, not none.
+        // A crash loop takes the newest from before the loop began; another
+        // restorable cold reason the newest (consistent: cut with no
+        // unsafe region open).
+        let pick = if d.code == Reason::CrashLoop {
+            Some((
+                std::time::SystemTime::now() - Duration::from_nanos(uptime),
+                "crash_loop_restore",
+                "taken before the loop began",
+            ))
+        } else if d.mode == Mode::Cold && d.code.restorable() {
+            Some((std::time::SystemTime::now(), "cold_restore", "the newest"))
+        } else {
+            None
+        };
+        if let Some((before, event, which)) = pick
+            && let Some(rb) = self.snapshot_before(before, event)
         {
             let why = format!(
-                "{}; restored snapshot {} taken before the loop began instead of dropping the state",
+                "{}; restored snapshot {} ({which}) instead of dropping the state",
                 d.why, rb.what
             );
             self.report.record(Record::Decision {

@@ -111,11 +111,16 @@ impl Supervisor {
         json!({"ok": true, "id": id, "pid": pid})
     }
 
-    /// A crash loop would go cold: with a store, the newest snapshot taken
-    /// before `began` (when the looping incarnation started) read into new
-    /// memfds instead, or None (no store, no such snapshot, or it does not
-    /// read back: said in an event) and the restart goes cold as before.
-    pub(super) fn crashloop_snapshot(&mut self, began: std::time::SystemTime) -> Option<Rollback> {
+    /// A restart would go cold: with a store, the newest snapshot taken
+    /// before `began` (for a crash loop, when the looping incarnation
+    /// started) read into new memfds instead, or None (no store, no such
+    /// snapshot, or it does not read back: said in an `event` event) and
+    /// the restart goes cold as before.
+    pub(super) fn snapshot_before(
+        &mut self,
+        began: std::time::SystemTime,
+        event: &'static str,
+    ) -> Option<Rollback> {
         let sc = self.cfg.snapshots.as_ref()?;
         let pick = crate::store::Store::open(&sc.dir).and_then(|st| {
             Ok(st
@@ -126,7 +131,7 @@ impl Supervisor {
                 .map(|i| i.id.as_str().to_string()))
         });
         let fail = |e: &dyn std::fmt::Display, code: &str| {
-            ev("crash_loop_restore")
+            ev(event)
                 .s("result", "failed")
                 .s("code", code)
                 .s("error", e.to_string())
@@ -135,9 +140,9 @@ impl Supervisor {
             Ok(Some(id)) => id,
             Ok(None) => {
                 self.report.event(
-                    ev("crash_loop_restore")
+                    ev(event)
                         .s("result", "none")
-                        .s("why", "no snapshot taken before the crash loop began"),
+                        .s("why", "no snapshot taken before it began"),
                 );
                 return None;
             }

@@ -125,7 +125,8 @@ int main(void)
 	P("SLAB_OFF_NPAGES", offsetof(struct rk_slab, npages));
 	P("SLAB_OFF_FIRST", offsetof(struct rk_slab, first));
 	for (int r = 0; r < RK_REASON_COUNT; r++)
-		printf("REASON_%d %d %s\n", r, r, rk_reason_name((enum rk_reason)r));
+		printf("REASON_%d %d %s %d\n", r, r, rk_reason_name((enum rk_reason)r),
+		       rk_reason_restorable((enum rk_reason)r));
 	P("REASON_COUNT", RK_REASON_COUNT);
 	/* the snapshot agent's messages and shared buffer (agent_link.rs) */
 	P("SNAP_BUF_MAGIC", RK_SNAP_BUF_MAGIC);
