@@ -43,7 +43,8 @@ fn start_from_store(cfg: &mut cli::Config) -> Option<rekindle::snapshot::restore
     match rekindle::store::Store::open(&sc.dir).and_then(|s| s.latest()) {
         Ok(None) => None,
         Ok(Some(_)) => {
-            cfg.restore_why = "the store holds snapshots: starting from the newest (--start-from newest)";
+            cfg.restore_why =
+                "the store holds snapshots: starting from the newest (--start-from newest)";
             Some(rekindle::snapshot::restore::Source {
                 dir: sc.dir.clone(),
                 spec: String::new(),
