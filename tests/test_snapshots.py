@@ -202,6 +202,36 @@ def test_a_crash_loop_restores_the_snapshot_from_before_the_loop(tmp_path):
         r.close()
 
 
+def test_an_in_place_crash_loop_restores_the_snapshot_from_before_the_loop(tmp_path):
+    """The same through the runtime's own in-place restarts (DEBUG
+    SEGFAULT): the first is warm in place; the second, within the window,
+    would exec itself cold; with a store the runtime dies instead and the
+    supervisor starts it from the snapshot taken before the loop began."""
+    store = tmp_path / "store"
+    r = snapshotting(tmp_path / "a", store, "--crashloop-window", "5s")
+    try:
+        c = r.client()
+        c.set("a", "1")
+        snap = checkpoint(r)
+        c.set("a", "2")
+        with pytest.raises(redis.ConnectionError):
+            c.execute_command("DEBUG", "SEGFAULT")
+        assert r.wait_log("ready", count=2)["start"] == "warm"
+        c = r.wait_serving()
+        assert c.get("a") == b"2"
+        with pytest.raises(redis.ConnectionError):
+            c.execute_command("DEBUG", "SEGFAULT")
+        ready = r.wait_log("ready", count=3)
+        assert ready["start"] == "warm", ready
+        handed = [e for e in r.runtime_events("restart") if e.get("mode") == "snapshot"]
+        assert handed and handed[-1]["code"] == "crash_loop", r.runtime_events("restart")
+        up = r.supervisor_events("up")[-1]
+        assert up["code"] == "restored" and up["reason"] == snap["id"], up
+        assert r.wait_serving().get("a") == b"1"
+    finally:
+        r.close()
+
+
 def test_restore_after_the_stack_dies_under_load_keeps_a_prefix(tmp_path):
     """One client writes k0, k1, ... in order, each acknowledged, while
     snapshots are taken every 20 ms; the supervisor and the app are then

@@ -497,7 +497,10 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 	}
 	word_decision(&v, &f, hot_switch ? reason : NULL, sig, si, uc, age_ms, decision, sizeof decision);
 	bool warm = v.warm;
-	if (!warm && !hot_switch && rk_snapshot_active() && rk_reason_restorable(v.code))
+	/* a crash loop too: the supervisor sees the loop and takes the newest
+	 * snapshot from before it began */
+	if (!warm && !hot_switch && rk_snapshot_active() &&
+	    (rk_reason_restorable(v.code) || v.code == RK_REASON_CRASH_LOOP))
 		leave_to_supervisor(reason, decision, v.code, sig, age_ms);
 	uint32_t drop = warm ? v.drop : 0;
 	if (!warm)
