@@ -320,7 +320,11 @@ def run_config(name, build, rnd, args, workdir):
         snaps = [e for e in evs if e.get("supervisor") == "snapshot"]
         t_ns0 = res["tests"][0]["t0"] * 1e9 if res["tests"] else 0
         during = [e for e in snaps if e.get("t_ns", 0) >= t_ns0]
-        failed = [e for e in evs if e.get("supervisor") == "snapshot_failed"]
+        t_ns1 = res["tests"][-1]["t1"] * 1e9 if res["tests"] else 0
+        # during the tests (one at the stop, the app exiting mid-snapshot, is not the load's)
+        failed = [
+            e for e in evs if e.get("supervisor") == "snapshot_failed" and t_ns0 <= e.get("t_ns", 0) <= t_ns1
+        ]
         stops = [e["stop_us"] for e in during]
         res["snapshots"] = {
             "count_during_tests": len(during),
