@@ -35,7 +35,7 @@ include tools/faultinject/build.mk
 SUPERVISOR := $(BUILD)/bin/rekindle
 CARGO_FLAGS := --release --locked --manifest-path supervisor/Cargo.toml --target-dir $(abspath $(BUILD))/cargo
 
-.PHONY: all deps runtime supervisor install uninstall test unit-test system-test demo bench bench-alloc bench-restart bench-supervisor bench-rkv bench-availability bench-stages fuzz-rkv lint clean
+.PHONY: all deps runtime supervisor install uninstall test unit-test system-test demo bench bench-alloc bench-restart bench-supervisor bench-rkv bench-availability bench-stages bench-snapshots bench-snapshot-stop bench-snapshot-rkv bench-restore fuzz-rkv lint clean
 all: runtime supervisor $(TEST_APPS) $(BUILD)/apps/crashy-shared $(BENCH_BINS) $(EXAMPLES) $(EXAMPLE_BINS)
 runtime: $(LIB_SO) $(LIB_A) $(PC)
 
@@ -142,6 +142,19 @@ bench-availability: deps all
 # the stage example: mid-run crash vs from scratch vs periodic checkpoint
 bench-stages: deps all
 	python3 bench/stages_bench.py $(BUILD)
+# durable snapshots (docs/results.md "Durable snapshots"): all three below
+bench-snapshots: bench-snapshot-stop bench-snapshot-rkv bench-restore
+# the stop per snapshot at 2 and 8 GiB, 0.1 to 10% of pages written per interval
+bench-snapshot-stop: deps all
+	python3 bench/snapshot_bench.py $(BUILD) --sizes-mb 2048 8192 --permille 1 10 100
+# rkv under snapshots and --durability sync against Redis 7's AOF and BGSAVE:
+# redis-benchmark throughput, memory, disk
+bench-snapshot-rkv: deps all
+	python3 bench/snapshot_rkv_bench.py $(BUILD) --repeat 5 --keys 1000000
+# restore after the machine dies (1 M and 5 M keys) against Redis's RDB and
+# AOF, and acknowledged writes lost under load; root (drop_caches)
+bench-restore: deps all
+	python3 bench/restore_bench.py $(BUILD) --keys 1000000 5000000 --repeat 3
 
 # A long fuzzing campaign of rkv (examples/rkv/fuzz/README.md): new inputs
 # go to $(BUILD)/fuzz/rkv-corpus, crashes to $(BUILD)/fuzz/; the corpus in
