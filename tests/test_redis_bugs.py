@@ -80,9 +80,30 @@ def trigger_r4(c, port):
     while c.info("clients")["blocked_clients"] < 2:
         assert time.monotonic() < deadline, "the consumers never blocked"
         time.sleep(0.01)
-    before = snapshot(c)
+    before = logical(c)
     adder = raw(port, "XADD", "bug:s", "*", "f", "v")  # never answered: the server loops
     return before, [*blocked, adder]
+
+
+def logical(c):
+    """Every key of db 0 and 3 by its contents (a replayed AOF rebuilds the
+    same data, not the same DUMP bytes: set order, stream delivery times)."""
+    read = {
+        b"string": c.get,
+        b"list": lambda k: c.lrange(k, 0, -1),
+        b"hash": c.hgetall,
+        b"set": lambda k: sorted(c.smembers(k)),
+        b"zset": lambda k: c.zrange(k, 0, -1, withscores=True),
+        b"stream": lambda k: (c.xrange(k), [g["name"] for g in c.xinfo_groups(k)]),
+    }
+    out = {}
+    for db in (0, 3):
+        c.execute_command("SELECT", db)
+        for k in c.keys("*"):
+            t = c.type(k)
+            out[(db, k)] = (t, read[t](k), c.pttl(k) > 0)
+    c.execute_command("SELECT", 0)
+    return out
 
 
 def answers(port, timeout=1.0):
@@ -142,7 +163,7 @@ def test_r4_hang_is_caught_and_the_cold_restart_replays_the_aof(builds, supervis
     assert up["reason"].startswith("hang"), up
     assert restart["code"] == "unsafe_region_open", restart
     c = client(sup.port, timeout=30)
-    assert snapshot(c) == before  # every acknowledged write, from the AOF
+    assert logical(c) == before  # every acknowledged write, from the AOF
     assert c.xinfo_groups("bug:s")[0]["name"] == b"g"
     assert first["pid"] != up["pid"] or up["kind"] == "cold"
     for s in conns:
