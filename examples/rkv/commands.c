@@ -172,8 +172,31 @@ static void cmd_time(struct conn *c)
 
 static void cmd_lastsave(struct conn *c) { reply_int(c, srv.db->last_save_s); }
 
+/* --durability async|sync: SAVE is a checkpoint whose OK waits until it is
+ * durable (the loop goes on meanwhile); BGSAVE one not waited for. */
+static bool checkpoint_instead(struct conn *c, bool wait)
+{
+	if (srv.cfg.durability == DUR_NONE)
+		return false;
+	uint64_t e = durability_checkpoint();
+	if (!e) {
+		reply_error(c, "ERR checkpoint failed: Rekindle's snapshots are unavailable (see the log)");
+		return true;
+	}
+	size_t at = c->olen;
+	if (!wait) {
+		reply_status(c, "Background saving started");
+		return true;
+	}
+	reply_ok(c);
+	durability_hold(c, e, at);
+	return true;
+}
+
 static void cmd_save(struct conn *c)
 {
+	if (checkpoint_instead(c, true))
+		return;
 	if (srv.db->bgsave_pid) {
 		reply_error(c, ERR_BGSAVE);
 		return;
@@ -191,6 +214,8 @@ static void cmd_bgsave(struct conn *c)
 		reply_error(c, ERR_SYNTAX);
 		return;
 	}
+	if (checkpoint_instead(c, false))
+		return;
 	if (srv.db->bgsave_pid) {
 		reply_error(c, ERR_BGSAVE);
 		return;
@@ -205,7 +230,7 @@ static void cmd_bgsave(struct conn *c)
 /* SHUTDOWN [NOSAVE|SAVE]: saves when save points are configured (or SAVE). */
 static void cmd_shutdown(struct conn *c)
 {
-	bool save = srv.cfg.nsave > 0;
+	bool save = srv.cfg.nsave > 0 || srv.cfg.durability != DUR_NONE;
 	if (ARGC == 2 && eq(A(1), "nosave"))
 		save = false;
 	else if (ARGC == 2 && eq(A(1), "save"))
@@ -214,7 +239,7 @@ static void cmd_shutdown(struct conn *c)
 		reply_error(c, ERR_SYNTAX);
 		return;
 	}
-	if (save && snapshot_save(srv.db) < 0) {
+	if (save && durable_save() < 0) {
 		reply_error(c, "ERR Errors trying to SHUTDOWN. Check logs.");
 		return;
 	}
@@ -829,9 +854,13 @@ static void cmd_info(struct conn *c)
 		sb_printf(&b,
 			  "# Persistence\r\nloading:%d\r\nrdb_changes_since_last_save:%llu\r\n"
 			  "rdb_bgsave_in_progress:%d\r\nrdb_last_save_time:%lld\r\nrdb_last_bgsave_status:%s\r\n"
-			  "aof_enabled:0\r\n\r\n",
+			  "aof_enabled:0\r\nrekindle_durability:%s\r\nrekindle_epoch:%llu\r\n"
+			  "rekindle_durable_epoch:%llu\r\nrekindle_write_epoch:%llu\r\n"
+			  "rekindle_clients_held:%llu\r\n\r\n",
 			  srv.loading, (unsigned long long)db->dirty, db->bgsave_pid != 0, (long long)db->last_save_s,
-			  db->bgsave_ok ? "ok" : "err");
+			  db->bgsave_ok ? "ok" : "err", durability_name(srv.cfg.durability),
+			  (unsigned long long)glue_epoch(), (unsigned long long)glue_durable_epoch(),
+			  (unsigned long long)durability_write_epoch(), (unsigned long long)durability_held());
 	if (want(c, "stats", true))
 		sb_printf(&b,
 			  "# Stats\r\ntotal_connections_received:%llu\r\ntotal_commands_processed:%llu\r\n"

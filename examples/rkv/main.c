@@ -4,6 +4,7 @@
  *   rkv [--port N] [--bind ADDR] [--dir PATH] [--dbfilename NAME]
  *       [--save "SECONDS CHANGES ..."] [--maxmemory BYTES]
  *       [--enable-debug yes|no|local] [--arena-size BYTES]
+ *       [--durability none|async|sync]
  *
  * Connections and their buffers are transient: plain malloc, gone with the
  * process.  Only the keyspace is preserved (keyspace.c, rekindle_glue.c). */
@@ -43,6 +44,7 @@ struct server srv;
 static volatile sig_atomic_t stop_signal;
 static int epfd;
 static char listen_tag; /* epoll data.ptr of the listening socket */
+static char durable_tag; /* epoll data.ptr of rk_durable_fd() (--durability) */
 static bool listen_paused; /* not polled until the next cron tick */
 static int spare_fd = -1; /* let go to accept and refuse a client when out of fds */
 static uint64_t next_client_id = 1;
@@ -133,6 +135,10 @@ static void usage(FILE *f)
 		   "                           (default no: with huge pages there is little to fault)\n"
 		   "  --hugepages yes|no       keep the keyspace in huge pages where the kernel allows it,\n"
 		   "                           so a warm restart maps it again at once (default yes)\n"
+		   "  --durability MODE        none: SAVE/BGSAVE write rkv.snap (default); async: they are\n"
+		   "                           Rekindle checkpoints (needs `rekindle run --snapshot-dir`);\n"
+		   "                           sync: as async, and each reply waits until the state it\n"
+		   "                           may depend on is in a durable snapshot (group commit)\n"
 		   "  --help, --version\n"
 		   "Under `rekindle run --listen`, the socket in $LISTEN_FDS is used instead of --port.\n");
 }
@@ -240,7 +246,7 @@ static void parse_options(int argc, char **argv, struct config *cf)
 							 "--dbfilename", "--save",      "--maxmemory",
 							 "--enable-debug", "--arena-size", "--recovery-sweep",
 							 "--maxclients", "--hugepages", "--recovery-check-cpu",
-							 "--prefault"};
+							 "--prefault", "--durability"};
 		bool known = false;
 		for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
 			known |= !strcmp(o, with_value[k]);
@@ -303,6 +309,15 @@ static void parse_options(int argc, char **argv, struct config *cf)
 			if (strcmp(v, "yes") && strcmp(v, "no"))
 				die_usage("bad --prefault '%s': expected yes or no", v);
 			cf->prefault = !strcmp(v, "yes");
+		} else if (!strcmp(o, "--durability")) {
+			if (!strcmp(v, "none"))
+				cf->durability = DUR_NONE;
+			else if (!strcmp(v, "async"))
+				cf->durability = DUR_ASYNC;
+			else if (!strcmp(v, "sync"))
+				cf->durability = DUR_SYNC;
+			else
+				die_usage("bad --durability '%s': expected none, async or sync", v);
 		} else if (!strcmp(o, "--hugepages")) {
 			if (strcmp(v, "yes") && strcmp(v, "no"))
 				die_usage("bad --hugepages '%s': expected yes or no", v);
@@ -375,7 +390,7 @@ fail:;
 
 static void conn_events(struct conn *c)
 {
-	uint32_t ev = (c->reading ? EPOLLIN : 0) | (c->olen > c->opos ? EPOLLOUT : 0);
+	uint32_t ev = (c->reading ? EPOLLIN : 0) | (conn_sendable_end(c) > c->opos ? EPOLLOUT : 0);
 	struct epoll_event e = {.events = ev, .data.ptr = c};
 	if (epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &e) < 0)
 		c->closing = true;
@@ -408,6 +423,7 @@ static void conns_unlink(struct conn *c)
 static void conn_free(struct conn *c)
 {
 	conns_unlink(c);
+	durability_forget(c);
 	close(c->fd); /* also removes it from the epoll set */
 	free(c->ibuf);
 	free(c->obuf);
@@ -622,11 +638,12 @@ static void clients_cron(void)
 	}
 }
 
-/* Sends what is queued; false if the connection is gone. */
+/* Sends what is queued and not held; false if the connection is gone. */
 static bool conn_flush(struct conn *c)
 {
-	while (c->opos < c->olen) {
-		ssize_t n = write(c->fd, c->obuf + c->opos, c->olen - c->opos);
+	size_t end = conn_sendable_end(c);
+	while (c->opos < end) {
+		ssize_t n = write(c->fd, c->obuf + c->opos, end - c->opos);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -658,7 +675,10 @@ static void conn_process(struct conn *c)
 		int r = resp_parse(c);
 		if (r != PARSE_COMMAND)
 			break;
+		uint64_t dirty = srv.db->dirty;
+		size_t reply_start = c->olen;
 		command_exec(c);
+		durability_after_command(c, dirty, reply_start);
 		resp_done(c);
 	}
 	/* A big request's buffer is not kept for the connection's life (Redis
@@ -671,7 +691,7 @@ static void conn_process(struct conn *c)
 		return;
 	}
 	bool reading = !paused && !c->close_after_reply;
-	bool want_out = c->olen > c->opos;
+	bool want_out = conn_sendable_end(c) > c->opos;
 	if (reading != c->reading || want_out) {
 		c->reading = reading;
 		conn_events(c);
@@ -730,9 +750,25 @@ static void conn_writable(struct conn *c)
 		conn_free(c);
 		return;
 	}
-	if (c->olen > c->opos)
+	if (conn_sendable_end(c) > c->opos)
 		return;
 	/* drained: requests may be waiting in the buffer already */
+	c->reading = !c->close_after_reply;
+	conn_events(c);
+	conn_process(c);
+}
+
+void conn_release(struct conn *c)
+{
+	if (!conn_flush(c)) {
+		conn_free(c);
+		return;
+	}
+	if (conn_sendable_end(c) > c->opos) {
+		conn_events(c); /* the rest when the socket takes it */
+		return;
+	}
+	/* drained: a client paused for its pile of replies reads again */
 	c->reading = !c->close_after_reply;
 	conn_events(c);
 	conn_process(c);
@@ -748,6 +784,8 @@ static void cron(void)
 	ks_active_expire(db, srv.now_ms, 25000); /* at most 25% of a 100 ms tick */
 	glue_hugepages_rescan();
 	snapshot_reap(db);
+	if (srv.cfg.durability != DUR_NONE)
+		return; /* Rekindle's snapshots, not save points */
 	int64_t now_s = srv.now_ms / 1000;
 	if (db->bgsave_pid || (!db->bgsave_ok && now_s - db->bgsave_try_s < 5))
 		return; /* after a failed save, retry in 5 s like Redis */
@@ -772,11 +810,28 @@ static void on_stop(int sig)
 
 static void shutdown_now(void)
 {
-	bool save = srv.cfg.nsave > 0;
+	bool save = srv.cfg.nsave > 0 || srv.cfg.durability != DUR_NONE;
 	srv.stopping = true;
-	int r = save ? snapshot_save(srv.db) : 0;
+	int r = save ? durable_save() : 0;
 	rkv_log("shutdown", "\"signal\":%d,\"saved\":%s", (int)stop_signal, save && r == 0 ? "true" : "false");
 	exit(r < 0 ? 1 : 0);
+}
+
+/* SAVE's work, the way --durability says: rkv.snap, or a checkpoint
+ * waited for (at most 30 s); 0 or -errno. */
+int durable_save(void)
+{
+	if (srv.cfg.durability == DUR_NONE)
+		return snapshot_save(srv.db);
+	uint64_t e = durability_checkpoint();
+	if (!e)
+		return -EIO;
+	if (!durability_wait(e, 30000)) {
+		rkv_log("error", "\"what\":\"checkpoint\",\"epoch\":%llu,\"error\":\"not durable within 30 s\"",
+			(unsigned long long)e);
+		return -ETIMEDOUT;
+	}
+	return 0;
 }
 
 /* ---- main --------------------------------------------------------------- */
@@ -906,6 +961,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rkv: cannot set up the keyspace arena: %s\n", strerror(-r));
 		return 1;
 	}
+	durability_init(); /* before listening: a mode it cannot serve is refused at once */
 	srv.start_ms = now_realtime_ms();
 	srv.start_kind = glue_start_kind();
 	srv.generation = glue_generation();
@@ -932,7 +988,9 @@ int main(int argc, char **argv)
 	uint64_t keys = open_keyspace();
 	epfd = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event le = {.events = EPOLLIN, .data.ptr = &listen_tag};
-	if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, srv.listen_fd, &le) < 0) {
+	struct epoll_event de = {.events = EPOLLIN, .data.ptr = &durable_tag};
+	if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, srv.listen_fd, &le) < 0 ||
+	    (durability_fd() >= 0 && epoll_ctl(epfd, EPOLL_CTL_ADD, durability_fd(), &de) < 0)) {
 		rkv_log("error", "\"what\":\"epoll\",\"error\":%s", js(strerror(errno)));
 		return 1;
 	}
@@ -945,7 +1003,7 @@ int main(int argc, char **argv)
 
 	struct epoll_event ev[1024];
 	int64_t next_cron = 0;
-	bool verifying = true, collapsing = true;
+	bool verifying = true, collapsing = true, durable_ready = false;
 	for (;;) {
 		glue_heartbeat(); /* a safe point: no request is half-done here */
 		int nev = epoll_wait(epfd, ev, 1024, verifying || collapsing ? 0 : CRON_MS);
@@ -965,6 +1023,10 @@ int main(int argc, char **argv)
 				accept_clients(srv.listen_fd);
 				continue;
 			}
+			if (ev[i].data.ptr == &durable_tag) {
+				durable_ready = true; /* after the batch: it may free conns the batch names */
+				continue;
+			}
 			struct conn *c = ev[i].data.ptr;
 			/* EPOLLOUT first: a freed conn is never touched after */
 			if (ev[i].events & EPOLLOUT)
@@ -976,5 +1038,9 @@ int main(int argc, char **argv)
 			cron();
 			next_cron = srv.now_ms + CRON_MS;
 		}
+		if (durable_ready)
+			durability_advanced();
+		durable_ready = false;
+		durability_tick(); /* one checkpoint for every reply held meanwhile */
 	}
 }

@@ -360,6 +360,10 @@ uint64_t glue_arena_bytes(void)
 }
 
 const char *glue_oom_reply(void) { return "OOM out of memory: the keyspace arena is full (--arena-size)"; }
+int glue_durable_fd(void) { return rk_durable_fd(); }
+uint64_t glue_epoch(void) { return rk_epoch(); }
+uint64_t glue_durable_epoch(void) { return rk_durable_epoch(); }
+int glue_checkpoint(void) { return rk_checkpoint(); }
 
 /* Huge pages: after a warm restart the first touch of each 4 KiB page of
  * the keyspace was a fault, 262,144 per GiB, and the client's first reads
@@ -455,6 +459,10 @@ const char *glue_start_kind(void) { return "fresh"; }
 const char *glue_reason(void) { return "plain malloc build"; }
 uint64_t glue_arena_bytes(void) { return 0; }
 const char *glue_oom_reply(void) { return "OOM out of memory: malloc failed"; }
+int glue_durable_fd(void) { return -1; }
+uint64_t glue_epoch(void) { return 0; }
+uint64_t glue_durable_epoch(void) { return 0; }
+int glue_checkpoint(void) { return -ENOTSUP; }
 bool glue_hugepages_step(void) { return false; }
 void glue_hugepages_rescan(void) {}
 const char *glue_hugepages_state(void) { return "off"; }

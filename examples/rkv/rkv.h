@@ -7,6 +7,7 @@
  *   keyspace.c      hash table, entries, expiry (the preserved state)
  *   commands.c      command table and the commands
  *   snapshot.c      snapshot file: write (SAVE/BGSAVE), verify, load
+ *   durability.c    --durability: Rekindle checkpoints, replies held until durable
  *   rekindle_glue.c every Rekindle call except the unsafe-region macros
  *   store.h         where the keyspace's memory comes from (arena or malloc)
  */
@@ -128,7 +129,15 @@ struct conn {
 	int64_t last_read_ms;           /* for the idle rule of the input buffer */
 	size_t ipeak;                   /* most of ibuf in use since cron last looked */
 	struct conn *prev, *next;       /* every connection, for cron */
+	/* --durability (durability.c): obuf from held_from on waits until
+	 * rk_durable_epoch() >= hold_epoch; 0: nothing held */
+	uint64_t hold_epoch;
+	size_t held_from;
+	struct conn *hprev, *hnext;     /* connections holding replies */
 };
+
+/* What a connection may send now: its replies up to the first held one. */
+static inline size_t conn_sendable_end(const struct conn *c) { return c->hold_epoch ? c->held_from : c->olen; }
 
 /* resp.c */
 enum { PARSE_NEED_MORE = 0, PARSE_COMMAND = 1, PARSE_ERROR = -1 };
@@ -158,6 +167,8 @@ struct save_point {
 	long seconds, changes;
 };
 
+enum durability { DUR_NONE, DUR_ASYNC, DUR_SYNC };
+
 struct config {
 	int port;
 	char bind[64];
@@ -173,6 +184,7 @@ struct config {
 	unsigned recovery_check_cpu;    /* percent of a busy CPU for the warm start's check */
 	bool prefault;                  /* warm start: fault the keyspace in from a thread */
 	unsigned maxclients;            /* lowered at start to fit the open file limit */
+	enum durability durability;
 };
 
 struct server {
@@ -227,6 +239,32 @@ int snapshot_set_aside(char *kept, size_t n);
 
 /* main.c */
 double mono_ms(void); /* CLOCK_MONOTONIC in ms */
+/* SAVE's work as --durability says: rkv.snap, or a checkpoint waited for
+ * (at most 30 s); 0 or -errno. */
+int durable_save(void);
+/* Sends what a connection's released replies allow, and polls it again
+ * (durability.c); may free it. */
+void conn_release(struct conn *c);
+
+/* durability.c */
+const char *durability_name(enum durability d);
+/* Exits with a clear error when the mode needs snapshots and has none. */
+void durability_init(void);
+int durability_fd(void);         /* to poll, or -1 */
+/* After each command: notes a write's epoch; under sync holds the reply
+ * that begins at reply_start. */
+void durability_after_command(struct conn *c, uint64_t dirty_before, size_t reply_start);
+/* Holds c's replies from reply_start on until epoch is durable. */
+void durability_hold(struct conn *c, uint64_t epoch, size_t reply_start);
+void durability_forget(struct conn *c);  /* the connection goes */
+/* Asks for a snapshot now; the epoch it will make durable (0: failed, logged). */
+uint64_t durability_checkpoint(void);
+void durability_tick(void);      /* loop end: one checkpoint for the replies held */
+void durability_advanced(void);  /* the durable fd is readable: release replies */
+/* Blocks until epoch is durable or timeout_ms pass (shutdown); true if durable. */
+bool durability_wait(uint64_t epoch, int timeout_ms);
+uint64_t durability_held(void);  /* connections holding replies */
+uint64_t durability_write_epoch(void);
 
 /* rekindle_glue.c */
 /* rk_init and the arena; returns 0 or -errno. */
@@ -270,6 +308,11 @@ void glue_hugepages_rescan(void);
  * refused; and the bytes the top pass collapsed in this incarnation. */
 const char *glue_hugepages_state(void);
 uint64_t glue_hugepage_bytes(void);
+/* The durability API (rk_epoch, ...); -1/0/-ENOTSUP without snapshots. */
+int glue_durable_fd(void);
+uint64_t glue_epoch(void);
+uint64_t glue_durable_epoch(void);
+int glue_checkpoint(void);
 /* The error reply when the keyspace cannot allocate (not maxmemory's). */
 const char *glue_oom_reply(void);
 

@@ -1,0 +1,183 @@
+/* durability.c - `--durability none|async|sync`: rkv's keyspace made durable
+ * by Rekindle's snapshots (`rekindle run --snapshot-dir`), not by rkv's own
+ * snapshot file.
+ *
+ *   none   rkv's own persistence (snapshot.c): SAVE, BGSAVE and the save
+ *          points write rkv.snap.  Rekindle's snapshots, if any, run beside.
+ *   async  SAVE, BGSAVE, SHUTDOWN SAVE and SIGTERM are Rekindle checkpoints
+ *          (SAVE's reply waits until it is durable); replies go out at once,
+ *          so a machine that dies loses at most the writes since the last
+ *          snapshot (the supervisor's --snapshot-interval).  No rkv.snap.
+ *   sync   as async, and every reply waits until the state it may depend on
+ *          is durable (external consistency): a reply produced while a write
+ *          is not yet in a durable snapshot is held until it is.  Replies
+ *          held in one loop iteration share one checkpoint (group commit).
+ *
+ * How a reply is held: a connection that holds keeps its reply bytes from
+ * held_from on (everything after the first held reply, so replies stay in
+ * order) until rk_durable_epoch() reaches hold_epoch; the event loop polls
+ * rk_durable_fd() and releases them (conn_release in main.c). */
+#include "rkv.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static struct conn *held_head;    /* connections holding replies */
+static uint64_t write_epoch;      /* epoch of the newest write (glue_epoch after it) */
+static uint64_t requested_epoch;  /* glue_epoch() when a checkpoint was last asked for */
+static uint64_t checkpoint_errors;
+
+const char *durability_name(enum durability d)
+{
+	return d == DUR_SYNC ? "sync" : d == DUR_ASYNC ? "async" : "none";
+}
+
+void durability_init(void)
+{
+	if (srv.cfg.durability == DUR_NONE)
+		return;
+	int fd = glue_durable_fd();
+	if (fd < 0) {
+		rkv_log("error", "\"what\":\"durability\",\"code\":\"no_snapshots\",\"durability\":\"%s\"",
+			durability_name(srv.cfg.durability));
+		fprintf(stderr,
+			"rkv: --durability %s needs Rekindle's snapshots: run rkv under `rekindle run --snapshot-dir "
+			"DIR ...` (no snapshot agent in this process)\n",
+			durability_name(srv.cfg.durability));
+		exit(1);
+	}
+	rkv_log("durability",
+		"\"mode\":\"%s\",\"epoch\":%llu,\"durable_epoch\":%llu,\"what\":\"SAVE, BGSAVE and shutdown are Rekindle "
+		"checkpoints; rkv.snap is not written%s\"",
+		durability_name(srv.cfg.durability), (unsigned long long)glue_epoch(),
+		(unsigned long long)glue_durable_epoch(),
+		srv.cfg.durability == DUR_SYNC ? "; replies wait until their state is durable" : "");
+}
+
+int durability_fd(void) { return srv.cfg.durability == DUR_NONE ? -1 : glue_durable_fd(); }
+
+static void held_link(struct conn *c)
+{
+	c->hprev = NULL;
+	c->hnext = held_head;
+	if (held_head)
+		held_head->hprev = c;
+	held_head = c;
+}
+
+static void held_unlink(struct conn *c)
+{
+	if (c->hprev)
+		c->hprev->hnext = c->hnext;
+	else
+		held_head = c->hnext;
+	if (c->hnext)
+		c->hnext->hprev = c->hprev;
+	c->hprev = c->hnext = NULL;
+}
+
+void durability_hold(struct conn *c, uint64_t epoch, size_t reply_start)
+{
+	if (epoch <= glue_durable_epoch())
+		return;
+	if (!c->hold_epoch) {
+		c->held_from = reply_start;
+		held_link(c);
+	}
+	if (epoch > c->hold_epoch)
+		c->hold_epoch = epoch;
+}
+
+void durability_after_command(struct conn *c, uint64_t dirty_before, size_t reply_start)
+{
+	if (srv.cfg.durability == DUR_NONE)
+		return;
+	if (srv.db->dirty != dirty_before)
+		write_epoch = glue_epoch(); /* read after the write's unsafe region */
+	if (srv.cfg.durability == DUR_SYNC && (c->hold_epoch || write_epoch > glue_durable_epoch()))
+		durability_hold(c, write_epoch, reply_start);
+}
+
+void durability_forget(struct conn *c)
+{
+	if (c->hold_epoch)
+		held_unlink(c);
+	c->hold_epoch = 0;
+}
+
+uint64_t durability_checkpoint(void)
+{
+	uint64_t e = glue_epoch();
+	int r = glue_checkpoint();
+	if (r < 0) {
+		if (checkpoint_errors++ == 0)
+			rkv_log("error", "\"what\":\"checkpoint\",\"error\":%s", js(strerror(-r)));
+		return 0;
+	}
+	requested_epoch = e;
+	return e;
+}
+
+void durability_tick(void)
+{
+	if (srv.cfg.durability == DUR_NONE)
+		return;
+	uint64_t need = 0;
+	for (struct conn *c = held_head; c; c = c->hnext)
+		need = c->hold_epoch > need ? c->hold_epoch : need;
+	if (need > requested_epoch)
+		(void)durability_checkpoint();
+}
+
+void durability_advanced(void)
+{
+	uint64_t n;
+	int fd = glue_durable_fd();
+	if (fd >= 0 && read(fd, &n, sizeof n) < 0 && errno != EAGAIN)
+		rkv_log("error", "\"what\":\"read the durable fd\",\"error\":%s", js(strerror(errno)));
+	uint64_t d = glue_durable_epoch();
+	if (d >= write_epoch && srv.db->dirty) {
+		srv.db->dirty = 0; /* LASTSAVE and INFO: everything written is on disk */
+		srv.db->last_save_s = srv.now_ms / 1000;
+	}
+	for (struct conn *c = held_head, *next; c; c = next) {
+		next = c->hnext;
+		if (c->hold_epoch > d)
+			continue;
+		held_unlink(c);
+		c->hold_epoch = 0;
+		conn_release(c); /* may free c */
+	}
+}
+
+bool durability_wait(uint64_t epoch, int timeout_ms)
+{
+	double until = mono_ms() + timeout_ms;
+	int fd = glue_durable_fd();
+	while (glue_durable_epoch() < epoch) {
+		int left = (int)(until - mono_ms());
+		if (left <= 0 || fd < 0)
+			return false;
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (poll(&p, 1, left) < 0 && errno != EINTR)
+			return false;
+		uint64_t n;
+		if (read(fd, &n, sizeof n) < 0 && errno != EAGAIN)
+			return false;
+	}
+	return true;
+}
+
+uint64_t durability_held(void)
+{
+	uint64_t n = 0;
+	for (struct conn *c = held_head; c; c = c->hnext)
+		n++;
+	return n;
+}
+
+uint64_t durability_write_epoch(void) { return write_epoch; }
