@@ -21,7 +21,8 @@
 # Exit status: 0 ready, 77 something cannot be had (the test skips, with the
 # reason on stderr), 1 any other failure.
 # Environment: DEB_MIRROR, DEB_SECURITY_MIRROR (archive URLs of the private
-# list), DEB_SUITE (default bookworm).
+# list), DEB_SUITE (default bookworm), POWERCUT_PRIVATE_APT=1 (use the
+# private list even when the configured sources have a kernel).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
@@ -109,9 +110,10 @@ download() { # download PKG [apt options]: the .deb into $OUT/debs, its path on 
 }
 
 opts=()
-pkg=$(newest_kernel)
+pkg=
+[ "${POWERCUT_PRIVATE_APT:-0}" != 0 ] || pkg=$(newest_kernel)
 if [ -z "$pkg" ]; then
-	echo "powercut deps: no 6.7+ kernel in the configured apt sources; private list in $OUT/apt" >&2
+	echo "powercut deps: no 6.7+ kernel in the configured apt sources (or POWERCUT_PRIVATE_APT): private list in $OUT/apt" >&2
 	apt-get "${private[@]}" "${sandbox[@]}" -qq update >"$OUT/apt/update.log" 2>&1 ||
 		skip "apt-get update of the private list failed (no network?): see $OUT/apt/update.log"
 	opts=("${private[@]}")
