@@ -50,3 +50,6 @@ fi
 # QEMU and a kernel image for the pkeys emulation test (tests/test_pkeys.py),
 # only where the host CPU has no PKU (or REKINDLE_PKEYS_QEMU=1).
 bash "$(dirname "$0")/../tests/pkeys/deps.sh"
+# the power-cut test (tests/powercut): QEMU and a 6.7+ Debian kernel package
+# downloaded into build/powercut (never installed); 77: cannot be had (the test skips)
+bash "$(dirname "$0")/../tests/powercut/deps.sh" "${BUILD:-build}" || [ $? -eq 77 ]
