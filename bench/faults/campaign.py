@@ -35,7 +35,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -70,6 +72,7 @@ OP_TIMEOUT = 1.0  # a reply later than this: the server hangs or lost the reques
 HANG_TIMEOUT = "400ms"  # rekindle run --hang-timeout (heartbeats come every 100 ms)
 SERVE_TIMEOUT = 6.0  # from a failure to serving again (the harness kills a wedged app at half)
 RUN_DEADLINE = 30.0  # a whole run, whatever happens
+OP_WALL = 3.0  # one request, however its reply trickles in (an endless reply is a hang too)
 SUPERVISOR_OPTS = [
     "--hang-timeout", HANG_TIMEOUT, "--check-interval", "100ms", "--kill-timeout", "300ms",
     "--backoff-initial", "10ms", "--backoff-max", "200ms", "--max-restarts", "5",
@@ -82,6 +85,10 @@ class HarnessError(Exception):
 
 
 class Unrecovered(Exception):
+    pass
+
+
+class BadReply(Exception):
     pass
 
 
@@ -237,9 +244,13 @@ class Server:
             self.err.flush()
         return self.err_path.read_text(errors="replace")
 
-    def client(self, timeout=OP_TIMEOUT):
+    def client(self, timeout=OP_TIMEOUT, single=False):
+        """single: one connection for good (the workload's): a pooled client
+        would connect again without a word when the server closed its
+        connection between two requests, and a restart would go unseen."""
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=timeout,
-                           socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))  # fmt: skip
+                           socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
+                           single_connection_client=single)  # fmt: skip
 
     def ping(self, timeout=0.3):
         c = self.client(timeout)
@@ -262,9 +273,18 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)  # the group this run started
                 self.proc.wait(timeout=10)
-        # the app, if the supervisor died first (same process group)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        # the app (a process group of its own), if the supervisor died first
+        for e in self.events("spawn"):
+            pid = e.get("pid")
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(self.data).encode() in cmd:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         self.err.close()
         shutil.rmtree(self.rundir, ignore_errors=True)
 
@@ -283,6 +303,9 @@ class Run:
         self.read_mismatches = 0
         self.harness_kills = 0
         self.ident = None
+        self.unnoticed_restarts = 0
+        self.op_started = None
+        self.done = threading.Event()
         self.deadline = time.monotonic() + RUN_DEADLINE
 
     def env(self, trace=None):
@@ -321,9 +344,9 @@ class Run:
             self.check_time()
             if s.events("giveup") or s.proc.poll() is not None:
                 raise Unrecovered("the supervisor gave up" if s.events("giveup") else "the supervisor exited")
-            c = s.ping()
+            c = self.timed(s.ping)
             if c is not None:
-                ident = identity(c)
+                ident = self.timed(identity, c)
                 c.close()
                 if ident is not None and ident == self.ident:
                     break  # no restart: the server closed the connection, or a request got lost
@@ -345,7 +368,33 @@ class Run:
                 raise Unrecovered(f"not serving {SERVE_TIMEOUT}s after a failure")
             time.sleep(0.02)
         self.sync_generations()
-        return s.client()
+        return s.client(single=True)
+
+    def watchdog(self):
+        """A thread: a request that has run OP_WALL seconds gets the health
+        check's verdict (the app is killed: its connection drops); past the
+        run's deadline, everything is killed, so that no read blocks."""
+        while not self.done.wait(0.1):
+            t = self.op_started
+            if t is not None and time.monotonic() - t > OP_WALL:
+                self.op_started = None
+                self.health_kill()
+            if time.monotonic() > self.deadline + 2:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.server.proc.pid, signal.SIGKILL)
+                pid = self.server.app_pid()
+                if pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                return
+
+    def timed(self, fn, *args):
+        """fn(*args) under the watchdog."""
+        self.op_started = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            self.op_started = None
 
     def restarting(self):
         s = self.server
@@ -379,7 +428,7 @@ class Run:
         request would.  On a failure the keys become uncertain."""
         before = {k: _copy({k: self.model.kv.get(k)})[k] for k in keys}
         try:
-            reply = fn(self.c)
+            reply = self.timed(fn, self.c)
         except (redis.ConnectionError, redis.TimeoutError) as e:
             apply()
             self.model.uncertain(before)
@@ -462,7 +511,7 @@ class Run:
             self.do(list(batch), lambda c, b=batch: c.mset(b), lambda b=batch: m.kv.update(b))
         old, old_alt = _copy(m.snap), {k: list(v) for k, v in m.snap_alt.items()}
         try:
-            self.c.save()
+            self.timed(self.c.save)
             m.saved()
         except (redis.ConnectionError, redis.TimeoutError) as e:
             m.save_uncertain(old, old_alt)
@@ -479,6 +528,8 @@ class Run:
         """{key: value} of everything the server holds, by type."""
         out = {}
         keys = c.keys("*")
+        if not isinstance(keys, list) or not all(isinstance(k, bytes) for k in keys):
+            raise BadReply(f"KEYS replied {str(keys)[:80]}")
         for k in keys:
             t = c.type(k)
             if t == b"string":
@@ -498,7 +549,7 @@ class Run:
         for _ in range(4):
             self.check_time()
             try:
-                got = self.read_all(self.c)
+                got = self.timed(self.read_all, self.c)
                 break
             except (redis.ConnectionError, redis.TimeoutError) as e:
                 failed = True
@@ -511,6 +562,8 @@ class Run:
                 self.c = self.recover(False)
         if got is None and failed:
             raise Unrecovered("the final check kept failing")
+        if len(self.server.events("up")) > self.server.seen_up:
+            self.unnoticed_restarts += 1  # the model missed a restart: a harness bug
         self.sync_generations()
         m = self.model
         if got is None:
@@ -531,6 +584,8 @@ class Run:
         res = {"target": self.target.name, "config": self.config, "site": self.site, "after": self.after,
                "seed": self.seed, "vanilla": self.vanilla}  # fmt: skip
         self.server = Server(self.target, self.workdir, self.env(trace))
+        dog = threading.Thread(target=self.watchdog, daemon=True)
+        dog.start()
         try:
             try:
                 self.c = self.start()
@@ -549,18 +604,23 @@ class Run:
                 res["unrecovered"] = str(e)
             except HarnessError as e:
                 res["harness_error"] = str(e)
+            except Exception as e:  # a bug of the harness: one run's error, not the campaign's
+                res["harness_error"] = f"{type(e).__name__}: {e}: {traceback.format_exc()[-1500:]}"
             finally:
                 if getattr(self, "c", None) is not None:
                     self.c.close()
         finally:
+            self.done.set()
+            dog.join()
             self.server.stop()
         s = self.server
         res["fired"] = "rekindle-fault: fired" in s.stderr()
         res["failures"] = [{k: e.get(k) for k in ("kind", "reason", "signal", "exit_code", "generation")}
                            for e in s.events("failure")]  # fmt: skip
         res["ups"] = [{k: e.get(k) for k in ("generation", "kind", "code", "reason")} for e in s.events("up")]
-        res.update(error_replies=self.error_replies, read_mismatches=self.read_mismatches,
-                   harness_kills=self.harness_kills, seconds=round(time.monotonic() - t0, 3))  # fmt: skip
+        res.update(unnoticed_restarts=self.unnoticed_restarts, error_replies=self.error_replies,
+                   read_mismatches=self.read_mismatches, harness_kills=self.harness_kills,
+                   seconds=round(time.monotonic() - t0, 3))  # fmt: skip
         res["observed"] = observed(res)
         return res
 
@@ -576,7 +636,7 @@ class Run:
                     self.ident = identity(c)
                     c.close()
                     self.sync_generations()
-                    return s.client()
+                    return s.client(single=True)
             if time.monotonic() > deadline:
                 raise HarnessError(f"the server never came up: {s.stderr()[-1500:]}")
             time.sleep(0.01)
@@ -640,6 +700,8 @@ def inconsistencies(res):
         return [f"unknown class {c!r}"]
     if c in ("harness error", "unrecovered"):
         return out
+    if res.get("unnoticed_restarts"):
+        out.append("the workload's connection did not see a restart")
     if "corrupt_keys" not in res:
         out.append("no final check")
     if c in ("silent corruption", "no effect", "not triggered") and restarts:
