@@ -88,7 +88,7 @@ def test_sample_runs_classify_consistently(target, sites, tmp_path):
     C.chart(summary, tmp_path / "faults.png")
     assert (tmp_path / "faults.png").read_bytes()[:4] == b"\x89PNG"
     # runs stay short
-    assert sum(r["seconds"] for r in results) < 40, [r["seconds"] for r in results]
+    assert sum(r["seconds"] for r in results) < 45, [r["seconds"] for r in results]
 
 
 def test_crash_outside_regions_recovers_warm_with_every_key(target, sites, tmp_path):

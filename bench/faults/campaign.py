@@ -875,7 +875,7 @@ def chart(summary, path):
 
     keys = sorted(summary)
     cols = [c for c in CLASSES if any(summary[k][c] for k in keys)]
-    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(cols) * len(keys) / 2 + 4), 5))
+    fig, ax = plt.subplots(figsize=(min(14, max(8, 1.3 * len(cols) + 3)), 5.5))
     width = 0.8 / max(1, len(keys))
     for i, k in enumerate(keys):
         n = sum(summary[k].values())
@@ -913,7 +913,17 @@ def main():
     ap.add_argument("--site")
     ap.add_argument("--after", type=int, default=0)
     ap.add_argument("--keep", action="store_true", help="keep the run's directory (--one)")
+    ap.add_argument("--redraw", metavar="JSON", help="write the .md and .png again from a campaign's JSON")
     a = ap.parse_args()
+
+    if a.redraw:
+        doc = json.loads(Path(a.redraw).read_text())
+        results = doc["runs"]
+        stem = Path(a.redraw).with_suffix("")
+        summary, codes = summarize(results), cold_codes(results)
+        stem.with_suffix(".md").write_text(table_md(summary, doc["meta"], codes))
+        chart(summary, stem.with_suffix(".png"))
+        return 0
 
     work = Path(tempfile.mkdtemp(prefix="rk-faults-"))
     try:
