@@ -1,0 +1,181 @@
+"""The fault campaign's harness (bench/faults/campaign.py, `make bench-faults`)
+on a small sample, so that it keeps working: rkv built with the injector and
+the campaign's switches (build/faults/rkv-fi, bench/faults/build.sh), a traced
+profiling run, about twenty runs with faults picked as the campaign picks
+them, in both configurations (with and without unsafe regions), and faults
+whose outcome is known: a crash outside any region recovers warm with every
+key intact, a crash inside a region goes cold for that reason (and, without
+regions, does not), and the vanilla switch makes the same crash restart
+cold.  Every run must land in exactly one class, agree with its evidence,
+and no run may be a harness error."""
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import BUILD, ROOT
+
+sys.path.insert(0, str(ROOT / "bench" / "faults"))
+import campaign as C  # noqa: E402
+
+RKV_FI = BUILD / "faults" / "rkv-fi"
+
+
+@pytest.fixture(scope="module")
+def target():
+    if not RKV_FI.exists():
+        pytest.fail(f"{RKV_FI} missing: run `bash bench/faults/build.sh rkv` first")
+    return C.Rkv(BUILD)
+
+
+@pytest.fixture(scope="module")
+def sites(target, tmp_path_factory):
+    found = C.profile(target, tmp_path_factory.mktemp("profile"))
+    assert len(found) > 200, len(found)  # the workload reaches a good part of rkv
+    return found
+
+
+def source_site(sites, function, ftype, path, text, next_line=""):
+    """The executed site of ftype in function whose source line contains
+    text, and the line after it next_line (robust to edits that move lines)."""
+    lines = (ROOT / path).read_text().splitlines()
+    found = [
+        s
+        for s in sites.values()
+        if s["function"] == function
+        and s["type"] == ftype
+        and s["file"].endswith(path)
+        and text in lines[s["line"] - 1]
+        and next_line in lines[s["line"]]
+    ]
+    assert found, f"no executed {ftype} site in {function} at {text!r}"
+    return found[0]
+
+
+def run(target, site, config, tmp_path, vanilla=False):
+    after = site["load_count"] + site["workload_count"] // 2
+    if not vanilla:
+        return C.one_run(target, config, site["id"], after, 7, tmp_path)
+    res = C.Run(target, config, tmp_path / "v", site=site["id"], after=after, seed=7, vanilla=True).execute()
+    return res
+
+
+def check(res):
+    assert res["class"] in C.CLASSES
+    assert res["class"] != "harness error", json.dumps(res, indent=1)
+    assert C.inconsistencies(res) == [], json.dumps(res, indent=1)
+
+
+def test_sample_runs_classify_consistently(target, sites, tmp_path):
+    results = []
+    for config in C.CONFIGS:
+        results += C.campaign(target, config, sites, 10, 11, tmp_path)
+    assert len(results) == 20
+    for res in results:
+        check(res)
+    # the same faults in both configurations
+    assert [r["site"] for r in results[:10]] == [r["site"] for r in results[10:]]
+    summary = C.summarize(results)
+    assert sum(sum(d.values()) for d in summary.values()) == 20
+    assert all(sum(d.values()) == 10 for d in summary.values())
+    # the outputs of `make bench-faults` come out of it
+    meta = {"date": "test", "note": "test"}
+    md = C.table_md(summary, meta)
+    assert "| rkv | regions | 10 |" in md and "| rkv | noregions | 10 |" in md
+    C.chart(summary, tmp_path / "faults.png")
+    assert (tmp_path / "faults.png").read_bytes()[:4] == b"\x89PNG"
+    # runs stay short
+    assert sum(r["seconds"] for r in results) < 45, [r["seconds"] for r in results]
+
+
+def test_crash_outside_regions_recovers_warm_with_every_key(target, sites, tmp_path):
+    # GET's `if (e)` inverted (lookup(), inlined): the next GET of a missing
+    # key dereferences NULL, outside any region, halfway through the workload
+    site = source_site(
+        sites, "cmd_get", "comparison-inversion", "examples/rkv/commands.c", "if (e)", "st.hits++"
+    )
+    for config in C.CONFIGS:
+        res = run(target, site, config, tmp_path / config)
+        check(res)
+        assert res["fired"] and res["observed"] == "crash", res
+        assert res["class"] == "warm recovery", json.dumps(res, indent=1)
+        assert res["corrupt_keys"] == 0 and res["ups"][1]["code"] == "all_checks_passed"
+    # the vanilla switch: the same crash restarts cold, from the snapshot
+    res = run(target, site, "regions", tmp_path, vanilla=True)
+    assert [u["kind"] for u in res["ups"]][:2] == ["fresh", "cold"], res
+    assert res["ups"][1]["code"] == "warm_disabled" and res["corrupt_keys"] == 0
+
+
+def test_crash_inside_a_region_goes_cold_and_without_regions_does_not(target, sites, tmp_path):
+    # the chain walk's `(e = *l) != NULL` inverted in ks_set: a NULL
+    # dereference inside SET's unsafe region
+    site = source_site(sites, "ks_set", "comparison-inversion", "examples/rkv/keyspace.c", "(e = *l) != NULL")
+    res = run(target, site, "regions", tmp_path / "r")
+    check(res)
+    assert res["class"] == "fallback: unsafe region", json.dumps(res, indent=1)
+    assert res["corrupt_keys"] == 0  # the snapshot, and the workload after it
+    res = run(target, site, "noregions", tmp_path / "n")
+    check(res)
+    assert res["observed"] == "crash" and res["ups"][1]["code"] != "unsafe_region_open", res
+
+
+def test_classify_is_one_class_per_outcome():
+    up0 = {"generation": 0, "kind": "fresh", "code": "none"}
+    warm = {"generation": 1, "kind": "warm", "code": "all_checks_passed"}
+    cold = {"generation": 1, "kind": "cold", "code": "unsafe_region_open"}
+    cold2 = {"generation": 2, "kind": "cold", "code": "crash_loop"}
+    cases = [
+        ({"harness_error": "x"}, "harness error"),
+        ({"unrecovered": "x"}, "unrecovered"),
+        ({"ups": [up0], "corrupt_keys": 0, "fired": False}, "not triggered"),
+        ({"ups": [up0], "corrupt_keys": 0, "fired": True}, "no effect"),
+        ({"ups": [up0], "corrupt_keys": 3, "fired": True}, "silent corruption"),
+        ({"ups": [up0, warm], "corrupt_keys": 0}, "warm recovery"),
+        ({"ups": [up0, cold], "corrupt_keys": 0}, "fallback: unsafe region"),
+        ({"ups": [up0, dict(cold, code="cold_requested")], "corrupt_keys": 0}, "fallback: other"),
+        ({"ups": [up0, warm, cold2], "corrupt_keys": 0}, "fallback: crash after recovery"),
+        (
+            {"ups": [up0, warm], "corrupt_keys": 2, "vanilla_result": {"corrupt_keys": 0}},
+            "additional corruption",
+        ),
+        ({"ups": [up0, warm], "corrupt_keys": 2, "vanilla_result": {"corrupt_keys": 2}}, "shared corruption"),
+    ]
+    for evidence, want in cases:
+        res = dict(evidence, **{"class": C.classify(evidence)})
+        assert res["class"] == want, res
+        assert C.inconsistencies(res) == [], res
+    assert {w for _, w in cases} | {"harness error"} == set(C.CLASSES)
+    # a random mix of evidence always gets exactly one class, and a
+    # consistent one
+    rng = random.Random(5)
+    for _ in range(500):
+        ups = [up0] + [
+            {
+                "generation": g,
+                "kind": rng.choice(["warm", "cold"]),
+                "code": rng.choice(["unsafe_region_open", "x"]),
+            }
+            for g in range(1, rng.randint(1, 3))
+        ]
+        res = {"ups": ups, "corrupt_keys": rng.choice([0, 1]), "fired": rng.random() < 0.5,
+               "vanilla_result": {"corrupt_keys": rng.choice([0, 1])}}  # fmt: skip
+        res["class"] = C.classify(res)
+        assert C.inconsistencies(res) == [], res
+
+
+def test_model_uncertain_and_cold():
+    m = C.Model()
+    m.kv = {b"a": b"1", b"b": b"2"}
+    m.saved()
+    m.kv[b"a"] = b"3"
+    before = {b"a": m.kv.get(b"a"), b"c": None}
+    m.kv[b"a"], m.kv[b"c"] = b"4", b"5"  # a request in flight at a failure
+    m.uncertain(before)
+    assert m.ok(b"a", b"4") and m.ok(b"a", b"3") and not m.ok(b"a", b"1")
+    assert m.ok(b"c", None) and m.ok(b"c", b"5") and b"a" in m.frozen
+    m.cold()
+    assert m.kv == {b"a": b"1", b"b": b"2"} and m.ok(b"c", None) and not m.ok(b"c", b"5")
+    assert Path(C.__file__).parent == ROOT / "bench" / "faults"
