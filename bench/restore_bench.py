@@ -70,6 +70,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from availability import PLOT_SMOOTH_MS, trailing_mean  # noqa: E402
 from snapshot_common import (  # noqa: E402
     AOF_EVERYSEC,
     HOST,
@@ -595,17 +596,6 @@ def lost_table(rows, args):
             f"| {r['loss_window_ms']:,.1f} ms | {fmt(r['snapshot_age_at_kill_ms'], ',.1f')} ms "
             f"| {r['applied_unacked']:,} |"
         )
-    return out
-
-
-PLOT_SMOOTH_MS = 50
-
-
-def trailing_mean(xs, n):
-    out, total = [], 0.0
-    for i, x in enumerate(xs):
-        total += x - (xs[i - n] if i >= n else 0)
-        out.append(total / min(i + 1, n))
     return out
 
 
