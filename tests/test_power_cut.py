@@ -156,12 +156,12 @@ class Guest:
                     if m:
                         return i, m
                     if f"{MARK} FAIL" in self.lines[i] or "KVM internal error" in self.lines[i]:
-                        pytest.fail(f"the guest failed: {self.lines[i]}\n{self.tail()}")
+                        pytest.fail(f"the guest failed: {self.lines[i]}\n{self.tail()}", pytrace=False)
                     i += 1
                 left = deadline - time.monotonic()
                 if self.done or left <= 0:
                     what = "QEMU exited" if self.done else f"{timeout:.0f} s passed"
-                    pytest.fail(f"{what} before the console showed /{pattern}/\n{self.tail()}")
+                    pytest.fail(f"{what} before the console showed /{pattern}/\n{self.tail()}", pytrace=False)
                 self.cond.wait(min(left, 1.0))
 
     def booted(self):
@@ -177,6 +177,24 @@ class Guest:
                 return None
             raise
         return self
+
+    def redis_client(self, port, what):
+        """A redis-py client once the app in the guest answers PING on the
+        forwarded port.  Fails at once, with the console, if the guest powered
+        off (its command exited); the failure shows the message only, so the
+        console's tail is what a CI log keeps."""
+        up = time.monotonic() + (120 if slow() else 30)
+        while True:
+            try:
+                c = redis.Redis(port=port, socket_timeout=60, socket_connect_timeout=5)
+                c.ping()
+                return c
+            except redis.RedisError as e:
+                if self.done or time.monotonic() > up:
+                    why = "the guest powered off" if self.done else f"no answer: {e}"
+                    self.kill()
+                    pytest.fail(f"{what} on 127.0.0.1:{port}: {why}\n{self.tail()}", pytrace=False)
+                time.sleep(0.2)
 
     def kill(self):
         """The power cut: SIGKILL, no chance to flush anything."""
@@ -301,16 +319,7 @@ def rkv_power_cut(image, name, mode):
         port,
     )  # fmt: skip
     want, seconds = (600, 120) if slow() else (3000, 60)  # after boot: it may have fallen back to TCG
-    up = time.monotonic() + (120 if slow() else 30)
-    while True:
-        try:
-            redis.Redis(port=port, socket_timeout=5, socket_connect_timeout=5).ping()
-            break
-        except redis.RedisError as e:
-            if time.monotonic() > up:
-                g.kill()
-                pytest.fail(f"rkv did not answer on 127.0.0.1:{port}: {e}\n{g.tail()}")
-            time.sleep(0.2)
+    g.redis_client(port, "rkv")
 
     acked = [0] * CLIENTS  # replies received: keys 0 .. acked-1 of each client
     attempted = [0] * CLIENTS
@@ -348,16 +357,7 @@ def rkv_power_cut(image, name, mode):
         port,
     )  # fmt: skip
     try:
-        up = time.monotonic() + (120 if slow() else 30)
-        while True:
-            try:
-                c = redis.Redis(port=port, socket_timeout=60, socket_connect_timeout=5)
-                c.ping()
-                break
-            except redis.RedisError as e:
-                if time.monotonic() > up:
-                    pytest.fail(f"the restored rkv did not answer: {e}\n{g2.tail()}")
-                time.sleep(0.2)
+        c = g2.redis_client(port, "the restored rkv")
         present = []
         for t in range(CLIENTS):
             found = []

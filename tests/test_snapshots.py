@@ -3,8 +3,10 @@
 (supervisor and app killed, so the memfds are gone too), through unmodified
 redis-py."""
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -404,7 +406,7 @@ def test_no_acknowledged_write_is_lost_when_the_stack_dies(tmp_path):
     )  # fmt: skip
     try:
         line = back.stdout.readline()
-        while line and not line.startswith('{"app"'):
+        while line and not line.startswith('{"app":"check"'):
             line = back.stdout.readline()
         assert line, f"the restore did not start the app: {(tmp_path / 'ev2.jsonl').read_text()[-2000:]}"
         check = json.loads(line)
@@ -456,3 +458,68 @@ def test_run_starts_from_the_newest_snapshot_of_its_store(tmp_path):
     )  # fmt: skip
     assert p.returncode == 1
     assert "cannot read the snapshot store" in p.stderr and "refusing to start" in p.stderr
+
+
+def test_an_arena_opted_out_of_snapshots_comes_back_empty_from_a_restore(tmp_path):
+    """RK_ARENA_NO_SNAPSHOT (durable.c's "cache" arena counts its write
+    runs): a warm restart keeps it; snapshots leave it out; a restore gives
+    it back empty, says why, and restores the other arena whole."""
+    store = tmp_path / "store"
+    env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
+    events = tmp_path / "ev1.jsonl"
+    sup = subprocess.Popen(
+        [str(REKINDLE), "run", "--name", "durable", "--events", str(events),
+         "--snapshot-dir", str(store), "--snapshot-interval", "0",
+         "--", str(DURABLE), "--writes", "300", "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+
+    def next_line(proc, prefix, timeout=30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, f"the app's output ended before {prefix}"
+            if line.startswith(prefix):
+                return json.loads(line)
+        pytest.fail(f"no {prefix} in {timeout} s")
+
+    try:
+        first = next_line(sup, '{"app":"arenas"')
+        assert first == {"app": "arenas", "durable": False, "cache": False, "runs": 1}
+        next_line(sup, '{"app":"done"')
+        spawned = [json.loads(x) for x in events.read_text().splitlines() if '"spawn"' in x]
+        os.kill(spawned[-1]["pid"], signal.SIGKILL)  # a warm restart keeps both arenas
+        again = next_line(sup, '{"app":"arenas"')
+        assert again == {"app": "arenas", "durable": True, "cache": True, "runs": 2}, again
+        next_line(sup, '{"app":"done"')
+        p = rekindle("checkpoint", "durable", "--wait", "--json", env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        snap = json.loads(p.stdout)["id"]
+    finally:
+        sup.kill()
+        sup.wait(timeout=10)
+        for e in [json.loads(x) for x in events.read_text().splitlines() if '"spawn"' in x]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(e["pid"], signal.SIGKILL)
+    names = re.findall(r'"name": "([^"]+)"', (store / "snapshots" / f"{snap}.json").read_text())
+    assert "durable" in names and "cache" not in names, names
+
+    app_log = tmp_path / "app2.log"
+    with open(app_log, "w") as err:
+        back = subprocess.Popen(
+            [str(REKINDLE), "restore", "--from", str(store), "--name", "durable",
+             "--events", str(tmp_path / "ev2.jsonl"), "--", str(DURABLE), "--check"],
+            stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+        )  # fmt: skip
+    try:
+        arenas = next_line(back, '{"app":"arenas"')
+        assert arenas == {"app": "arenas", "durable": True, "cache": False, "runs": 0}, arenas
+        check = next_line(back, '{"app":"check"')
+        assert check["set"] == 300 and check["wrong"] == 0 and check["restored"] == snap, check
+        dropped = [json.loads(x) for x in app_log.read_text().splitlines() if '"arena_dropped"' in x]
+        assert [(d["arena"], d["why"]) for d in dropped] == [
+            ("cache", "not in snapshots (RK_ARENA_NO_SNAPSHOT): restored empty")
+        ], dropped
+    finally:
+        back.send_signal(signal.SIGTERM)
+        back.wait(timeout=20)

@@ -449,6 +449,14 @@ rk_arena *rk_arena_open(const char *name, size_t max_bytes);
  * pkeys (CPU or kernel) the arena is unprotected, and a warning says so
  * once. */
 #define RK_ARENA_WRITE_PROTECT 0x2u
+/* Leave the arena out of durable snapshots (Aurora's sls_mctl): for state
+ * the app can rebuild, such as a cache, that is not worth the stop time and
+ * the disk.  A warm restart keeps it as always; a restore from a snapshot
+ * (rekindle restore, rollback, a cold restart or crash loop with a store)
+ * gives it back empty (rk_arena_preserved false), so nothing in the other
+ * arenas may point into it.  Reopening with or without the flag changes it
+ * from the next snapshot on. */
+#define RK_ARENA_NO_SNAPSHOT 0x4u
 rk_arena *rk_arena_open_flags(const char *name, size_t max_bytes, unsigned flags);
 /* True when the arena's contents come from the previous incarnation; false
  * for a new arena or one dropped at the failure (it starts empty). */

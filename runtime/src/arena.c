@@ -368,7 +368,7 @@ rk_arena *rk_arena_open_flags(const char *name, size_t max_bytes, unsigned flags
 		errno = EPERM; /* rk_init first */
 		return NULL;
 	}
-	if (!arena_name_ok(name) || (flags & ~(RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT))) {
+	if (!arena_name_ok(name) || (flags & ~(RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT | RK_ARENA_NO_SNAPSHOT))) {
 		errno = EINVAL;
 		return NULL;
 	}

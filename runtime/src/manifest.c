@@ -37,7 +37,7 @@ void rk_manifest_sync(void)
 		memset(d, 0, sizeof *d);
 		rk_strlcpy(d->name, a->name, sizeof d->name);
 		d->fd = a->fd;
-		d->flags = a->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT);
+		d->flags = a->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT | RK_ARENA_NO_SNAPSHOT);
 		d->base = a->hdr->base;
 		d->max = a->hdr->max_bytes;
 		d->dev = a->dev;
@@ -244,13 +244,20 @@ static const struct rk_manifest *manifest_from_supervisor(struct rk_inherit *inh
 	if (m != MAP_FAILED) {
 		matched = true;
 		/* The supervisor keeps back the arenas it found half-changed
-		 * (independent ones) and says how many: exactly those lack an fd. */
+		 * (independent ones) and says how many: exactly those lack an fd,
+		 * and, after a restore, the arenas left out of snapshots. */
 		unsigned missing = 0;
-		for (unsigned i = 0; i < m->narenas; i++)
-			if ((m->arenas[i].fd = take_fd_named(inh, used, m->arenas[i].name)) < 0) {
-				m->arenas[i].flags |= RK_MARENA_DROPPED;
+		bool restored = inh->flags & RK_INHERIT_RESTORED;
+		for (unsigned i = 0; i < m->narenas; i++) {
+			struct rk_manifest_arena *a = &m->arenas[i];
+			if ((a->fd = take_fd_named(inh, used, a->name)) >= 0)
+				continue;
+			a->flags |= RK_MARENA_DROPPED;
+			if (restored && (a->flags & RK_ARENA_NO_SNAPSHOT))
+				a->flags |= RK_MARENA_NOT_IN_SNAPSHOT;
+			else
 				missing++;
-			}
+		}
 		matched = missing == inh->dropped;
 		for (unsigned i = 0; i < m->nranges && matched; i++) {
 			char name[48];

@@ -76,7 +76,10 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 		struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
 		if (d->flags & RK_MARENA_DROPPED) {
 			char msg[240];
-			snprintf(msg, sizeof msg, "half-changed at the failure: %s", m->decision);
+			if (d->flags & RK_MARENA_NOT_IN_SNAPSHOT)
+				snprintf(msg, sizeof msg, "not in snapshots (RK_ARENA_NO_SNAPSHOT): restored empty");
+			else
+				snprintf(msg, sizeof msg, "half-changed at the failure: %s", m->decision);
 			log_arena_dropped(d->name, msg);
 			continue;
 		}
@@ -104,7 +107,7 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 		a->ino = d->ino;
 		a->index = rk_g.narenas++;
 		a->inherited = true;
-		a->flags = d->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT);
+		a->flags = d->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT | RK_ARENA_NO_SNAPSHOT);
 		rk_strlcpy(a->name, d->name, sizeof a->name);
 		int r = rk_arena_validate(a, d->base, d->max, why, wl);
 		if (r < 0 && !drop_independent(d, a, why)) {

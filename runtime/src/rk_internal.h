@@ -389,6 +389,7 @@ enum rk_next_mode { RK_NEXT_NONE = 0, RK_NEXT_WARM = 1, RK_NEXT_COLD = 2 };
 
 /* rk_manifest_arena.flags: the app's RK_ARENA_* flags, and: */
 #define RK_MARENA_DROPPED 0x80000000u /* half-changed at the failure: not handed on */
+#define RK_MARENA_NOT_IN_SNAPSHOT 0x40000000u /* with DROPPED: opted out of the snapshot restored */
 /* dev/ino: which file fd must be in the next incarnation (fstat, not a
  * readlink in /proc, which costs 20 us on a restart's first use) */
 struct rk_manifest_arena { char name[RK_NAME_MAX + 1]; int32_t fd; uint32_t flags; uint64_t base, max, dev, ino; };

@@ -289,11 +289,14 @@ static enum rk_snap_status regions_build(int *err)
 	struct rk_snap_region *r = buf_regions();
 	struct tracked now[RK_SNAP_MAX_REGIONS];
 	unsigned n = 0;
-	for (unsigned i = 0; i < m->narenas; i++, n++) {
+	for (unsigned i = 0; i < m->narenas; i++) {
 		const struct rk_manifest_arena *a = &m->arenas[i];
+		if (a->flags & RK_ARENA_NO_SNAPSHOT)
+			continue; /* opted out: not registered, not scanned, not in the snapshot */
 		region_set(&r[n], RK_SNAP_ARENA, a->name, a->base, a->max);
 		now[n] = (struct tracked){a->base, a->max, a->ino};
 		scan_len[n] = used_len(a->fd, a->max);
+		n++;
 	}
 	for (unsigned i = 0; i < m->nranges; i++, n++) {
 		const struct rk_manifest_range *g = &m->ranges[i];

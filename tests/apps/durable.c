@@ -10,6 +10,11 @@
  *   durable --check                    print what the arena holds:
  *                                      {"app":"check","set":S,"restored":"ID",...}
  *
+ * A second arena, "cache", is opened RK_ARENA_NO_SNAPSHOT: it holds the
+ * number of write runs started, which a warm restart keeps and a restore
+ * from a snapshot does not.  Each start prints
+ *   {"app":"arenas","durable":PRESERVED,"cache":PRESERVED,"runs":N}
+ *
  * Without a snapshot store, writing refuses to acknowledge anything (it
  * exits 3): nothing it wrote would survive the machine. */
 #include "rekindle.h"
@@ -29,8 +34,9 @@ struct state {
 	uint64_t v[SLOTS];
 };
 
-static rk_arena *arena;
+static rk_arena *arena, *cache;
 static struct state *st;
+static uint64_t *runs; /* in the cache arena */
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Blocks until the snapshot of epoch e is durable. */
@@ -102,6 +108,25 @@ int main(int argc, char **argv)
 		rk_root_set(arena, "state", st);
 		rk_unsafe_end(arena);
 	}
+	cache = rk_arena_open_flags("cache", 2u << 20, RK_ARENA_NO_SNAPSHOT);
+	if (!cache)
+		return 1;
+	runs = rk_arena_preserved(cache) ? rk_root_get(cache, "runs") : NULL;
+	if (!runs) {
+		rk_unsafe_begin(cache);
+		runs = rk_calloc(cache, 1, sizeof *runs);
+		rk_root_set(cache, "runs", runs);
+		rk_unsafe_end(cache);
+	}
+	if (!check) {
+		rk_unsafe_begin(cache);
+		(*runs)++;
+		rk_unsafe_end(cache);
+	}
+	printf("{\"app\":\"arenas\",\"durable\":%s,\"cache\":%s,\"runs\":%llu}\n",
+	       rk_arena_preserved(arena) ? "true" : "false", rk_arena_preserved(cache) ? "true" : "false",
+	       (unsigned long long)*runs);
+	fflush(stdout);
 	if (rk_is_recovery())
 		rk_finish_recovery_mode(RK_CLEANUP_PENDING, NULL);
 	rk_ready();
