@@ -275,8 +275,10 @@ static const struct rk_manifest *manifest_from_supervisor(struct rk_inherit *inh
 			munmap(m, *size);
 		return MAP_FAILED;
 	}
-	if (inh->flags & RK_INHERIT_RESTORED)
+	if (inh->flags & RK_INHERIT_RESTORED) {
 		manifest_adopt_restored(m, inh);
+		rk_g.lazy_restore = (inh->flags & RK_INHERIT_LAZY) != 0;
+	}
 	else
 		m->statics_saved = 0; /* no handler ran to save them */
 	m->next_mode = RK_NEXT_WARM;

@@ -69,8 +69,22 @@ static bool drop_independent(const struct rk_manifest_arena *d, struct rk_arena 
 	return true;
 }
 
+/* The header checks of one mapped arena; an independent one that fails
+ * them is dropped alone when it is the last one mapped (drop_independent
+ * takes it off the end of the table). */
+static int validate_arena(const struct rk_manifest_arena *d, struct rk_arena *a, bool last, char *why, size_t wl)
+{
+	int r = rk_arena_validate(a, d->base, d->max, why, wl);
+	if (r < 0 && !(last && drop_independent(d, a, why))) {
+		rk_g.info.decision_code = RK_REASON_ARENA_CHECK_FAILED;
+		return r;
+	}
+	return 0;
+}
+
 static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 {
+	unsigned first = rk_g.narenas;
 	for (unsigned i = 0; i < m->narenas; i++) {
 		const struct rk_manifest_arena *d = &m->arenas[i];
 		struct rk_arena *a = &rk_g.arenas[rk_g.narenas];
@@ -109,11 +123,24 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 		a->inherited = true;
 		a->flags = d->flags & (RK_ARENA_INDEPENDENT | RK_ARENA_WRITE_PROTECT | RK_ARENA_NO_SNAPSHOT);
 		rk_strlcpy(a->name, d->name, sizeof a->name);
-		int r = rk_arena_validate(a, d->base, d->max, why, wl);
-		if (r < 0 && !drop_independent(d, a, why)) {
-			rk_g.info.decision_code = RK_REASON_ARENA_CHECK_FAILED;
-			return r;
-		}
+		if (!rk_g.lazy_restore && validate_arena(d, a, true, why, wl) < 0)
+			return -EINVAL;
+	}
+	if (!rk_g.lazy_restore)
+		return 0;
+	/* every arena is mapped and none was touched: register them all for
+	 * the supervisor's pages, then read them */
+	int r = rk_lazy_begin(why, wl);
+	if (r < 0) {
+		rk_g.info.decision_code = RK_REASON_ARENA_CHECK_FAILED;
+		return r;
+	}
+	for (unsigned i = 0, k = 0; i < m->narenas; i++) {
+		const struct rk_manifest_arena *d = &m->arenas[i];
+		if (d->flags & RK_MARENA_DROPPED)
+			continue;
+		if (validate_arena(d, &rk_g.arenas[first + k++], false, why, wl) < 0)
+			return -EINVAL;
 	}
 	return 0;
 }

@@ -385,21 +385,26 @@ static void manifest_switch_arena(bool on)
 	}
 }
 
-/* A cold restart the supervisor makes from the newest snapshot instead
- * (rk_reason_restorable): die, with the fault's own signal if there is one,
- * leaving the evidence (the open region) in the control block for it. */
-static void leave_to_supervisor(const char *reason, const char *decision, enum rk_reason code, int sig,
-				uint64_t age_ms) __attribute__((noreturn));
-static void leave_to_supervisor(const char *reason, const char *decision, enum rk_reason code, int sig,
-				uint64_t age_ms)
+/* A restart the supervisor makes instead: die, with the fault's own signal
+ * if there is one, leaving the evidence (the open region) in the control
+ * block for it.  mode "snapshot": a cold restart it makes from the newest
+ * snapshot instead (rk_reason_restorable); mode "respawn": a warm restart
+ * while a lazy restore is still filling the arenas, which a new address
+ * space would map without their pages. */
+static void leave_to_supervisor(const char *mode, const char *reason, const char *decision, enum rk_reason code,
+				int sig, uint64_t age_ms) __attribute__((noreturn));
+static void leave_to_supervisor(const char *mode, const char *reason, const char *decision, enum rk_reason code,
+				int sig, uint64_t age_ms)
 {
+	bool snap = strcmp(mode, "snapshot") == 0;
 	struct rk_ev e;
 	rk_ev_begin(&e, "restart");
-	rk_ev_str(&e, "mode", "snapshot");
+	rk_ev_str(&e, "mode", mode);
 	rk_ev_str(&e, "reason", reason);
 	rk_ev_str(&e, "decision", decision);
 	rk_ev_str(&e, "code", rk_reason_name(code));
-	rk_ev_str(&e, "action", "exit: the supervisor restarts from the newest snapshot instead of cold");
+	rk_ev_str(&e, "action", snap ? "exit: the supervisor restarts from the newest snapshot instead of cold"
+				     : "exit: the supervisor finishes the lazy restore and restarts warm");
 	if (sig)
 		rk_ev_str(&e, "signal", rk_signame(sig));
 	rk_ev_u64(&e, "generation", rk_g.info.generation);
@@ -501,7 +506,9 @@ int rk_do_restart(bool want_warm, bool hot_switch, const char *reason, int sig, 
 	 * snapshot from before it began */
 	if (!warm && !hot_switch && rk_snapshot_active() &&
 	    (rk_reason_restorable(v.code) || v.code == RK_REASON_CRASH_LOOP))
-		leave_to_supervisor(reason, decision, v.code, sig, age_ms);
+		leave_to_supervisor("snapshot", reason, decision, v.code, sig, age_ms);
+	if (warm && !hot_switch && rk_lazy_pending())
+		leave_to_supervisor("respawn", reason, decision, v.code, sig, age_ms);
 	uint32_t drop = warm ? v.drop : 0;
 	if (!warm)
 		rk_control_repair(); /* the decision is made: no evidence is needed now */

@@ -493,7 +493,7 @@ struct rk_control {
 	_Atomic uint32_t pid, generation, state, flags;
 	_Atomic uint64_t heartbeat_count, heartbeat_ns, preserved_bytes;
 	_Atomic uint32_t request_mode;
-	uint32_t reserved0;
+	_Atomic uint32_t lazy_pages; /* set by the supervisor while a lazy restore is filling the arenas */
 	char request_reason[128];
 	uint32_t nslots, slot_size, narenas;
 	_Atomic uint32_t independent_mask; /* arena indexes opened RK_ARENA_INDEPENDENT */
@@ -552,6 +552,7 @@ enum rk_request_mode rk_control_take_request(char *reason, size_t cap) RK_HIDDEN
  * snapshot (`rekindle restore`); reason holds the snapshot's id, and the
  * manifest's saved statics are the snapshot's. */
 #define RK_INHERIT_RESTORED 0x1u
+#define RK_INHERIT_LAZY 0x2u /* with RESTORED: the arenas' pages come in on demand (lazy.c) */
 struct rk_inherit {
 	uint32_t mode; /* 0 fresh, 1 warm, 2 cold */
 	uint32_t generation;
@@ -581,10 +582,26 @@ void rk_sup_forget(void) RK_HIDDEN; /* a validator child: never speak for the ap
 void rk_sup_restarting(bool warm, int sig, uint64_t t_ns, uint64_t fault_addr, const char *reason,
 		       const char *decision, enum rk_reason code) RK_HIDDEN;
 
+/* LAZY: the arenas registered for a lazy restore (lazy.c). */
+struct rk_lazy_region {
+	char name[48];
+	uint64_t addr, len;
+};
+/* Sends LAZY (the userfaultfd, or fd -1 with err: the supervisor reads
+ * every page itself) and waits for the supervisor's answer. */
+int rk_sup_lazy(int uffd, const struct rk_lazy_region *regions, unsigned n, int err, char *why, size_t wl) RK_HIDDEN;
+
+/* ---- lazy.c: the app's side of a lazy restore ---- */
+/* After the arenas are mapped and before anything reads them. */
+int rk_lazy_begin(char *why, size_t wl) RK_HIDDEN;
+/* The supervisor is still filling the arenas: no in-place warm restart. */
+bool rk_lazy_pending(void) RK_HIDDEN;
+
 /* ---- init.c: rk_init and the process-wide state ---- */
 struct rk_state {
 	bool initialized;
 	bool recovery;        /* warm start, recovery not finished */
+	bool lazy_restore;    /* the supervisor restores the arenas lazily (RK_INHERIT_LAZY) */
 	pid_t pid;            /* the process rk_init ran in (a forked child does not restart) */
 	uint64_t reserve_base, reserve_len, next_arena_addr;
 	struct rk_arena arenas[RK_MAX_ARENAS];

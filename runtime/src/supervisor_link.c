@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,9 @@ enum msg_type {
 	MSG_RESTARTING = 4,
 	MSG_READY = 5,
 	MSG_RESTART_FAILED = 6,
+	MSG_LAZY = 7,
 	MSG_INHERIT = 101,
+	MSG_LAZY_REPLY = 102,
 	MSG_ERROR = 199,
 };
 
@@ -363,5 +366,69 @@ int rk_sup_attach(struct rk_inherit *inh, char *why, size_t wl)
 	}
 	close_fds(inh->fds, inh->nfds);
 	inh->nfds = 0;
+	return r;
+}
+
+struct msg_lazy {
+	uint32_t nregions;
+	int32_t err; /* 0: the fd came with it; else why not (errno) */
+	struct rk_lazy_region regions[RK_MAX_ARENAS];
+};
+
+struct msg_lazy_reply {
+	uint32_t status; /* 0: serving faults; 1: every page is in already */
+	uint32_t reserved;
+};
+
+/* Waits up to ATTACH_TIMEOUT_MS for one message of type want and len bytes. */
+static int recv_reply(uint16_t want, void *body, size_t len, const char *what, char *why, size_t wl)
+{
+	struct pollfd p = {.fd = sup_fd, .events = POLLIN};
+	int r;
+	do
+		r = poll(&p, 1, ATTACH_TIMEOUT_MS);
+	while (r < 0 && errno == EINTR);
+	if (r <= 0) {
+		snprintf(why, wl, "the supervisor did not answer %s within %d ms", what, ATTACH_TIMEOUT_MS);
+		return -ETIMEDOUT;
+	}
+	struct msg_hdr h;
+	char raw[MSG_MAX];
+	int fds[MAX_FDS];
+	unsigned nfds = 0;
+	ssize_t n = recv_msg(&h, raw, sizeof raw, fds, &nfds);
+	close_fds(fds, nfds);
+	if (n < 0) {
+		snprintf(why, wl, "no answer to %s from the supervisor: %s", what, strerror((int)-n));
+		return (int)n;
+	}
+	if (h.magic != MSG_MAGIC || h.version != MSG_VERSION || h.len != (uint32_t)n || h.type != want ||
+	    (size_t)n != len || nfds) {
+		snprintf(why, wl, "unexpected answer to %s (type %u, %zd bytes, %u fds)", what, h.type, n, nfds);
+		return -EPROTO;
+	}
+	memcpy(body, raw, len);
+	return 0;
+}
+
+int rk_sup_lazy(int uffd, const struct rk_lazy_region *regions, unsigned n, int err, char *why, size_t wl)
+{
+	struct msg_lazy m;
+	memset(&m, 0, sizeof m);
+	m.nregions = n;
+	m.err = err;
+	memcpy(m.regions, regions, n * sizeof regions[0]);
+	uint32_t len = (uint32_t)(offsetof(struct msg_lazy, regions) + n * sizeof regions[0]);
+	int r = send_msg(MSG_LAZY, &m, len, uffd >= 0 ? &uffd : NULL, uffd >= 0 ? 1 : 0);
+	if (r < 0) {
+		snprintf(why, wl, "cannot hand the lazy restore's userfaultfd to the supervisor: %s", strerror(-r));
+		return r;
+	}
+	struct msg_lazy_reply rep;
+	r = recv_reply(MSG_LAZY_REPLY, &rep, sizeof rep, "LAZY", why, wl);
+	if (r == 0 && rep.status > 1) {
+		snprintf(why, wl, "the supervisor answered LAZY with status %u", rep.status);
+		r = -EPROTO;
+	}
 	return r;
 }

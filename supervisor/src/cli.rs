@@ -260,6 +260,21 @@ pub struct RunArgs {
     )]
     pub start_from: StartFrom,
 
+    /// How a start from a snapshot (`rekindle restore`, --start-from
+    /// newest) reads the arenas back: every page before the app starts
+    /// (eager), or none: the app starts at once and each page comes in when
+    /// it is first touched, the rest in the background (lazy; needs a
+    /// userfaultfd that sees kernel faults: root, CAP_SYS_PTRACE or
+    /// /dev/userfaultfd, else eager with a `lazy_restore` event saying so).
+    #[arg(long, value_name = "HOW", value_enum, default_value = "eager")]
+    pub restore_pages: crate::snapshot::restore::Pages,
+
+    /// With --restore-pages lazy: at most this many pages a second read
+    /// back in the background, to spare the disk (0: as fast as it goes).
+    /// Pages the app touches come in at once whatever it is.
+    #[arg(long, value_name = "PAGES", default_value_t = 0)]
+    pub restore_fill_rate: u64,
+
     /// The program to supervise and its arguments (after `--`).  Once
     /// PROGRAM is found, everything after it is its argument; before it, a
     /// word that starts with '-' is an option of ours (unknown ones are a
@@ -294,6 +309,8 @@ pub struct Config {
     /// Why the first incarnation starts from `restore` (the restore event).
     pub restore_why: &'static str,
     pub start_from: StartFrom,
+    pub restore_pages: crate::snapshot::restore::Pages,
+    pub restore_fill_rate: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -370,6 +387,8 @@ impl Config {
             restore: None,
             restore_why: "",
             start_from: a.start_from,
+            restore_pages: a.restore_pages,
+            restore_fill_rate: a.restore_fill_rate,
         })
     }
 }

@@ -32,6 +32,8 @@ pub const OFF_HEARTBEAT_COUNT: usize = 32;
 pub const OFF_HEARTBEAT_NS: usize = 40;
 pub const OFF_PRESERVED: usize = 48;
 pub const OFF_REQUEST_MODE: usize = 56;
+/// Set by the supervisor while a lazy restore fills the arenas.
+pub const OFF_LAZY_PAGES: usize = 60;
 pub const OFF_REQUEST_REASON: usize = 64;
 pub const REQUEST_REASON_LEN: usize = 128;
 pub const OFF_NSLOTS: usize = 192;

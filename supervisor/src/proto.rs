@@ -34,7 +34,9 @@ pub const T_FDS: u16 = 3;
 pub const T_RESTARTING: u16 = 4;
 pub const T_READY: u16 = 5;
 pub const T_RESTART_FAILED: u16 = 6;
+pub const T_LAZY: u16 = 7;
 pub const T_INHERIT: u16 = 101;
+pub const T_LAZY_REPLY: u16 = 102;
 pub const T_ERROR: u16 = 199;
 
 pub const ATTACH_LEN: usize = 8;
@@ -45,6 +47,11 @@ pub const RESTARTING_LEN: usize = 320;
 pub const READY_LEN: usize = 8;
 pub const RESTART_FAILED_LEN: usize = 8;
 pub const INHERIT_LEN: usize = 320;
+pub const LAZY_HDR_LEN: usize = 8;
+pub const LAZY_ENTRY_LEN: usize = 64;
+/// Most arenas one LAZY message may name (RK_MAX_ARENAS).
+pub const LAZY_MAX_REGIONS: usize = 16;
+pub const LAZY_REPLY_LEN: usize = 8;
 
 /// How an incarnation started (HELLO `kind`, INHERIT `mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +167,21 @@ pub enum AppMsg {
         errno: i32,
         generation: u32,
     },
+    /// A lazy restore's arenas, mapped and registered with the userfaultfd
+    /// that comes with the message; `errno` != 0: no fd came (the app could
+    /// not get one), every page must be read in before the reply.
+    Lazy {
+        errno: i32,
+        regions: Vec<LazyRegion>,
+    },
+}
+
+/// One arena of LAZY: where the app mapped it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LazyRegion {
+    pub name: String,
+    pub addr: u64,
+    pub len: u64,
 }
 
 impl AppMsg {
@@ -171,12 +193,14 @@ impl AppMsg {
             AppMsg::Restarting(_) => T_RESTARTING,
             AppMsg::Ready { .. } => T_READY,
             AppMsg::RestartFailed { .. } => T_RESTART_FAILED,
+            AppMsg::Lazy { .. } => T_LAZY,
         }
     }
     /// How many fds must travel with this message.
     pub fn nfds(&self) -> usize {
         match self {
             AppMsg::Fds(e) => e.len(),
+            AppMsg::Lazy { errno: 0, .. } => 1,
             _ => 0,
         }
     }
@@ -201,11 +225,33 @@ pub struct Inherit {
 /// INHERIT `flags`: the fds are new memfds filled from a durable snapshot
 /// (`rekindle restore`); `reason` is the snapshot's id.
 pub const INHERIT_RESTORED: u32 = 0x1;
+/// With INHERIT_RESTORED: the arenas' memfds are empty, their pages come
+/// in on demand; the app answers with LAZY before it touches them.
+pub const INHERIT_LAZY: u32 = 0x2;
+
+/// LAZY_REPLY `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LazyStatus {
+    /// The supervisor serves the faults and fills in the rest.
+    Serving,
+    /// Every page is in already (the app sent no fd).
+    Filled,
+}
+
+impl LazyStatus {
+    pub fn code(self) -> u32 {
+        match self {
+            LazyStatus::Serving => 0,
+            LazyStatus::Filled => 1,
+        }
+    }
+}
 
 /// A message from the supervisor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SupMsg {
     Inherit(Inherit),
+    LazyReply(LazyStatus),
     Error(String),
 }
 
@@ -362,13 +408,13 @@ fn want_len(name: &'static str, p: &[u8], want: usize) -> Result<(), ProtoError>
 /// message is a valid `FDS`.
 pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
     let (ty, p) = parse_header(buf)?;
-    if ty != T_FDS && nfds != 0 {
+    if ty != T_FDS && ty != T_LAZY && nfds != 0 {
         // checked after the type so an unknown type is reported as such
         match ty {
             T_ATTACH | T_HELLO | T_RESTARTING | T_READY | T_RESTART_FAILED => {
                 return Err(ProtoError::UnexpectedFds(nfds));
             }
-            T_INHERIT | T_ERROR => return Err(ProtoError::WrongDirection(ty)),
+            T_INHERIT | T_LAZY_REPLY | T_ERROR => return Err(ProtoError::WrongDirection(ty)),
             _ => return Err(ProtoError::BadType(ty)),
         }
     }
@@ -433,6 +479,42 @@ pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
                 entries.push(FdEntry { kind, name });
             }
             Ok(AppMsg::Fds(entries))
+        }
+        T_LAZY => {
+            if p.len() < LAZY_HDR_LEN {
+                return Err(ProtoError::BadLength {
+                    name: "LAZY",
+                    want: LAZY_HDR_LEN,
+                    got: p.len(),
+                });
+            }
+            let count = r.u32();
+            let errno = r.i32();
+            if count as usize > LAZY_MAX_REGIONS {
+                return Err(ProtoError::BadValue("count", count as u64));
+            }
+            want_len("LAZY", p, LAZY_HDR_LEN + LAZY_ENTRY_LEN * count as usize)?;
+            let want_fds = if errno == 0 { 1 } else { 0 };
+            if nfds != want_fds {
+                return Err(ProtoError::FdCount {
+                    declared: want_fds as u32,
+                    got: nfds,
+                });
+            }
+            let mut regions = Vec::with_capacity(count as usize);
+            for _ in 0..count {
+                let name = r.cstr(NAME_LEN, "name")?;
+                let addr = r.u64();
+                let len = r.u64();
+                if !addr.is_multiple_of(4096)
+                    || !len.is_multiple_of(4096)
+                    || addr.checked_add(len).is_none()
+                {
+                    return Err(ProtoError::BadValue("lazy region", addr));
+                }
+                regions.push(LazyRegion { name, addr, len });
+            }
+            Ok(AppMsg::Lazy { errno, regions })
         }
         T_RESTARTING => {
             want_len("RESTARTING", p, RESTARTING_LEN)?;
@@ -534,6 +616,15 @@ pub fn encode_app(m: &AppMsg) -> Vec<u8> {
             p.extend_from_slice(&errno.to_le_bytes());
             p.extend_from_slice(&generation.to_le_bytes());
         }
+        AppMsg::Lazy { errno, regions } => {
+            p.extend_from_slice(&(regions.len() as u32).to_le_bytes());
+            p.extend_from_slice(&errno.to_le_bytes());
+            for r in regions {
+                put_cstr(&mut p, &r.name, NAME_LEN);
+                p.extend_from_slice(&r.addr.to_le_bytes());
+                p.extend_from_slice(&r.len.to_le_bytes());
+            }
+        }
     }
     let mut out = Vec::with_capacity(HDR_LEN + p.len());
     header(&mut out, m.type_code(), p.len());
@@ -556,6 +647,11 @@ pub fn encode_sup(m: &SupMsg) -> Vec<u8> {
             p.extend_from_slice(&i.decision_code.code().to_le_bytes());
             p.extend_from_slice(&i.flags.to_le_bytes());
             T_INHERIT
+        }
+        SupMsg::LazyReply(s) => {
+            p.extend_from_slice(&s.code().to_le_bytes());
+            p.extend_from_slice(&0u32.to_le_bytes());
+            T_LAZY_REPLY
         }
         SupMsg::Error(e) => {
             put_cstr(&mut p, e, ERROR_LEN);
@@ -597,6 +693,14 @@ pub fn parse_sup(buf: &[u8]) -> Result<SupMsg, ProtoError> {
                 dropped,
             }))
         }
+        T_LAZY_REPLY => {
+            want_len("LAZY_REPLY", p, LAZY_REPLY_LEN)?;
+            match r.u32() {
+                0 => Ok(SupMsg::LazyReply(LazyStatus::Serving)),
+                1 => Ok(SupMsg::LazyReply(LazyStatus::Filled)),
+                s => Err(ProtoError::BadValue("lazy status", s as u64)),
+            }
+        }
         T_ERROR => {
             want_len("ERROR", p, ERROR_LEN)?;
             Ok(SupMsg::Error(r.cstr(ERROR_LEN, "message")?))
@@ -608,6 +712,33 @@ pub fn parse_sup(buf: &[u8]) -> Result<SupMsg, ProtoError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lazy_round_trips_and_bad_ones_are_refused() {
+        let m = AppMsg::Lazy {
+            errno: 0,
+            regions: vec![LazyRegion {
+                name: "keyspace".into(),
+                addr: 0x7f00_0000_0000,
+                len: 1 << 30,
+            }],
+        };
+        let b = encode_app(&m);
+        assert_eq!(parse_app(&b, 1), Ok(m.clone()));
+        assert!(matches!(parse_app(&b, 0), Err(ProtoError::FdCount { .. })));
+        let none = AppMsg::Lazy {
+            errno: libc::EPERM,
+            regions: vec![],
+        };
+        assert_eq!(parse_app(&encode_app(&none), 0), Ok(none));
+        let mut odd = b.clone();
+        odd[HDR_LEN + LAZY_HDR_LEN + NAME_LEN] = 1; // an address not on a page
+        assert!(parse_app(&odd, 1).is_err());
+        for s in [LazyStatus::Serving, LazyStatus::Filled] {
+            let r = SupMsg::LazyReply(s);
+            assert_eq!(parse_sup(&encode_sup(&r)), Ok(r));
+        }
+    }
 
     fn hello() -> Hello {
         Hello {

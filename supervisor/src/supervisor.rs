@@ -42,6 +42,7 @@ mod app_messages;
 mod checks;
 mod control_commands;
 mod failures;
+mod lazy_restore;
 mod report;
 mod requests;
 mod respawn;
@@ -156,6 +157,9 @@ pub struct Supervisor {
     /// `rekindle restore`: the snapshot the held fds were made from (its
     /// fds already held), until the first spawn.
     restored: Option<snapshots::Rollback>,
+    /// `rekindle restore --restore-pages lazy`: the arenas being filled.
+    lazy: Option<lazy_restore::Lazy>,
+    lazy_snapshot_socket: lazy_restore::HeldBack,
     /// Continuous snapshots since the last `snapshot` event, and its time.
     snapshots_since_event: u64,
     snapshot_event_ns: u64,
@@ -240,24 +244,31 @@ impl Supervisor {
             .filter(|(_, _, fd)| crate::arena::is_rekindle_memfd(fd.as_fd()))
             .map(|(kind, name, fd)| Held { kind, name, fd })
             .collect::<Vec<_>>();
+        let mut lazy = None;
         let restored = match &cfg.restore {
             Some(src) => {
-                let r = crate::snapshot::restore::materialize(src).map_err(|e| {
-                    let mut evs = EventLog::open(&cfg.name, cfg.events.as_deref()).ok();
-                    if let Some(l) = evs.as_mut() {
-                        l.emit(
-                            ev("error")
-                                .s("what", "cannot restore")
-                                .s("code", e.code())
-                                .s("error", e.to_string()),
-                        );
-                    }
-                    anyhow::anyhow!(
-                        "cannot restore from {}: {e} ({})",
-                        src.dir.display(),
-                        e.code()
-                    )
-                })?;
+                let pages = cfg.restore_pages;
+                let mut r =
+                    crate::snapshot::restore::materialize_with(src, pages).map_err(|e| {
+                        let mut evs = EventLog::open(&cfg.name, cfg.events.as_deref()).ok();
+                        if let Some(l) = evs.as_mut() {
+                            l.emit(
+                                ev("error")
+                                    .s("what", "cannot restore")
+                                    .s("code", e.code())
+                                    .s("error", e.to_string()),
+                            );
+                        }
+                        anyhow::anyhow!(
+                            "cannot restore from {}: {e} ({})",
+                            src.dir.display(),
+                            e.code()
+                        )
+                    })?;
+                lazy = r
+                    .lazy
+                    .take()
+                    .map(|s| lazy_restore::Lazy::Waiting(Box::new(s)));
                 let mut rb = snapshots::Rollback::new(&src.dir, r);
                 held = std::mem::take(&mut rb.fds);
                 Some(rb)
@@ -325,6 +336,8 @@ impl Supervisor {
                 .to_string(),
             snapshots,
             restored,
+            lazy,
+            lazy_snapshot_socket: None,
             rollback: None,
             snapshots_since_event: 0,
             snapshot_event_ns: 0,
@@ -652,6 +665,7 @@ impl Supervisor {
             );
         }
         self.request_deadlines(now);
+        self.lazy_poll();
         if self.app.is_some() && now >= self.next_check_ns {
             self.next_check_ns = now + dur_ns(self.check_step());
             self.check_control_block();

@@ -307,4 +307,21 @@ fn the_snapshot_agents_messages_and_buffer_match_the_c_header() {
         same(name, s.code() as u64);
     }
     same("INHERIT_RESTORED", proto::INHERIT_RESTORED as u64);
+    same("INHERIT_LAZY", proto::INHERIT_LAZY as u64);
+    same(
+        "OFF_LAZY_PAGES",
+        rekindle::control_block::OFF_LAZY_PAGES as u64,
+    );
+    same("LAZY_REGION_LEN", proto::LAZY_ENTRY_LEN as u64);
+    same("LAZY_REGION_NAME_LEN", proto::NAME_LEN as u64);
+    {
+        use rekindle::snapshot::lazy as lz;
+        same("UFFDIO_COPY", lz::UFFDIO_COPY);
+        same("UFFDIO_UNREGISTER", lz::UFFDIO_UNREGISTER);
+        same("UFFD_MSG_LEN", lz::UFFD_MSG_LEN as u64);
+        same("UFFD_MSG_OFF_ADDRESS", lz::UFFD_MSG_OFF_ADDRESS as u64);
+        same("UFFD_MSG_OFF_FORK_UFD", lz::UFFD_MSG_OFF_FORK_UFD as u64);
+        same("UFFD_EVENT_PAGEFAULT", lz::UFFD_EVENT_PAGEFAULT as u64);
+        same("UFFD_EVENT_FORK", lz::UFFD_EVENT_FORK as u64);
+    }
 }

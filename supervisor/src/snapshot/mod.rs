@@ -6,5 +6,6 @@
 pub mod agent_link;
 pub mod cut;
 pub mod engine;
+pub mod lazy;
 pub mod restore;
 pub mod staging;

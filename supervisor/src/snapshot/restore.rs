@@ -72,7 +72,20 @@ impl RestoreError {
 pub struct Restored {
     pub info: SnapshotInfo,
     pub fds: Vec<(FdKind, String, OwnedFd)>,
+    /// Bytes of page data in the snapshot's regions (read back, or to be).
     pub bytes: u64,
+    /// `Pages::Lazy`: the arenas' memfds are empty; what fills them.
+    pub lazy: Option<super::lazy::Source>,
+}
+
+/// How a restore reads the arenas back (`--restore-pages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pages {
+    /// Every page before the app starts.
+    Eager,
+    /// The app starts at once; its arenas' pages come in on demand and in
+    /// the background (docs/snapshots.md, "Lazy restore").
+    Lazy,
 }
 
 fn memfd(name: &str, size: u64) -> Result<OwnedFd, RestoreError> {
@@ -99,6 +112,12 @@ fn memfd(name: &str, size: u64) -> Result<OwnedFd, RestoreError> {
 /// Reads snapshot `src` into new memfds.  Progress goes to stderr when it
 /// is a terminal.
 pub fn materialize(src: &Source) -> Result<Restored, RestoreError> {
+    materialize_with(src, Pages::Eager)
+}
+
+/// As `materialize`; with `Pages::Lazy` the arenas' memfds are left empty
+/// (sized) and `Restored::lazy` holds the reader that fills them.
+pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreError> {
     let store = Store::open(&src.dir)?;
     let id = store.resolve(&src.spec)?;
     let reader = store.open_snapshot(&id)?;
@@ -108,6 +127,7 @@ pub fn materialize(src: &Source) -> Result<Restored, RestoreError> {
     let mut fds = Vec::new();
     let mut bytes = 0u64;
     let mut has_manifest = false;
+    let mut lazy_arenas = Vec::new();
     for (i, r) in reader.regions().iter().enumerate() {
         let bad = |what: &str| RestoreError::Region {
             id: sid.clone(),
@@ -142,6 +162,32 @@ pub fn materialize(src: &Source) -> Result<Restored, RestoreError> {
         }
         let fd = memfd(&r.name, size)?;
         let name = r.name.clone();
+        bytes += reader.page_count(i as u32) as u64 * store::PAGE as u64;
+        if pages == Pages::Lazy && kind == FdKind::Arena {
+            let err = |err| RestoreError::Memfd {
+                name: name.clone(),
+                err,
+            };
+            // the header page now: the supervisor's own checks read it
+            // through the memfd (lazy::Filled counts it in)
+            let mut page = vec![0u8; store::PAGE];
+            reader.read_page(i as u32, 0, &mut page)?;
+            let n = (size as usize).min(store::PAGE);
+            let w = nix::sys::uio::pwrite(fd.as_fd(), &page[..n], 0)
+                .map_err(|e| err(std::io::Error::from(e)))?;
+            if w != n {
+                return Err(err(std::io::Error::from(std::io::ErrorKind::WriteZero)));
+            }
+            let dup = fd.try_clone().map_err(err)?;
+            lazy_arenas.push(super::lazy::LazyArena {
+                name: name.clone(),
+                region: i as u32,
+                bytes: size,
+                fd: dup,
+            });
+            fds.push((kind, name, fd));
+            continue;
+        }
         reader.read_region_into(i as u32, fd.as_fd(), &mut |p: Progress| {
             if tty && p.phase == Phase::Restore && p.total > 0 {
                 eprint!("\rrekindle: restoring {name}: {}/{} pages", p.done, p.total);
@@ -150,13 +196,21 @@ pub fn materialize(src: &Source) -> Result<Restored, RestoreError> {
                 }
             }
         })?;
-        bytes += reader.page_count(i as u32) as u64 * store::PAGE as u64;
         fds.push((kind, r.name.clone(), fd));
     }
     if !has_manifest {
         return Err(RestoreError::NoManifest { id: sid });
     }
-    Ok(Restored { info, fds, bytes })
+    let lazy = (pages == Pages::Lazy).then(|| super::lazy::Source {
+        reader,
+        arenas: lazy_arenas,
+    });
+    Ok(Restored {
+        info,
+        fds,
+        bytes,
+        lazy,
+    })
 }
 
 /// For messages: "DIR@ID".

@@ -126,6 +126,7 @@ impl Supervisor {
             AppMsg::RestartFailed { errno, generation } => {
                 self.on_restart_failed(errno, generation)
             }
+            AppMsg::Lazy { errno, regions } => self.on_lazy(errno, regions, fds),
         }
     }
 
@@ -176,7 +177,7 @@ impl Supervisor {
             decision_code: p.decision_code,
             dropped: p.dropped,
             flags: if p.restored {
-                proto::INHERIT_RESTORED
+                proto::INHERIT_RESTORED | self.lazy_inherit_flags()
             } else {
                 0
             },

@@ -90,7 +90,7 @@ impl Supervisor {
         };
         self.generation = plan.generation;
         if let Some(sock) = snap_sup {
-            self.snapshot_spawned(pid, sock);
+            self.lazy_snapshot_socket = self.lazy_hold_snapshot_socket(pid, sock);
         }
         self.report.record(Record::Spawn {
             pid,
@@ -151,6 +151,7 @@ impl Supervisor {
     /// The process is gone: decide and schedule the next one.
     pub(super) fn on_app_exit(&mut self, status: libc::c_int) {
         self.drain_app();
+        self.lazy_after_death();
         self.snapshot_gone();
         let now = now_ns();
         let (signal, code) = if libc::WIFSIGNALED(status) {

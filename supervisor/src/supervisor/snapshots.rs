@@ -268,6 +268,10 @@ impl Supervisor {
             return Some(json!({"ok": false, "code": "snapshots_off",
                 "error": "this supervisor takes no snapshots: run it with --snapshot-dir DIR"}));
         };
+        if self.lazy.is_some() {
+            return Some(json!({"ok": false, "code": "lazy_restore",
+                "error": "a lazy restore is still reading the arenas back: no snapshot until it is over (event lazy_restore)"}));
+        }
         if let Some(bad) = tags
             .iter()
             .find(|t| crate::store::writer::check_tag(t).is_err())

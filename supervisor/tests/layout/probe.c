@@ -4,6 +4,8 @@
  * "NAME VALUE" line each; supervisor/tests/layout.rs compiles and runs it
  * and compares with the Rust constants, so the two cannot drift. */
 #include "rk_internal.h"
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
 
 #include <stddef.h>
 #include <stdio.h>
@@ -174,5 +176,16 @@ int main(void)
 	P("SNAP_STATUS_BAD_REQUEST", RK_SNAP_BAD_REQUEST);
 	P("SNAP_STATUS_UNAVAILABLE", RK_SNAP_UNAVAILABLE);
 	P("INHERIT_RESTORED", RK_INHERIT_RESTORED);
+	P("INHERIT_LAZY", RK_INHERIT_LAZY);
+	P("OFF_LAZY_PAGES", offsetof(struct rk_control, lazy_pages));
+	P("LAZY_REGION_LEN", sizeof(struct rk_lazy_region));
+	P("LAZY_REGION_NAME_LEN", sizeof(((struct rk_lazy_region *)0)->name));
+	P("UFFDIO_COPY", UFFDIO_COPY);
+	P("UFFDIO_UNREGISTER", UFFDIO_UNREGISTER);
+	P("UFFD_MSG_LEN", sizeof(struct uffd_msg));
+	P("UFFD_MSG_OFF_ADDRESS", offsetof(struct uffd_msg, arg.pagefault.address));
+	P("UFFD_MSG_OFF_FORK_UFD", offsetof(struct uffd_msg, arg.fork.ufd));
+	P("UFFD_EVENT_PAGEFAULT", UFFD_EVENT_PAGEFAULT);
+	P("UFFD_EVENT_FORK", UFFD_EVENT_FORK);
 	return 0;
 }

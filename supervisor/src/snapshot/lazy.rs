@@ -1,0 +1,628 @@
+//! Lazy restore (docs/snapshots.md, "Lazy restore"): the app starts before
+//! its arenas are read back.  Their memfds are handed over empty; the app
+//! maps them, registers the mappings with a userfaultfd in MISSING mode and
+//! sends it over (LAZY, runtime/src/lazy.c).  A thread of ours then
+//! installs each page the app touches (UFFDIO_COPY of the page read from
+//! the store) and, between faults, the pages it has not touched yet, until
+//! every page of the snapshot is in.  Then it unregisters the mappings.
+//!
+//! Only this thread puts pages in: a page the app can see came from us.  So
+//! a fault on a page we already installed means the app punched it out (its
+//! allocator gives memory back): it gets a zero page, which is what a hole
+//! reads as.  UFFDIO_COPY fails with EEXIST on a page that is there, so a
+//! page is never installed twice, whatever the order of faults and fills.
+//! Forks are followed (UFFD_FEATURE_EVENT_FORK): a child's faults come on a
+//! userfaultfd of its own, served the same way (the memfd is shared).
+//!
+//! If the app dies first, `fill_rest` writes the pages not yet in straight
+//! into the memfds before anything reads them.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::proto::LazyRegion;
+use crate::store::{PAGE, SnapshotReader, StoreError};
+
+/// The kernel's userfaultfd ABI (linux/userfaultfd.h), checked against the
+/// C headers by supervisor/tests/layout.rs.
+pub const UFFDIO_COPY: u64 = 0xc028_aa03;
+pub const UFFDIO_UNREGISTER: u64 = 0x8010_aa01;
+pub const UFFD_MSG_LEN: usize = 32;
+pub const UFFD_MSG_OFF_ADDRESS: usize = 16;
+pub const UFFD_MSG_OFF_FORK_UFD: usize = 8;
+pub const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+pub const UFFD_EVENT_FORK: u8 = 0x13;
+
+#[repr(C)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+
+#[repr(C)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+
+/// Pages copied per UFFDIO_COPY in the background (contiguous ones).
+const BATCH_PAGES: usize = 32;
+
+/// One arena to fill: its region in the snapshot and its memfd (a dup of
+/// the one the supervisor holds, for `fill_rest`).
+pub struct LazyArena {
+    pub name: String,
+    pub region: u32,
+    /// The memfd's size: no page at or past it exists.
+    pub bytes: u64,
+    pub fd: OwnedFd,
+}
+
+/// What fills the arenas: the snapshot's reader and the arenas.
+pub struct Source {
+    pub reader: SnapshotReader,
+    pub arenas: Vec<LazyArena>,
+}
+
+impl Source {
+    /// The snapshot's pages still to come in (all but each header page).
+    pub fn pages_to_fill(&self) -> u64 {
+        self.arenas
+            .iter()
+            .map(|a| {
+                let last = a.bytes.div_ceil(PAGE as u64);
+                self.reader
+                    .pages(a.region)
+                    .filter(|&p| p > 0 && p < last)
+                    .count() as u64
+            })
+            .sum()
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum LazyError {
+    #[error("LAZY names arena {0:?}, which the snapshot does not hold")]
+    UnknownArena(String),
+    #[error("LAZY maps arena {name:?} in {len} bytes, smaller than its memfd ({bytes})")]
+    MappingTooSmall { name: String, len: u64, bytes: u64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{op} failed: {err}")]
+    Sys {
+        op: &'static str,
+        err: std::io::Error,
+    },
+}
+
+impl LazyError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            LazyError::UnknownArena(_) | LazyError::MappingTooSmall { .. } => "lazy_bad_message",
+            LazyError::Store(e) => e.code(),
+            LazyError::Sys { .. } => "lazy_userfaultfd",
+        }
+    }
+}
+
+/// Which pages of each arena are in (installed by us or written by
+/// `fill_rest`).
+pub struct Filled {
+    bits: Vec<Vec<u64>>,
+}
+
+impl Filled {
+    /// Page 0 of each arena is in: `materialize_with` wrote it (the
+    /// supervisor's header check reads it).
+    pub fn new(src: &Source) -> Filled {
+        let mut f = Filled {
+            bits: src
+                .arenas
+                .iter()
+                .map(|a| vec![0u64; (a.bytes.div_ceil(PAGE as u64)).div_ceil(64) as usize])
+                .collect(),
+        };
+        for k in 0..src.arenas.len() {
+            f.set(k, 0);
+        }
+        f
+    }
+    fn get(&self, arena: usize, page: u64) -> bool {
+        self.bits[arena]
+            .get((page / 64) as usize)
+            .is_some_and(|w| w & (1 << (page % 64)) != 0)
+    }
+    fn set(&mut self, arena: usize, page: u64) {
+        if let Some(w) = self.bits[arena].get_mut((page / 64) as usize) {
+            *w |= 1 << (page % 64);
+        }
+    }
+}
+
+/// What the thread did.
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    /// Pages of the snapshot installed because the app touched them.
+    pub faulted: u64,
+    /// Zero pages (none in the snapshot) the app touched: a zero page each.
+    pub zero_faulted: u64,
+    /// Faults on pages already in (punched since): given a zero page.
+    pub refaulted: u64,
+    /// Pages installed in the background.
+    pub filled: u64,
+    /// Forked children followed.
+    pub forks: u64,
+    /// The longest a fault waited for us, from our read of it.
+    pub max_fault_us: u64,
+    /// From the start to every page in.
+    pub took: Duration,
+}
+
+/// The thread's result, with the source back for a `fill_rest`.
+pub struct Finished {
+    pub source: Source,
+    pub filled: Filled,
+    pub stats: Stats,
+    /// Ok(true): every page in and the mappings unregistered; Ok(false):
+    /// stopped first (the app is gone).
+    pub result: Result<bool, LazyError>,
+}
+
+/// The serving thread.
+pub struct Server {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Option<Finished>>,
+    pub started: Instant,
+}
+
+/// An arena as the app mapped it.
+struct Mapped {
+    addr: u64,
+    len: u64,
+    arena: usize,
+}
+
+impl Server {
+    /// Starts serving `uffd` for the arenas of `regions` (LAZY).  An error
+    /// gives the source back: the caller fills it with `fill_rest`.
+    /// `fill_rate`: background pages per second at most (0: no limit);
+    /// faults are served at once whatever it is.
+    pub fn start(
+        uffd: OwnedFd,
+        regions: &[LazyRegion],
+        source: Source,
+        fill_rate: u64,
+    ) -> Result<Server, Box<(LazyError, Source)>> {
+        let mut mapped = Vec::new();
+        for r in regions {
+            let Some(k) = source.arenas.iter().position(|a| a.name == r.name) else {
+                return Err(Box::new((LazyError::UnknownArena(r.name.clone()), source)));
+            };
+            if r.len < source.arenas[k].bytes {
+                let e = LazyError::MappingTooSmall {
+                    name: r.name.clone(),
+                    len: r.len,
+                    bytes: source.arenas[k].bytes,
+                };
+                return Err(Box::new((e, source)));
+            }
+            mapped.push(Mapped {
+                addr: r.addr,
+                len: r.len,
+                arena: k,
+            });
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        // the source comes back through the slot if the thread cannot start
+        let slot = Arc::new(Mutex::new(Some(source)));
+        let slot2 = slot.clone();
+        let spawned = std::thread::Builder::new()
+            .name("rk-lazy-restore".into())
+            .spawn(move || {
+                let source = slot2.lock().ok().and_then(|mut s| s.take());
+                source.map(|src| serve(uffd, mapped, src, fill_rate, &stop2))
+            });
+        match spawned {
+            Ok(handle) => Ok(Server {
+                stop,
+                handle,
+                started: Instant::now(),
+            }),
+            Err(err) => match slot.lock().ok().and_then(|mut s| s.take()) {
+                Some(src) => Err(Box::new((
+                    LazyError::Sys {
+                        op: "starting the lazy restore thread",
+                        err,
+                    },
+                    src,
+                ))),
+                None => unreachable!("the thread did not start, so the source is still here"),
+            },
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// Stops (if it is still running) and waits for the thread.
+    pub fn finish(self) -> Finished {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.handle.join() {
+            Ok(Some(f)) => f,
+            Ok(None) => unreachable!("the slot is filled before the thread starts"),
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+}
+
+fn sys(op: &'static str) -> LazyError {
+    LazyError::Sys {
+        op,
+        err: std::io::Error::last_os_error(),
+    }
+}
+
+/// UFFDIO_COPY of `pages` pages from `buf` to `dst`: Ok(n) pages copied
+/// before a page that is already there (n < pages), Ok(pages) for all.
+fn copy(fd: RawFd, dst: u64, buf: &[u8], pages: usize) -> std::io::Result<usize> {
+    loop {
+        let mut c = UffdioCopy {
+            dst,
+            src: buf.as_ptr() as u64,
+            len: (pages * PAGE) as u64,
+            mode: 0,
+            copy: 0,
+        };
+        // SAFETY: a valid uffdio_copy; the kernel reads `len` bytes of buf.
+        let r = unsafe { libc::ioctl(fd, UFFDIO_COPY as _, &mut c) };
+        if r == 0 {
+            return Ok(pages);
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EEXIST) => return Ok((c.copy.max(0) as usize) / PAGE),
+            // the address space is changing (mremap, fork): try again
+            Some(libc::EAGAIN) => {
+                if c.copy > 0 {
+                    return Ok(c.copy as usize / PAGE);
+                }
+                std::thread::yield_now();
+            }
+            _ => return Err(err),
+        }
+    }
+}
+
+struct Serving<'a> {
+    src: &'a Source,
+    mapped: Vec<Mapped>,
+    filled: Filled,
+    stats: Stats,
+    /// The app's userfaultfd first, then its forked children's.
+    ctxs: Vec<OwnedFd>,
+    page: Vec<u8>,
+    zero: Vec<u8>,
+}
+
+impl Serving<'_> {
+    /// Reads and serves every event waiting on ctxs[i]; false if that
+    /// child's address space is gone (drop it).
+    fn drain(&mut self, i: usize) -> Result<bool, LazyError> {
+        let mut msg = [0u8; UFFD_MSG_LEN * 16];
+        loop {
+            let fd = self.ctxs[i].as_raw_fd();
+            // SAFETY: reading into our buffer.
+            let n = unsafe { libc::read(fd, msg.as_mut_ptr().cast(), msg.len()) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                return match e.raw_os_error() {
+                    Some(libc::EAGAIN) => Ok(true),
+                    Some(libc::EINTR) => continue,
+                    _ if i > 0 => Ok(false),
+                    _ => Err(LazyError::Sys {
+                        op: "read of the userfaultfd",
+                        err: e,
+                    }),
+                };
+            }
+            if n == 0 {
+                return Ok(i == 0);
+            }
+            for m in msg[..n as usize].chunks_exact(UFFD_MSG_LEN) {
+                match m[0] {
+                    UFFD_EVENT_PAGEFAULT => {
+                        let mut a = [0u8; 8];
+                        a.copy_from_slice(&m[UFFD_MSG_OFF_ADDRESS..UFFD_MSG_OFF_ADDRESS + 8]);
+                        if !self.fault(i, u64::from_le_bytes(a))? {
+                            return Ok(false);
+                        }
+                    }
+                    UFFD_EVENT_FORK => {
+                        let mut f = [0u8; 4];
+                        f.copy_from_slice(&m[UFFD_MSG_OFF_FORK_UFD..UFFD_MSG_OFF_FORK_UFD + 4]);
+                        // SAFETY: the kernel installed this fd in our table for us.
+                        let child = unsafe { OwnedFd::from_raw_fd(i32::from_le_bytes(f)) };
+                        self.ctxs.push(child);
+                        self.stats.forks += 1;
+                    }
+                    _ => {} // not asked for
+                }
+            }
+        }
+    }
+
+    /// One fault at `addr` on ctxs[i]; false if a child's address space
+    /// is gone.
+    fn fault(&mut self, i: usize, addr: u64) -> Result<bool, LazyError> {
+        let t0 = Instant::now();
+        let addr = addr & !(PAGE as u64 - 1);
+        let Some(m) = self
+            .mapped
+            .iter()
+            .find(|m| addr >= m.addr && addr < m.addr + m.len)
+        else {
+            return Ok(true); // not ours: cannot be (only our ranges are registered)
+        };
+        let (k, page) = (m.arena, (addr - m.addr) / PAGE as u64);
+        let a = &self.src.arenas[k];
+        let zero = self.src.reader.page_hash(a.region, page)?.is_none();
+        let buf = if self.filled.get(k, page) {
+            self.stats.refaulted += 1;
+            &self.zero
+        } else if zero {
+            &self.zero
+        } else {
+            self.src.reader.read_page(a.region, page, &mut self.page)?;
+            &self.page
+        };
+        match copy(self.ctxs[i].as_raw_fd(), addr, buf, 1) {
+            Ok(_) => {}
+            Err(_) if i > 0 => return Ok(false),
+            Err(err) => {
+                return Err(LazyError::Sys {
+                    op: "UFFDIO_COPY",
+                    err,
+                });
+            }
+        }
+        if !self.filled.get(k, page) {
+            self.filled.set(k, page);
+            if zero {
+                self.stats.zero_faulted += 1;
+            } else {
+                self.stats.faulted += 1;
+            }
+        }
+        self.stats.max_fault_us = self.stats.max_fault_us.max(t0.elapsed().as_micros() as u64);
+        Ok(true)
+    }
+
+    /// Serves whatever is waiting on any userfaultfd; waits up to
+    /// `timeout_ms` for something.
+    fn poll(&mut self, timeout_ms: i32) -> Result<(), LazyError> {
+        let mut pfds: Vec<libc::pollfd> = self
+            .ctxs
+            .iter()
+            .map(|c| libc::pollfd {
+                fd: c.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: a valid array of pollfds.
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as _, timeout_ms) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                return Ok(());
+            }
+            return Err(LazyError::Sys { op: "poll", err: e });
+        }
+        let mut gone = Vec::new();
+        for (i, p) in pfds.iter().enumerate() {
+            if p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0 && !self.drain(i)? {
+                gone.push(i);
+            }
+        }
+        for i in gone.into_iter().rev() {
+            if i > 0 {
+                self.ctxs.remove(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// Installs the next run of pages not in yet, starting at `next[k]`;
+    /// false when there are none left.
+    fn fill_some(&mut self, pages: &[Vec<u64>], next: &mut [usize]) -> Result<bool, LazyError> {
+        let Some(k) = (0..pages.len()).find(|&k| next[k] < pages[k].len()) else {
+            return Ok(false);
+        };
+        let Some(m) = self.mapped.iter().find(|m| m.arena == k) else {
+            next[k] = pages[k].len(); // not mapped by the app: fill_rest's
+            return Ok(true);
+        };
+        let (addr0, list) = (m.addr, &pages[k]);
+        let mut i = next[k];
+        while i < list.len() && self.filled.get(k, list[i]) {
+            i += 1;
+        }
+        if i == list.len() {
+            next[k] = i;
+            return Ok(true);
+        }
+        // a run of consecutive pages, none in yet
+        let first = list[i];
+        let mut n = 0;
+        while n < BATCH_PAGES
+            && i + n < list.len()
+            && list[i + n] == first + n as u64
+            && !self.filled.get(k, list[i + n])
+        {
+            n += 1;
+        }
+        let mut buf = vec![0u8; n * PAGE];
+        let region = self.src.arenas[k].region;
+        for j in 0..n {
+            self.src.reader.read_page(
+                region,
+                first + j as u64,
+                &mut buf[j * PAGE..(j + 1) * PAGE],
+            )?;
+        }
+        let done = copy(
+            self.ctxs[0].as_raw_fd(),
+            addr0 + first * PAGE as u64,
+            &buf,
+            n,
+        )
+        .map_err(|err| LazyError::Sys {
+            op: "UFFDIO_COPY",
+            err,
+        })?;
+        // done pages copied; when done < n, page `done` was there already
+        for j in 0..(done + 1).min(n) {
+            self.filled.set(k, first + j as u64);
+        }
+        self.stats.filled += done as u64;
+        next[k] = i + (done + 1).min(n);
+        Ok(true)
+    }
+
+    fn unregister(&self) -> Result<(), LazyError> {
+        for m in &self.mapped {
+            let mut r = UffdioRange {
+                start: m.addr,
+                len: m.len,
+            };
+            // SAFETY: a valid uffdio_range of a range the app registered.
+            if unsafe { libc::ioctl(self.ctxs[0].as_raw_fd(), UFFDIO_UNREGISTER as _, &mut r) } < 0
+            {
+                return Err(sys("UFFDIO_UNREGISTER"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn serve(
+    uffd: OwnedFd,
+    mapped: Vec<Mapped>,
+    src: Source,
+    fill_rate: u64,
+    stop: &AtomicBool,
+) -> Finished {
+    let t0 = Instant::now();
+    let pages: Vec<Vec<u64>> = src
+        .arenas
+        .iter()
+        .map(|a| {
+            let last = a.bytes.div_ceil(PAGE as u64);
+            src.reader.pages(a.region).filter(|&p| p < last).collect()
+        })
+        .collect();
+    let mut next = vec![0usize; pages.len()];
+    let mut s = Serving {
+        src: &src,
+        mapped,
+        filled: Filled::new(&src),
+        stats: Stats::default(),
+        ctxs: vec![uffd],
+        page: vec![0u8; PAGE],
+        zero: vec![0u8; PAGE],
+    };
+    let result = (|| {
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            // ahead of the rate: serve faults while the time catches up
+            let due_ms = match fill_rate {
+                0 => 0,
+                r => (s.stats.filled * 1000 / r).saturating_sub(t0.elapsed().as_millis() as u64),
+            };
+            s.poll(due_ms.min(50) as i32)?;
+            if due_ms > 0 {
+                continue;
+            }
+            if !s.fill_some(&pages, &mut next)? {
+                break;
+            }
+        }
+        // every page is in: what is left to fault is a zero page or a punched one
+        s.poll(0)?;
+        s.unregister()?;
+        Ok(true)
+    })();
+    let (filled, mut stats) = (s.filled, s.stats);
+    stats.took = t0.elapsed();
+    Finished {
+        source: src,
+        filled,
+        stats,
+        result,
+    }
+}
+
+/// Writes every page of the snapshot not in yet straight into the arenas'
+/// memfds (no process maps them now, or the app sent no userfaultfd).
+/// Returns the pages written.
+pub fn fill_rest(src: &Source, filled: &Filled) -> Result<u64, LazyError> {
+    let mut buf = vec![0u8; PAGE];
+    let mut n = 0;
+    for (k, a) in src.arenas.iter().enumerate() {
+        let last = a.bytes.div_ceil(PAGE as u64);
+        for p in src.reader.pages(a.region).filter(|&p| p < last) {
+            if filled.get(k, p) {
+                continue;
+            }
+            src.reader.read_page(a.region, p, &mut buf)?;
+            let len = (a.bytes - p * PAGE as u64).min(PAGE as u64) as usize;
+            let mut done = 0;
+            while done < len {
+                // SAFETY: writing from our buffer into our memfd.
+                let w = unsafe {
+                    libc::pwrite(
+                        a.fd.as_raw_fd(),
+                        buf[done..len].as_ptr().cast(),
+                        len - done,
+                        (p * PAGE as u64 + done as u64) as libc::off_t,
+                    )
+                };
+                if w <= 0 {
+                    return Err(sys("pwrite into a memfd"));
+                }
+                done += w as usize;
+            }
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filled_bits() {
+        let mut f = Filled {
+            bits: vec![vec![0u64; 2]],
+        };
+        assert!(!f.get(0, 65));
+        f.set(0, 65);
+        assert!(f.get(0, 65) && !f.get(0, 64));
+        f.set(0, 1000); // past the end: ignored
+        assert!(!f.get(0, 1000));
+    }
+}

@@ -1,0 +1,114 @@
+"""Lazy restore (issue 13; docs/snapshots.md, "Lazy restore"): `rekindle
+restore --restore-pages lazy` starts rkv before its arena is read back; the
+pages come in when rkv touches them (the supervisor serves the app's
+userfaultfd) and in the background.  Checked through unmodified redis-py:
+every key back, the pages accounted for, a crash in the middle of the
+restore restarts warm with every key, and no snapshot reads a half-filled
+arena."""
+
+import time
+
+import pytest
+import redis
+from rkv_harness import Rkv
+from test_snapshots import DEBUG_ON, checkpoint, kill_stack, rekindle, snapshotting
+
+KEYS = 30000
+
+
+def value(i):
+    return f"value-{i}-" + "x" * (i % 97)
+
+
+def loaded_store(tmp_path):
+    """A store whose newest snapshot holds KEYS keys; the stack that wrote
+    it is gone (memfds too)."""
+    store = tmp_path / "store"
+    r = snapshotting(tmp_path / "writer", store)
+    c = r.client()
+    for k in range(0, KEYS, 1000):
+        p = c.pipeline(transaction=False)
+        for i in range(k, min(k + 1000, KEYS)):
+            p.set(f"key:{i}", value(i))
+        p.execute()
+    checkpoint(r)
+    kill_stack(r)
+    return store
+
+
+def lazily(tmp_path, store, *extra):
+    return Rkv(
+        tmp_path, *DEBUG_ON, supervised=True,
+        sup=("restore", "--from", str(store), "--snapshot-dir", str(store),
+             "--restore-pages", "lazy", *extra),
+    )  # fmt: skip
+
+
+def wait_event(r, kind, pred, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [e for e in r.supervisor_events(kind) if pred(e)]
+        if found:
+            return found[-1]
+        time.sleep(0.02)
+    raise AssertionError(f"no {kind} event as expected in {timeout} s: {r.supervisor_events(kind)}")
+
+
+def all_keys_back(c):
+    for k in range(0, KEYS, 1000):
+        idx = range(k, min(k + 1000, KEYS))
+        got = c.mget([f"key:{i}" for i in idx])
+        bad = [(i, v) for i, v in zip(idx, got, strict=True) if v != value(i).encode()]
+        assert not bad, f"{len(bad)} keys wrong after the lazy restore, first {bad[0]}"
+    assert c.dbsize() == KEYS
+
+
+def test_a_lazy_restore_serves_before_the_pages_are_in_and_brings_them_all_back(tmp_path):
+    store = loaded_store(tmp_path)
+    r = lazily(tmp_path / "lazy", store)
+    try:
+        c = r.client()
+        assert c.get("key:12345") == value(12345).encode()
+        assert r.runtime_events("lazy_restore")[-1]["mode"] == "lazy"
+        serving = wait_event(r, "lazy_restore", lambda e: e.get("state") == "serving")
+        done = wait_event(r, "lazy_restore", lambda e: e.get("state") == "done")
+        # every page of the snapshot came in once: touched by rkv or filled
+        assert done["faulted_pages"] > 0 and done["filled_pages"] > 0, done
+        assert done["faulted_pages"] + done["filled_pages"] == serving["pages"], (serving, done)
+        all_keys_back(c)
+        # snapshots again once it is over (none while pages were missing)
+        again = checkpoint(r)
+        assert again["durable"]
+    finally:
+        r.close()
+
+
+def test_a_checkpoint_during_a_lazy_restore_is_refused_and_a_crash_restarts_warm(tmp_path):
+    """The background fill is slowed down (--restore-fill-rate) so the
+    restore is still under way: a checkpoint is refused with its code, and a
+    crash in place is left to the supervisor (a new address space would map
+    the arena without its missing pages), which writes the rest into the
+    memfd and restarts rkv warm with every key."""
+    store = loaded_store(tmp_path)
+    # (a crash right after the start is not a crash loop here)
+    r = lazily(tmp_path / "lazy", store, "--restore-fill-rate", "20", "--crashloop-window", "0")
+    try:
+        c = r.client()
+        assert c.get("key:7") == value(7).encode()
+        wait_event(r, "lazy_restore", lambda e: e.get("state") == "serving")
+        p = rekindle("checkpoint", "rkv", "--json", env=r.env)
+        assert p.returncode != 0 and '"code":"lazy_restore"' in p.stdout.replace(" ", ""), p.stdout + p.stderr
+        pid = r.app_pid()
+        with pytest.raises(redis.ConnectionError):  # the server died mid-reply
+            c.execute_command("DEBUG", "SEGFAULT")
+        c = r.wait_serving()
+        restart = [e for e in r.runtime_events("restart") if e.get("mode") == "respawn"]
+        assert restart, r.runtime_events("restart")
+        gone = wait_event(r, "lazy_restore", lambda e: e.get("state") == "app_gone")
+        filled = wait_event(r, "lazy_restore", lambda e: e.get("state") == "filled")
+        assert gone["result"] == "stopped" and filled["pages"] > 0, (gone, filled)
+        assert r.app_pid() != pid
+        assert r.ready(2)["start"] == "warm"
+        all_keys_back(c)
+    finally:
+        r.close()
