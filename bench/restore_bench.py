@@ -96,6 +96,7 @@ from snapshot_common import (  # noqa: E402
 
 SCENARIOS = {
     "rkv": "rkv, `rekindle restore` from its store",
+    "rkv-lazy": "rkv, `rekindle restore --restore-pages lazy`",
     "redis-rdb": "Redis 7, loading its RDB",
     "redis-aof": "Redis 7, replaying its AOF",
 }
@@ -173,13 +174,18 @@ def respload_load(build, port, keys):
 # ---------------------------------------------------------------- part 1: restore
 
 
+def is_rkv(scenario):
+    return scenario.startswith("rkv")
+
+
 def start_for(scenario, build, workdir, port, args, restore=False):
-    if scenario == "rkv":
+    if is_rkv(scenario):
         store = workdir / "store"
+        lazy = ("--restore-pages", "lazy") if restore and scenario == "rkv-lazy" else ()
         return RkvStack(build, workdir, port, name="restorebench", cpu=args.server_cpu, snapshot_dir=store,
                         interval=args.snapshot_interval, durability="async",
                         restore_from=store if restore else None, tag="after" if restore else "before",
-                        rkv_args=args.rkv_args.split()).start()  # fmt: skip
+                        rkv_args=args.rkv_args.split(), sup_args=lazy).start()  # fmt: skip
     extra = AOF_REPLAY if scenario == "redis-aof" else ()
     return RedisServer(workdir, port, extra, cpu=args.server_cpu).start()
 
@@ -195,7 +201,7 @@ def run_restore(scenario, build, keys, args, workdir):
         raw["loaded"] = respload_load(build, port, keys)
         raw["load_s"] = round(time.monotonic() - t, 2)
         t = time.monotonic()
-        if scenario == "rkv":
+        if is_rkv(scenario):
             raw["checkpoint"] = srv.checkpoint(tag="bench")
         elif scenario == "redis-rdb":
             resp(port, "SAVE", timeout=3600)
@@ -210,7 +216,7 @@ def run_restore(scenario, build, keys, args, workdir):
         raw["loadavg_before"] = loadavg()
         raw["cpu_pressure_before"] = cpu_pressure()
         # what is on disk for these keys (GETs write nothing)
-        if scenario == "rkv":
+        if is_rkv(scenario):
             raw["disk"] = {"store": store_summary(build, workdir / "store")}
         elif scenario == "redis-rdb":
             raw["disk"] = {"rdb_bytes": du_bytes(workdir / "dump.rdb")}
@@ -219,7 +225,7 @@ def run_restore(scenario, build, keys, args, workdir):
         t_kill, _ = srv.kill9()
         raw["t_kill"] = t_kill
         pre = client.rate_since(t_kill - args.steady + 1.0, t_kill - 0.05)
-        if scenario == "rkv" and not args.no_gc:
+        if is_rkv(scenario) and not args.no_gc:
             # the store folded to its newest snapshot, on a copy (the restore reads the store as it was)
             copy = workdir / "store-copy"
             subprocess.run(["cp", "-a", "--reflink=auto", str(workdir / "store"), str(copy)], check=True)
@@ -244,7 +250,7 @@ def run_restore(scenario, build, keys, args, workdir):
             client = None
             raw["dbsize_after"] = resp(port, "DBSIZE", timeout=600)
             raw["server"] = server_word(scenario, srv2, workdir)
-            raw["server"]["t0_to_spawn_ms"] = spawn_ms(srv2, t0) if scenario == "rkv" else None
+            raw["server"]["t0_to_spawn_ms"] = spawn_ms(srv2, t0) if is_rkv(scenario) else None
         finally:
             srv2.stop()
     finally:
@@ -278,7 +284,7 @@ def spawn_ms(srv, t0):
 
 def server_word(scenario, srv, workdir):
     out = {}
-    if scenario == "rkv":
+    if is_rkv(scenario):
         ev = srv.events()
         st = [e for e in ev if e.get("supervisor") == "start"]
         rs = [e for e in ev if e.get("supervisor") == "restore"]
@@ -296,6 +302,11 @@ def server_word(scenario, srv, workdir):
         }
         if up:
             out["up"] = {k: up[0].get(k) for k in ("kind", "code", "restart_us", "preserved_bytes")}
+        lz = [e for e in ev if e.get("supervisor") == "lazy_restore" and e.get("state") == "done"]
+        if lz and st:
+            keep = ("faulted_pages", "filled_pages", "max_fault_us", "took_ms")
+            out["lazy"] = {k: lz[0].get(k) for k in keep}
+            out["lazy"]["all_in_ms"] = round((lz[0]["t_ns"] - st[0]["t_ns"]) / 1e6, 1)
         ready = srv.rkv_log("ready")
         if ready:
             out["rkv_ready"] = {k: ready[-1].get(k) for k in ("start", "keys", "ready_ms", "reason")}
@@ -553,7 +564,7 @@ def restore_table(rows, args):
 
 def word_cell(r):
     s = r["server"]
-    if r["scenario"] == "rkv":
+    if is_rkv(r["scenario"]):
         parts = []
         if "restore" in s:
             parts.append(f"restored {mib(s['restore'].get('bytes') or 0):,.0f} MiB")
@@ -561,6 +572,12 @@ def word_cell(r):
             parts.append(f"app spawned at {s['t0_to_spawn_ms']:,.0f} ms")
         if "rkv_ready" in s:
             parts.append(f"rkv {s['rkv_ready'].get('start')} ready in {s['rkv_ready'].get('ready_ms')} ms")
+        if "lazy" in s:
+            lz = s["lazy"]
+            parts.append(
+                f"every page in at {lz['all_in_ms']:,.0f} ms ({lz['faulted_pages']:,} touched first, "
+                f"slowest fault {lz['max_fault_us']:,} us)"
+            )
         if "rkv_verified" in s:
             parts.append(f"its table check done at {s['rkv_verified'].get('verify_ms')} ms")
         sa = s.get("snapshots_after") or {}

@@ -172,7 +172,7 @@ class RkvStack:
 
     def __init__(
         self, build, workdir, port, *, name="rkvbench", cpu="0", snapshot_dir=None, interval=None,
-        durability="none", restore_from=None, snapshot_memory=None, rkv_args=(), tag="run",
+        durability="none", restore_from=None, snapshot_memory=None, rkv_args=(), tag="run", sup_args=(),
     ):  # fmt: skip
         self.build, self.workdir, self.port, self.name = Path(build), Path(workdir), port, name
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -183,7 +183,7 @@ class RkvStack:
             self.env.pop(k, None)
         sup = [str(self.build / "bin" / "rekindle")]
         sup += ["restore", "--from", str(restore_from)] if restore_from else ["run"]
-        sup += ["--name", name, "--events", str(self.events_path), "--listen", f"{HOST}:{port}"]
+        sup += ["--name", name, "--events", str(self.events_path), "--listen", f"{HOST}:{port}", *sup_args]
         if snapshot_dir:
             sup += ["--snapshot-dir", str(snapshot_dir), "--snapshot-events", "every"]
             if interval is not None:

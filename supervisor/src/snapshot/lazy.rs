@@ -94,6 +94,8 @@ pub enum LazyError {
     UnknownArena(String),
     #[error("LAZY maps arena {name:?} in {len} bytes, smaller than its memfd ({bytes})")]
     MappingTooSmall { name: String, len: u64, bytes: u64 },
+    #[error("the app's address space is gone")]
+    AppGone,
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{op} failed: {err}")]
@@ -107,6 +109,7 @@ impl LazyError {
     pub fn code(&self) -> &'static str {
         match self {
             LazyError::UnknownArena(_) | LazyError::MappingTooSmall { .. } => "lazy_bad_message",
+            LazyError::AppGone => "app_gone",
             LazyError::Store(e) => e.code(),
             LazyError::Sys { .. } => "lazy_userfaultfd",
         }
@@ -303,6 +306,18 @@ fn copy(fd: RawFd, dst: u64, buf: &[u8], pages: usize) -> std::io::Result<usize>
     }
 }
 
+/// A failed UFFDIO_COPY into the app: ESRCH when its address space is gone
+/// (it died; the supervisor is about to hear of it).
+fn copy_failed(err: std::io::Error) -> LazyError {
+    match err.raw_os_error() {
+        Some(libc::ESRCH) => LazyError::AppGone,
+        _ => LazyError::Sys {
+            op: "UFFDIO_COPY",
+            err,
+        },
+    }
+}
+
 struct Serving<'a> {
     src: &'a Source,
     mapped: Vec<Mapped>,
@@ -388,12 +403,7 @@ impl Serving<'_> {
         match copy(self.ctxs[i].as_raw_fd(), addr, buf, 1) {
             Ok(_) => {}
             Err(_) if i > 0 => return Ok(false),
-            Err(err) => {
-                return Err(LazyError::Sys {
-                    op: "UFFDIO_COPY",
-                    err,
-                });
-            }
+            Err(err) => return Err(copy_failed(err)),
         }
         if !self.filled.get(k, page) {
             self.filled.set(k, page);
@@ -486,10 +496,7 @@ impl Serving<'_> {
             &buf,
             n,
         )
-        .map_err(|err| LazyError::Sys {
-            op: "UFFDIO_COPY",
-            err,
-        })?;
+        .map_err(copy_failed)?;
         // done pages copied; when done < n, page `done` was there already
         for j in 0..(done + 1).min(n) {
             self.filled.set(k, first + j as u64);
@@ -541,7 +548,7 @@ fn serve(
         page: vec![0u8; PAGE],
         zero: vec![0u8; PAGE],
     };
-    let result = (|| {
+    let result: Result<bool, LazyError> = (|| {
         loop {
             if stop.load(Ordering::Relaxed) {
                 return Ok(false);
@@ -564,6 +571,10 @@ fn serve(
         s.unregister()?;
         Ok(true)
     })();
+    let result = match result {
+        Err(LazyError::AppGone) => Ok(false),
+        r => r,
+    };
     let (filled, mut stats) = (s.filled, s.stats);
     stats.took = t0.elapsed();
     Finished {

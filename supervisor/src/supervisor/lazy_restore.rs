@@ -124,7 +124,7 @@ impl Supervisor {
         }
         if let Some(Lazy::Serving(s)) = self.lazy.take() {
             let f = s.finish();
-            self.lazy_finished(f, "done");
+            self.lazy_finished(f, "done", true);
         }
     }
 
@@ -139,12 +139,13 @@ impl Supervisor {
             }
             Some(Lazy::Serving(s)) => {
                 let f = s.finish();
-                self.lazy_finished(f, "app_gone");
+                self.lazy_finished(f, "app_gone", false);
             }
         }
     }
 
-    fn lazy_finished(&mut self, f: Finished, how: &'static str) {
+    /// `alive`: the app still runs (else it was reaped: no signal to its pid).
+    fn lazy_finished(&mut self, f: Finished, how: &'static str, alive: bool) {
         let st = &f.stats;
         let mut e = ev("lazy_restore")
             .s("state", how)
@@ -167,10 +168,14 @@ impl Supervisor {
         }
         self.report.event(e);
         match f.result {
-            Ok(true) => self.lazy_over(),
+            // every page the app mapped is in; an arena it did not map (none
+            // is expected) is written into its memfd for the next incarnation
+            Ok(true) => {
+                let _ = self.lazy_fill_rest(&f.source, &f.filled, "unmapped");
+            }
             // the app cannot be served: it must not run on with pages missing
             Err(_) => {
-                if let Some(a) = &self.app {
+                if let (true, Some(a)) = (alive, &self.app) {
                     super::send_signal(a.pid, libc::SIGKILL);
                 }
                 let _ = self.lazy_fill_rest(&f.source, &f.filled, "after_failure");
@@ -186,12 +191,14 @@ impl Supervisor {
     fn lazy_fill_rest(&mut self, src: &Source, filled: &Filled, why: &'static str) -> bool {
         match lazy::fill_rest(src, filled) {
             Ok(n) => {
-                self.report.event(
-                    ev("lazy_restore")
-                        .s("state", "filled")
-                        .s("why", why)
-                        .u("pages", n),
-                );
+                if n > 0 || why != "unmapped" {
+                    self.report.event(
+                        ev("lazy_restore")
+                            .s("state", "filled")
+                            .s("why", why)
+                            .u("pages", n),
+                    );
+                }
                 self.lazy_over();
                 true
             }
