@@ -6,11 +6,16 @@ every key back, the pages accounted for, a crash in the middle of the
 restore restarts warm with every key, and no snapshot reads a half-filled
 arena."""
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 import redis
 from rkv_harness import Rkv
+from supervisor_harness import REKINDLE
 from test_snapshots import DEBUG_ON, checkpoint, kill_stack, rekindle, snapshotting
 
 KEYS = 30000
@@ -112,3 +117,50 @@ def test_a_checkpoint_during_a_lazy_restore_is_refused_and_a_crash_restarts_warm
         all_keys_back(c)
     finally:
         r.close()
+
+
+OLD_RUNTIME = r"""
+import array, json, os, socket, struct, sys
+HDR = "<IHHII"
+s = socket.socket(fileno=int(os.environ["REKINDLE_SUPERVISOR_FD"]))
+s.settimeout(10)
+s.send(struct.pack(HDR, 0x4D534B52, 2, 1, 8, 0) + struct.pack("<II", os.getpid(), 0))  # ATTACH, caps 0
+fds = array.array("i")
+msg, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(64 * fds.itemsize))
+for level, kind, data in anc:
+    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+flags = struct.unpack_from("<I", msg, 16 + 316)[0]
+pages = {}
+for fd in fds:
+    name = os.readlink(f"/proc/self/fd/{fd}")
+    size = os.fstat(fd).st_size
+    pages[name] = sum(os.pread(fd, 4096, off).strip(b"\0") != b"" for off in range(0, size, 4096))
+print(json.dumps({"flags": flags, "pages": pages}), flush=True)
+"""
+
+
+def test_a_runtime_that_cannot_restore_lazily_gets_every_page_first(tmp_path):
+    """ATTACH with caps 0 (a runtime older than lazy restores, here a
+    script speaking the protocol): the supervisor writes every page into
+    the memfds before its INHERIT, which does not say LAZY."""
+    store = loaded_store(tmp_path)
+    old = tmp_path / "old_runtime.py"
+    old.write_text(OLD_RUNTIME)
+    events = tmp_path / "events.jsonl"
+    p = subprocess.run(
+        [str(REKINDLE), "restore", "--from", str(store), "--name", "old", "--events", str(events),
+         "--restore-pages", "lazy", "--max-restarts", "0", "--", sys.executable, str(old)],
+        capture_output=True, text=True, timeout=60, check=False,
+        env=dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run")),
+    )  # fmt: skip
+    line = next((x for x in p.stdout.splitlines() if x.startswith('{"flags"')), None)
+    assert line, p.stdout + p.stderr
+    got = json.loads(line)
+    assert got["flags"] == 0x1, got  # RESTORED, not LAZY
+    evs = [json.loads(x) for x in events.read_text().splitlines() if '"lazy_restore"' in x]
+    filled = [e for e in evs if e.get("state") == "filled"]
+    assert filled and filled[0]["why"] == "runtime_not_lazy", evs
+    arena = [n for n in got["pages"] if "rekindle:keyspace" in n]
+    # every page of the snapshot is in the memfd: the header page and the rest
+    assert arena and got["pages"][arena[0]] >= filled[0]["pages"] + 1 > 100, got

@@ -553,6 +553,7 @@ enum rk_request_mode rk_control_take_request(char *reason, size_t cap) RK_HIDDEN
  * manifest's saved statics are the snapshot's. */
 #define RK_INHERIT_RESTORED 0x1u
 #define RK_INHERIT_LAZY 0x2u /* with RESTORED: the arenas' pages come in on demand (lazy.c) */
+#define RK_ATTACH_CAP_LAZY 0x1u /* ATTACH caps: this runtime answers INHERIT_LAZY with LAZY */
 struct rk_inherit {
 	uint32_t mode; /* 0 fresh, 1 warm, 2 cold */
 	uint32_t generation;

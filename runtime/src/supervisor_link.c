@@ -43,7 +43,8 @@ struct msg_hdr {
 };
 
 struct msg_attach {
-	uint32_t pid, reserved;
+	uint32_t pid;
+	uint32_t caps; /* RK_ATTACH_CAP_*: what this runtime can do */
 };
 
 struct msg_hello {
@@ -315,7 +316,7 @@ static ssize_t recv_msg(struct msg_hdr *h, void *payload, size_t cap, int *fds, 
 int rk_sup_attach(struct rk_inherit *inh, char *why, size_t wl)
 {
 	memset(inh, 0, sizeof *inh);
-	struct msg_attach a = {.pid = (uint32_t)getpid()};
+	struct msg_attach a = {.pid = (uint32_t)getpid(), .caps = RK_ATTACH_CAP_LAZY};
 	int r = send_msg(MSG_ATTACH, &a, sizeof a, NULL, 0);
 	if (r < 0) {
 		snprintf(why, wl, "cannot ask the supervisor what to inherit: %s", strerror(-r));

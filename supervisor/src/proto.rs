@@ -155,6 +155,8 @@ pub struct Restarting {
 pub enum AppMsg {
     Attach {
         pid: u32,
+        /// ATTACH_CAP_* (0 from a runtime older than lazy restores).
+        caps: u32,
     },
     Hello(Hello),
     Fds(Vec<FdEntry>),
@@ -228,6 +230,8 @@ pub const INHERIT_RESTORED: u32 = 0x1;
 /// With INHERIT_RESTORED: the arenas' memfds are empty, their pages come
 /// in on demand; the app answers with LAZY before it touches them.
 pub const INHERIT_LAZY: u32 = 0x2;
+/// ATTACH `caps`: the runtime answers INHERIT_LAZY with LAZY.
+pub const ATTACH_CAP_LAZY: u32 = 0x1;
 
 /// LAZY_REPLY `status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -423,7 +427,8 @@ pub fn parse_app(buf: &[u8], nfds: usize) -> Result<AppMsg, ProtoError> {
         T_ATTACH => {
             want_len("ATTACH", p, ATTACH_LEN)?;
             let pid = r.u32();
-            Ok(AppMsg::Attach { pid })
+            let caps = r.u32();
+            Ok(AppMsg::Attach { pid, caps })
         }
         T_HELLO => {
             want_len("HELLO", p, HELLO_LEN)?;
@@ -577,9 +582,9 @@ fn header(out: &mut Vec<u8>, ty: u16, len: usize) {
 pub fn encode_app(m: &AppMsg) -> Vec<u8> {
     let mut p = Vec::with_capacity(512);
     match m {
-        AppMsg::Attach { pid } => {
+        AppMsg::Attach { pid, caps } => {
             p.extend_from_slice(&pid.to_le_bytes());
-            p.extend_from_slice(&0u32.to_le_bytes());
+            p.extend_from_slice(&caps.to_le_bytes());
         }
         AppMsg::Hello(h) => {
             for v in [h.pid, h.generation, h.kind.code(), h.narenas] {
@@ -756,7 +761,10 @@ mod tests {
 
     #[test]
     fn sizes_match_the_contract() {
-        assert_eq!(encode_app(&AppMsg::Attach { pid: 1 }).len(), HDR_LEN + 8);
+        assert_eq!(
+            encode_app(&AppMsg::Attach { pid: 1, caps: 0 }).len(),
+            HDR_LEN + 8
+        );
         assert_eq!(encode_app(&AppMsg::Hello(hello())).len(), HDR_LEN + 328);
         assert_eq!(encode_app(&AppMsg::Ready { t_ns: 5 }).len(), HDR_LEN + 8);
         let r = Restarting {
@@ -798,7 +806,10 @@ mod tests {
 
     #[test]
     fn header_layout_is_little_endian() {
-        let b = encode_app(&AppMsg::Attach { pid: 0x01020304 });
+        let b = encode_app(&AppMsg::Attach {
+            pid: 0x01020304,
+            caps: 1,
+        });
         assert_eq!(&b[0..4], b"RKSM");
         assert_eq!(&b[4..6], &[2, 0]);
         assert_eq!(&b[6..8], &[1, 0]);
@@ -875,7 +886,7 @@ mod tests {
         assert!(matches!(parse_app(&b, 0), Err(ProtoError::FdCount { .. })));
         assert!(matches!(parse_app(&b, 2), Err(ProtoError::FdCount { .. })));
         // fds with a message that carries none
-        let a = encode_app(&AppMsg::Attach { pid: 1 });
+        let a = encode_app(&AppMsg::Attach { pid: 1, caps: 0 });
         assert_eq!(parse_app(&a, 1), Err(ProtoError::UnexpectedFds(1)));
         // zero entries
         let mut z = Vec::new();

@@ -114,7 +114,7 @@ fn fd_kind() -> impl Strategy<Value = FdKind> {
 
 fn app_msg() -> impl Strategy<Value = AppMsg> {
     prop_oneof![
-        any::<u32>().prop_map(|pid| AppMsg::Attach { pid }),
+        (any::<u32>(), any::<u32>()).prop_map(|(pid, caps)| AppMsg::Attach { pid, caps }),
         (
             any::<u32>(),
             any::<u32>(),

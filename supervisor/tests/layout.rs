@@ -308,6 +308,7 @@ fn the_snapshot_agents_messages_and_buffer_match_the_c_header() {
     }
     same("INHERIT_RESTORED", proto::INHERIT_RESTORED as u64);
     same("INHERIT_LAZY", proto::INHERIT_LAZY as u64);
+    same("ATTACH_CAP_LAZY", proto::ATTACH_CAP_LAZY as u64);
     same(
         "OFF_LAZY_PAGES",
         rekindle::control_block::OFF_LAZY_PAGES as u64,

@@ -118,7 +118,7 @@ impl Supervisor {
         };
         self.ever_linked = true;
         match msg {
-            AppMsg::Attach { pid } => self.on_attach(pid),
+            AppMsg::Attach { pid, caps } => self.on_attach(pid, caps),
             AppMsg::Hello(h) => self.on_hello(h),
             AppMsg::Fds(entries) => self.on_fds(entries, fds),
             AppMsg::Restarting(r) => self.on_restarting(r),
@@ -151,7 +151,8 @@ impl Supervisor {
         );
     }
 
-    pub(super) fn on_attach(&mut self, pid: u32) {
+    pub(super) fn on_attach(&mut self, pid: u32, caps: u32) {
+        self.lazy_check_caps(caps);
         let Some(a) = &mut self.app else { return };
         if a.attach_answered {
             self.reply_error("ATTACH already answered for this incarnation");
@@ -211,6 +212,7 @@ impl Supervisor {
     }
 
     pub(super) fn on_hello(&mut self, h: Hello) {
+        self.lazy_no_answer();
         let now = now_ns();
         let Some(a) = &mut self.app else { return };
         if h.pid != a.pid as u32 {

@@ -40,6 +40,37 @@ impl Supervisor {
         }
     }
 
+    /// The source of a restore still waiting for the app's LAZY; a restore
+    /// being served stays as it is.
+    fn lazy_take_waiting(&mut self) -> Option<Box<Source>> {
+        match self.lazy.take() {
+            Some(Lazy::Waiting(src)) => Some(src),
+            other => {
+                self.lazy = other;
+                None
+            }
+        }
+    }
+
+    /// ATTACH from a runtime that cannot answer INHERIT_LAZY (older than
+    /// lazy restores): every page goes into the memfds before INHERIT.
+    pub(super) fn lazy_check_caps(&mut self, caps: u32) {
+        if caps & proto::ATTACH_CAP_LAZY != 0 {
+            return;
+        }
+        if let Some(src) = self.lazy_take_waiting() {
+            let _ = self.lazy_fill_rest(&src, &Filled::new(&src), "runtime_not_lazy");
+        }
+    }
+
+    /// HELLO while still waiting for LAZY: the runtime went on without the
+    /// arenas (a cold start); fill them so the restore can end.
+    pub(super) fn lazy_no_answer(&mut self) {
+        if let Some(src) = self.lazy_take_waiting() {
+            let _ = self.lazy_fill_rest(&src, &Filled::new(&src), "no_lazy_message");
+        }
+    }
+
     /// The snapshot socket of a new incarnation: to the engine now, or
     /// once the lazy restore is over.
     pub(super) fn lazy_hold_snapshot_socket(
@@ -58,8 +89,8 @@ impl Supervisor {
     /// LAZY from the app: serve its userfaultfd, or fill every page first
     /// when it sent none; then answer.
     pub(super) fn on_lazy(&mut self, errno: i32, regions: Vec<LazyRegion>, fds: Vec<OwnedFd>) {
-        let Some(Lazy::Waiting(src)) = self.lazy.take() else {
-            self.reply_error("LAZY without a lazy restore under way");
+        let Some(src) = self.lazy_take_waiting() else {
+            self.reply_error("LAZY without a lazy restore waiting for it");
             return;
         };
         let uffd = fds.into_iter().next();

@@ -177,6 +177,7 @@ int main(void)
 	P("SNAP_STATUS_UNAVAILABLE", RK_SNAP_UNAVAILABLE);
 	P("INHERIT_RESTORED", RK_INHERIT_RESTORED);
 	P("INHERIT_LAZY", RK_INHERIT_LAZY);
+	P("ATTACH_CAP_LAZY", RK_ATTACH_CAP_LAZY);
 	P("OFF_LAZY_PAGES", offsetof(struct rk_control, lazy_pages));
 	P("LAZY_REGION_LEN", sizeof(struct rk_lazy_region));
 	P("LAZY_REGION_NAME_LEN", sizeof(((struct rk_lazy_region *)0)->name));
