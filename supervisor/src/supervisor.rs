@@ -426,6 +426,7 @@ impl Supervisor {
                         .s("snapshot", rb.what.as_str())
                         .s("id", rb.id.as_str())
                         .u("bytes", rb.bytes)
+                        .v("read_ms", (rb.read_ms * 10.0).round() / 10.0)
                         .s("why", self.cfg.restore_why),
                 );
                 let decision = format!("restored from snapshot {}", rb.what);

@@ -76,6 +76,8 @@ pub struct Restored {
     pub bytes: u64,
     /// `Pages::Lazy`: the arenas' memfds are empty; what fills them.
     pub lazy: Option<super::lazy::Source>,
+    /// From the store's open to the memfds made.
+    pub took: std::time::Duration,
 }
 
 /// How a restore reads the arenas back (`--restore-pages`).
@@ -118,6 +120,7 @@ pub fn materialize(src: &Source) -> Result<Restored, RestoreError> {
 /// As `materialize`; with `Pages::Lazy` the arenas' memfds are left empty
 /// (sized) and `Restored::lazy` holds the reader that fills them.
 pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreError> {
+    let t0 = std::time::Instant::now();
     let store = Store::open(&src.dir)?;
     let id = store.resolve(&src.spec)?;
     let reader = store.open_snapshot(&id)?;
@@ -210,6 +213,7 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
         fds,
         bytes,
         lazy,
+        took: t0.elapsed(),
     })
 }
 

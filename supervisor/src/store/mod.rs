@@ -12,6 +12,7 @@
 //! ```
 
 pub mod error;
+pub mod fasthash;
 pub mod format;
 pub mod fsio;
 pub mod gc;
@@ -125,7 +126,7 @@ pub struct Store {
     dir: PathBuf,
     packs: Vec<PackSlot>,
     by_name: HashMap<String, u32>,
-    index: HashMap<Hash, Loc>,
+    index: fasthash::FastMap<Hash, Loc>,
 }
 
 impl Store {
@@ -171,7 +172,7 @@ impl Store {
             dir: dir.to_path_buf(),
             packs: Vec::new(),
             by_name: HashMap::new(),
-            index: HashMap::new(),
+            index: fasthash::FastMap::default(),
         };
         s.refresh_packs()?;
         Ok(s)
@@ -235,6 +236,7 @@ impl Store {
         let id = self.packs.len() as u32;
         let (state, chunks) = match pack::load(&path) {
             Ok(lp) => {
+                self.index.reserve(lp.entries.len());
                 for e in &lp.entries {
                     self.index.entry(e.hash).or_insert(Loc::new(id, e));
                 }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::error::{StoreError, io_at};
+use super::fasthash::FastMap;
 use super::format::{Hash, PAGE, SNAPSHOTS, SnapshotId, hex};
 use super::manifest::{Manifest, RegionMeta, SnapshotInfo, SnapshotKind};
 use super::map::{self, MapEntry};
@@ -107,12 +108,12 @@ impl Store {
     pub(crate) fn fold(
         &self,
         chain: &[(PathBuf, Manifest)],
-    ) -> Result<Vec<HashMap<u64, Hash>>, StoreError> {
-        let mut state: Vec<(RegionMeta, HashMap<u64, Hash>)> = Vec::new();
+    ) -> Result<Vec<FastMap<u64, Hash>>, StoreError> {
+        let mut state: Vec<(RegionMeta, FastMap<u64, Hash>)> = Vec::new();
         for (_, m) in chain.iter().rev() {
             self.check_packs(m)?;
             let entries = self.load_map(m)?;
-            let mut next: Vec<(RegionMeta, HashMap<u64, Hash>)> =
+            let mut next: Vec<(RegionMeta, FastMap<u64, Hash>)> =
                 Vec::with_capacity(m.regions.len());
             for r in &m.regions {
                 let inherited = if r.whole || m.kind == SnapshotKind::Full {
@@ -122,7 +123,7 @@ impl Store {
                 };
                 let pages = match inherited {
                     Some(i) => std::mem::take(&mut state[i].1),
-                    None => HashMap::new(),
+                    None => FastMap::default(),
                 };
                 next.push((r.meta.clone(), pages));
             }

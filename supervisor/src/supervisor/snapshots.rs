@@ -30,6 +30,8 @@ pub(super) struct Rollback {
     pub(super) id: String,
     /// Bytes of page data read back.
     pub(super) bytes: u64,
+    /// How long opening the snapshot and making the memfds took.
+    pub(super) read_ms: f64,
     pub(super) fds: Vec<Held>,
 }
 
@@ -39,6 +41,7 @@ impl Rollback {
             what: restore::describe(dir, &r.info),
             id: r.info.id.as_str().to_string(),
             bytes: r.bytes,
+            read_ms: r.took.as_secs_f64() * 1e3,
             fds: r
                 .fds
                 .into_iter()
