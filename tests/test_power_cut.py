@@ -343,6 +343,11 @@ def rkv_power_cut(image, name, mode):
     deadline = time.monotonic() + seconds
     while sum(acked) < want and time.monotonic() < deadline and not errors:
         time.sleep(0.01)
+    # async: the cut must come after a snapshot is durable (the supervisor
+    # tells one once it is committed), or there is nothing to restore: a
+    # slow guest may not have written one by then
+    while not any('"supervisor":"snapshot"' in x for x in g.snapshot_lines()) and time.monotonic() < deadline:
+        time.sleep(0.01)
     g.kill()  # mid-load: every client is waiting for a reply
     for w in ws:
         w.join(timeout=30)
