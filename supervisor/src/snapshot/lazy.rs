@@ -18,7 +18,7 @@
 //! into the memfds before anything reads them.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -117,20 +117,23 @@ impl LazyError {
 }
 
 /// Which pages of each arena are in (installed by us or written by
-/// `fill_rest`).
+/// `fill_rest`); shared by the fault server and the filler.
 pub struct Filled {
-    bits: Vec<Vec<u64>>,
+    bits: Vec<Vec<AtomicU64>>,
 }
 
 impl Filled {
     /// Page 0 of each arena is in: `materialize_with` wrote it (the
     /// supervisor's header check reads it).
     pub fn new(src: &Source) -> Filled {
-        let mut f = Filled {
+        let f = Filled {
             bits: src
                 .arenas
                 .iter()
-                .map(|a| vec![0u64; (a.bytes.div_ceil(PAGE as u64)).div_ceil(64) as usize])
+                .map(|a| {
+                    let words = a.bytes.div_ceil(PAGE as u64).div_ceil(64) as usize;
+                    (0..words).map(|_| AtomicU64::new(0)).collect()
+                })
                 .collect(),
         };
         for k in 0..src.arenas.len() {
@@ -141,11 +144,11 @@ impl Filled {
     fn get(&self, arena: usize, page: u64) -> bool {
         self.bits[arena]
             .get((page / 64) as usize)
-            .is_some_and(|w| w & (1 << (page % 64)) != 0)
+            .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (page % 64)) != 0)
     }
-    fn set(&mut self, arena: usize, page: u64) {
-        if let Some(w) = self.bits[arena].get_mut((page / 64) as usize) {
-            *w |= 1 << (page % 64);
+    fn set(&self, arena: usize, page: u64) {
+        if let Some(w) = self.bits[arena].get((page / 64) as usize) {
+            w.fetch_or(1 << (page % 64), Ordering::AcqRel);
         }
     }
 }
@@ -275,9 +278,20 @@ fn sys(op: &'static str) -> LazyError {
     }
 }
 
-/// UFFDIO_COPY of `pages` pages from `buf` to `dst`: Ok(n) pages copied
-/// before a page that is already there (n < pages), Ok(pages) for all.
-fn copy(fd: RawFd, dst: u64, buf: &[u8], pages: usize) -> std::io::Result<usize> {
+/// What one UFFDIO_COPY did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Copied {
+    /// The first `n` pages are in now (all of them, or the call stopped
+    /// early for a reason the kernel does not say: the rest is unknown).
+    Pages(usize),
+    /// The first page was there already; nothing was copied.
+    FirstExists,
+}
+
+/// UFFDIO_COPY of `pages` pages from `buf` to `dst`.  Only a successful
+/// copy puts a page in, and only one can succeed per page: whoever gets
+/// `Pages` counts those pages.
+fn copy(fd: RawFd, dst: u64, buf: &[u8], pages: usize) -> std::io::Result<Copied> {
     loop {
         let mut c = UffdioCopy {
             dst,
@@ -289,18 +303,16 @@ fn copy(fd: RawFd, dst: u64, buf: &[u8], pages: usize) -> std::io::Result<usize>
         // SAFETY: a valid uffdio_copy; the kernel reads `len` bytes of buf.
         let r = unsafe { libc::ioctl(fd, UFFDIO_COPY as _, &mut c) };
         if r == 0 {
-            return Ok(pages);
+            return Ok(Copied::Pages(pages));
         }
         let err = std::io::Error::last_os_error();
         match err.raw_os_error() {
-            Some(libc::EEXIST) => return Ok((c.copy.max(0) as usize) / PAGE),
-            // the address space is changing (mremap, fork): try again
-            Some(libc::EAGAIN) => {
-                if c.copy > 0 {
-                    return Ok(c.copy as usize / PAGE);
-                }
-                std::thread::yield_now();
-            }
+            Some(libc::EEXIST) => return Ok(Copied::FirstExists),
+            // a partial copy (the next page may exist, or the address
+            // space changed: mremap, fork), or nothing copied because it
+            // is changing: try again
+            Some(libc::EAGAIN) if c.copy > 0 => return Ok(Copied::Pages(c.copy as usize / PAGE)),
+            Some(libc::EAGAIN) => std::thread::yield_now(),
             _ => return Err(err),
         }
     }
@@ -320,8 +332,8 @@ fn copy_failed(err: std::io::Error) -> LazyError {
 
 struct Serving<'a> {
     src: &'a Source,
-    mapped: Vec<Mapped>,
-    filled: Filled,
+    mapped: &'a [Mapped],
+    filled: &'a Filled,
     stats: Stats,
     /// The app's userfaultfd first, then its forked children's.
     ctxs: Vec<OwnedFd>,
@@ -391,27 +403,27 @@ impl Serving<'_> {
         let (k, page) = (m.arena, (addr - m.addr) / PAGE as u64);
         let a = &self.src.arenas[k];
         let zero = self.src.reader.page_hash(a.region, page)?.is_none();
-        let buf = if self.filled.get(k, page) {
-            self.stats.refaulted += 1;
-            &self.zero
-        } else if zero {
+        // in before: installed, then punched out by the app since
+        let refault = self.filled.get(k, page);
+        let buf = if refault || zero {
             &self.zero
         } else {
             self.src.reader.read_page(a.region, page, &mut self.page)?;
             &self.page
         };
-        match copy(self.ctxs[i].as_raw_fd(), addr, buf, 1) {
-            Ok(_) => {}
+        let copied = match copy(self.ctxs[i].as_raw_fd(), addr, buf, 1) {
+            Ok(c) => c,
             Err(_) if i > 0 => return Ok(false),
             Err(err) => return Err(copy_failed(err)),
-        }
-        if !self.filled.get(k, page) {
-            self.filled.set(k, page);
-            if zero {
-                self.stats.zero_faulted += 1;
-            } else {
-                self.stats.faulted += 1;
-            }
+        };
+        self.filled.set(k, page);
+        if copied == Copied::Pages(1) {
+            let n = match (refault, zero) {
+                (true, _) => &mut self.stats.refaulted,
+                (false, true) => &mut self.stats.zero_faulted,
+                (false, false) => &mut self.stats.faulted,
+            };
+            *n += 1;
         }
         self.stats.max_fault_us = self.stats.max_fault_us.max(t0.elapsed().as_micros() as u64);
         Ok(true)
@@ -452,6 +464,34 @@ impl Serving<'_> {
         Ok(())
     }
 
+    fn unregister(&self) -> Result<(), LazyError> {
+        for m in self.mapped {
+            let mut r = UffdioRange {
+                start: m.addr,
+                len: m.len,
+            };
+            // SAFETY: a valid uffdio_range of a range the app registered.
+            if unsafe { libc::ioctl(self.ctxs[0].as_raw_fd(), UFFDIO_UNREGISTER as _, &mut r) } < 0
+            {
+                return Err(sys("UFFDIO_UNREGISTER"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The background half: installs the pages the app has not touched yet,
+/// in page order, a run of consecutive ones per UFFDIO_COPY, on a thread of
+/// its own so that a fault never waits behind it.
+struct Filler<'a> {
+    src: &'a Source,
+    mapped: &'a [Mapped],
+    filled: &'a Filled,
+    uffd: RawFd,
+    filled_pages: u64,
+}
+
+impl Filler<'_> {
     /// Installs the next run of pages not in yet, starting at `next[k]`;
     /// false when there are none left.
     fn fill_some(&mut self, pages: &[Vec<u64>], next: &mut [usize]) -> Result<bool, LazyError> {
@@ -490,35 +530,51 @@ impl Serving<'_> {
                 &mut buf[j * PAGE..(j + 1) * PAGE],
             )?;
         }
-        let done = copy(
-            self.ctxs[0].as_raw_fd(),
-            addr0 + first * PAGE as u64,
-            &buf,
-            n,
-        )
-        .map_err(copy_failed)?;
-        // done pages copied; when done < n, page `done` was there already
-        for j in 0..(done + 1).min(n) {
+        let (done, existed) =
+            match copy(self.uffd, addr0 + first * PAGE as u64, &buf, n).map_err(copy_failed)? {
+                Copied::Pages(d) => (d, 0),
+                Copied::FirstExists => (0, 1), // the fault server put it in
+            };
+        for j in 0..done + existed {
             self.filled.set(k, first + j as u64);
         }
-        self.stats.filled += done as u64;
-        next[k] = i + (done + 1).min(n);
+        self.filled_pages += done as u64;
+        next[k] = i + done + existed;
         Ok(true)
     }
 
-    fn unregister(&self) -> Result<(), LazyError> {
-        for m in &self.mapped {
-            let mut r = UffdioRange {
-                start: m.addr,
-                len: m.len,
-            };
-            // SAFETY: a valid uffdio_range of a range the app registered.
-            if unsafe { libc::ioctl(self.ctxs[0].as_raw_fd(), UFFDIO_UNREGISTER as _, &mut r) } < 0
+    /// Until every page is in (true) or one of `stops` is set (false); at
+    /// most `fill_rate` pages a second when it is not 0.
+    fn run(&mut self, fill_rate: u64, stops: &[&AtomicBool]) -> Result<bool, LazyError> {
+        let t0 = Instant::now();
+        let pages: Vec<Vec<u64>> = self
+            .src
+            .arenas
+            .iter()
+            .map(|a| {
+                let last = a.bytes.div_ceil(PAGE as u64);
+                self.src
+                    .reader
+                    .pages(a.region)
+                    .filter(|&p| p < last)
+                    .collect()
+            })
+            .collect();
+        let mut next = vec![0usize; pages.len()];
+        loop {
+            if stops.iter().any(|s| s.load(Ordering::Relaxed)) {
+                return Ok(false);
+            }
+            if let Some(ms) = (self.filled_pages * 1000).checked_div(fill_rate)
+                && let Some(wait) = Duration::from_millis(ms).checked_sub(t0.elapsed())
             {
-                return Err(sys("UFFDIO_UNREGISTER"));
+                std::thread::sleep(wait.min(Duration::from_millis(50)));
+                continue;
+            }
+            if !self.fill_some(&pages, &mut next)? {
+                return Ok(true);
             }
         }
-        Ok(())
     }
 }
 
@@ -530,53 +586,68 @@ fn serve(
     stop: &AtomicBool,
 ) -> Finished {
     let t0 = Instant::now();
-    let pages: Vec<Vec<u64>> = src
-        .arenas
-        .iter()
-        .map(|a| {
-            let last = a.bytes.div_ceil(PAGE as u64);
-            src.reader.pages(a.region).filter(|&p| p < last).collect()
-        })
-        .collect();
-    let mut next = vec![0usize; pages.len()];
+    let filled = Filled::new(&src);
+    let uffd_raw = uffd.as_raw_fd();
     let mut s = Serving {
         src: &src,
-        mapped,
-        filled: Filled::new(&src),
+        mapped: &mapped,
+        filled: &filled,
         stats: Stats::default(),
         ctxs: vec![uffd],
         page: vec![0u8; PAGE],
         zero: vec![0u8; PAGE],
     };
-    let result: Result<bool, LazyError> = (|| {
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                return Ok(false);
+    // the filler stops on `stop` (the app is gone) or on `over` (the
+    // fault server failed); the server ends when the filler has
+    let over = AtomicBool::new(false);
+    let filler_done = AtomicBool::new(false);
+    let (served, filler) = std::thread::scope(|sc| {
+        let mut f = Filler {
+            src: &src,
+            mapped: &mapped,
+            filled: &filled,
+            uffd: uffd_raw,
+            filled_pages: 0,
+        };
+        let (over, filler_done) = (&over, &filler_done);
+        let h = sc.spawn(move || {
+            let r = f.run(fill_rate, &[stop, over]);
+            filler_done.store(true, Ordering::Release);
+            (r, f.filled_pages)
+        });
+        let served: Result<(), LazyError> = (|| {
+            while !filler_done.load(Ordering::Acquire) {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                s.poll(20)?;
             }
-            // ahead of the rate: serve faults while the time catches up
-            let due_ms = match fill_rate {
-                0 => 0,
-                r => (s.stats.filled * 1000 / r).saturating_sub(t0.elapsed().as_millis() as u64),
-            };
-            s.poll(due_ms.min(50) as i32)?;
-            if due_ms > 0 {
-                continue;
-            }
-            if !s.fill_some(&pages, &mut next)? {
-                break;
-            }
+            Ok(())
+        })();
+        if served.is_err() {
+            over.store(true, Ordering::Relaxed);
         }
+        let filler = match h.join() {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        };
+        (served, filler)
+    });
+    let (fill_result, filled_pages) = filler;
+    let result: Result<bool, LazyError> = match (served, fill_result) {
+        (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(false)) => Ok(false),
         // every page is in: what is left to fault is a zero page or a punched one
-        s.poll(0)?;
-        s.unregister()?;
-        Ok(true)
-    })();
+        (Ok(()), Ok(true)) => s.poll(0).and_then(|()| s.unregister()).map(|()| true),
+    };
     let result = match result {
         Err(LazyError::AppGone) => Ok(false),
         r => r,
     };
-    let (filled, mut stats) = (s.filled, s.stats);
+    let mut stats = std::mem::take(&mut s.stats);
+    stats.filled = filled_pages;
     stats.took = t0.elapsed();
+    drop(s); // its userfaultfds closed before the source goes back
     Finished {
         source: src,
         filled,
@@ -627,8 +698,8 @@ mod tests {
 
     #[test]
     fn filled_bits() {
-        let mut f = Filled {
-            bits: vec![vec![0u64; 2]],
+        let f = Filled {
+            bits: vec![vec![AtomicU64::new(0), AtomicU64::new(0)]],
         };
         assert!(!f.get(0, 65));
         f.set(0, 65);

@@ -292,10 +292,13 @@ impl Store {
             what: format!("snapshot {spec:?}"),
         };
         if spec.is_empty() || spec == "latest" {
-            return self.latest()?.map(|i| i.id).ok_or_else(|| StoreError::NotFound {
-                path: self.sub(SNAPSHOTS),
-                what: "any snapshot (the store is empty)".into(),
-            });
+            return self
+                .latest()?
+                .map(|i| i.id)
+                .ok_or_else(|| StoreError::NotFound {
+                    path: self.sub(SNAPSHOTS),
+                    what: "any snapshot (the store is empty)".into(),
+                });
         }
         let id = SnapshotId(spec.to_string());
         if id.is_valid() {
