@@ -1,0 +1,64 @@
+# tools/errvirt: error virtualization (docs/errvirt.md): the LLVM 19 pass
+# plugin, its run-time library and the rekindle-ev-cc wrapper.
+EV_PLUGIN := $(BUILD)/lib/rekindle-errvirt.so
+EV_RT := $(BUILD)/lib/librekindle-ev.a
+EV_CC := $(BUILD)/bin/rekindle-ev-cc
+EV_PASS_SRCS := $(wildcard tools/errvirt/pass/*.cpp)
+EV_PASS_OBJS := $(patsubst tools/errvirt/pass/%.cpp,$(BUILD)/errvirt/%.o,$(EV_PASS_SRCS))
+EV_HDRS := $(wildcard tools/errvirt/include/*) tools/errvirt/pass/ErrVirt.h tools/errvirt/runtime/ev_internal.h
+EV_RT_SRCS := $(wildcard tools/errvirt/runtime/*.c)
+EV_RT_OBJS := $(patsubst tools/errvirt/runtime/%.c,$(BUILD)/errvirt/rt/%.o,$(EV_RT_SRCS)) $(BUILD)/errvirt/rt/ev_checkpoint.o
+
+.PHONY: errvirt errvirt-lit errvirt-unit rkv-ev
+errvirt: $(EV_PLUGIN) $(EV_RT) $(EV_CC)
+
+$(BUILD)/errvirt/%.o: tools/errvirt/pass/%.cpp $(EV_HDRS)
+	@mkdir -p $(dir $@)
+	$(FI_CXX) $(patsubst -I%,-isystem %,$(shell $(FI_LLVM_CONFIG) --cxxflags)) -Itools/errvirt/include -O2 -g -fPIC -Wall -Wextra -Werror -c $< -o $@
+$(EV_PLUGIN): $(EV_PASS_OBJS)
+	@mkdir -p $(dir $@)
+	$(FI_CXX) -shared -o $@ $^
+# The run-time's code goes to section rk_ev_text (as librekindle's to
+# rk_text): a fault there is recognised by its pc and never recovered.
+$(BUILD)/errvirt/rt/%.o: tools/errvirt/runtime/%.c $(EV_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -std=c11 -Wall -Wextra -Werror -fPIC -fno-reorder-blocks-and-partition -fno-reorder-functions \
+		-Itools/errvirt/include -c $< -o $@.tmp.o
+	objcopy --rename-section .text=rk_ev_text,alloc,load,readonly,code,contents $@.tmp.o $@
+	@rm -f $@.tmp.o
+	@if objdump -h $@ | grep -q ' \.text\.'; then echo "$@: code outside rk_ev_text" >&2; exit 1; fi
+$(BUILD)/errvirt/rt/ev_checkpoint.o: tools/errvirt/runtime/ev_checkpoint.S
+	@mkdir -p $(dir $@)
+	$(CC) -c $< -o $@
+$(EV_RT): $(EV_RT_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+$(EV_CC): tools/errvirt/rekindle-ev-cc.in
+	@mkdir -p $(dir $@)
+	sed -e 's|@PLUGIN@|$(abspath $(EV_PLUGIN))|' -e 's|@RUNTIME@|$(abspath $(EV_RT))|' $< > $@.tmp
+	chmod 0755 $@.tmp && mv $@.tmp $@
+
+# The pass's IR tests (lit + FileCheck, like the fault injector's).
+errvirt-lit: errvirt
+	python3 $(FI_LIT) -sv --param plugin=$(abspath $(EV_PLUGIN)) --param exec_root=$(abspath $(BUILD))/errvirt/lit tools/errvirt/test
+
+# The run-time's unit tests: C programs built with the wrapper, each a set
+# of checks that crash for real and must come back as errors.
+EV_UNIT_SRCS := $(wildcard tools/errvirt/test/unit/*.c)
+EV_UNIT := $(patsubst tools/errvirt/test/unit/%.c,$(BUILD)/errvirt/unit/%,$(EV_UNIT_SRCS))
+$(BUILD)/errvirt/unit/%: tools/errvirt/test/unit/%.c $(wildcard tools/errvirt/test/unit/*.h) $(EV_PLUGIN) $(EV_RT) $(EV_CC)
+	@mkdir -p $(dir $@)
+	$(EV_CC) -O2 -g -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $< -o $@
+errvirt-unit: $(EV_UNIT)
+	@fail=0; for t in $(EV_UNIT); do $$t || { echo "FAILED: $$t" >&2; fail=1; }; done; exit $$fail
+
+# rkv built with the pass (its own build is unchanged).
+RKV_EV := $(BUILD)/examples/rkv-ev
+rkv-ev: $(RKV_EV)
+$(RKV_EV): $(RKV_SRCS) $(RKV_HDRS) $(LIB_A) $(RT_HDRS) $(EV_PLUGIN) $(EV_RT) $(EV_CC)
+	@mkdir -p $(dir $@)
+	$(EV_CC) $(CFLAGS) $(RK_CFLAGS) $(RKV_SRCS) -o $@ $(LINK_RK) -lm
+
+# `make test` builds these; tests/test_errvirt.py runs the lit tests, the
+# unit programs and the rkv system tests.
+test system-test: errvirt $(EV_UNIT) $(RKV_EV)
