@@ -62,3 +62,20 @@ $(RKV_EV): $(RKV_SRCS) $(RKV_HDRS) $(LIB_A) $(RT_HDRS) $(EV_PLUGIN) $(EV_RT) $(E
 # `make test` builds these; tests/test_errvirt.py runs the lit tests, the
 # unit programs and the rkv system tests.
 test system-test: errvirt $(EV_UNIT) $(RKV_EV)
+
+# The overhead measurement (docs/errvirt.md, "Cost"): rkv-ev against
+# rkv-clang (tools/faultinject/build.mk: clang-19 without a pass), and one
+# build per saving of the undo log turned off, to measure its share.
+RKV_EV_VARIANTS := $(BUILD)/examples/rkv-ev-nofilter $(BUILD)/examples/rkv-ev-nostack $(BUILD)/examples/rkv-ev-nofresh
+$(BUILD)/examples/rkv-ev-nofilter: EV_VARIANT_ENV := REKINDLE_EV_NO_FILTER=1
+$(BUILD)/examples/rkv-ev-nostack: EV_VARIANT_ENV := REKINDLE_EV_NO_STACK_SKIP=1
+$(BUILD)/examples/rkv-ev-nofresh: EV_VARIANT_ENV := REKINDLE_EV_NO_FRESH_SKIP=1
+$(RKV_EV_VARIANTS): $(RKV_SRCS) $(RKV_HDRS) $(LIB_A) $(RT_HDRS) $(EV_PLUGIN) $(EV_RT) $(EV_CC)
+	@mkdir -p $(dir $@)
+	$(EV_VARIANT_ENV) $(EV_CC) $(CFLAGS) $(RK_CFLAGS) $(RKV_SRCS) -o $@ $(LINK_RK) -lm
+.PHONY: errvirt-bench-build bench-errvirt
+errvirt-bench-build: $(RKV_EV) $(RKV_CLANG) $(RKV_EV_VARIANTS)
+# A short run by default (the machine is shared): ROUNDS=N for more.
+ROUNDS ?= 3
+bench-errvirt: deps errvirt-bench-build
+	python3 tools/errvirt/bench_overhead.py $(BUILD) --rounds $(ROUNDS)
