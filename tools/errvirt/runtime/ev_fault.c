@@ -108,7 +108,8 @@ int rk_ev_fault_hook(int sig, siginfo_t *si, void *ucv)
 	greg_t *g = uc->uc_mcontext.gregs;
 	uintptr_t pc = (uintptr_t)g[REG_RIP];
 	uintptr_t fault_word = si ? (uintptr_t)si->si_addr & ~(uintptr_t)7 : 0;
-	const char *why = ev_refusal(s, pc, fault_word);
+	/* sent by kill or raise (si_code <= 0): not a fault of this code */
+	const char *why = si && si->si_code <= 0 ? "ev_not_a_fault" : ev_refusal(s, pc, fault_word);
 	if (why)
 		return ev_decline(s, sig, why, pc, si);
 	uint64_t t0 = now_ns();
