@@ -52,8 +52,8 @@ def test_runtime_recovers_and_undoes():
     assert "all checks passed" in p.stdout
     recovered = ev_lines(p.stderr, "recovered")
     injected = ev_lines(p.stderr, "injected")
-    # memory, registers, frame, open, socket, pipe, fopen, read, mmap, defer
-    assert len(recovered) == len(injected) == 10, p.stderr
+    # memory, registers, frame, hole, open, socket, pipe, fopen, read, mmap, defer
+    assert len(recovered) == len(injected) == 11, p.stderr
     assert {e["gate"] for e in injected} == {"malloc", "open", "socket", "pipe", "fopen", "read", "mmap"}
     assert not ev_lines(p.stderr, "fallback")
     assert all(e["reason"] == "ev_recovered" and e["rollback_ns"] < 1_000_000 for e in recovered)

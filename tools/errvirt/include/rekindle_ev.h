@@ -70,6 +70,11 @@ enum rk_ev_fn_index {
  * function, checks it to tell our code from a library's. */
 #define RK_EV_MAGIC 0x6b7665725f6b72ull /* "rk_revk" */
 
+/* An alloca this large is a hole in the frame copies (a server's event
+ * array, a read buffer): copying it at every gate would cost more than
+ * logging the few words written to it. */
+#define RK_EV_HOLE_MIN 512u
+
 /* The undo filter: one slot per 8-byte word, tagged with the transaction's
  * epoch in the top 16 bits (user addresses are below 2^47). */
 #define RK_EV_FILTER_SLOTS 4096u

@@ -11,6 +11,7 @@
 #include "llvm/ADT/SmallPtrSet.h"
 #include "llvm/IR/Function.h"
 #include "llvm/IR/InstrTypes.h"
+#include "llvm/IR/Instructions.h"
 #include "llvm/IR/PassManager.h"
 
 #include <optional>
@@ -57,10 +58,13 @@ Options options();
 struct StoreSkips {
   llvm::SmallPtrSet<const llvm::Instruction *, 32> Stack, Fresh;
 };
-StoreSkips findSkips(llvm::Function &F, const llvm::DenseMap<llvm::CallBase *, CallPlan> &Plans, const Options &O);
+// Holes are large allocas (RK_EV_HOLE_MIN bytes or more) left out of the
+// frame copies: their stores are logged like any other memory instead.
+StoreSkips findSkips(llvm::Function &F, const llvm::DenseMap<llvm::CallBase *, CallPlan> &Plans, const Options &O,
+                     const llvm::SmallPtrSetImpl<const llvm::AllocaInst *> &Holes);
 
 struct Counts {
-  unsigned Stores = 0, Logged = 0, SkipStack = 0, SkipFresh = 0, Gates = 0, Embedded = 0, Irrecoverable = 0,
+  unsigned Holes = 0, Stores = 0, Logged = 0, SkipStack = 0, SkipFresh = 0, Gates = 0, Embedded = 0, Irrecoverable = 0,
            Unknown = 0, Deferred = 0;
 };
 

@@ -194,7 +194,16 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
       else if (isa<ReturnInst>(I))
         Rets.push_back(&I);
     }
-  StoreSkips Skips = findSkips(F, Plans, O);
+  SmallPtrSet<const AllocaInst *, 4> Holes;
+  SmallVector<AllocaInst *, 4> HoleList;
+  for (Instruction &I : F.getEntryBlock())
+    if (auto *AI = dyn_cast<AllocaInst>(&I); AI && AI->isStaticAlloca())
+      if (std::optional<TypeSize> Sz = AI->getAllocationSize(DL); Sz && !Sz->isScalable() &&
+                                                                   Sz->getFixedValue() >= RK_EV_HOLE_MIN) {
+        Holes.insert(AI);
+        HoleList.push_back(AI);
+      }
+  StoreSkips Skips = findSkips(F, Plans, O, Holes);
 
   for (Instruction *I : Stores) {
     C.Stores++;
@@ -270,10 +279,25 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
     }
   }
 
+  // Holes are registered once the entry block's allocas exist, and
+  // dropped at each return.
+  if (!HoleList.empty()) {
+    C.Holes += HoleList.size();
+    IRBuilder<> B(&*F.getEntryBlock().getFirstNonPHIOrDbgOrAlloca());
+    FunctionCallee Push = R.fn("__rk_ev_hole_push", R.Void, {R.Ptr, R.I64});
+    for (AllocaInst *AI : HoleList)
+      B.CreateCall(Push, {AI, B.getInt64(AI->getAllocationSize(DL)->getFixedValue())});
+  }
   for (Instruction *Ret : Rets) {
     Instruction *At = Ret;
     if (auto *Prev = dyn_cast_or_null<CallInst>(Ret->getPrevNode()); Prev && Prev->isMustTailCall())
       At = Prev;
+    if (!HoleList.empty()) {
+      IRBuilder<> B(At);
+      FunctionCallee Pop = R.fn("__rk_ev_hole_pop", R.Void, {R.Ptr});
+      for (AllocaInst *AI : reverse(HoleList))
+        B.CreateCall(Pop, {AI});
+    }
     checkExit(R, At);
   }
 

@@ -115,7 +115,8 @@ static DenseMap<const BasicBlock *, FreshSet> freshAtEntry(Function &F,
   return In;
 }
 
-StoreSkips findSkips(Function &F, const DenseMap<CallBase *, CallPlan> &Plans, const Options &O) {
+StoreSkips findSkips(Function &F, const DenseMap<CallBase *, CallPlan> &Plans, const Options &O,
+                     const SmallPtrSetImpl<const AllocaInst *> &Holes) {
   StoreSkips Out;
   DenseMap<const BasicBlock *, FreshSet> In = freshAtEntry(F, Plans);
   for (BasicBlock &B : F) {
@@ -132,7 +133,8 @@ StoreSkips findSkips(Function &F, const DenseMap<CallBase *, CallPlan> &Plans, c
         Ptr = MI->getRawDest();
       if (Ptr) {
         const Value *Obj = getUnderlyingObject(Ptr);
-        if (O.SkipStack && isa<AllocaInst>(Obj))
+        auto *AI = dyn_cast<AllocaInst>(Obj);
+        if (O.SkipStack && AI && !Holes.contains(AI))
           Out.Stack.insert(&I);
         else if (O.SkipFresh && Fresh.contains(Obj))
           Out.Fresh.insert(&I);

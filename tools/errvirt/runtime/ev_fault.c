@@ -118,6 +118,9 @@ int rk_ev_fault_hook(int sig, siginfo_t *si, void *ucv)
 	uint32_t entries = s->nundo;
 	uint64_t bytes = s->bulk_used;
 	ev_log_rollback(s);
+	/* frames from the checkpoint's down may hold holes of frames that are
+	 * gone now: forget them all (the checkpoint frame's own are then copied) */
+	ev_holes_drop_below(rk_ev_regs.rbp + 16);
 	g[REG_RBX] = (greg_t)rk_ev_regs.rbx;
 	g[REG_RBP] = (greg_t)rk_ev_regs.rbp;
 	g[REG_R12] = (greg_t)rk_ev_regs.r12;

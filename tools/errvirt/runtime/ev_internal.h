@@ -50,6 +50,12 @@ struct ev_state {
 	uintptr_t probe; /* the word __rk_ev_log_word is reading, or 0 */
 	uint64_t epoch;
 	uint64_t gates, closes, recoveries, fallbacks, injections;
+	uint64_t closed_irrecoverable, closed_unknown;
+	/* the call sites that closed windows most (REKINDLE_EV_REPORT) */
+	struct ev_closer {
+		uintptr_t pc;
+		uint64_t n;
+	} closers[16];
 	uint64_t last_recovery_gate, recoveries_in_row;
 	uint32_t nundo, ndefer, nnote;
 	uint64_t bulk_used;
@@ -83,6 +89,8 @@ int __rk_ev_close(int fd);
 int __rk_ev_munmap(void *p, size_t n);
 void __rk_ev_rk_free(void *arena, void *p);
 void *__rk_ev_realloc(void *p, size_t n);
+void __rk_ev_hole_push(void *p, uint64_t n);
+void __rk_ev_hole_pop(void *p);
 
 /* ev_log.c */
 void ev_log_reset(struct ev_state *s);
@@ -90,6 +98,7 @@ void ev_log_new_epoch(struct ev_state *s);
 bool ev_log_bytes(struct ev_state *s, const void *p, uint64_t n);
 bool ev_log_frame(struct ev_state *s);
 void ev_log_rollback(struct ev_state *s);
+void ev_holes_drop_below(uintptr_t addr);
 
 /* ev_tx.c */
 void ev_close_window(struct ev_state *s, const char *reason, int32_t fn, uintptr_t pc);
@@ -111,6 +120,9 @@ void ev_line_str(struct ev_line *l, const char *key, const char *val);
 void ev_line_u64(struct ev_line *l, const char *key, uint64_t v);
 void ev_line_hex(struct ev_line *l, const char *key, uint64_t v);
 void ev_line_end(struct ev_line *l);
+
+/* ev_report.c */
+void ev_count_closer(struct ev_state *s, uintptr_t pc);
 
 /* ev_fault.c: librekindle's fatal-signal handler calls this first (a weak
  * reference): 1 = recovered, resume; 0 = not ours, go on with the restart. */

@@ -13,6 +13,50 @@ EV_TLS uint64_t __rk_ev_key;
 EV_TLS uint64_t __rk_ev_filter[RK_EV_FILTER_SLOTS];
 EV_TLS uintptr_t __rk_ev_stack_top = UINTPTR_MAX;
 
+/* Holes: large allocas of live frames, newest (lowest) last.  The frame
+ * copies leave them out; their stores are logged one by one instead.
+ * Dropping a hole is always safe (its bytes are then copied too). */
+#define EV_HOLES 64u
+static EV_TLS struct ev_hole {
+	uintptr_t lo, hi;
+} ev_holes[EV_HOLES];
+static EV_TLS uint32_t ev_nholes;
+
+/* Holes below addr belong to frames that are gone (a rollback, a longjmp). */
+void ev_holes_drop_below(uintptr_t addr)
+{
+	while (ev_nholes && ev_holes[ev_nholes - 1].lo < addr)
+		ev_nholes--;
+}
+
+void __rk_ev_hole_push(void *p, uint64_t n)
+{
+	ev_holes_drop_below((uintptr_t)p);
+	if (ev_nholes < EV_HOLES)
+		ev_holes[ev_nholes++] = (struct ev_hole){(uintptr_t)p, (uintptr_t)p + n};
+}
+
+void __rk_ev_hole_pop(void *p)
+{
+	if (ev_nholes && ev_holes[ev_nholes - 1].lo == (uintptr_t)p)
+		ev_nholes--;
+}
+
+/* [lo, hi) of the stack, without the holes in it. */
+static bool ev_log_stack(struct ev_state *s, uintptr_t lo, uintptr_t hi)
+{
+	uintptr_t at = lo;
+	for (uint32_t i = ev_nholes; i-- > 0 && at < hi;) {
+		const struct ev_hole *h = &ev_holes[i];
+		if (h->hi <= at || h->lo >= hi)
+			continue;
+		if (h->lo > at && !ev_log_bytes(s, (const void *)at, h->lo - at))
+			return false;
+		at = h->hi;
+	}
+	return at >= hi || ev_log_bytes(s, (const void *)at, hi - at);
+}
+
 void ev_log_reset(struct ev_state *s)
 {
 	s->nundo = 0;
@@ -54,7 +98,8 @@ bool ev_log_frame(struct ev_state *s)
 		ev_close_window(s, "ev_frame_unknown", (int32_t)s->gate_fn, rk_ev_regs.rip);
 		return false;
 	}
-	if (!ev_log_bytes(s, (const void *)lo, hi - lo))
+	ev_holes_drop_below(lo);
+	if (!ev_log_stack(s, lo, hi))
 		return false;
 	__rk_ev_stack_top = hi;
 	return true;
@@ -103,7 +148,7 @@ void __rk_ev_frame_exit(uintptr_t fp)
 		ev_close_window(s, "ev_frame_chain", -1, (uintptr_t)__builtin_return_address(0));
 		return;
 	}
-	if (ev_log_bytes(s, (const void *)top, parent - top))
+	if (ev_log_stack(s, top, parent))
 		__rk_ev_stack_top = parent;
 }
 

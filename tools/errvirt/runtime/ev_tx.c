@@ -107,15 +107,20 @@ uint64_t rk_ev_tx_begin(uint32_t fn)
 
 void __rk_ev_window_close(uint32_t fn)
 {
-	if (ev_role == EV_ROLE_OWNER)
-		ev_close_window(ev, "ev_irrecoverable_call", (int32_t)fn, (uintptr_t)__builtin_return_address(0));
+	if (ev_role != EV_ROLE_OWNER || !ev->window_open)
+		return;
+	ev->closed_irrecoverable++;
+	ev_count_closer(ev, (uintptr_t)__builtin_return_address(0));
+	ev_close_window(ev, "ev_irrecoverable_call", (int32_t)fn, (uintptr_t)__builtin_return_address(0));
 }
 
 void __rk_ev_unknown_call(void *callee)
 {
-	(void)callee;
-	if (ev_role == EV_ROLE_OWNER)
-		ev_close_window(ev, "ev_unknown_call", -1, (uintptr_t)__builtin_return_address(0));
+	if (ev_role != EV_ROLE_OWNER || !ev->window_open)
+		return;
+	ev->closed_unknown++;
+	ev_count_closer(ev, (uintptr_t)callee);
+	ev_close_window(ev, "ev_unknown_call", -1, (uintptr_t)__builtin_return_address(0));
 }
 
 static void ev_push(uint32_t kind, uint64_t ret, uint64_t a0, uint64_t a1, bool note)

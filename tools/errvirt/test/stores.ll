@@ -82,3 +82,22 @@ define void @wide(<4 x i64> %v, ptr %p) {
 ; CHECK-LABEL: define void @wide(
 ; CHECK: call void @__rk_ev_log_range(ptr @buf, i64 32)
 ; CHECK: call void @__rk_ev_log_range(ptr %p, i64 8)
+
+define void @hole(i64 %v, i64 %i) {
+  %small = alloca i64
+  %big = alloca [64 x i64]
+  store i64 %v, ptr %small
+  %e = getelementptr [64 x i64], ptr %big, i64 0, i64 %i
+  store i64 %v, ptr %e
+  ret void
+}
+; A 512-byte alloca is a hole in the frame copies: registered at entry,
+; dropped at return, and its stores logged like any memory.
+; CHECK-LABEL: define void @hole(
+; CHECK: %big = alloca [64 x i64]
+; CHECK-NEXT: call void @__rk_ev_hole_push(ptr %big, i64 512)
+; CHECK-NEXT: store i64 %v, ptr %small
+; CHECK: call void @__rk_ev_log_word(
+; CHECK: store i64 %v, ptr %e
+; CHECK: call void @__rk_ev_hole_pop(ptr %big)
+; CHECK: call void @__rk_ev_frame_exit(

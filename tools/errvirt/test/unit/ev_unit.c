@@ -135,6 +135,36 @@ static void check_frame(void)
 	CHECK(frame_case(6) == 3);
 }
 
+/* ---- a large local array: left out of the frame copies, its stores logged */
+__attribute__((noinline)) static long sum(const int *b, int n)
+{
+	long t = 0;
+	for (int i = 0; i < n; i++)
+		t += b[i];
+	return t;
+}
+
+__attribute__((noinline)) static long hole_case(void)
+{
+	int big[512]; /* 2 KiB: a hole */
+	for (int i = 0; i < 512; i++)
+		big[i] = i;
+	void *p = malloc(8);
+	sink = p;
+	if (!p)
+		return sum(big, 512); /* as at the gate */
+	for (int i = 0; i < 512; i += 3)
+		big[i] = -1;
+	big[7] = opaque(big[7] + 1000);
+	crash();
+	return -sum(big, 512);
+}
+
+static void check_hole(void)
+{
+	CHECK(hole_case() == 511L * 512 / 2);
+}
+
 /* ---- every gate class injects its error, and compensation undoes -------- */
 static int count_fds(void)
 {
@@ -294,6 +324,7 @@ int main(int argc, char **argv)
 	check_memory();
 	check_registers();
 	check_frame();
+	check_hole();
 	check_gates();
 	check_defer();
 	if (failures) {
