@@ -89,7 +89,9 @@ void logStore(Runtime &R, Instruction *I, Value *Ptr, uint64_t Size, Align A, co
   Value *Slot = B.CreateGEP(R.I64, B.CreateThreadLocalAddress(R.Filter), Idx, "ev.slot");
   Value *Seen = B.CreateLoad(R.I64, Slot, "ev.seen");
   Value *Miss = B.CreateICmpNE(Seen, Tag, "ev.miss");
-  slowPath(R, I, Miss, Slow, {B.CreateIntToPtr(W, R.Ptr)});
+  // key 0: no open window on this thread, nothing to log
+  Value *Open = B.CreateICmpNE(Key, B.getInt64(0), "ev.open");
+  slowPath(R, I, B.CreateAnd(Miss, Open, "ev.log"), Slow, {B.CreateIntToPtr(W, R.Ptr)});
 }
 
 Value *errorValue(const ModelFn &M, Type *T) {

@@ -27,7 +27,9 @@ define void @global_store(i64 %v) {
 ; CHECK: %ev.tag = or i64 %ev.w, %ev.key
 ; CHECK: %ev.seen = load i64, ptr %ev.slot
 ; CHECK: %ev.miss = icmp ne i64 %ev.seen, %ev.tag
-; CHECK: br i1 %ev.miss, label %{{.*}}, label %{{.*}}, !prof
+; CHECK: %ev.open = icmp ne i64 %ev.key, 0
+; CHECK: %ev.log = and i1 %ev.miss, %ev.open
+; CHECK: br i1 %ev.log, label %{{.*}}, label %{{.*}}, !prof
 ; CHECK: call void @__rk_ev_log_word(
 ; CHECK: store i64 %v, ptr @g
 ; NOFILTER-LABEL: define void @global_store(
