@@ -82,6 +82,14 @@ def rkv_ev(tmp_path):
     s.close()
 
 
+def stops_cleanly(s):
+    """SIGTERM ends the server at once, with status 0 (a deferred call gone
+    wrong would show here as a double free and a restart)."""
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=10) == 0, s.stderr()[-2000:]
+    assert "double free" not in s.stderr()
+
+
 def test_rkv_crash_becomes_error_reply(rkv_ev):
     other = rkv_ev.client(single_connection_client=True)
     victim = rkv_ev.client(single_connection_client=True)
@@ -101,6 +109,7 @@ def test_rkv_crash_becomes_error_reply(rkv_ev):
     rec = ev_lines(err, "recovered")
     assert len(rec) == 3 and all(e["gate"] == "malloc" and e["pid"] == rkv_ev.proc.pid for e in rec)
     assert [e["compensation"] for e in ev_lines(err, "injected")] == ["free_ret"] * 3
+    stops_cleanly(rkv_ev)
 
 
 def test_rkv_crash_after_write_restarts_warm(rkv_ev):
@@ -114,3 +123,4 @@ def test_rkv_crash_after_write_restarts_warm(rkv_ev):
     assert fb["reason"] == "ev_window_closed" and fb["closed_by_call"] == "write"
     (restart,) = rkv_ev.runtime_events("restart")
     assert restart["mode"] == "warm" and restart["signal"] == "SIGSEGV"
+    stops_cleanly(rkv_ev)

@@ -102,6 +102,7 @@ Value *errorValue(const ModelFn &M, Type *T) {
   return ConstantPointerNull::get(cast<PointerType>(T));
 }
 
+//                                 call @__rk_ev_tx_end(idx)            ; commit: deferred calls run
 // %r = call @lib(...)             %r = call @lib(...)
 // use(%r)                  ==>    %c = call @__rk_ev_checkpoint(idx)   ; returns twice
 //                                 if (%c != 0) __rk_ev_compensate(idx, %r, a0, a1)
@@ -111,6 +112,7 @@ void plantGate(Runtime &R, CallInst &CI, const ModelFn &M) {
   SmallVector<Use *, 8> Uses;
   for (Use &U : CI.uses())
     Uses.push_back(&U);
+  IRBuilder<>(&CI).CreateCall(R.fn("__rk_ev_tx_end", R.Void, {R.I32}), {ConstantInt::get(R.I32, M.Index)});
   Instruction *Next = CI.getNextNode();
   IRBuilder<> B(Next);
   FunctionCallee Ck = R.fn("__rk_ev_checkpoint", R.I64, {R.I32});

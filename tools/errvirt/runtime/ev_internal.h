@@ -76,6 +76,7 @@ extern EV_TLS int ev_role;
 
 /* The entry points the pass calls (include/rekindle_ev.h lists the rest). */
 uint64_t __rk_ev_checkpoint(uint32_t fn);
+void __rk_ev_tx_end(uint32_t fn);
 void __rk_ev_log_word(uint64_t *w);
 void __rk_ev_log_range(void *p, uint64_t n);
 void __rk_ev_frame_exit(uintptr_t fp);

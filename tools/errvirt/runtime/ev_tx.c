@@ -70,18 +70,33 @@ void ev_commit(struct ev_state *s)
 	ev_log_reset(s);
 }
 
-void ev_close_window(struct ev_state *s, const char *reason, int32_t fn, uintptr_t pc)
+static void ev_end_window(struct ev_state *s, const char *reason, int32_t fn, uintptr_t pc)
 {
-	if (!s->window_open)
-		return;
 	s->window_open = false;
 	s->closed_reason = reason;
 	s->closed_by_fn = fn;
 	s->closed_by_pc = pc;
-	s->closes++;
 	__rk_ev_key = 0;
 	__rk_ev_stack_top = UINTPTR_MAX;
 	ev_commit(s);
+}
+
+void ev_close_window(struct ev_state *s, const char *reason, int32_t fn, uintptr_t pc)
+{
+	if (!s->window_open)
+		return;
+	s->closes++;
+	ev_end_window(s, reason, fn, pc);
+}
+
+/* Just before a gate's call: the transaction ends, and what it deferred
+ * happens now, before the call can see it (a deferred close must take the
+ * fd out of the epoll set before the next epoll_wait).  A fault inside the
+ * call itself is then not recovered (ev_window_closed, "ev_in_gate_call"). */
+void __rk_ev_tx_end(uint32_t fn)
+{
+	if (ev_role == EV_ROLE_OWNER && ev->window_open)
+		ev_end_window(ev, "ev_in_gate_call", (int32_t)fn, (uintptr_t)__builtin_return_address(0));
 }
 
 bool ev_deferring(void)
@@ -94,8 +109,7 @@ uint64_t rk_ev_tx_begin(uint32_t fn)
 	if (!ev_owner())
 		return 0;
 	struct ev_state *s = ev;
-	s->window_open = false; /* quietly: the gate ends the window it closes */
-	ev_commit(s);
+	ev_commit(s); /* normally done already, by __rk_ev_tx_end */
 	s->window_open = true;
 	s->recovered_window = false;
 	s->gate_fn = fn;

@@ -25,8 +25,9 @@ define i32 @gate_open(ptr %path) {
   ret i32 %r
 }
 ; CHECK-LABEL: define i32 @gate_open(
-; CHECK: %fd = call i32 (ptr, i32, ...) @open(ptr %path, i32 0)
-; CHECK-NEXT: %ev.ck = call i64 @__rk_ev_checkpoint(i32 [[OPEN:[0-9]+]]) #[[RT:[0-9]+]]
+; CHECK: call void @__rk_ev_tx_end(i32 [[OPEN:[0-9]+]])
+; CHECK-NEXT: %fd = call i32 (ptr, i32, ...) @open(ptr %path, i32 0)
+; CHECK-NEXT: %ev.ck = call i64 @__rk_ev_checkpoint(i32 [[OPEN]]) #[[RT:[0-9]+]]
 ; CHECK: %ev.inject = icmp ne i64 %ev.ck, 0
 ; CHECK-NEXT: br i1 %ev.inject, label %[[INJ:[0-9]+]], label %[[CONT:[0-9]+]], !prof
 ; CHECK: [[INJ]]:

@@ -285,6 +285,19 @@ static void check_defer(void)
 	close(fd);
 }
 
+/* A transaction's deferred calls happen before the next gate's call: a
+ * closed fd must not reach the next epoll_wait, or the next open. */
+static void check_commit_before_gate(void)
+{
+	int fd = open("/dev/null", O_RDONLY);
+	CHECK(fd >= 0);
+	close(fd);
+	void *p = malloc(8);
+	sink = p;
+	CHECK(fcntl(fd, F_GETFD) < 0 && errno == EBADF);
+	free(p);
+}
+
 /* ---- cases that must not be recovered (run one per process) ------------- */
 __attribute__((noinline)) static int second_fault(void)
 {
@@ -327,6 +340,7 @@ int main(int argc, char **argv)
 	check_hole();
 	check_gates();
 	check_defer();
+	check_commit_before_gate();
 	if (failures) {
 		fprintf(stderr, "ev_unit: %d checks failed\n", failures);
 		return 1;
