@@ -79,3 +79,11 @@ errvirt-bench-build: $(RKV_EV) $(RKV_CLANG) $(RKV_EV_VARIANTS)
 ROUNDS ?= 3
 bench-errvirt: deps errvirt-bench-build
 	python3 tools/errvirt/bench_overhead.py $(BUILD) --rounds $(ROUNDS)
+
+# lighttpd 1.4.69 from Debian's source package, unchanged, built with the
+# pass (and the same build without it, the overhead baseline).
+.PHONY: errvirt-lighttpd
+LIGHTTPD_EV := $(BUILD)/errvirt/lighttpd-ev/inst/sbin/lighttpd
+errvirt-lighttpd: errvirt
+	BUILD=$(BUILD) bash tools/errvirt/servers/lighttpd.sh ev
+	BUILD=$(BUILD) bash tools/errvirt/servers/lighttpd.sh clang
