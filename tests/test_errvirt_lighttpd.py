@@ -53,7 +53,10 @@ def lighttpd(tmp_path):
     deadline = time.monotonic() + 10
     while True:
         try:
-            http.client.HTTPConnection("127.0.0.1", port, timeout=2).request("HEAD", "/")
+            probe = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            probe.request("HEAD", "/")
+            probe.getresponse().read()
+            probe.close()
             break
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
@@ -86,8 +89,13 @@ def test_lighttpd_serves_unchanged(lighttpd):
     for c in conns:
         c.close()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=10) == 0
+    rc = proc.wait(timeout=10)
     text = stderr.read_text()
+    # lighttpd's own status: 1 when a connection was still open at the stop
+    # (server.c: rc = 0 only if srv->conns is empty), which a client's close
+    # racing the signal decides; a signal's death would be negative.
+    assert rc in (0, 1), text[-2000:]
+    assert "server stopped by UID" in (stderr.parent / "error.log").read_text()
     (report,) = ev_lines(text, "report")
     assert report["gates"] > 60  # at least a read and an accept or epoll_wait per request
     assert report["recoveries"] == 0 and report["fallbacks"] == 0
