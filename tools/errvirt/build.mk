@@ -91,3 +91,16 @@ $(LIGHTTPD_EV): $(EV_PLUGIN) $(EV_RT) $(EV_CC) tools/errvirt/servers/lighttpd.sh
 	BUILD=$(BUILD) bash tools/errvirt/servers/lighttpd.sh ev
 # tests/test_errvirt_lighttpd.py runs it (about 40 s to build on 2 cores)
 test system-test: $(LIGHTTPD_EV)
+
+# A first survivability smoke with the project's fault injector
+# (tools/errvirt/fault_smoke.py): rkv built with both passes, the injector's
+# planting its faults first, then errvirt instrumenting the result.
+RKV_FI_EV := $(BUILD)/errvirt/rkv-fi-ev
+$(RKV_FI_EV): $(RKV_SRCS) $(RKV_HDRS) $(LIB_A) $(RT_HDRS) $(FI_PLUGIN) $(FI_RT) $(EV_PLUGIN) $(EV_RT)
+	@mkdir -p $(dir $@)
+	clang-19 $(CFLAGS) -fno-omit-frame-pointer -fpass-plugin=$(FI_PLUGIN) -fpass-plugin=$(EV_PLUGIN) $(RK_CFLAGS) \
+		$(RKV_SRCS) -o $@ $(LINK_RK) $(FI_RT) -Wl,--whole-archive $(EV_RT) -Wl,--no-whole-archive -lm
+.PHONY: errvirt-fault-smoke
+RUNS ?= 30
+errvirt-fault-smoke: deps $(RKV_FI_EV)
+	python3 tools/errvirt/fault_smoke.py $(BUILD) --runs $(RUNS)
