@@ -19,7 +19,7 @@ from the server's stderr and the clients:
   hang              the clients gave up (timeouts, or 10 s)
   did not start     the fault acted before rkv served
 
-Usage: python3 tools/errvirt/fault_smoke.py BUILD [--runs N] [--seed S]
+Usage: python3 tools/errvirt/fault_smoke.py BUILD [--runs N] [--seed S] [--min-count N]
 Prints a table and writes BUILD/errvirt/fault-smoke.json."""
 
 import argparse
@@ -87,7 +87,7 @@ def connect(port):
     """One connection (redis-py's handshake runs now), or None."""
     try:
         return redis.Redis(port=port, socket_timeout=2, single_connection_client=True)
-    except redis.RedisError:
+    except (redis.RedisError, ValueError):
         return None
 
 
@@ -121,6 +121,9 @@ def workload(port, seed):
         except redis.ConnectionError:
             seen["connection lost"] += 1
             main = None
+        except (ValueError, redis.RedisError):  # a reply redis-py cannot parse
+            seen["bad reply"] += 1
+            main = None
         if i % 50 == 0:
             other = other or connect(port)
             try:
@@ -129,7 +132,7 @@ def workload(port, seed):
                 other.ping()
             except redis.ResponseError:
                 seen["other error reply"] += 1
-            except (redis.ConnectionError, redis.TimeoutError):
+            except (redis.ConnectionError, redis.TimeoutError, ValueError):
                 seen["other connection lost"] += 1
                 other = None
     return seen
@@ -178,6 +181,7 @@ def main():
     ap.add_argument("build", type=Path)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--min-count", type=int, default=1, help="only sites run this often (request paths)")
     args = ap.parse_args()
     exe = args.build.resolve() / "errvirt" / "rkv-fi-ev"
     if not exe.exists():
@@ -196,11 +200,15 @@ def main():
         finally:
             stop(p, err)
         counts = read_counts(trace)
-        sites = sorted(counts)
+        sites = sorted(s for s, n in counts.items() if n >= args.min_count)
         rows = []
         for i in range(args.runs):
             site = rng.choice(sites)
-            r = one(exe, site, counts[site] // 2, args.seed + i, tmp)
+            try:
+                r = one(exe, site, counts[site] // 2, args.seed + i, tmp)
+            except Exception as e:  # noqa: BLE001 - one run's harness error, not the whole smoke's
+                r = {"site": site, "after": counts[site] // 2, "outcome": "harness error", "error": repr(e),
+                     "recoveries": 0, "fallback_reasons": [], "restarts": 0, "clients": {}}  # fmt: skip
             rows.append(r)
             print(f"run {i:3d} {site} after={r['after']:6d} {r['outcome']:18s} rec={r['recoveries']} "
                   f"fallback={r['fallback_reasons'][:2]} clients={r['clients']}", flush=True)  # fmt: skip
