@@ -31,6 +31,8 @@ EXAMPLE_BINS :=
 include $(wildcard examples/*/build.mk)
 # The fault injector (an LLVM pass) and its test and rkv targets.
 include tools/faultinject/build.mk
+# Error virtualization (an LLVM pass and its run-time), docs/errvirt.md.
+include tools/errvirt/build.mk
 # The supervisor (Rust): cargo decides what to rebuild; its outputs stay in build/.
 SUPERVISOR := $(BUILD)/bin/rekindle
 CARGO_FLAGS := --release --locked --manifest-path supervisor/Cargo.toml --target-dir $(abspath $(BUILD))/cargo

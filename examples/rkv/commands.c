@@ -987,6 +987,20 @@ static void cmd_debug(struct conn *c)
 	} else if (eq(A(1), "crash-in-mutation") && ARGC == 3) {
 		rkv_log("debug", "\"what\":\"crash-in-mutation\"");
 		ks_crash_in_mutation(srv.db, A(2).p, A(2).n);
+	} else if (eq(A(1), "crash-after-alloc") && ARGC == 3) {
+		/* for tests/test_errvirt.py: a request that faults after a checked
+		 * allocation, whose error path replies an error (no log line
+		 * first: its write would end the recoverable window) */
+		char *copy = malloc(A(2).n + 1);
+		if (!copy) {
+			reply_error(c, "ERR out of memory");
+			return;
+		}
+		memcpy(copy, A(2).p, A(2).n);
+		volatile int *volatile bad = NULL;
+		*bad = 1;
+		reply_bulk(c, copy, A(2).n);
+		free(copy);
 	} else if (eq(A(1), "sleep") && ARGC == 3) {
 		char v[64];
 		snprintf(v, sizeof v, "%.*s", (int)(A(2).n < 63 ? A(2).n : 63), A(2).p);

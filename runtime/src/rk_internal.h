@@ -703,6 +703,9 @@ void rk_exec_pool_release(void) RK_HIDDEN; /* just before execve; async-signal-s
 
 /* ---- signals.c: the fatal-signal and restart-signal handlers ---- */
 int rk_signals_install(void) RK_HIDDEN;
+/* tools/errvirt's run-time, when the program links it (a weak reference):
+ * 1 = the fault became a library error and the program resumes. */
+int rk_ev_fault_hook(int sig, siginfo_t *si, void *uc) __attribute__((weak));
 
 /* ---- snapshot_agent.c: the app's side of durable snapshots -------------
  * With `rekindle run --snapshot-dir`, a thread of the runtime tracks which

@@ -18,6 +18,10 @@ static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 static void on_fatal_signal(int sig, siginfo_t *si, void *uc)
 {
 	rk_wp_signal_entry();
+	/* Error virtualization (tools/errvirt), when linked in, may turn the
+	 * fault into an error of the last library call: then no restart. */
+	if (sig != SIGABRT && rk_ev_fault_hook && rk_ev_fault_hook(sig, si, uc))
+		return;
 	char reason[64] = "signal ";
 	rk_strlcat(reason, rk_signame(sig), sizeof reason);
 	int saved = errno;

@@ -1,0 +1,155 @@
+// What to do with each call, and which stores need no undo log entry.
+#include "ErrVirt.h"
+
+#include "llvm/Analysis/ValueTracking.h"
+#include "llvm/IR/CFG.h"
+#include "llvm/IR/InlineAsm.h"
+#include "llvm/IR/Instructions.h"
+#include "llvm/IR/IntrinsicInst.h"
+
+using namespace llvm;
+
+namespace rekindle_ev {
+
+// A gate must be able to return the model's error in the call's own type.
+static bool errorFits(const ModelFn &M, Type *Ret) {
+  switch (M.Err) {
+  case EV_ERR_NEG1:
+    return Ret->isIntegerTy();
+  case EV_ERR_NULL:
+  case EV_ERR_MAPFAILED:
+    return Ret->isPointerTy();
+  }
+  return false;
+}
+
+CallPlan planCall(CallBase &CB) {
+  if (CB.isInlineAsm())
+    return {&CB, CallKind::Ignored, std::nullopt};
+  if (isa<MemIntrinsic>(CB))
+    return {&CB, CallKind::MemIntrinsic, std::nullopt};
+  Function *Callee = CB.getCalledFunction();
+  if (Callee && Callee->isIntrinsic())
+    return {&CB, CallKind::Ignored, std::nullopt};
+  if (Callee && Callee->getName().starts_with("__rk_ev_"))
+    return {&CB, CallKind::Ignored, std::nullopt};
+  if (Callee && !Callee->isDeclaration())
+    return {&CB, CallKind::Instrumented, std::nullopt};
+  std::optional<ModelFn> M = Callee ? lookupModel(Callee->getName()) : std::nullopt;
+  if (!M)
+    return {&CB, CallKind::Unknown, std::nullopt};
+  if (M->Cls == EV_IRRECOV)
+    return {&CB, CallKind::Irrecoverable, M};
+  // A gate: the call can fail, the program looks at its result (so it has
+  // an error path to take), and the result can carry the error.
+  bool CanGate = (M->Cls == EV_REVERSIBLE || M->Cls == EV_NOREVERT) && M->Err != EV_ERR_NONE &&
+                 isa<CallInst>(CB) && !cast<CallInst>(CB).isMustTailCall() && !CB.use_empty() &&
+                 errorFits(*M, CB.getType());
+  return {&CB, CanGate ? CallKind::Gate : CallKind::Embedded, M};
+}
+
+// A call after which a different transaction may be running.
+static bool beginsTransaction(const CallPlan &P) {
+  return P.Kind == CallKind::Gate || P.Kind == CallKind::Instrumented || P.Kind == CallKind::Unknown ||
+         P.Kind == CallKind::Irrecoverable;
+}
+
+static bool allocatesFresh(const CallPlan &P) {
+  return P.Kind == CallKind::Gate && P.Model &&
+         (P.Model->Comp == EV_COMP_FREE_RET || P.Model->Comp == EV_COMP_RK_FREE_A0_RET ||
+          P.Model->Comp == EV_COMP_MUNMAP_RET_A1);
+}
+
+using FreshSet = SmallPtrSet<const Value *, 8>;
+
+// The allocations of the running transaction at each block's entry: a
+// forward "must" analysis (intersection at joins; unvisited = everything).
+static DenseMap<const BasicBlock *, FreshSet> freshAtEntry(Function &F,
+                                                          const DenseMap<CallBase *, CallPlan> &Plans) {
+  DenseMap<const BasicBlock *, FreshSet> In, Out;
+  DenseMap<const BasicBlock *, bool> Done;
+  auto Transfer = [&](const BasicBlock &B, FreshSet S) {
+    for (const Instruction &I : B) {
+      auto *CB = dyn_cast<CallBase>(&I);
+      if (!CB)
+        continue;
+      auto It = Plans.find(const_cast<CallBase *>(CB));
+      if (It == Plans.end() || !beginsTransaction(It->second))
+        continue;
+      S.clear();
+      if (allocatesFresh(It->second))
+        S.insert(CB);
+    }
+    return S;
+  };
+  bool Changed = true;
+  while (Changed) {
+    Changed = false;
+    for (BasicBlock &B : F) {
+      FreshSet S;
+      bool First = true;
+      if (&B != &F.getEntryBlock())
+        for (const BasicBlock *P : predecessors(&B)) {
+          if (!Done.lookup(P))
+            continue; // not known yet: the top of the lattice
+          if (First) {
+            S = Out[P];
+            First = false;
+          } else {
+            FreshSet Keep;
+            for (const Value *V : S)
+              if (Out[P].contains(V))
+                Keep.insert(V);
+            S = std::move(Keep);
+          }
+        }
+      FreshSet NewOut = Transfer(B, S);
+      if (!Done.lookup(&B) || NewOut.size() != Out[&B].size()) {
+        Changed = true;
+        Done[&B] = true;
+        In[&B] = S;
+        Out[&B] = std::move(NewOut);
+      }
+    }
+  }
+  return In;
+}
+
+StoreSkips findSkips(Function &F, const DenseMap<CallBase *, CallPlan> &Plans, const Options &O,
+                     const SmallPtrSetImpl<const AllocaInst *> &Holes) {
+  StoreSkips Out;
+  DenseMap<const BasicBlock *, FreshSet> In = freshAtEntry(F, Plans);
+  for (BasicBlock &B : F) {
+    FreshSet Fresh = In[&B];
+    for (Instruction &I : B) {
+      const Value *Ptr = nullptr;
+      if (auto *SI = dyn_cast<StoreInst>(&I))
+        Ptr = SI->getPointerOperand();
+      else if (auto *RMW = dyn_cast<AtomicRMWInst>(&I))
+        Ptr = RMW->getPointerOperand();
+      else if (auto *CX = dyn_cast<AtomicCmpXchgInst>(&I))
+        Ptr = CX->getPointerOperand();
+      else if (auto *MI = dyn_cast<MemIntrinsic>(&I))
+        Ptr = MI->getRawDest();
+      if (Ptr) {
+        const Value *Obj = getUnderlyingObject(Ptr);
+        auto *AI = dyn_cast<AllocaInst>(Obj);
+        if (O.SkipStack && AI && !Holes.contains(AI))
+          Out.Stack.insert(&I);
+        else if (O.SkipFresh && Fresh.contains(Obj))
+          Out.Fresh.insert(&I);
+      }
+      if (auto *CB = dyn_cast<CallBase>(&I)) {
+        auto It = Plans.find(CB);
+        if (It != Plans.end() && beginsTransaction(It->second)) {
+          Fresh.clear();
+          if (allocatesFresh(It->second))
+            Fresh.insert(CB);
+        }
+      }
+    }
+  }
+  return Out;
+}
+
+} // namespace rekindle_ev

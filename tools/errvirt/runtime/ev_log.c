@@ -1,0 +1,166 @@
+/* ev_log.c - the undo log: the old value of each 8-byte word the
+ * transaction writes (logged once per transaction: the filter remembers
+ * which words this epoch has seen), byte ranges a library call or a dying
+ * stack frame will overwrite, and the rollback that puts them back in
+ * reverse order.  The instrumented code checks the filter inline and calls
+ * __rk_ev_log_word only on a miss. */
+#define _GNU_SOURCE
+#include "ev_internal.h"
+
+#include <string.h>
+
+EV_TLS uint64_t __rk_ev_key;
+EV_TLS uint64_t __rk_ev_filter[RK_EV_FILTER_SLOTS];
+EV_TLS uintptr_t __rk_ev_stack_top = UINTPTR_MAX;
+
+/* Holes: large allocas of live frames, newest (lowest) last.  The frame
+ * copies leave them out; their stores are logged one by one instead.
+ * Dropping a hole is always safe (its bytes are then copied too). */
+#define EV_HOLES 64u
+static EV_TLS struct ev_hole {
+	uintptr_t lo, hi;
+} ev_holes[EV_HOLES];
+static EV_TLS uint32_t ev_nholes;
+
+/* Holes below addr belong to frames that are gone (a rollback, a longjmp). */
+void ev_holes_drop_below(uintptr_t addr)
+{
+	while (ev_nholes && ev_holes[ev_nholes - 1].lo < addr)
+		ev_nholes--;
+}
+
+void __rk_ev_hole_push(void *p, uint64_t n)
+{
+	ev_holes_drop_below((uintptr_t)p);
+	if (ev_nholes < EV_HOLES)
+		ev_holes[ev_nholes++] = (struct ev_hole){(uintptr_t)p, (uintptr_t)p + n};
+}
+
+void __rk_ev_hole_pop(void *p)
+{
+	if (ev_nholes && ev_holes[ev_nholes - 1].lo == (uintptr_t)p)
+		ev_nholes--;
+}
+
+/* [lo, hi) of the stack, without the holes in it. */
+static bool ev_log_stack(struct ev_state *s, uintptr_t lo, uintptr_t hi)
+{
+	uintptr_t at = lo;
+	for (uint32_t i = ev_nholes; i-- > 0 && at < hi;) {
+		const struct ev_hole *h = &ev_holes[i];
+		if (h->hi <= at || h->lo >= hi)
+			continue;
+		if (h->lo > at && !ev_log_bytes(s, (const void *)at, h->lo - at))
+			return false;
+		at = h->hi;
+	}
+	return at >= hi || ev_log_bytes(s, (const void *)at, hi - at);
+}
+
+void ev_log_reset(struct ev_state *s)
+{
+	s->nundo = 0;
+	s->bulk_used = 0;
+}
+
+/* A new epoch makes every filter slot stale at once; the slots are wiped
+ * only when the 16-bit epoch wraps. */
+void ev_log_new_epoch(struct ev_state *s)
+{
+	if (++s->epoch >= (1u << 16)) {
+		memset(__rk_ev_filter, 0, sizeof __rk_ev_filter);
+		s->epoch = 1;
+	}
+	__rk_ev_key = s->epoch << RK_EV_EPOCH_SHIFT;
+}
+
+bool ev_log_bytes(struct ev_state *s, const void *p, uint64_t n)
+{
+	if (n == 0)
+		return true;
+	if (s->nundo == EV_UNDO_CAP || n > EV_BULK_CAP - s->bulk_used) {
+		ev_close_window(s, "ev_log_full", -1, 0);
+		return false;
+	}
+	memcpy(s->bulk + s->bulk_used, p, n);
+	s->undo[s->nundo++] = (struct ev_undo){(uintptr_t)p | EV_BULK, s->bulk_used << 32 | n};
+	s->bulk_used += n;
+	return true;
+}
+
+/* The checkpoint frame, from the stack pointer at the gate to its return
+ * address: spills, locals and saved registers the resumed code reads back.
+ * Its stores to its own allocas are then not logged one by one. */
+bool ev_log_frame(struct ev_state *s)
+{
+	uintptr_t lo = rk_ev_regs.rsp, hi = rk_ev_regs.rbp + 16;
+	if (rk_ev_regs.rbp < lo || hi - lo > EV_FRAME_MAX) {
+		ev_close_window(s, "ev_frame_unknown", (int32_t)s->gate_fn, rk_ev_regs.rip);
+		return false;
+	}
+	ev_holes_drop_below(lo);
+	if (!ev_log_stack(s, lo, hi))
+		return false;
+	__rk_ev_stack_top = hi;
+	return true;
+}
+
+void __rk_ev_log_word(uint64_t *w)
+{
+	if (__rk_ev_key == 0)
+		return; /* no open window on this thread */
+	struct ev_state *s = ev;
+	if (s->nundo == EV_UNDO_CAP) {
+		ev_close_window(s, "ev_log_full", -1, (uintptr_t)__builtin_return_address(0));
+		return;
+	}
+	/* The program's store is about to fault if this read does: the
+	 * handler then knows the fault for the program's, not ours. */
+	s->probe = (uintptr_t)w | 1; /* w is aligned: bit 0 says "probing" */
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	uint64_t old = *w;
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	s->probe = 0;
+	__rk_ev_filter[((uintptr_t)w >> 3) & (RK_EV_FILTER_SLOTS - 1)] = (uintptr_t)w | __rk_ev_key;
+	s->undo[s->nundo++] = (struct ev_undo){(uintptr_t)w, old};
+}
+
+void __rk_ev_log_range(void *p, uint64_t n)
+{
+	if (__rk_ev_key != 0)
+		(void)ev_log_bytes(ev, p, n);
+}
+
+/* A function returns while its caller's frame is part of what a rollback
+ * resumes: copy the caller's frame before the caller runs again and before
+ * later calls reuse the space.  fp is the returning function's frame
+ * pointer; the caller's is saved at *fp (every instrumented function keeps
+ * a frame pointer). */
+void __rk_ev_frame_exit(uintptr_t fp)
+{
+	if (__rk_ev_key == 0) {
+		__rk_ev_stack_top = UINTPTR_MAX;
+		return;
+	}
+	struct ev_state *s = ev;
+	uintptr_t top = __rk_ev_stack_top, parent = *(const uintptr_t *)fp + 16;
+	if (parent <= fp + 16 || parent - top > EV_FRAME_MAX) {
+		ev_close_window(s, "ev_frame_chain", -1, (uintptr_t)__builtin_return_address(0));
+		return;
+	}
+	if (ev_log_stack(s, top, parent))
+		__rk_ev_stack_top = parent;
+}
+
+/* Newest first, so each location ends with its oldest logged value. */
+void ev_log_rollback(struct ev_state *s)
+{
+	for (uint32_t i = s->nundo; i-- > 0;) {
+		const struct ev_undo *u = &s->undo[i];
+		if (u->addr & EV_BULK)
+			memcpy((void *)(u->addr & ~EV_BULK), s->bulk + (u->val >> 32), u->val & 0xffffffffu);
+		else
+			*(uint64_t *)u->addr = u->val;
+	}
+	ev_log_reset(s);
+}

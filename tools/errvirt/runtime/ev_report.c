@@ -1,0 +1,51 @@
+/* ev_report.c - with REKINDLE_EV_REPORT=1, one line at exit with what the
+ * process's transactions did: gates passed, windows closed early and why,
+ * and the calls that closed them most (the pc of an irrecoverable call
+ * site, or the address of an unknown callee: name them with addr2line or
+ * nm).  The share of windows still open at the next gate is the run-time
+ * recovery surface. */
+#define _GNU_SOURCE
+#include "ev_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void ev_count_closer(struct ev_state *s, uintptr_t pc)
+{
+	size_t n = sizeof s->closers / sizeof s->closers[0], min = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (s->closers[i].pc == pc || s->closers[i].n == 0) {
+			s->closers[i].pc = pc;
+			s->closers[i].n++;
+			return;
+		}
+		if (s->closers[i].n < s->closers[min].n)
+			min = i;
+	}
+	s->closers[min] = (struct ev_closer){pc, 1}; /* evict the rarest */
+}
+
+__attribute__((destructor)) static void ev_report(void)
+{
+	const char *on = getenv("REKINDLE_EV_REPORT");
+	struct ev_state *s = ev;
+	if (!s || !on || strcmp(on, "1") != 0)
+		return;
+	struct ev_line l;
+	ev_line_begin(&l, "report", "ev_report");
+	ev_line_u64(&l, "gates", s->gates);
+	ev_line_u64(&l, "closed", s->closes);
+	ev_line_u64(&l, "closed_irrecoverable", s->closed_irrecoverable);
+	ev_line_u64(&l, "closed_unknown", s->closed_unknown);
+	ev_line_u64(&l, "recoveries", s->recoveries);
+	ev_line_u64(&l, "fallbacks", s->fallbacks);
+	ev_line_end(&l);
+	for (size_t i = 0; i < sizeof s->closers / sizeof s->closers[0]; i++) {
+		if (!s->closers[i].n)
+			continue;
+		ev_line_begin(&l, "closer", "ev_report");
+		ev_line_hex(&l, "at", s->closers[i].pc);
+		ev_line_u64(&l, "n", s->closers[i].n);
+		ev_line_end(&l);
+	}
+}

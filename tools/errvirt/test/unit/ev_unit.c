@@ -1,0 +1,350 @@
+/* ev_unit.c - the error-virtualization run-time, end to end: built with
+ * rekindle-ev-cc, each check crashes for real (a NULL write after a gated
+ * library call) and must come back as that call's error, with memory,
+ * registers and the call's effects undone.  With no argument it runs every
+ * recoverable check and exits 0; with a mode it runs one case that must
+ * NOT be recovered (tests/test_errvirt.py checks how it dies and why). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <dirent.h>
+
+static int failures;
+#define CHECK(cond)                                                                                    \
+	do {                                                                                           \
+		if (!(cond)) {                                                                         \
+			fprintf(stderr, "ev_unit: %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+			failures++;                                                                    \
+		}                                                                                      \
+	} while (0)
+
+/* the crash: a write through a pointer the compiler cannot see is NULL */
+static int *volatile nowhere;
+/* keeps an allocation alive for the optimizer (malloc+free pairs vanish) */
+static void *volatile sink;
+static volatile int crash_on = 1;
+__attribute__((noinline)) static void crash(void)
+{
+	if (crash_on)
+		*nowhere = 1;
+}
+
+/* ---- memory: globals, heap, a callee's writes, a memcpy -------------- */
+static long counters[8];
+static char text[64] = "untouched";
+
+__attribute__((noinline)) static void scribble(long *c, int n)
+{
+	for (int i = 0; i < n; i++)
+		c[i] += 1000 + i; /* some words twice: logged once */
+	for (int i = 0; i < n; i++)
+		c[i] += 1;
+}
+
+__attribute__((noinline)) static int memory_case(char *heap)
+{
+	char *p = malloc(32); /* the gate: its result is checked */
+	if (!p)
+		return -errno;
+	sink = p;
+	memcpy(p, "fresh", 6); /* memory of this transaction: not logged */
+	scribble(counters, 8);
+	memcpy(text, "overwritten", 12);
+	strcpy(heap, "heap changed");
+	crash();
+	free(p);
+	return 0;
+}
+
+static void check_memory(void)
+{
+	for (int i = 0; i < 8; i++)
+		counters[i] = i;
+	char *heap = malloc(64);
+	CHECK(heap);
+	strcpy(heap, "heap before");
+	int r = memory_case(heap);
+	CHECK(r == -ENOMEM);
+	for (int i = 0; i < 8; i++)
+		CHECK(counters[i] == i);
+	CHECK(strcmp(text, "untouched") == 0);
+	CHECK(strcmp(heap, "heap before") == 0);
+	free(heap);
+}
+
+/* ---- registers: values live across the gate in callee-saved registers - */
+__attribute__((noinline)) static long opaque(long x)
+{
+	__asm__ volatile("" : "+r"(x));
+	return x;
+}
+
+__attribute__((noinline)) static long registers_case(long seed)
+{
+	long a = opaque(seed * 3), b = opaque(seed * 5), c = opaque(seed * 7), d = opaque(seed * 11),
+	     e = opaque(seed * 13);
+	int fd = open("/dev/null", O_RDONLY);
+	if (fd < 0) /* after the rollback: a..e as they were at the gate */
+		return a + b * 10 + c * 100 + d * 1000 + e * 10000;
+	a = opaque(a + 1);
+	b = opaque(b + 2);
+	c = opaque(c + 3);
+	d = opaque(d + 4);
+	e = opaque(e + 5);
+	crash();
+	close(fd);
+	return -(a + b + c + d + e);
+}
+
+static void check_registers(void)
+{
+	long r = registers_case(1);
+	CHECK(r == 3 + 50 + 700 + 11000 + 130000);
+	CHECK(errno == EACCES);
+}
+
+/* ---- a loop counter spilled in the frame, moved on after the gate ------ */
+__attribute__((noinline)) static int frame_case(int n)
+{
+	volatile int i = 0; /* in the frame, not a register */
+	int seen = -1;
+	for (; i < n; i++) {
+		void *p = malloc(16);
+		sink = p;
+		if (!p) {
+			seen = i; /* the iteration whose malloc failed */
+			break;
+		}
+		free(p);
+		if (i == 3) {
+			i += 10;
+			crash();
+		}
+	}
+	return seen;
+}
+
+static void check_frame(void)
+{
+	CHECK(frame_case(6) == 3);
+}
+
+/* ---- a large local array: left out of the frame copies, its stores logged */
+__attribute__((noinline)) static long sum(const int *b, int n)
+{
+	long t = 0;
+	for (int i = 0; i < n; i++)
+		t += b[i];
+	return t;
+}
+
+__attribute__((noinline)) static long hole_case(void)
+{
+	int big[512]; /* 2 KiB: a hole */
+	for (int i = 0; i < 512; i++)
+		big[i] = i;
+	void *p = malloc(8);
+	sink = p;
+	if (!p)
+		return sum(big, 512); /* as at the gate */
+	for (int i = 0; i < 512; i += 3)
+		big[i] = -1;
+	big[7] = opaque(big[7] + 1000);
+	crash();
+	return -sum(big, 512);
+}
+
+static void check_hole(void)
+{
+	CHECK(hole_case() == 511L * 512 / 2);
+}
+
+/* ---- every gate class injects its error, and compensation undoes -------- */
+static int count_fds(void)
+{
+	int n = 0;
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return -1;
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
+
+__attribute__((noinline)) static int open_case(void)
+{
+	int fd = open("/dev/null", O_RDONLY);
+	if (fd < 0)
+		return -errno;
+	crash();
+	return fd;
+}
+
+__attribute__((noinline)) static int socket_case(void)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	if (fd < 0)
+		return -errno;
+	crash();
+	return fd;
+}
+
+__attribute__((noinline)) static int pipe_case(void)
+{
+	int p[2];
+	if (pipe(p) < 0)
+		return -errno;
+	crash();
+	return p[0];
+}
+
+__attribute__((noinline)) static int read_case(int fd)
+{
+	char b[8];
+	ssize_t n = read(fd, b, sizeof b);
+	if (n < 0)
+		return -errno;
+	crash();
+	return (int)n;
+}
+
+#define HINT ((void *)0x5a5a00000000ul)
+__attribute__((noinline)) static void *mmap_case(void)
+{
+	void *p = mmap(HINT, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	*(int *)p = 1;
+	crash();
+	return p;
+}
+
+__attribute__((noinline)) static int fopen_case(void)
+{
+	FILE *f = fopen("/dev/null", "r");
+	if (!f)
+		return -errno;
+	crash();
+	fclose(f);
+	return 0;
+}
+
+static void check_gates(void)
+{
+	int before = count_fds();
+	CHECK(open_case() == -EACCES);
+	CHECK(socket_case() == -EMFILE);
+	CHECK(pipe_case() == -EMFILE);
+	CHECK(fopen_case() == -EACCES);
+	CHECK(count_fds() == before); /* compensation closed them all */
+	int fd = open("/dev/zero", O_RDONLY);
+	CHECK(fd >= 0);
+	CHECK(read_case(fd) == -EIO);
+	close(fd);
+	errno = 0;
+	CHECK(mmap_case() == NULL);
+	CHECK(errno == ENOMEM);
+	unsigned char vec;
+	CHECK(mincore(HINT, 4096, &vec) < 0 && errno == ENOMEM); /* unmapped again */
+}
+
+/* ---- deferred calls: a rolled back free or close never happened -------- */
+__attribute__((noinline)) static int defer_case(char *keep, int fd)
+{
+	char *p = malloc(8);
+	if (!p)
+		return -errno;
+	sink = p;
+	free(keep);
+	close(fd);
+	free(p);
+	crash();
+	return 0;
+}
+
+static void check_defer(void)
+{
+	char *keep = malloc(4096);
+	CHECK(keep);
+	memset(keep, 'k', 4096);
+	int fd = open("/dev/null", O_RDONLY);
+	CHECK(defer_case(keep, fd) == -ENOMEM);
+	CHECK(fcntl(fd, F_GETFD) >= 0); /* still open */
+	char *other = malloc(4096);
+	CHECK(other != keep); /* keep was not freed */
+	CHECK(keep[0] == 'k' && keep[4095] == 'k');
+	free(other);
+	free(keep);
+	close(fd);
+}
+
+/* A transaction's deferred calls happen before the next gate's call: a
+ * closed fd must not reach the next epoll_wait, or the next open. */
+static void check_commit_before_gate(void)
+{
+	int fd = open("/dev/null", O_RDONLY);
+	CHECK(fd >= 0);
+	close(fd);
+	void *p = malloc(8);
+	sink = p;
+	CHECK(fcntl(fd, F_GETFD) < 0 && errno == EBADF);
+	free(p);
+}
+
+/* ---- cases that must not be recovered (run one per process) ------------- */
+__attribute__((noinline)) static int second_fault(void)
+{
+	char *p = malloc(8);
+	sink = p;
+	if (!p) {
+		crash(); /* the error path crashes too */
+		return -1;
+	}
+	crash();
+	return 0;
+}
+
+__attribute__((noinline)) static int irrecoverable(void)
+{
+	char *p = malloc(8);
+	if (!p)
+		return -1;
+	sink = p;
+	if (write(STDOUT_FILENO, "sent\n", 5) != 5) /* the bytes left: no way back */
+		return -1;
+	crash();
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1) {
+		int r = 1;
+		if (strcmp(argv[1], "second-fault") == 0)
+			r = second_fault();
+		else if (strcmp(argv[1], "irrecoverable") == 0)
+			r = irrecoverable();
+		fprintf(stderr, "ev_unit: %s survived (%d)\n", argv[1], r);
+		return 3;
+	}
+	check_memory();
+	check_registers();
+	check_frame();
+	check_hole();
+	check_gates();
+	check_defer();
+	check_commit_before_gate();
+	if (failures) {
+		fprintf(stderr, "ev_unit: %d checks failed\n", failures);
+		return 1;
+	}
+	printf("ev_unit: all checks passed\n");
+	return 0;
+}
