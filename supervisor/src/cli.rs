@@ -117,6 +117,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Failover clusters: `rekindle cluster status` (docs/failover.md).
+    #[command(subcommand)]
+    Cluster(crate::cluster::args::ClusterCommand),
     /// Snapshot store commands (snapshots, verify, gc, send, recv).
     #[command(flatten)]
     Store(crate::store_cli::StoreCommand),
@@ -149,7 +152,7 @@ pub struct RestoreArgs {
     pub run: RunArgs,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Name of this supervisor (control socket NAME.sock); default: PROGRAM's basename.
     #[arg(long)]
@@ -266,6 +269,10 @@ pub struct RunArgs {
     /// usage error: use `--` to run a program whose name starts with '-').
     #[arg(value_name = "PROGRAM", required = true, trailing_var_arg = true, num_args = 1..)]
     pub command: Vec<OsString>,
+
+    /// Failover: `--cluster ENDPOINTS --node ID ...` (docs/failover.md).
+    #[command(flatten)]
+    pub cluster: crate::cluster::args::ClusterArgs,
 }
 
 /// Settings of one `rekindle run`, resolved.
@@ -294,6 +301,8 @@ pub struct Config {
     /// Why the first incarnation starts from `restore` (the restore event).
     pub restore_why: &'static str,
     pub start_from: StartFrom,
+    /// `--cluster`: the replication sender's link to the snapshot engine.
+    pub replication: Option<std::sync::Arc<crate::cluster::link::ReplicationLink>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -370,6 +379,7 @@ impl Config {
             restore: None,
             restore_why: "",
             start_from: a.start_from,
+            replication: None,
         })
     }
 }
