@@ -501,8 +501,9 @@ impl Worker {
         r.updated_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        if self.term.is_some() {
+        if let Some(t) = &self.term {
             r.role = Role::Primary;
+            r.epoch = t.epoch;
         }
         let key = records::node_key(&self.cfg.cluster, &self.cfg.node);
         let b = self.bound();

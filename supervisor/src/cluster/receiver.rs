@@ -270,7 +270,14 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
         let (kind, payload) = wire::next(&peer, &mut input)?;
         match kind {
             wire::SNAPSHOT => {
-                if let Some(id) = store.recv_snapshot(&mut input, &payload)? {
+                let got = store.recv_snapshot(&mut input, &payload).map_err(|e| {
+                    if input.timed_out {
+                        ClusterError::Silent { peer: peer.clone() }
+                    } else {
+                        e.into()
+                    }
+                });
+                if let Some(id) = got? {
                     if !lineage_written {
                         lineage::write(&sh.dir, Lineage { epoch: w.epoch })?;
                         lineage_written = true;

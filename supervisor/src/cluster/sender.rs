@@ -339,11 +339,12 @@ fn read_acks(
         let acked = ack.id.map(SnapshotId).filter(|i| i.is_valid());
         {
             let mut s = sh.standbys.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(v) = s.get_mut(&id) {
-                if acked.is_some() && acked > v.acked {
-                    v.acked = acked.clone();
-                    v.synced = true;
-                }
+            if let Some(v) = s.get_mut(&id)
+                && acked.is_some()
+                && acked > v.acked
+            {
+                v.acked = acked.clone();
+                v.synced = true;
             }
         }
         sh.publish_acks();
