@@ -88,6 +88,16 @@ class Host:
     def heal(self):
         sh("ip", "link", "set", self.veth, "up")
 
+    def block(self, other):
+        """Partition this host from `other` only (both directions): a
+        blackhole route to the other's address in each namespace."""
+        for a, b in ((self, other), (other, self)):
+            sh("ip", "netns", "exec", a.ns, "ip", "route", "add", "blackhole", f"{b.ip}/32")
+
+    def unblock(self, other):
+        for a, b in ((self, other), (other, self)):
+            sh("ip", "netns", "exec", a.ns, "ip", "route", "del", "blackhole", f"{b.ip}/32", check=False)
+
     def delay(self, ms, loss_percent=0):
         sh("tc", "qdisc", "replace", "dev", self.veth, "root", "netem",
            "delay", f"{ms}ms", "loss", f"{loss_percent}%")  # fmt: skip

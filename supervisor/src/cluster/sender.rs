@@ -283,32 +283,51 @@ fn serve(id: u64, conn: TcpStream, peer: &str, sh: &Arc<Shared>) -> Result<(), C
     let mut last: Option<SnapshotId> = since.clone();
     let mut seen = since;
     let mut last_sent_at = Instant::now();
-    let r = loop {
-        if sh.stop.load(Ordering::SeqCst) || acks.is_finished() {
-            break Ok(());
+    // A term that has committed nothing yet (a primary just elected, no
+    // write since): the standby starts from what the app was started from,
+    // the store's newest.
+    let mut first = Ok(());
+    if last.is_none() && sh.link.newest_committed().is_none() {
+        first = store
+            .latest()
+            .map_err(ClusterError::from)
+            .and_then(|newest| {
+                let Some(info) = newest else { return Ok(()) };
+                store.send_snapshot(&info.id, None, &mut state, &mut out)?;
+                std::io::Write::flush(&mut out).map_err(io("write"))?;
+                last = state.last().cloned();
+                seen = Some(info.id);
+                Ok(())
+            });
+    }
+    let r = first.and_then(|_| {
+        loop {
+            if sh.stop.load(Ordering::SeqCst) || acks.is_finished() {
+                break Ok(());
+            }
+            let newer = sh.link.wait_newer(seen.as_ref(), wire::HEARTBEAT_EVERY);
+            if let Some(target) = newer {
+                if let Err(e) = store.send_snapshot(&target, last.as_ref(), &mut state, &mut out) {
+                    break Err(e.into());
+                }
+                if let Err(e) = std::io::Write::flush(&mut out) {
+                    break Err(io("write")(e));
+                }
+                last = state.last().cloned();
+                seen = Some(target);
+                last_sent_at = Instant::now();
+            } else if last_sent_at.elapsed() >= wire::HEARTBEAT_EVERY {
+                let hb = Heartbeat {
+                    epoch: sh.epoch,
+                    newest: sh.link.newest_committed().map(|s| s.0),
+                };
+                if let Err(e) = wire::send(&mut out, wire::HEARTBEAT, &hb) {
+                    break Err(e);
+                }
+                last_sent_at = Instant::now();
+            }
         }
-        let newer = sh.link.wait_newer(seen.as_ref(), wire::HEARTBEAT_EVERY);
-        if let Some(target) = newer {
-            if let Err(e) = store.send_snapshot(&target, last.as_ref(), &mut state, &mut out) {
-                break Err(e.into());
-            }
-            if let Err(e) = std::io::Write::flush(&mut out) {
-                break Err(io("write")(e));
-            }
-            last = state.last().cloned();
-            seen = Some(target);
-            last_sent_at = Instant::now();
-        } else if last_sent_at.elapsed() >= wire::HEARTBEAT_EVERY {
-            let hb = Heartbeat {
-                epoch: sh.epoch,
-                newest: sh.link.newest_committed().map(|s| s.0),
-            };
-            if let Err(e) = wire::send(&mut out, wire::HEARTBEAT, &hb) {
-                break Err(e);
-            }
-            last_sent_at = Instant::now();
-        }
-    };
+    });
     let _ = conn.shutdown(Shutdown::Both);
     let ack_r = acks.join().unwrap_or(Ok(()));
     r.and(ack_r)

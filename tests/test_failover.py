@@ -1,0 +1,215 @@
+"""Failover (issue 14, docs/failover.md): hosts are network namespaces on a
+bridge of the test's own, etcd (etcd-server 3.4) runs on a host of its own,
+and every host runs `rekindle run --cluster ... -- rkv --durability sync`.
+Clients are unmodified redis-py in the test process; each records its
+operations with CLOCK_MONOTONIC times (the same clock as the events'
+t_ns on this machine), and a history checker asserts: every acknowledged
+write is on the new primary, each writer's keys there form a prefix (a
+consistent cut), and no acknowledgement came from the old primary after it
+was fenced or after the new primary was elected."""
+
+import os
+import threading
+import time
+
+import pytest
+import redis
+from cluster_harness import RKV, Etcd, Net, Node, cluster_status
+
+from conftest import BUILD
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
+    pytest.mark.skipif(not (BUILD / "bin" / "rekindle").exists() or not RKV.exists(), reason="run make first"),
+]
+
+
+@pytest.fixture
+def net(tmp_path):
+    n = Net(tmp_path)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def two_nodes(net, **kw):
+    """etcd, then n1 (elected: term 1), then n2 following it, synced."""
+    etcd = Etcd(net, net.host("e1"))
+    n1 = Node(net, net.host("n1"), etcd, "n1", **kw)
+    n1.wait_event("role", lambda e: e.get("role") == "primary" and e.get("epoch") == 1)
+    n1.wait_event("up")
+    n2 = Node(net, net.host("n2"), etcd, "n2", **kw)
+    n2.wait_event("following", lambda e: e["epoch"] == 1)
+    # acknowledged once n2 has it
+    assert n1.client(timeout=15).set("hello", "1") is True
+    n2.wait_event("replica_applied")
+    return etcd, n1, n2
+
+
+class History:
+    """Writers' recorded operations: (writer, index, t_ack monotonic ns)."""
+
+    def __init__(self):
+        self.acked = []
+        self.lock = threading.Lock()
+
+    def ack(self, w, i):
+        with self.lock:
+            self.acked.append((w, i, time.monotonic_ns()))
+
+    def count(self):
+        with self.lock:
+            return len(self.acked)
+
+
+def run_writers(node, hist, stop, writers=4, per_writer=5000, seconds=30):
+    """Each writer SETs w<t>:<i> = <i> in order on its own connection until
+    stop, an error, or its bounds (count and time)."""
+
+    def writer(t):
+        c = node.client(timeout=5)
+        deadline = time.monotonic() + seconds
+        for i in range(per_writer):
+            if stop.is_set() or time.monotonic() > deadline:
+                return
+            try:
+                c.set(f"w{t}:{i}", str(i))
+            except (redis.ConnectionError, redis.TimeoutError):
+                return
+            hist.ack(t, i)
+
+    threads = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(writers)]
+    for th in threads:
+        th.start()
+    return threads
+
+
+def wait_acks(hist, n, timeout=20):
+    deadline = time.monotonic() + timeout
+    while hist.count() < n:
+        assert time.monotonic() < deadline, f"only {hist.count()} acknowledgements"
+        time.sleep(0.01)
+
+
+def check_history(node, hist, writers=4):
+    """No acknowledged write lost; each writer's keys a prefix."""
+    c = node.client(timeout=10)
+    by_writer = {}
+    for w, i, _ in hist.acked:
+        by_writer[w] = max(by_writer.get(w, -1), i)
+    for w in range(writers):
+        top = by_writer.get(w, -1)
+        probe = top + 50  # unacknowledged writes may be there too
+        values = c.mget([f"w{w}:{i}" for i in range(probe + 1)])
+        present = [v is not None for v in values]
+        missing = [i for i in range(top + 1) if not present[i]]
+        assert not missing, f"writer {w}: acknowledged writes lost: {missing[:10]} (of {top + 1})"
+        # a consistent cut: what is there is a prefix
+        first_gap = present.index(False) if False in present else len(present)
+        assert not any(present[first_gap:]), f"writer {w}: keys after a gap at {first_gap}"
+        for i in range(top + 1):
+            assert values[i] == str(i).encode()
+
+
+def test_sync_reply_waits_for_a_standby(net):
+    """--replication sync: a write's reply is held until a standby has the
+    snapshot holding it; a standby that joins releases it."""
+    etcd = Etcd(net, net.host("e1"))
+    n1 = Node(net, net.host("n1"), etcd, "n1")
+    n1.wait_event("up")
+    c = n1.client(timeout=1.5)
+    with pytest.raises(redis.TimeoutError):
+        c.set("held", "1")  # no standby: not acknowledged
+    c2 = n1.client(timeout=15)
+    done = {}
+
+    def late_set():
+        t0 = time.monotonic()
+        done["reply"] = c2.set("released", "1")
+        done["t"] = time.monotonic() - t0
+
+    th = threading.Thread(target=late_set, daemon=True)
+    th.start()
+    time.sleep(0.5)
+    assert "reply" not in done
+    n2 = Node(net, net.host("n2"), etcd, "n2")
+    th.join(timeout=20)
+    assert done.get("reply") is True, done
+    n2.wait_event("replica_applied")
+    joined = n1.wait_event("standby_joined")
+    assert joined["standby"] == "n2" and joined["sync"] == "full"
+    st = cluster_status(etcd)
+    assert st["leader"]["node"] == "n1" and st["epoch"] == 1
+
+
+def test_kill_primary_loses_no_acknowledged_write(net):
+    """kill -9 of the primary's host under load: the standby is elected
+    (term 2) once the lease runs out, starts warm from what it received,
+    and holds every acknowledged write; the old primary, started again,
+    rejoins as a standby and is resynchronised."""
+    etcd, n1, n2 = two_nodes(net)
+    hist, stop = History(), threading.Event()
+    threads = run_writers(n1, hist, stop)
+    wait_acks(hist, 300)
+    n1.host.kill()
+    t_kill = time.monotonic_ns()
+    stop.set()
+    for th in threads:
+        th.join(timeout=10)
+    elected = n2.wait_event("role", lambda e: e.get("role") == "primary", timeout=20)
+    assert elected["epoch"] == 2
+    up = n2.wait_event("up", timeout=20)
+    assert up["code"] == "restored", up
+    check_history(n2, hist)
+    # no acknowledgement from the old primary after it died or n2 was elected
+    assert all(t <= t_kill for _, _, t in hist.acked)
+    st = cluster_status(etcd)
+    assert st["epoch"] == 2 and st["leader"]["node"] == "n2"
+    failover_ms = (up["t_ns"] - t_kill) / 1e6
+    print(f"failover: {failover_ms:.0f} ms from kill to serving, {hist.count()} writes acknowledged")
+    # the old primary comes back: a standby of term 2, resynchronised whole
+    n1.start()
+    n1.wait_event("following", lambda e: e["epoch"] == 2 and e["sync"] == "full", timeout=20)
+    n1.wait_event("replica_applied", lambda e: e["epoch"] == 2, timeout=20)
+    assert (n1.store.parent / "snaps.diverged").exists()
+    # and n2's writes are acknowledged again, with n1 as its standby
+    c = n2.client(timeout=10)
+    assert c.set("after", "1") is True
+    assert c.get("w0:0") == b"0"
+
+
+def test_primary_cut_off_from_etcd_fences_itself(net):
+    """The primary loses etcd (the standby and clients still reach it): it
+    kills its app before its lease can expire, the standby is elected only
+    after that, and every write the old primary acknowledged is on the new
+    one.  Healed, the old primary rejoins as a standby."""
+    etcd, n1, n2 = two_nodes(net)
+    hist, stop = History(), threading.Event()
+    threads = run_writers(n1, hist, stop)
+    wait_acks(hist, 200)
+    t_cut = time.monotonic_ns()
+    n1.host.block(etcd.host)
+    fence = n1.wait_event("fence", timeout=10)
+    elected = n2.wait_event("role", lambda e: e.get("role") == "primary", timeout=20)
+    stop.set()
+    for th in threads:
+        th.join(timeout=10)
+    assert elected["epoch"] == 2
+    # the fence came within the lease (2 s) and before the election
+    assert fence["t_ns"] - t_cut < 2_000_000_000, (fence["t_ns"] - t_cut) / 1e6
+    assert fence["t_ns"] < elected["t_ns"]
+    # no acknowledgement from the old primary after its fence
+    late = [a for a in hist.acked if a[2] > fence["t_ns"]]
+    assert not late, f"{len(late)} acknowledgements after the fence"
+    n2.wait_event("up", timeout=20)
+    check_history(n2, hist)
+    fenced = n1.wait_event("fenced", timeout=10)
+    assert fenced["code"] == "lease_unconfirmed"
+    n1.host.unblock(etcd.host)
+    n1.wait_event("following", lambda e: e["epoch"] == 2, timeout=20)
+    n1.wait_event("replica_applied", lambda e: e["epoch"] == 2, timeout=20)
+    st = cluster_status(etcd)
+    assert st["leader"]["node"] == "n2"
+    roles = {n["node"]: n["role"] for n in st["nodes"]}
+    assert roles == {"n1": "standby", "n2": "primary"}, st
