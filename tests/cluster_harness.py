@@ -7,6 +7,7 @@ in its namespace: the machine dies).  Names are unique per test and
 everything is removed at close(), also after a failure.  No traffic
 leaves the machine: the bridge has no uplink and no route is added."""
 
+import contextlib
 import itertools
 import json
 import os
@@ -70,15 +71,11 @@ class Host:
     def kill(self):
         """The machine dies: SIGKILL to every process in the namespace, at once."""
         for pid in self.pids():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for p in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         self.procs = []
 
     def isolate(self):
@@ -159,11 +156,13 @@ class Etcd:
         ], self.log)  # fmt: skip
         deadline = time.monotonic() + 20
         while True:
-            r = sh("etcdctl", "--endpoints", self.url, "--dial-timeout", "1s", "endpoint", "health", check=False)
+            r = sh("etcdctl", "--endpoints", self.url, "--dial-timeout", "1s", "endpoint", "health",
+                   check=False)  # fmt: skip
             if r.returncode == 0:
                 return
             if time.monotonic() > deadline:
-                raise AssertionError(f"etcd did not become healthy: {r.stderr}\n{self.log.read_text()[-3000:]}")
+                log = self.log.read_text()[-3000:]
+                raise AssertionError(f"etcd did not become healthy: {r.stderr}\n{log}")
             time.sleep(0.1)
 
     def get(self, key):

@@ -20,7 +20,9 @@ from conftest import BUILD
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
-    pytest.mark.skipif(not (BUILD / "bin" / "rekindle").exists() or not RKV.exists(), reason="run make first"),
+    pytest.mark.skipif(
+        not (BUILD / "bin" / "rekindle").exists() or not RKV.exists(), reason="run make first"
+    ),
 ]
 
 
