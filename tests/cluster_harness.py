@@ -174,7 +174,7 @@ class Node:
     """`rekindle run --cluster` with rkv on one host."""
 
     def __init__(self, net, host, etcd, node_id, *, replication="sync", durability="sync",
-                 lease_ttl=2, extra=()):  # fmt: skip
+                 lease_ttl=2, snapshot_interval="0", extra=()):  # fmt: skip
         self.host, self.id, self.etcd = host, node_id, etcd
         self.dir = net.tmp / node_id
         self.dir.mkdir(exist_ok=True)
@@ -186,7 +186,7 @@ class Node:
             REKINDLE, "run", "--name", "rkv", "--events", self.events_path,
             "--cluster", etcd.url, "--node", node_id, "--cluster-addr", f"{host.ip}:{REPL_PORT}",
             "--cluster-name", "rkv", "--replication", replication, "--lease-ttl", lease_ttl,
-            "--snapshot-dir", self.store, "--snapshot-interval", "0",
+            "--snapshot-dir", self.store, "--snapshot-interval", snapshot_interval,
             "--listen", f"{host.ip}:{SERVE_PORT}", *extra,
             "--", RKV, "--port", SERVE_PORT, "--dir", self.dir, "--durability", durability,
         ]  # fmt: skip

@@ -423,6 +423,7 @@ fn sender_event(n: SenderNote) -> crate::event::Event {
             .s("standby", node)
             .s("peer", peer)
             .s("sync", if full { "full" } else { "incremental" }),
+        SenderNote::Synced { node, id } => ev("standby_synced").s("standby", node).s("id", id),
         SenderNote::Left {
             node,
             peer,

@@ -40,6 +40,8 @@ pub enum SenderNote {
         peer: String,
         full: bool,
     },
+    /// Its first acknowledgement of this term: it counts for sync replies.
+    Synced { node: String, id: String },
     Left {
         node: String,
         peer: String,
@@ -253,6 +255,26 @@ fn serve(id: u64, conn: TcpStream, peer: &str, sh: &Arc<Shared>) -> Result<(), C
             full,
         },
     )?;
+    // The same standby again (it lost us and reconnected): its old
+    // connection's acknowledgements are stale and must not hold the new
+    // ones back until it times out.
+    let stale: Vec<u64> = sh
+        .standbys
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter(|(k, v)| **k != id && v.node == join.node)
+        .map(|(k, _)| *k)
+        .collect();
+    for k in stale {
+        sh.standbys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&k);
+        if let Some(c) = sh.conns.lock().unwrap_or_else(|p| p.into_inner()).get(&k) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
     sh.standbys
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -363,7 +385,13 @@ fn read_acks(
                 && acked > v.acked
             {
                 v.acked = acked.clone();
-                v.synced = true;
+                if !v.synced {
+                    v.synced = true;
+                    sh.note(SenderNote::Synced {
+                        node: v.node.clone(),
+                        id: acked.as_ref().map(|a| a.0.clone()).unwrap_or_default(),
+                    });
+                }
             }
         }
         sh.publish_acks();
