@@ -8,13 +8,14 @@ write is on the new primary, each writer's keys there form a prefix (a
 consistent cut), and no acknowledgement came from the old primary after it
 was fenced or after the new primary was elected."""
 
+import json
 import os
 import threading
 import time
 
 import pytest
 import redis
-from cluster_harness import RKV, Etcd, Net, Node, cluster_status
+from cluster_harness import REKINDLE, RKV, Etcd, Net, Node, cluster_status, sh
 
 from conftest import BUILD
 
@@ -299,3 +300,47 @@ def test_async_failover_serves_a_consistent_prefix(net):
         assert not any(present[first_gap:]), f"writer {w}: not a prefix"
         lost += len(present) - first_gap
     print(f"async failover: {lost} of {hist.count()} acknowledged writes lost (the replication lag)")
+
+
+def failover_cmd(etcd, *args):
+    r = sh(REKINDLE, "failover", "--cluster", etcd.url, "rkv", "--json", *args, check=False)
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_planned_failover_and_back(net):
+    """rekindle failover: the primary hands its term over under load with
+    no acknowledged write lost, the old primary stands by and is
+    resynchronised, and the term can be handed back; a target that is not
+    a standby in sync is refused with its code."""
+    etcd, n1, n2 = two_nodes(net)
+    rc, out = failover_cmd(etcd, "--to", "n1")
+    assert rc == 1 and out["code"] == "already_primary", out
+    rc, out = failover_cmd(etcd, "--to", "n9")
+    assert rc == 1 and out["code"] == "not_in_sync", out
+    hist, stop = History(), threading.Event()
+    threads = run_writers(n1, hist, stop)
+    wait_acks(hist, 200)
+    rc, out = failover_cmd(etcd, "--to", "n2")
+    stop.set()
+    for th in threads:
+        th.join(timeout=10)
+    assert rc == 0, out
+    assert out["from"]["node"] == "n1" and out["to"]["node"] == "n2" and out["to"]["epoch"] == 2
+    assert n1.wait_event("fenced")["code"] == "handed_over"
+    up = n2.wait_event("up", timeout=20)
+    assert up["code"] == "restored"
+    check_history(n2, hist)
+    print(f"planned failover: {out['took_ms']} ms until the new term")
+    # back: n1 must first be a standby in sync with term 2
+    n1.wait_event("replica_applied", lambda e: e["epoch"] == 2, timeout=20)
+    deadline = time.monotonic() + 10
+    while True:
+        n = {x["node"]: x for x in cluster_status(etcd)["nodes"]}["n1"]
+        if (n["role"], n["epoch"], n["lag_snapshots"]) == ("standby", 2, 0):
+            break
+        assert time.monotonic() < deadline, n
+        time.sleep(0.1)
+    rc, out = failover_cmd(etcd)
+    assert rc == 0 and out["to"]["node"] == "n1" and out["to"]["epoch"] == 3, out
+    n1.wait_event("up", lambda e: e["code"] == "restored", timeout=20)
+    assert n1.client(timeout=10).get("w0:0") == b"0"

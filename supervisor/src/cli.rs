@@ -117,6 +117,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Hand a cluster's primary over to a standby (planned, no acknowledged
+    /// write lost; docs/failover.md).
+    Failover(crate::cluster::args::FailoverArgs),
     /// Failover clusters: `rekindle cluster status` (docs/failover.md).
     #[command(subcommand)]
     Cluster(crate::cluster::args::ClusterCommand),

@@ -85,6 +85,36 @@ pub enum ClusterCommand {
     },
 }
 
+/// `rekindle failover NAME`: a planned switchover.
+#[derive(Debug, Args)]
+#[command(
+    long_about = "Hand the primary's term over to a standby in sync, with no acknowledged write \
+ lost: the primary kills its app at once and gives up its lease; the standby takes the next \
+ term and starts the app warm from what it received.  Refused (exit 1, with a code) when \
+ there is no primary, or the target (--to, else any standby) is not a standby in sync with \
+ the current term; withdrawn if no new term comes within --timeout."
+)]
+pub struct FailoverArgs {
+    /// etcd's client URLs, comma separated.
+    #[arg(long, value_name = "ENDPOINTS")]
+    pub cluster: String,
+    /// The cluster's name (rekindle run --cluster-name, or --name).
+    pub name: String,
+    /// The node to hand over to (default: any standby in sync).
+    #[arg(long, value_name = "NODE")]
+    pub to: Option<String>,
+    /// Give up (and withdraw the request) after this long.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    pub timeout: Duration,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn failover(a: FailoverArgs) -> i32 {
+    super::switchover::command(&a.cluster, &a.name, a.to.as_deref(), a.timeout, a.json)
+}
+
 /// `rekindle cluster ...`: its exit status.
 pub fn run_command(c: ClusterCommand) -> i32 {
     match c {

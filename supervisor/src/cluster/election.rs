@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use super::error::ClusterError;
 use super::etcd::{Cond, Etcd, Op};
 use super::lineage::{self, Lineage};
-use super::records::{self, LeaderRecord, NodeRecord, Role};
+use super::records::{self, LeaderRecord, NodeRecord, Role, SwitchoverRecord};
 
 /// Time the supervisor needs, once fenced, to have killed the app: its poll
 /// loop wakes on the fence fd at once; this covers scheduling.
@@ -68,6 +68,8 @@ pub enum FenceReason {
     Deposed,
     /// We resigned.
     Resigned,
+    /// `rekindle failover`: handed over to a standby.
+    HandedOver,
 }
 
 impl FenceReason {
@@ -77,6 +79,7 @@ impl FenceReason {
             FenceReason::LeaseExpired => "lease_expired",
             FenceReason::Deposed => "deposed",
             FenceReason::Resigned => "resigned",
+            FenceReason::HandedOver => "handed_over",
         }
     }
 }
@@ -366,6 +369,16 @@ impl Worker {
             self.fence(FenceReason::Deposed);
             return Ok(());
         }
+        // `rekindle failover`: hand this term over
+        let skey = records::switchover_key(&self.cfg.cluster);
+        let b = self.bound();
+        if let Some(kv) = self.etcd()?.get(&skey, b)? {
+            let req: SwitchoverRecord = records::parse(&skey, &kv.value)?;
+            if req.epoch == epoch && req.from == self.cfg.node {
+                self.fence(FenceReason::HandedOver);
+                return Ok(());
+            }
+        }
         let mut v = lock(&self.sh.view);
         v.connected = true;
         v.epoch = v.epoch.max(epoch);
@@ -402,6 +415,16 @@ impl Worker {
         if leader.is_some() || want != Want::Campaign {
             return Ok(());
         }
+        // a handover of the newest term under way: only its target (any
+        // node but the one handing over, without --to) may take the next
+        let skey = records::switchover_key(&self.cfg.cluster);
+        if let Some(kv) = self.etcd()?.get(&skey, CALL_TIMEOUT)? {
+            let req: SwitchoverRecord = records::parse(&skey, &kv.value)?;
+            let me = &self.cfg.node;
+            if req.epoch == epoch && (&req.from == me || req.to.as_ref().is_some_and(|t| t != me)) {
+                return Ok(());
+            }
+        }
         // eligible: no term yet, or our store is of the newest term
         let ineligible = match lineage::read(&self.cfg.store) {
             Ok(Lineage { epoch: se }) if epoch == 0 || se == epoch => None,
@@ -434,6 +457,7 @@ impl Worker {
             self.cfg.drift_ppm,
             self.cfg.store.clone(),
         );
+        let skey = records::switchover_key(&self.cfg.cluster);
         let sent = Instant::now();
         let e = self.etcd()?;
         let (lease, granted) = e.grant(ttl, CALL_TIMEOUT)?;
@@ -453,6 +477,8 @@ impl Worker {
                     value: record.clone(),
                     lease: Some(lease),
                 },
+                // a handover request is answered by the new term
+                Op::Delete(skey),
             ],
             CALL_TIMEOUT,
         );

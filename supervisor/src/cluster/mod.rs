@@ -17,6 +17,7 @@
 //! - `sender`, `receiver`: the two ends of the replication stream.
 //! - `node`: the state machine of one host (standby, primary, fenced).
 //! - `status`: `rekindle cluster status`.
+//! - `switchover`: `rekindle failover` (planned).
 
 pub mod args;
 pub mod election;
@@ -29,4 +30,5 @@ pub mod receiver;
 pub mod records;
 pub mod sender;
 pub mod status;
+pub mod switchover;
 pub mod wire;

@@ -4,6 +4,7 @@
 //! /rekindle/<cluster>/epoch        the fencing epoch: the number of the newest term (decimal)
 //! /rekindle/<cluster>/leader       LeaderRecord, attached to the primary's lease
 //! /rekindle/<cluster>/nodes/<id>   NodeRecord: each node's own report (role, lag)
+//! /rekindle/<cluster>/switchover   SwitchoverRecord: a planned handover asked for
 //! ```
 //!
 //! A term begins with one transaction that increments `epoch` and creates
@@ -22,6 +23,9 @@ pub fn epoch_key(cluster: &str) -> String {
 pub fn leader_key(cluster: &str) -> String {
     format!("{}leader", prefix(cluster))
 }
+pub fn switchover_key(cluster: &str) -> String {
+    format!("{}switchover", prefix(cluster))
+}
 pub fn nodes_prefix(cluster: &str) -> String {
     format!("{}nodes/", prefix(cluster))
 }
@@ -38,6 +42,15 @@ pub struct LeaderRecord {
     pub replication: String,
     /// The app's service addresses (`--listen`), for clients.
     pub serve: Vec<String>,
+}
+
+/// `rekindle failover`: the primary of term `epoch` is asked to hand over
+/// (to `to`, or to any standby in sync).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwitchoverRecord {
+    pub from: String,
+    pub epoch: u64,
+    pub to: Option<String>,
 }
 
 /// A node's role as it reports it.
