@@ -212,10 +212,16 @@ def test_primary_cut_off_from_etcd_fences_itself(net):
     n1.host.unblock(etcd.host)
     n1.wait_event("following", lambda e: e["epoch"] == 2, timeout=20)
     n1.wait_event("replica_applied", lambda e: e["epoch"] == 2, timeout=20)
-    st = cluster_status(etcd)
+    # each node reports itself every 250 ms (and at once on a new role)
+    deadline = time.monotonic() + 5
+    while True:
+        st = cluster_status(etcd)
+        roles = {n["node"]: n["role"] for n in st["nodes"]}
+        if roles == {"n1": "standby", "n2": "primary"}:
+            break
+        assert time.monotonic() < deadline, st
+        time.sleep(0.05)
     assert st["leader"]["node"] == "n2"
-    roles = {n["node"]: n["role"] for n in st["nodes"]}
-    assert roles == {"n1": "standby", "n2": "primary"}, st
 
 
 def test_standby_crash_and_rejoin_during_load(net):

@@ -306,6 +306,7 @@ impl Worker {
 
     fn fence(&mut self, why: FenceReason) {
         let Some(t) = self.term.take() else { return };
+        self.last_report = None;
         {
             let mut v = lock(&self.sh.view);
             v.our_term = None;
@@ -508,6 +509,7 @@ impl Worker {
             valid_until: sent + good_for,
             good_for,
         });
+        self.last_report = None; // tell the new role at once
         let mut v = lock(&self.sh.view);
         v.our_term = Some(next);
         v.epoch = next;
