@@ -109,7 +109,11 @@ class Net:
         self.bridge = f"{self.tag}br"
         self.subnet = _free_subnet()
         self.hosts = {}
-        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        # A fixed address: a bridge otherwise takes the lowest of its ports'
+        # and changes it when a host is added, and the hosts' ARP entries for
+        # the test process then point nowhere for seconds (TCP stalls).
+        k = int(self.subnet.rsplit(".", 1)[1])
+        sh("ip", "link", "add", self.bridge, "address", f"02:72:6b:77:{k:02x}:fe", "type", "bridge")
         sh("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")
 
