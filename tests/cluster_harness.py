@@ -178,7 +178,7 @@ class Node:
     """`rekindle run --cluster` with rkv on one host."""
 
     def __init__(self, net, host, etcd, node_id, *, replication="sync", durability="sync",
-                 lease_ttl=2, snapshot_interval="0", extra=()):  # fmt: skip
+                 lease_ttl=2, snapshot_interval="0", clock_offset_s=0, extra=()):  # fmt: skip
         self.host, self.id, self.etcd = host, node_id, etcd
         self.dir = net.tmp / node_id
         self.dir.mkdir(exist_ok=True)
@@ -186,7 +186,11 @@ class Node:
         self.events_path = self.dir / "events.jsonl"
         self.log = self.dir / "node.log"
         self.port = SERVE_PORT
-        self.cmd = [
+        # A time namespace: this host's CLOCK_MONOTONIC (and every t_ns it
+        # logs) is ahead of the others' by clock_offset_s.
+        self.clock_offset_ns = clock_offset_s * 1_000_000_000
+        timens = ["unshare", "--time", "--monotonic", clock_offset_s, "--boottime", clock_offset_s]
+        self.cmd = [*(timens if clock_offset_s else []),
             REKINDLE, "run", "--name", "rkv", "--events", self.events_path,
             "--cluster", etcd.url, "--node", node_id, "--cluster-addr", f"{host.ip}:{REPL_PORT}",
             "--cluster-name", "rkv", "--replication", replication, "--lease-ttl", lease_ttl,

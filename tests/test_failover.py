@@ -37,13 +37,15 @@ def net(tmp_path):
         n.close()
 
 
-def two_nodes(net, **kw):
-    """etcd, then n1 (elected: term 1), then n2 following it, synced."""
+def two_nodes(net, offsets=(0, 0), **kw):
+    """etcd, then n1 (elected: term 1), then n2 following it, synced;
+    offsets: each one's clock offset (s)."""
+    kw.pop("clock_offset_s", None)
     etcd = Etcd(net, net.host("e1"))
-    n1 = Node(net, net.host("n1"), etcd, "n1", **kw)
+    n1 = Node(net, net.host("n1"), etcd, "n1", clock_offset_s=offsets[0], **kw)
     n1.wait_event("role", lambda e: e.get("role") == "primary" and e.get("epoch") == 1)
     n1.wait_event("up")
-    n2 = Node(net, net.host("n2"), etcd, "n2", **kw)
+    n2 = Node(net, net.host("n2"), etcd, "n2", clock_offset_s=offsets[1], **kw)
     n2.wait_event("following", lambda e: e["epoch"] == 1)
     # acknowledged once n2 has it
     assert n1.client(timeout=15).set("hello", "1") is True
@@ -175,12 +177,15 @@ def test_kill_primary_loses_no_acknowledged_write(net):
     assert c.get("w0:0") == b"0"
 
 
-def test_primary_cut_off_from_etcd_fences_itself(net):
+@pytest.mark.parametrize("offsets", [(0, 0), (100_000, 7)], ids=["same-clock", "clocks-offset"])
+def test_primary_cut_off_from_etcd_fences_itself(net, offsets):
     """The primary loses etcd (the standby and clients still reach it): it
     kills its app before its lease can expire, the standby is elected only
     after that, and every write the old primary acknowledged is on the new
-    one.  Healed, the old primary rejoins as a standby."""
-    etcd, n1, n2 = two_nodes(net)
+    one.  Healed, the old primary rejoins as a standby.  With the hosts'
+    monotonic clocks far apart (time namespaces: n1 100,000 s ahead, n2
+    7 s), the same holds: only durations on each host's own clock count."""
+    etcd, n1, n2 = two_nodes(net, offsets=offsets)
     hist, stop = History(), threading.Event()
     threads = run_writers(n1, hist, stop)
     wait_acks(hist, 200)
@@ -188,6 +193,9 @@ def test_primary_cut_off_from_etcd_fences_itself(net):
     n1.host.block(etcd.host)
     fence = n1.wait_event("fence", timeout=10)
     elected = n2.wait_event("role", lambda e: e.get("role") == "primary", timeout=20)
+    # each host's t_ns back on the test's clock
+    fence = {**fence, "t_ns": fence["t_ns"] - n1.clock_offset_ns}
+    elected = {**elected, "t_ns": elected["t_ns"] - n2.clock_offset_ns}
     stop.set()
     for th in threads:
         th.join(timeout=10)
