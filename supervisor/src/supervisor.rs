@@ -355,14 +355,15 @@ impl Supervisor {
     /// another client), then exit like a stop.
     fn on_fence(&mut self) {
         self.fence = None;
-        self.report
-            .event(ev("fence").s("what", "lease or term lost: killing the app"));
         self.next_spawn = None;
         let now = now_ns();
         if let Some(a) = &self.app {
             send_signal(a.pid, libc::SIGKILL);
             send_signal(-a.pid, libc::SIGKILL);
         }
+        // after the kill: the event's time bounds when the app last answered
+        self.report
+            .event(ev("fence").s("what", "lease or term lost: the app is killed"));
         self.stopping = Some(Stopping {
             deadline_ns: now,
             killed: true,
