@@ -83,7 +83,7 @@ PREFIX ?= /usr/local
 INSTALL_FILES := lib/librekindle.a lib/librekindle.so.0 lib/librekindle.so lib/pkgconfig/rekindle.pc \
 	include/rekindle.h include/rekindle_stages.h bin/rekindle \
 	$(addprefix share/man/man1/,rekindle.1 rekindle-run.1 rekindle-status.1 rekindle-ps.1 rekindle-restart.1 rekindle-stop.1 rekindle-inspect.1 \
-		rekindle-snapshots.1 rekindle-verify.1 rekindle-gc.1 rekindle-send.1 rekindle-recv.1)
+		rekindle-snapshots.1 rekindle-verify.1 rekindle-gc.1 rekindle-send.1 rekindle-recv.1 rekindle-cluster.1)
 install: runtime supervisor
 	@case "$(PREFIX)" in /*) ;; *) echo "make install: PREFIX must be an absolute path, not '$(PREFIX)'" >&2; exit 2;; esac
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1

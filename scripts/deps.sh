@@ -28,6 +28,12 @@ have FileCheck-19 || need_apt+=(llvm-19-tools)
 have dpkg-source || need_apt+=(dpkg-dev)
 have patch || need_apt+=(patch)
 have tclsh8.6 || need_apt+=(tcl8.6)
+# Failover (docs/failover.md): a real etcd (server and etcdctl) that the
+# tests, benchmarks and the demo start in network namespaces.
+have etcd || need_apt+=(etcd-server)
+have etcdctl || need_apt+=(etcd-client)
+# the etcd client crate (etcd-client) compiles etcd's .proto files: protoc
+have protoc || need_apt+=(protobuf-compiler)
 for p in libjemalloc-dev liblzf-dev libsystemd-dev libssl-dev debian-archive-keyring; do
 	dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
 done

@@ -117,6 +117,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Hand a cluster's primary over to a standby (planned, no acknowledged
+    /// write lost; docs/failover.md).
+    Failover(crate::cluster::args::FailoverArgs),
+    /// Failover clusters: `rekindle cluster status` (docs/failover.md).
+    #[command(subcommand)]
+    Cluster(crate::cluster::args::ClusterCommand),
     /// Snapshot store commands (snapshots, verify, gc, send, recv).
     #[command(flatten)]
     Store(crate::store_cli::StoreCommand),
@@ -149,7 +155,7 @@ pub struct RestoreArgs {
     pub run: RunArgs,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Name of this supervisor (control socket NAME.sock); default: PROGRAM's basename.
     #[arg(long)]
@@ -281,6 +287,10 @@ pub struct RunArgs {
     /// usage error: use `--` to run a program whose name starts with '-').
     #[arg(value_name = "PROGRAM", required = true, trailing_var_arg = true, num_args = 1..)]
     pub command: Vec<OsString>,
+
+    /// Failover: `--cluster ENDPOINTS --node ID ...` (docs/failover.md).
+    #[command(flatten)]
+    pub cluster: crate::cluster::args::ClusterArgs,
 }
 
 /// Settings of one `rekindle run`, resolved.
@@ -311,6 +321,8 @@ pub struct Config {
     pub start_from: StartFrom,
     pub restore_pages: crate::snapshot::restore::Pages,
     pub restore_fill_rate: u64,
+    /// `--cluster`: the replication sender's link to the snapshot engine.
+    pub replication: Option<std::sync::Arc<crate::cluster::link::ReplicationLink>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -389,6 +401,7 @@ impl Config {
             start_from: a.start_from,
             restore_pages: a.restore_pages,
             restore_fill_rate: a.restore_fill_rate,
+            replication: None,
         })
     }
 }

@@ -6,6 +6,7 @@ pub mod arena;
 pub mod cli;
 pub mod client;
 pub mod clock;
+pub mod cluster;
 pub mod control_block;
 pub mod control_socket;
 pub mod decide;

@@ -74,7 +74,12 @@ fn main() {
         },
     };
     let r = match cli.cmd {
+        Command::Run(args) if args.cluster.cluster.is_some() => {
+            std::process::exit(rekindle::cluster::node::run(*args))
+        }
         Command::Run(args) => supervise(*args, None),
+        Command::Cluster(c) => Ok(rekindle::cluster::args::run_command(c)),
+        Command::Failover(a) => Ok(rekindle::cluster::args::failover(a)),
         Command::Restore(args) => {
             let from = rekindle::snapshot::restore::Source::parse(&args.from);
             supervise(args.run, Some(from))

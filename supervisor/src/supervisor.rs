@@ -163,7 +163,13 @@ pub struct Supervisor {
     /// Continuous snapshots since the last `snapshot` event, and its time.
     snapshots_since_event: u64,
     snapshot_event_ns: u64,
+    /// `--cluster`: readable once this node must stop serving (its lease or
+    /// term is lost): the app is killed at once.
+    fence: Option<OwnedFd>,
 }
+
+/// The supervisor's exit status after a fence (EX_TEMPFAIL).
+pub const FENCED_EXIT: i32 = 75;
 
 fn sig_name(sig: i32) -> String {
     signame::name(sig)
@@ -302,7 +308,11 @@ impl Supervisor {
         // names this supervisor in every incarnation: orphan::find
         base_env.push(spawn::env_entry(orphan::SOCKET_ENV, control.path()));
         let snapshots = match &cfg.snapshots {
-            Some(sc) => Some(snapshots::start_engine(sc, &cfg.name)?),
+            Some(sc) => Some(snapshots::start_engine(
+                sc,
+                &cfg.name,
+                cfg.replication.clone(),
+            )?),
             None => None,
         };
         let now = now_ns();
@@ -341,11 +351,41 @@ impl Supervisor {
             rollback: None,
             snapshots_since_event: 0,
             snapshot_event_ns: 0,
+            fence: None,
             cfg,
         };
         s.sort_held();
         s.snapshot_held();
         Ok(s)
+    }
+
+    /// `--cluster`: the fence fd (cluster/election.rs).
+    pub fn set_fence(&mut self, fd: OwnedFd) {
+        self.fence = Some(fd);
+    }
+
+    /// Fenced: SIGKILL now, no SIGTERM grace (the app must not answer
+    /// another client), then exit like a stop.
+    fn on_fence(&mut self) {
+        self.fence = None;
+        self.next_spawn = None;
+        let now = now_ns();
+        if let Some(a) = &self.app {
+            send_signal(a.pid, libc::SIGKILL);
+            send_signal(-a.pid, libc::SIGKILL);
+        }
+        // after the kill: the event's time bounds when the app last answered
+        self.report
+            .event(ev("fence").s("what", "lease or term lost: the app is killed"));
+        self.stopping = Some(Stopping {
+            deadline_ns: now,
+            killed: true,
+            by: "fence".into(),
+            code: FENCED_EXIT,
+        });
+        if self.app.is_none() {
+            self.exit = Some(FENCED_EXIT);
+        }
     }
 
     fn sort_held(&mut self) {
@@ -507,6 +547,7 @@ impl Supervisor {
             MetListen,
             MetConn,
             Snap,
+            Fence,
         }
         let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(16);
         let mut srcs: Vec<Src> = Vec::with_capacity(16);
@@ -551,6 +592,9 @@ impl Supervisor {
         if let Some(h) = &self.snapshots {
             add(h.notify.as_fd(), libc::POLLIN, Src::Snap);
         }
+        if let Some(f) = &self.fence {
+            add(f.as_fd(), libc::POLLIN, Src::Fence);
+        }
         let timeout = self.poll_timeout_ms();
         // SAFETY: pfds is a live array of pollfd of the given length.
         let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
@@ -582,6 +626,7 @@ impl Supervisor {
                 }
                 Src::MetConn => metrics_active = true,
                 Src::Snap => self.on_snapshot_notes(),
+                Src::Fence => self.on_fence(),
             }
         }
         if metrics_active {

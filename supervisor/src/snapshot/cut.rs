@@ -631,15 +631,78 @@ fn run(
     })
 }
 
+/// What the agent waits for after its last DIRTY of a report.
+#[derive(Clone, Copy)]
+enum Awaiting {
+    Nothing,
+    /// It said `more`: our CONTINUE (it drops any other message meanwhile).
+    Continue {
+        cut: bool,
+    },
+    /// The cut's last batch: our RELEASE (the app is frozen until then).
+    Release,
+}
+
 /// One report (its batches), its pages copied; for the cut, also the
 /// punched pages and the manifest.  Returns (freeze time, scan time,
-/// manifest bytes).
+/// manifest bytes).  A report abandoned half-way (the layout changed, a
+/// copy failed) is wound down with the agent: its remaining batches are
+/// asked for and dropped and a frozen app is released, else the agent
+/// would wait for a CONTINUE or RELEASE that never comes, keeping the app
+/// frozen and dropping the next requests until its own timeout.
 fn report(
     link: &mut AgentLink,
     t: &mut Taking<'_, '_>,
     plan: &Plan<'_>,
     cut: bool,
     c: &mut Counts,
+) -> Result<(u64, u64, Vec<u8>), Failure> {
+    let mut awaiting = Awaiting::Nothing;
+    let r = report_batches(link, t, plan, cut, c, &mut awaiting);
+    if r.is_err() {
+        wind_down(link, awaiting);
+    }
+    r
+}
+
+/// Best effort: the agent gets the CONTINUEs and the RELEASE it waits for.
+fn wind_down(link: &mut AgentLink, mut awaiting: Awaiting) {
+    let seq = link.seq;
+    // bounded: a report has at most one batch per region and vector fill
+    for _ in 0..1_000_000 {
+        match awaiting {
+            Awaiting::Nothing => return,
+            Awaiting::Continue { cut } => {
+                if link.send(&agent_link::encode_continue(seq)).is_err() {
+                    return;
+                }
+                awaiting = match link.recv(seq) {
+                    Ok(AgentMsg::Dirty(d)) if d.status == SnapStatus::Ok && d.more => {
+                        Awaiting::Continue { cut }
+                    }
+                    Ok(AgentMsg::Dirty(d)) if d.status == SnapStatus::Ok && cut => {
+                        Awaiting::Release
+                    }
+                    _ => return,
+                };
+            }
+            Awaiting::Release => {
+                if link.send(&agent_link::encode_release(seq)).is_ok() {
+                    let _ = link.recv(seq);
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn report_batches(
+    link: &mut AgentLink,
+    t: &mut Taking<'_, '_>,
+    plan: &Plan<'_>,
+    cut: bool,
+    c: &mut Counts,
+    awaiting: &mut Awaiting,
 ) -> Result<(u64, u64, Vec<u8>), Failure> {
     link.seq += 1;
     let seq = link.seq;
@@ -656,6 +719,11 @@ fn report(
                 err: d.err,
             });
         }
+        *awaiting = match (d.more, cut) {
+            (true, _) => Awaiting::Continue { cut },
+            (false, true) => Awaiting::Release,
+            (false, false) => Awaiting::Nothing,
+        };
         if cut && c.first_dirty.is_none() {
             c.first_dirty = Some(Instant::now());
         }
@@ -682,6 +750,7 @@ fn report(
         }
         if d.more {
             link.send(&agent_link::encode_continue(seq))?;
+            *awaiting = Awaiting::Nothing;
             continue;
         }
         if !cut {

@@ -35,6 +35,9 @@ pub struct EngineConfig {
     pub staging_bytes: usize,
     pub freeze_timeout: Duration,
     pub precopy_rounds: u32,
+    /// `--cluster`: each commit goes to the replication sender; with sync
+    /// replication the app's durable epoch waits for the standbys' ack.
+    pub replication: Option<std::sync::Arc<crate::cluster::link::ReplicationLink>>,
 }
 
 pub enum Cmd {
@@ -139,6 +142,7 @@ impl Handle {
             durable_efd: None,
             request_efd: None,
             requested: false,
+            unacked: std::collections::VecDeque::new(),
         };
         let thread = std::thread::Builder::new()
             .name("rk-snapshots".into())
@@ -207,6 +211,9 @@ struct Engine {
     request_efd: Option<OwnedFd>,
     /// rk_checkpoint() asked for a snapshot.
     requested: bool,
+    /// Sync replication: committed snapshots (id, the app's epoch of the
+    /// cut) whose durable epoch waits for the standbys' ack, oldest first.
+    unacked: std::collections::VecDeque<(SnapshotId, u64)>,
 }
 
 /// Right after an agent's HELLO the poll loop may not have handed over the
@@ -247,6 +254,20 @@ impl Engine {
                     revents: 0,
                 });
             }
+            let acked_fd = self
+                .cfg
+                .replication
+                .as_ref()
+                .filter(|l| l.sync)
+                .map(|l| l.acked_fd());
+            let acked_at = pfds.len();
+            if let Some(fd) = acked_fd {
+                pfds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
             let sock_at = pfds.len();
             if let Some(fd) = sock_fd {
                 pfds.push(libc::pollfd {
@@ -270,6 +291,9 @@ impl Engine {
                     drain(f);
                 }
                 self.requested = true;
+            }
+            if acked_fd.is_some() && pfds[acked_at].revents != 0 {
+                self.on_replica_acked();
             }
             if pfds.len() > sock_at && pfds[sock_at].revents != 0 {
                 self.on_agent_readable();
@@ -369,7 +393,36 @@ impl Engine {
         }
     }
 
+    /// The standbys acknowledged up to a snapshot: release the app's
+    /// replies held for it and every older one (one write for them all).
+    fn on_replica_acked(&mut self) {
+        let Some(acked) = self.cfg.replication.as_ref().and_then(|l| l.take_acked()) else {
+            return;
+        };
+        let mut release = None;
+        while self.unacked.front().is_some_and(|(id, _)| id <= &acked) {
+            release = self.unacked.pop_front().map(|(_, e)| e);
+        }
+        if let Some(e) = release {
+            self.publish_durable(e);
+        }
+    }
+
+    /// rk_durable_epoch(), rk_durable_fd(): the app's cut `app_epoch` is
+    /// durable (locally, or with sync replication on the standbys too).
+    fn publish_durable(&self, app_epoch: u64) {
+        if let Some(a) = &self.agent {
+            a.buf
+                .set_epoch(agent_link::OFF_BUF_DURABLE_EPOCH, app_epoch);
+        }
+        if let Some(f) = &self.durable_efd {
+            poke(f);
+        }
+    }
+
     fn on_hello(&mut self, h: agent_link::Hello, mut fds: Vec<OwnedFd>, sock: &OwnedFd) {
+        // a new process's epochs: the old one's held replies died with it
+        self.unacked.clear();
         self.force_full = true; // a new address space: what was written before is unknown
         self.carry.clear();
         if h.status != SnapStatus::Ok || fds.len() != agent_link::HELLO_FDS {
@@ -536,13 +589,18 @@ impl Engine {
                 self.last = Some(d.info.id.clone());
                 self.epoch = epoch;
                 self.force_full = false;
-                // tell the app: rk_durable_epoch(), rk_durable_fd()
-                if let Some(a) = &self.agent {
-                    a.buf
-                        .set_epoch(agent_link::OFF_BUF_DURABLE_EPOCH, d.app_epoch);
-                }
-                if let Some(f) = &self.durable_efd {
-                    poke(f);
+                // tell the app: rk_durable_epoch(), rk_durable_fd(); with
+                // sync replication once the standbys have it too
+                match &self.cfg.replication {
+                    Some(l) if l.sync => {
+                        self.unacked.push_back((d.info.id.clone(), d.app_epoch));
+                        l.committed(&d.info.id);
+                    }
+                    Some(l) => {
+                        l.committed(&d.info.id);
+                        self.publish_durable(d.app_epoch);
+                    }
+                    None => self.publish_durable(d.app_epoch),
                 }
             }
             Err(_) => {

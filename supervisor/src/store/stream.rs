@@ -509,3 +509,111 @@ impl FrameReader<'_> {
         Ok(Some((kind[0], payload)))
     }
 }
+
+/// What one sender has given one receiver so far, for callers that send
+/// snapshots one at a time over a link of their own (replication,
+/// `cluster/`): the frames are the stream's, the header and the rest of the
+/// link are the caller's.
+pub struct SendState(Sent);
+
+impl Default for SendState {
+    fn default() -> Self {
+        SendState(Sent {
+            have: HashSet::new(),
+            last: None,
+        })
+    }
+}
+
+impl SendState {
+    /// The last snapshot sent whole ('M' to 'C').
+    pub fn last(&self) -> Option<&SnapshotId> {
+        self.0.last.as_ref()
+    }
+}
+
+/// The stream's header (magic, version).
+pub fn write_header(out: &mut dyn Write) -> Result<(), StoreError> {
+    let mut hdr = Vec::from(&MAGIC[..]);
+    hdr.extend_from_slice(&VERSION.to_le_bytes());
+    hdr.extend_from_slice(&0u32.to_le_bytes());
+    out.write_all(&hdr).map_err(write_io)
+}
+
+/// Reads and checks the stream's header.
+pub fn read_header(input: &mut dyn Read) -> Result<(), StoreError> {
+    let mut r = FrameReader {
+        input,
+        path: stdout_path(),
+    };
+    let mut hdr = [0u8; 16];
+    r.exact(&mut hdr, "header")?;
+    if &hdr[..8] != MAGIC {
+        return Err(StoreError::StreamForeign {
+            path: r.path.clone(),
+            detail: "bad magic".into(),
+        });
+    }
+    let version = u32::from_le_bytes(hdr[8..12].try_into().unwrap_or_default());
+    if version > VERSION || version == 0 {
+        return Err(StoreError::NewerVersion {
+            path: r.path.clone(),
+            found: version,
+            supported: VERSION,
+        });
+    }
+    Ok(())
+}
+
+/// One checksummed frame (kind, length, payload, blake3).
+pub fn write_frame(out: &mut dyn Write, kind: u8, payload: &[u8]) -> Result<(), StoreError> {
+    frame(out, kind, payload)
+}
+
+/// The next frame, its checksum checked; `None` at a clean end of input.
+pub fn read_frame(input: &mut dyn Read) -> Result<Option<(u8, Vec<u8>)>, StoreError> {
+    FrameReader {
+        input,
+        path: stdout_path(),
+    }
+    .frame()
+}
+
+impl Store {
+    /// Sends `id` as 'M' .. 'C' frames: with `since`, every snapshot after
+    /// it on `id`'s line, as stored (retention rewrote the line: `id`
+    /// folded, whole); without, `id` folded into one full snapshot.
+    pub fn send_snapshot(
+        &mut self,
+        id: &SnapshotId,
+        since: Option<&SnapshotId>,
+        state: &mut SendState,
+        out: &mut dyn Write,
+    ) -> Result<(), StoreError> {
+        self.refresh_packs()?;
+        let mut quiet = |_: Progress| {};
+        match self.send_to(id, since, &mut state.0, out, &mut quiet) {
+            Err(StoreError::NotAncestor { .. }) => {
+                state.0.have.clear();
+                self.send_to(id, None, &mut state.0, out, &mut quiet)
+            }
+            r => r,
+        }
+    }
+
+    /// Receives one snapshot whose 'M' frame (`header`) was just read from
+    /// `input`, up to its 'C'; publishes it then (None: the store had it).
+    /// A delta whose parent this store lacks is refused (`missing_parent`):
+    /// a gap is never applied.
+    pub fn recv_snapshot(
+        &mut self,
+        input: &mut dyn Read,
+        header: &[u8],
+    ) -> Result<Option<SnapshotId>, StoreError> {
+        let mut r = FrameReader {
+            input,
+            path: stdout_path(),
+        };
+        self.recv_one(&mut r, header, &mut |_| {})
+    }
+}

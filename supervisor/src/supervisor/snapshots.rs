@@ -55,7 +55,11 @@ impl Rollback {
 /// metrics count every one).
 const EVENT_EVERY: Duration = Duration::from_secs(1);
 
-pub(super) fn start_engine(sc: &SnapshotConfig, app: &str) -> Result<Handle> {
+pub(super) fn start_engine(
+    sc: &SnapshotConfig,
+    app: &str,
+    replication: Option<std::sync::Arc<crate::cluster::link::ReplicationLink>>,
+) -> Result<Handle> {
     Handle::start(EngineConfig {
         dir: sc.dir.clone(),
         interval: sc.interval,
@@ -64,6 +68,7 @@ pub(super) fn start_engine(sc: &SnapshotConfig, app: &str) -> Result<Handle> {
         staging_bytes: sc.memory,
         freeze_timeout: Duration::from_millis(50),
         precopy_rounds: 1,
+        replication,
     })
     .context("cannot start the snapshot thread")
 }

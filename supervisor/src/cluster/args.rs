@@ -1,0 +1,155 @@
+//! The cluster's command line: the options `rekindle run` takes to run as
+//! one node of a cluster, and `rekindle cluster ...`.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use crate::cli::parse_duration;
+
+/// `sync`: a reply the app holds (rk_durable_fd) is released only once a
+/// standby has the snapshot; `async`: once it is on the local disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Replication {
+    Sync,
+    Async,
+}
+
+impl Replication {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Replication::Sync => "sync",
+            Replication::Async => "async",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ClusterArgs {
+    /// Run as one node of a failover cluster: etcd's client URLs, comma
+    /// separated (http://10.0.0.9:2379,...).  The elected node runs the
+    /// app, the others stand by (docs/failover.md).
+    #[arg(long, value_name = "ENDPOINTS", requires_all = ["node", "cluster_addr", "snapshot_dir"])]
+    pub cluster: Option<String>,
+
+    /// With --cluster: this node's id, unique in the cluster.
+    #[arg(long, value_name = "ID", requires = "cluster")]
+    pub node: Option<String>,
+
+    /// With --cluster: HOST:PORT of this node's replication endpoint (the
+    /// primary listens there; standbys connect to the address the primary
+    /// published).
+    #[arg(long, value_name = "HOST:PORT", requires = "cluster")]
+    pub cluster_addr: Option<String>,
+
+    /// With --cluster: the cluster's name in etcd (default: --name).
+    #[arg(long, value_name = "NAME", requires = "cluster")]
+    pub cluster_name: Option<String>,
+
+    /// With --cluster: sync holds the app's durable acknowledgements until a
+    /// standby has the snapshot; async until the local disk has it.
+    #[arg(long, value_enum, default_value = "sync", requires = "cluster")]
+    pub replication: Replication,
+
+    /// With --cluster: the primary's etcd lease, in whole seconds (etcd's
+    /// unit; at least its minimum, 1.5 x its election timeout).
+    #[arg(long, value_name = "SECONDS", default_value_t = 2, requires = "cluster",
+          value_parser = clap::value_parser!(i64).range(1..=60))]
+    pub lease_ttl: i64,
+
+    /// With --cluster: the largest difference of clock *rates* between two
+    /// hosts that safety relies on, in parts per million (offsets do not
+    /// matter: only durations are measured).
+    #[arg(long, value_name = "PPM", default_value_t = 10_000, requires = "cluster",
+          value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub clock_drift_ppm: u64,
+}
+
+/// `rekindle cluster ...`
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Show a cluster as etcd sees it: the term (fencing epoch), the
+    /// primary, and each node's role, term, newest snapshot and lag.
+    Status {
+        /// etcd's client URLs, comma separated.
+        #[arg(long, value_name = "ENDPOINTS")]
+        cluster: String,
+        /// The cluster's name (rekindle run --cluster-name, or --name).
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Give up on etcd after this long.
+        #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "3s")]
+        timeout: Duration,
+    },
+}
+
+/// `rekindle failover NAME`: a planned switchover.
+#[derive(Debug, Args)]
+#[command(
+    long_about = "Hand the primary's term over to a standby in sync, with no acknowledged write \
+ lost: the primary kills its app at once and gives up its lease; the standby takes the next \
+ term and starts the app warm from what it received.  Refused (exit 1, with a code) when \
+ there is no primary, or the target (--to, else any standby) is not a standby in sync with \
+ the current term; withdrawn if no new term comes within --timeout."
+)]
+pub struct FailoverArgs {
+    /// etcd's client URLs, comma separated.
+    #[arg(long, value_name = "ENDPOINTS")]
+    pub cluster: String,
+    /// The cluster's name (rekindle run --cluster-name, or --name).
+    pub name: String,
+    /// The node to hand over to (default: any standby in sync).
+    #[arg(long, value_name = "NODE")]
+    pub to: Option<String>,
+    /// Give up (and withdraw the request) after this long.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    pub timeout: Duration,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn failover(a: FailoverArgs) -> i32 {
+    super::switchover::command(&a.cluster, &a.name, a.to.as_deref(), a.timeout, a.json)
+}
+
+/// `rekindle cluster ...`: its exit status.
+pub fn run_command(c: ClusterCommand) -> i32 {
+    match c {
+        ClusterCommand::Status {
+            cluster,
+            name,
+            json,
+            timeout,
+        } => super::status::command(&cluster, &name, json, timeout),
+    }
+}
+
+pub fn endpoints(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(|e| e.trim())
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            if e.contains("://") {
+                e.to_string()
+            } else {
+                format!("http://{e}")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_get_a_scheme() {
+        assert_eq!(
+            endpoints("10.0.0.1:2379, http://h:1,"),
+            vec!["http://10.0.0.1:2379".to_string(), "http://h:1".to_string()]
+        );
+    }
+}

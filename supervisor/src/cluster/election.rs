@@ -1,0 +1,572 @@
+//! The agent: one thread that speaks to etcd for this node.  A follower
+//! reads the leader and the epoch; asked to campaign, and eligible, it
+//! takes the next term in one transaction (the leader key must be absent
+//! and the epoch unchanged since it was read): `epoch` + 1 and `leader`
+//! (attached to a fresh lease) together.  A primary keeps its lease alive
+//! and fences itself (the fence eventfd; the supervisor kills the app) when
+//!
+//! - no keep-alive was confirmed for `ttl * (1 - drift) - FENCE_MARGIN`,
+//!   counted from when the last confirmed request was *sent* (etcd renews
+//!   the lease for `ttl` from when it receives it, which is later), on this
+//!   host's monotonic clock: so etcd cannot expire the lease, and no other
+//!   node be elected, before the app is killed, whatever the clocks' offsets,
+//!   as long as their rates differ by less than `drift`;
+//! - etcd says the lease has expired, or the leader key is no longer ours.
+//!
+//! Every etcd call is bounded by a timeout shorter than what remains of the
+//! lease, so a hung etcd cannot delay the fence.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::error::ClusterError;
+use super::etcd::{Cond, Etcd, Op};
+use super::lineage::{self, Lineage};
+use super::records::{self, LeaderRecord, NodeRecord, Role, SwitchoverRecord};
+
+/// Time the supervisor needs, once fenced, to have killed the app: its poll
+/// loop wakes on the fence fd at once; this covers scheduling.
+pub const FENCE_MARGIN: Duration = Duration::from_millis(200);
+const TICK: Duration = Duration::from_millis(50);
+const CALL_TIMEOUT: Duration = Duration::from_millis(400);
+const REPORT_EVERY: Duration = Duration::from_millis(250);
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub endpoints: Vec<String>,
+    pub cluster: String,
+    pub node: String,
+    pub lease_ttl: i64,
+    pub drift_ppm: u64,
+    pub replication: String,
+    pub serve: Vec<String>,
+    pub store: PathBuf,
+}
+
+/// What the node asks of the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// Follow; take the next term when there is no leader and we may.
+    Campaign,
+    /// Follow only (after a fence, until the node is ready again).
+    Follow,
+    /// Give up the term (planned stop): delete our leader key, revoke.
+    Resign,
+}
+
+/// Why a primary stopped serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceReason {
+    /// No keep-alive confirmed in time (etcd unreachable or slow).
+    LeaseUnconfirmed,
+    /// etcd answered that the lease is gone.
+    LeaseExpired,
+    /// The leader key names another node or term.
+    Deposed,
+    /// We resigned.
+    Resigned,
+    /// `rekindle failover`: handed over to a standby.
+    HandedOver,
+}
+
+impl FenceReason {
+    pub fn code(self) -> &'static str {
+        match self {
+            FenceReason::LeaseUnconfirmed => "lease_unconfirmed",
+            FenceReason::LeaseExpired => "lease_expired",
+            FenceReason::Deposed => "deposed",
+            FenceReason::Resigned => "resigned",
+            FenceReason::HandedOver => "handed_over",
+        }
+    }
+}
+
+/// Why a follower does not campaign.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ineligible {
+    /// Its store is of an older term than the newest: it may lack
+    /// acknowledged writes.
+    StaleStore { store_epoch: u64, newest: u64 },
+    /// The lineage file cannot be read.
+    Unreadable(String),
+}
+
+/// The agent's view, for the node.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    pub connected: bool,
+    /// The newest term etcd holds (`epoch`).
+    pub epoch: u64,
+    pub leader: Option<LeaderRecord>,
+    /// Our term while we are primary.
+    pub our_term: Option<u64>,
+    pub fenced: Option<FenceReason>,
+    pub ineligible: Option<Ineligible>,
+    pub last_error: Option<(&'static str, String)>,
+    /// A primary: how long its lease is still known valid, in ms.
+    pub lease_left_ms: Option<u64>,
+}
+
+struct Shared {
+    view: Mutex<View>,
+    want: Mutex<Want>,
+    report: Mutex<Option<NodeRecord>>,
+    stop: AtomicBool,
+    fence_efd: std::os::fd::OwnedFd,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub struct Agent {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Agent {
+    pub fn start(cfg: AgentConfig) -> Result<Agent, ClusterError> {
+        // SAFETY: eventfd returns a fresh fd or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(ClusterError::io("eventfd", std::io::Error::last_os_error()));
+        }
+        let shared = Arc::new(Shared {
+            view: Mutex::new(View::default()),
+            want: Mutex::new(Want::Campaign),
+            report: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            // SAFETY: fresh and ours.
+            fence_efd: unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) },
+        });
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("rk-cluster".into())
+            .spawn(move || Worker::new(cfg, sh).run())
+            .map_err(|e| ClusterError::io("cluster: thread", e))?;
+        Ok(Agent {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn view(&self) -> View {
+        lock(&self.shared.view).clone()
+    }
+
+    pub fn want(&self, w: Want) {
+        *lock(&self.shared.want) = w;
+    }
+
+    /// After a fence, once the app is gone: follow again (and campaign).
+    pub fn rejoin(&self) {
+        lock(&self.shared.view).fenced = None;
+        let mut v = 0u64;
+        // SAFETY: an 8-byte read from an eventfd (drains it).
+        unsafe {
+            libc::read(
+                std::os::fd::AsRawFd::as_raw_fd(&self.shared.fence_efd),
+                (&mut v as *mut u64).cast(),
+                8,
+            )
+        };
+        self.want(Want::Campaign);
+    }
+
+    /// A dup of the fence fd: readable once this node must stop serving.
+    pub fn fence_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.shared.fence_efd.try_clone()
+    }
+
+    /// What to publish under nodes/<id> (the agent adds the time).
+    pub fn report(&self, r: NodeRecord) {
+        *lock(&self.shared.report) = Some(r);
+    }
+
+    /// Resigns if primary (bounded), then stops the thread.
+    pub fn shutdown(&mut self) {
+        self.want(Want::Resign);
+        let t0 = Instant::now();
+        while self.view().our_term.is_some() && t0.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Term {
+    epoch: u64,
+    lease: i64,
+    record: Vec<u8>,
+    /// Until when (this host's monotonic clock) we may serve.
+    valid_until: Instant,
+    /// What the lease is known good for after a confirmed request.
+    good_for: Duration,
+}
+
+struct Worker {
+    cfg: AgentConfig,
+    sh: Arc<Shared>,
+    etcd: Option<Etcd>,
+    term: Option<Term>,
+    last_report: Option<Instant>,
+}
+
+impl Worker {
+    fn new(cfg: AgentConfig, sh: Arc<Shared>) -> Worker {
+        Worker {
+            cfg,
+            sh,
+            etcd: None,
+            term: None,
+            last_report: None,
+        }
+    }
+
+    fn run(mut self) {
+        while !self.sh.stop.load(Ordering::SeqCst) {
+            let t0 = Instant::now();
+            if let Err(e) = self.tick() {
+                let mut v = lock(&self.sh.view);
+                v.last_error = Some((e.code(), e.to_string()));
+                if matches!(e, ClusterError::Etcd { .. }) {
+                    v.connected = false;
+                }
+            }
+            self.check_deadline();
+            let spent = t0.elapsed();
+            if spent < TICK {
+                std::thread::sleep(TICK - spent);
+            }
+        }
+        // a stop while primary without resigning (the node died of an
+        // error): the lease expires by itself; revoking shortens that
+        if let (Some(t), Some(e)) = (self.term.take(), self.etcd.as_mut()) {
+            let _ = e.revoke(t.lease, CALL_TIMEOUT);
+        }
+    }
+
+    fn etcd(&mut self) -> Result<&mut Etcd, ClusterError> {
+        if self.etcd.is_none() {
+            self.etcd = Some(Etcd::connect(&self.cfg.endpoints, CALL_TIMEOUT)?);
+        }
+        self.etcd.as_mut().ok_or(ClusterError::EtcdTimeout {
+            what: "connect",
+            ms: CALL_TIMEOUT.as_millis() as u64,
+        })
+    }
+
+    /// A call's timeout: never past the moment we must fence.
+    fn bound(&self) -> Duration {
+        match &self.term {
+            Some(t) => t
+                .valid_until
+                .saturating_duration_since(Instant::now())
+                .min(CALL_TIMEOUT)
+                .max(Duration::from_millis(1)),
+            None => CALL_TIMEOUT,
+        }
+    }
+
+    fn tick(&mut self) -> Result<(), ClusterError> {
+        let want = *lock(&self.sh.want);
+        if self.term.is_some() {
+            if want == Want::Resign {
+                return self.resign();
+            }
+            self.keep_term()?;
+        } else {
+            self.follow(want)?;
+        }
+        self.publish_report()
+    }
+
+    fn check_deadline(&mut self) {
+        if let Some(t) = &self.term
+            && Instant::now() >= t.valid_until
+        {
+            self.fence(FenceReason::LeaseUnconfirmed);
+        }
+    }
+
+    fn fence(&mut self, why: FenceReason) {
+        let Some(t) = self.term.take() else { return };
+        self.last_report = None;
+        {
+            let mut v = lock(&self.sh.view);
+            v.our_term = None;
+            v.fenced = Some(why);
+            v.lease_left_ms = None;
+        }
+        *lock(&self.sh.want) = Want::Follow;
+        let one: u64 = 1;
+        // SAFETY: an 8-byte write to an eventfd.
+        unsafe {
+            libc::write(
+                std::os::fd::AsRawFd::as_raw_fd(&self.sh.fence_efd),
+                (&one as *const u64).cast(),
+                8,
+            )
+        };
+        // others need not wait for the lease to run out
+        if let Some(e) = self.etcd.as_mut() {
+            let _ = e.revoke(t.lease, CALL_TIMEOUT);
+        }
+    }
+
+    fn resign(&mut self) -> Result<(), ClusterError> {
+        let Some(t) = self.term.as_ref() else {
+            return Ok(());
+        };
+        let (record, lease) = (t.record.clone(), t.lease);
+        let key = records::leader_key(&self.cfg.cluster);
+        let b = self.bound();
+        let e = self.etcd()?;
+        // delete the leader key only if it is still ours
+        let _ = e.txn(
+            vec![Cond::Value(key.clone(), record)],
+            vec![Op::Delete(key)],
+            b,
+        );
+        let _ = e.revoke(lease, b);
+        self.fence(FenceReason::Resigned);
+        Ok(())
+    }
+
+    fn keep_term(&mut self) -> Result<(), ClusterError> {
+        let sent = Instant::now();
+        let (lease, epoch, record) = match &self.term {
+            Some(t) => (t.lease, t.epoch, t.record.clone()),
+            None => return Ok(()),
+        };
+        let b = self.bound();
+        let ttl = self.etcd()?.keep_alive(lease, b)?;
+        if ttl <= 0 {
+            self.fence(FenceReason::LeaseExpired);
+            return Ok(());
+        }
+        if let Some(t) = self.term.as_mut() {
+            t.valid_until = t.valid_until.max(sent + t.good_for);
+        }
+        let key = records::leader_key(&self.cfg.cluster);
+        let b = self.bound();
+        let cur = self.etcd()?.get(&key, b)?;
+        if cur.as_ref().map(|kv| kv.value.as_slice()) != Some(record.as_slice()) {
+            self.fence(FenceReason::Deposed);
+            return Ok(());
+        }
+        // `rekindle failover`: hand this term over
+        let skey = records::switchover_key(&self.cfg.cluster);
+        let b = self.bound();
+        if let Some(kv) = self.etcd()?.get(&skey, b)? {
+            let req: SwitchoverRecord = records::parse(&skey, &kv.value)?;
+            if req.epoch == epoch && req.from == self.cfg.node {
+                self.fence(FenceReason::HandedOver);
+                return Ok(());
+            }
+        }
+        let mut v = lock(&self.sh.view);
+        v.connected = true;
+        v.epoch = v.epoch.max(epoch);
+        v.last_error = None;
+        v.lease_left_ms = self.term.as_ref().map(|t| {
+            t.valid_until
+                .saturating_duration_since(Instant::now())
+                .as_millis() as u64
+        });
+        Ok(())
+    }
+
+    fn follow(&mut self, want: Want) -> Result<(), ClusterError> {
+        let lkey = records::leader_key(&self.cfg.cluster);
+        let ekey = records::epoch_key(&self.cfg.cluster);
+        let e = self.etcd()?;
+        let leader = e.get(&lkey, CALL_TIMEOUT)?;
+        let epoch_kv = e.get(&ekey, CALL_TIMEOUT)?;
+        let (epoch, epoch_rev) = match &epoch_kv {
+            Some(kv) => (records::parse_epoch(&ekey, &kv.value)?, kv.mod_revision),
+            None => (0, 0),
+        };
+        let leader = match &leader {
+            Some(kv) => Some(records::parse::<LeaderRecord>(&lkey, &kv.value)?),
+            None => None,
+        };
+        {
+            let mut v = lock(&self.sh.view);
+            v.connected = true;
+            v.epoch = epoch;
+            v.leader = leader.clone();
+            v.last_error = None;
+        }
+        if leader.is_some() || want != Want::Campaign {
+            return Ok(());
+        }
+        // a handover of the newest term under way: only its target (any
+        // node but the one handing over, without --to) may take the next
+        let skey = records::switchover_key(&self.cfg.cluster);
+        if let Some(kv) = self.etcd()?.get(&skey, CALL_TIMEOUT)? {
+            let req: SwitchoverRecord = records::parse(&skey, &kv.value)?;
+            let me = &self.cfg.node;
+            if req.epoch == epoch && (&req.from == me || req.to.as_ref().is_some_and(|t| t != me)) {
+                return Ok(());
+            }
+        }
+        // eligible: no term yet, or our store is of the newest term
+        let ineligible = match lineage::read(&self.cfg.store) {
+            Ok(Lineage { epoch: se }) if epoch == 0 || se == epoch => None,
+            Ok(Lineage { epoch: se }) => Some(Ineligible::StaleStore {
+                store_epoch: se,
+                newest: epoch,
+            }),
+            Err(e) => Some(Ineligible::Unreadable(e.to_string())),
+        };
+        lock(&self.sh.view).ineligible = ineligible.clone();
+        if ineligible.is_some() {
+            return Ok(());
+        }
+        self.campaign(epoch, epoch_rev)
+    }
+
+    fn campaign(&mut self, epoch: u64, epoch_rev: i64) -> Result<(), ClusterError> {
+        let lkey = records::leader_key(&self.cfg.cluster);
+        let ekey = records::epoch_key(&self.cfg.cluster);
+        let next = epoch + 1;
+        let rec = LeaderRecord {
+            node: self.cfg.node.clone(),
+            epoch: next,
+            replication: self.cfg.replication.clone(),
+            serve: self.cfg.serve.clone(),
+        };
+        let record = serde_json::to_vec(&rec).unwrap_or_default();
+        let (ttl, drift, store) = (
+            self.cfg.lease_ttl,
+            self.cfg.drift_ppm,
+            self.cfg.store.clone(),
+        );
+        let skey = records::switchover_key(&self.cfg.cluster);
+        let sent = Instant::now();
+        let e = self.etcd()?;
+        let (lease, granted) = e.grant(ttl, CALL_TIMEOUT)?;
+        let won = e.txn(
+            vec![
+                Cond::Absent(lkey.clone()),
+                Cond::ModRevision(ekey.clone(), epoch_rev),
+            ],
+            vec![
+                Op::Put {
+                    key: ekey,
+                    value: next.to_string().into_bytes(),
+                    lease: None,
+                },
+                Op::Put {
+                    key: lkey,
+                    value: record.clone(),
+                    lease: Some(lease),
+                },
+                // a handover request is answered by the new term
+                Op::Delete(skey),
+            ],
+            CALL_TIMEOUT,
+        );
+        let won = match won {
+            Ok(w) => w,
+            Err(err) => {
+                let _ = e.revoke(lease, CALL_TIMEOUT);
+                return Err(err);
+            }
+        };
+        if !won {
+            let _ = e.revoke(lease, CALL_TIMEOUT);
+            return Ok(());
+        }
+        let good_for = safe_for(granted, drift);
+        // The store now belongs to this term: its next snapshots are ours.
+        if let Err(err) = lineage::write(&store, Lineage { epoch: next }) {
+            // cannot record it: do not serve (a later election would trust
+            // a store of the wrong term)
+            let _ = e.revoke(lease, CALL_TIMEOUT);
+            return Err(err);
+        }
+        self.term = Some(Term {
+            epoch: next,
+            lease,
+            record,
+            valid_until: sent + good_for,
+            good_for,
+        });
+        self.last_report = None; // tell the new role at once
+        let mut v = lock(&self.sh.view);
+        v.our_term = Some(next);
+        v.epoch = next;
+        v.leader = Some(rec);
+        v.fenced = None;
+        v.ineligible = None;
+        Ok(())
+    }
+
+    fn publish_report(&mut self) -> Result<(), ClusterError> {
+        if self.last_report.is_some_and(|t| t.elapsed() < REPORT_EVERY) {
+            return Ok(());
+        }
+        let Some(mut r) = lock(&self.sh.report).clone() else {
+            return Ok(());
+        };
+        r.updated_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        if let Some(t) = &self.term {
+            r.role = Role::Primary;
+            r.epoch = t.epoch;
+        }
+        let key = records::node_key(&self.cfg.cluster, &self.cfg.node);
+        let b = self.bound();
+        self.etcd()?
+            .put(&key, serde_json::to_vec(&r).unwrap_or_default(), b)?;
+        self.last_report = Some(Instant::now());
+        Ok(())
+    }
+}
+
+/// How long after sending a confirmed keep-alive (or the grant) a primary
+/// may serve: the TTL shrunk by the clock-rate bound, less the time the
+/// fence takes.
+pub fn safe_for(ttl_s: i64, drift_ppm: u64) -> Duration {
+    let ttl = Duration::from_secs(ttl_s.max(0) as u64);
+    let shrunk = ttl.mul_f64(1.0 - drift_ppm.min(1_000_000) as f64 / 1e6);
+    shrunk.saturating_sub(FENCE_MARGIN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_safe_window_is_inside_the_lease() {
+        assert_eq!(safe_for(2, 10_000), Duration::from_millis(1780));
+        assert_eq!(safe_for(1, 0), Duration::from_millis(800));
+        assert_eq!(safe_for(0, 0), Duration::ZERO);
+        for ttl in 1..10 {
+            for ppm in [0, 100, 10_000, 100_000] {
+                let s = safe_for(ttl, ppm);
+                // measured at a clock up to ppm fast or slow, still shorter
+                let worst = s.mul_f64(1.0 + ppm as f64 / 1e6);
+                assert!(worst < Duration::from_secs(ttl as u64), "{ttl} {ppm}");
+            }
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! The blocking façade over the async etcd client: one small
+//! current-thread tokio runtime per `Etcd`, every call bounded by a timeout,
+//! so the rest of the supervisor stays synchronous (poll loops and threads)
+//! and no call can block past its deadline.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
+    PutOptions, Txn, TxnOp,
+};
+
+use super::error::ClusterError;
+
+pub struct Etcd {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+    endpoints: String,
+    keeper: Option<(i64, LeaseKeeper, LeaseKeepAliveStream)>,
+}
+
+/// One key's value and revisions.
+#[derive(Debug, Clone)]
+pub struct Kv {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub mod_revision: i64,
+    pub lease: i64,
+}
+
+/// A condition of a transaction.
+pub enum Cond {
+    /// The key does not exist.
+    Absent(String),
+    /// The key was last modified at this revision (0: it does not exist).
+    ModRevision(String, i64),
+    /// The key holds exactly this value.
+    Value(String, Vec<u8>),
+}
+
+/// An operation of a transaction.
+pub enum Op {
+    Put {
+        key: String,
+        value: Vec<u8>,
+        lease: Option<i64>,
+    },
+    Delete(String),
+}
+
+impl Etcd {
+    /// Connects (lazily: the first call finds out whether etcd is there).
+    pub fn connect(endpoints: &[String], timeout: Duration) -> Result<Etcd, ClusterError> {
+        let joined = endpoints.join(",");
+        let err = |detail: String| ClusterError::Etcd {
+            endpoints: joined.clone(),
+            detail,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| err(format!("tokio runtime: {e}")))?;
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout)
+            .with_keep_alive(Duration::from_millis(500), timeout);
+        let client = rt
+            .block_on(async {
+                tokio::time::timeout(timeout, Client::connect(endpoints, Some(opts))).await
+            })
+            .map_err(|_| ClusterError::EtcdTimeout {
+                what: "connect",
+                ms: timeout.as_millis() as u64,
+            })?
+            .map_err(|e| err(e.to_string()))?;
+        Ok(Etcd {
+            rt,
+            client,
+            endpoints: joined,
+            keeper: None,
+        })
+    }
+
+    fn err(&self, e: etcd_client::Error) -> ClusterError {
+        ClusterError::Etcd {
+            endpoints: self.endpoints.clone(),
+            detail: e.to_string(),
+        }
+    }
+
+    fn run<T>(
+        &mut self,
+        what: &'static str,
+        timeout: Duration,
+        f: impl AsyncFnOnce(&mut Client) -> Result<T, etcd_client::Error>,
+    ) -> Result<T, ClusterError> {
+        let client = &mut self.client;
+        let r = self
+            .rt
+            .block_on(async { tokio::time::timeout(timeout, f(client)).await });
+        match r {
+            Err(_) => Err(ClusterError::EtcdTimeout {
+                what,
+                ms: timeout.as_millis() as u64,
+            }),
+            Ok(Err(e)) => Err(self.err(e)),
+            Ok(Ok(v)) => Ok(v),
+        }
+    }
+
+    fn kv(kv: &etcd_client::KeyValue) -> Kv {
+        Kv {
+            key: String::from_utf8_lossy(kv.key()).into_owned(),
+            value: kv.value().to_vec(),
+            mod_revision: kv.mod_revision(),
+            lease: kv.lease(),
+        }
+    }
+
+    pub fn get(&mut self, key: &str, timeout: Duration) -> Result<Option<Kv>, ClusterError> {
+        let key = key.to_string();
+        let r = self.run("get", timeout, async move |c: &mut Client| {
+            c.get(key, None).await
+        })?;
+        Ok(r.kvs().first().map(Self::kv))
+    }
+
+    pub fn get_prefix(&mut self, prefix: &str, timeout: Duration) -> Result<Vec<Kv>, ClusterError> {
+        let p = prefix.to_string();
+        let r = self.run("get", timeout, async move |c: &mut Client| {
+            c.get(p, Some(GetOptions::new().with_prefix())).await
+        })?;
+        Ok(r.kvs().iter().map(Self::kv).collect())
+    }
+
+    pub fn put(
+        &mut self,
+        key: &str,
+        value: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(), ClusterError> {
+        let key = key.to_string();
+        self.run("put", timeout, async move |c: &mut Client| {
+            c.put(key, value, None).await
+        })?;
+        Ok(())
+    }
+
+    /// All of `ops` if every condition holds, else nothing: Ok(false).
+    pub fn txn(
+        &mut self,
+        conds: Vec<Cond>,
+        ops: Vec<Op>,
+        timeout: Duration,
+    ) -> Result<bool, ClusterError> {
+        let cmp: Vec<Compare> = conds
+            .into_iter()
+            .map(|c| match c {
+                Cond::Absent(k) => Compare::version(k, CompareOp::Equal, 0),
+                Cond::ModRevision(k, r) => Compare::mod_revision(k, CompareOp::Equal, r),
+                Cond::Value(k, v) => Compare::value(k, CompareOp::Equal, v),
+            })
+            .collect();
+        let ops: Vec<TxnOp> = ops
+            .into_iter()
+            .map(|o| match o {
+                Op::Put { key, value, lease } => {
+                    TxnOp::put(key, value, lease.map(|l| PutOptions::new().with_lease(l)))
+                }
+                Op::Delete(k) => TxnOp::delete(k, None),
+            })
+            .collect();
+        let txn = Txn::new().when(cmp).and_then(ops);
+        let r = self.run("txn", timeout, async move |c: &mut Client| c.txn(txn).await)?;
+        Ok(r.succeeded())
+    }
+
+    /// A new lease of `ttl` seconds; returns its id and the TTL etcd granted.
+    pub fn grant(&mut self, ttl: i64, timeout: Duration) -> Result<(i64, i64), ClusterError> {
+        let r = self.run("lease grant", timeout, async move |c: &mut Client| {
+            c.lease_grant(ttl, None).await
+        })?;
+        Ok((r.id(), r.ttl()))
+    }
+
+    /// One keep-alive round trip for `lease`; Ok(ttl) as etcd answered it
+    /// (0: the lease has expired).
+    pub fn keep_alive(&mut self, lease: i64, timeout: Duration) -> Result<i64, ClusterError> {
+        let deadline = Instant::now() + timeout;
+        if self.keeper.as_ref().is_none_or(|(id, _, _)| *id != lease) {
+            let (k, s) = self.run("keep-alive", timeout, async move |c: &mut Client| {
+                c.lease_keep_alive(lease).await
+            })?;
+            self.keeper = Some((lease, k, s));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Some((_, keeper, stream)) = self.keeper.as_mut() else {
+            return Err(ClusterError::EtcdTimeout {
+                what: "keep-alive",
+                ms: timeout.as_millis() as u64,
+            });
+        };
+        let r = self.rt.block_on(async {
+            tokio::time::timeout(left, async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            })
+            .await
+        });
+        match r {
+            Err(_) => {
+                self.keeper = None; // a late answer must not be taken for the next one
+                Err(ClusterError::EtcdTimeout {
+                    what: "keep-alive",
+                    ms: timeout.as_millis() as u64,
+                })
+            }
+            Ok(Err(e)) => {
+                self.keeper = None;
+                Err(self.err(e))
+            }
+            Ok(Ok(None)) => {
+                self.keeper = None;
+                Err(ClusterError::Etcd {
+                    endpoints: self.endpoints.clone(),
+                    detail: "the keep-alive stream ended".into(),
+                })
+            }
+            Ok(Ok(Some(resp))) => Ok(resp.ttl()),
+        }
+    }
+
+    pub fn revoke(&mut self, lease: i64, timeout: Duration) -> Result<(), ClusterError> {
+        self.keeper = None;
+        self.run("lease revoke", timeout, async move |c: &mut Client| {
+            c.lease_revoke(lease).await
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,107 @@
+//! The snapshot engine's hand-off to the replication sender, shared by both
+//! threads: the engine publishes each committed snapshot; the sender
+//! reports how far the standbys have acknowledged; with sync replication
+//! the engine releases the app's held replies (rk_durable_epoch) only up to
+//! that point (group commit: every reply held for one snapshot shares its
+//! one round trip to the standby).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use crate::store::SnapshotId;
+
+#[derive(Default)]
+struct State {
+    committed: Option<SnapshotId>,
+    acked: Option<SnapshotId>,
+}
+
+pub struct ReplicationLink {
+    /// The app's durable acknowledgements wait for a standby.
+    pub sync: bool,
+    state: Mutex<State>,
+    cond: Condvar,
+    /// Readable when `acked` advanced (the engine polls it).
+    acked_efd: OwnedFd,
+}
+
+impl ReplicationLink {
+    pub fn new(sync: bool) -> std::io::Result<ReplicationLink> {
+        // SAFETY: eventfd returns a fresh fd or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(ReplicationLink {
+            sync,
+            state: Mutex::new(State::default()),
+            cond: Condvar::new(),
+            // SAFETY: fresh and ours.
+            acked_efd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The engine: `id` is committed to the local store.
+    pub fn committed(&self, id: &SnapshotId) {
+        self.lock().committed = Some(id.clone());
+        self.cond.notify_all();
+    }
+
+    /// The sender: the newest committed snapshot if it is not `seen`,
+    /// waiting at most `wait` for one.
+    pub fn wait_newer(&self, seen: Option<&SnapshotId>, wait: Duration) -> Option<SnapshotId> {
+        let g = self.lock();
+        let newer = |s: &State| s.committed.as_ref().filter(|c| Some(*c) != seen).cloned();
+        if let Some(c) = newer(&g) {
+            return Some(c);
+        }
+        let (g, _) = self
+            .cond
+            .wait_timeout_while(g, wait, |s| newer(s).is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        newer(&g)
+    }
+
+    pub fn newest_committed(&self) -> Option<SnapshotId> {
+        self.lock().committed.clone()
+    }
+
+    /// The sender: every snapshot up to `id` is on the standbys that count.
+    pub fn acked(&self, id: &SnapshotId) {
+        {
+            let mut g = self.lock();
+            if g.acked.as_ref().is_some_and(|a| a >= id) {
+                return;
+            }
+            g.acked = Some(id.clone());
+        }
+        let one: u64 = 1;
+        // SAFETY: an 8-byte write to an eventfd.
+        unsafe { libc::write(self.acked_efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// The engine: how far the standbys have acknowledged (drains the fd).
+    pub fn take_acked(&self) -> Option<SnapshotId> {
+        let mut v: u64 = 0;
+        // SAFETY: an 8-byte read from an eventfd.
+        unsafe { libc::read(self.acked_efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        self.lock().acked.clone()
+    }
+
+    pub fn acked_fd(&self) -> i32 {
+        self.acked_efd.as_raw_fd()
+    }
+}
+
+impl std::fmt::Debug for ReplicationLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicationLink")
+            .field("sync", &self.sync)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,438 @@
+//! `rekindle run --cluster ...`: one host of a failover cluster.
+//!
+//! ```text
+//!   standby ──(elected: our term)──> primary ──(fenced)──> standby ...
+//!      │                                │
+//!      └──SIGTERM: exit 0               └──app stopped (SIGTERM, gave up): resign, exit
+//! ```
+//!
+//! Standby: the receiver follows the primary etcd names and applies its
+//! snapshots into `--snapshot-dir`; the agent campaigns when there is no
+//! leader and this store is of the newest term.  Elected: the receiver is
+//! stopped first (nothing more is acknowledged to anyone), then the
+//! supervisor starts the app warm from the newest snapshot (`restored`),
+//! with the replication sender streaming each committed snapshot to the
+//! standbys; with `--replication sync` the app's durable acknowledgements
+//! (rk_durable_epoch) wait for the standbys' (link.rs).  Fenced (the agent
+//! could not keep the lease, or was deposed): the supervisor kills the app
+//! at once and the node stands by again; its store is of its old term, so
+//! it is resynchronised whole by the next primary.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+
+use super::args::{ClusterArgs, Replication};
+use super::election::{Agent, AgentConfig, FenceReason, Want};
+use super::link::ReplicationLink;
+use super::receiver::{Receiver, ReceiverNote};
+use super::records::{NodeRecord, Role};
+use super::sender::{Sender, SenderNote};
+use crate::cli::{Config, ListenAddr, RunArgs};
+use crate::event::{EventLog, ev};
+use crate::store::{SnapshotId, Store};
+
+type Events = Arc<Mutex<EventLog>>;
+
+fn emit(events: &Events, e: crate::event::Event) {
+    events.lock().unwrap_or_else(|p| p.into_inner()).emit(e);
+}
+
+fn seq(id: Option<&str>) -> u64 {
+    id.and_then(|s| SnapshotId(s.to_string()).seq())
+        .unwrap_or(0)
+}
+
+/// Runs the node in the foreground; the exit status of `rekindle run`.
+pub fn run(args: RunArgs) -> i32 {
+    let ca: ClusterArgs = args.cluster.clone();
+    let (Some(endpoints), Some(node), Some(addr), Some(dir)) = (
+        ca.cluster.clone(),
+        ca.node.clone(),
+        ca.cluster_addr.clone(),
+        args.snapshot_dir.clone(),
+    ) else {
+        eprintln!("rekindle: --cluster needs --node, --cluster-addr and --snapshot-dir");
+        return 2;
+    };
+    // the name, as the supervisor will settle it
+    let probe = match Config::from_args(args.clone()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rekindle: {e:#}");
+            return 2;
+        }
+    };
+    let cluster = ca.cluster_name.clone().unwrap_or(probe.name.clone());
+    // Signals are blocked before any thread starts (threads inherit the
+    // mask), and read from a signalfd while standing by; the supervisor
+    // makes its own while primary.
+    let mut mask = SigSet::empty();
+    for s in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGCHLD,
+    ] {
+        mask.add(s);
+    }
+    if let Err(e) = mask.thread_block() {
+        eprintln!("rekindle: blocking signals: {e}");
+        return 1;
+    }
+    let sigfd = match SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rekindle: signalfd: {e}");
+            return 1;
+        }
+    };
+    let events: Events = match EventLog::open(&probe.name, args.events.as_deref()) {
+        Ok(l) => Arc::new(Mutex::new(l)),
+        Err(e) => {
+            eprintln!("rekindle: cannot open the events file: {e}");
+            return 1;
+        }
+    };
+    let serve: Vec<String> = args
+        .listen
+        .iter()
+        .filter_map(|l| match l {
+            ListenAddr::Tcp(a) => Some(a.clone()),
+            ListenAddr::Unix(_) => None,
+        })
+        .collect();
+    let mut agent = match Agent::start(AgentConfig {
+        endpoints: super::args::endpoints(&endpoints),
+        cluster: cluster.clone(),
+        node: node.clone(),
+        lease_ttl: ca.lease_ttl,
+        drift_ppm: ca.clock_drift_ppm,
+        replication: addr.clone(),
+        serve,
+        store: dir.clone(),
+    }) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rekindle: {e} ({})", e.code());
+            return 1;
+        }
+    };
+    emit(
+        &events,
+        ev("cluster_start")
+            .s("cluster", &cluster)
+            .s("node", &node)
+            .s("replication", ca.replication.as_str())
+            .s("addr", &addr)
+            .u("lease_ttl_s", ca.lease_ttl as u64)
+            .u("clock_drift_ppm", ca.clock_drift_ppm)
+            .u(
+                "fence_after_ms",
+                super::election::safe_for(ca.lease_ttl, ca.clock_drift_ppm).as_millis() as u64,
+            ),
+    );
+    loop {
+        let term = match stand_by(&node, &dir, &agent, &events, &sigfd) {
+            Some(t) => t,
+            None => {
+                agent.shutdown();
+                emit(&events, ev("cluster_stop").s("node", &node));
+                return 0;
+            }
+        };
+        let code = serve_term(
+            &args,
+            &node,
+            &addr,
+            &dir,
+            term,
+            ca.replication,
+            &agent,
+            &events,
+        );
+        let v = agent.view();
+        match v.fenced {
+            Some(r) if r != FenceReason::Resigned => {
+                emit(
+                    &events,
+                    ev("fenced")
+                        .s("node", &node)
+                        .u("epoch", term)
+                        .s("code", r.code())
+                        .i("supervisor_exit", code as i64),
+                );
+                agent.rejoin();
+            }
+            _ => {
+                agent.shutdown();
+                emit(
+                    &events,
+                    ev("cluster_stop")
+                        .s("node", &node)
+                        .u("epoch", term)
+                        .i("exit", code as i64),
+                );
+                return code;
+            }
+        }
+    }
+}
+
+/// Follows the primary until this node is elected: Some(term); None on
+/// SIGTERM/SIGINT.
+fn stand_by(
+    node: &str,
+    dir: &std::path::Path,
+    agent: &Agent,
+    events: &Events,
+    sigfd: &SignalFd,
+) -> Option<u64> {
+    agent.want(Want::Campaign);
+    let mut receiver = match Receiver::start(node, dir.to_path_buf()) {
+        Ok(r) => r,
+        Err(e) => {
+            emit(
+                events,
+                ev("error")
+                    .s("what", "cannot follow")
+                    .s("code", e.code())
+                    .s("error", e.to_string()),
+            );
+            return None;
+        }
+    };
+    emit(
+        events,
+        ev("role").s("node", node).s("role", Role::Standby.as_str()),
+    );
+    let mut shown_leader: Option<(String, u64)> = None;
+    let mut shown_ineligible = None;
+    let term = loop {
+        if stop_requested(sigfd) {
+            receiver.stop();
+            return None;
+        }
+        let v = agent.view();
+        if let Some(t) = v.our_term {
+            break t;
+        }
+        receiver.set_leader(v.leader.clone(), v.epoch);
+        let now_leader = v.leader.as_ref().map(|l| (l.node.clone(), l.epoch));
+        if now_leader != shown_leader {
+            emit(
+                events,
+                ev("leader")
+                    .opt("node", now_leader.as_ref().map(|l| l.0.clone()))
+                    .u("epoch", v.epoch),
+            );
+            shown_leader = now_leader;
+        }
+        if v.ineligible != shown_ineligible {
+            if let Some(i) = &v.ineligible {
+                emit(
+                    events,
+                    ev("ineligible").s("node", node).s("why", format!("{i:?}")),
+                );
+            }
+            shown_ineligible = v.ineligible.clone();
+        }
+        for n in receiver.notes() {
+            emit(events, receiver_event(n));
+        }
+        let p = receiver.progress();
+        let lag = seq(p.primary_newest.as_deref()).saturating_sub(seq(p.newest.as_deref()));
+        agent.report(NodeRecord {
+            node: node.to_string(),
+            role: Role::Standby,
+            epoch: p.epoch,
+            snapshot: p.newest.clone(),
+            lag_snapshots: lag,
+            primary_silent_ms: p.last_heard.map(|t| t.elapsed().as_millis() as u64),
+            standbys: Vec::new(),
+            updated_unix_ms: 0,
+        });
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // nothing more is acknowledged to the old primary from here
+    receiver.stop();
+    for n in receiver.notes() {
+        emit(events, receiver_event(n));
+    }
+    Some(term)
+}
+
+fn receiver_event(n: ReceiverNote) -> crate::event::Event {
+    match n {
+        ReceiverNote::Following {
+            primary,
+            epoch,
+            full,
+        } => ev("following")
+            .s("primary", primary)
+            .u("epoch", epoch)
+            .s("sync", if full { "full" } else { "incremental" }),
+        ReceiverNote::Applied { id, epoch } => ev("replica_applied").s("id", id).u("epoch", epoch),
+        ReceiverNote::Lost {
+            primary,
+            code,
+            error,
+        } => ev("replica_lost")
+            .s("primary", primary)
+            .s("code", code)
+            .s("error", error),
+    }
+}
+
+fn stop_requested(sigfd: &SignalFd) -> bool {
+    let mut stop = false;
+    while let Ok(Some(info)) = sigfd.read_signal() {
+        let s = info.ssi_signo as i32;
+        if s == libc::SIGTERM || s == libc::SIGINT {
+            stop = true;
+        }
+    }
+    stop
+}
+
+/// Runs the app for one term; the supervisor's exit status.
+#[allow(clippy::too_many_arguments)]
+fn serve_term(
+    args: &RunArgs,
+    node: &str,
+    addr: &str,
+    dir: &std::path::Path,
+    term: u64,
+    mode: Replication,
+    agent: &Agent,
+    events: &Events,
+) -> i32 {
+    emit(
+        events,
+        ev("role")
+            .s("node", node)
+            .s("role", Role::Primary.as_str())
+            .u("epoch", term),
+    );
+    let fail = |what: &str, code: &str, err: String| {
+        emit(
+            events,
+            ev("error").s("what", what).s("code", code).s("error", err),
+        );
+        agent.want(Want::Resign);
+        1
+    };
+    let link = match ReplicationLink::new(mode == Replication::Sync) {
+        Ok(l) => Arc::new(l),
+        Err(e) => return fail("replication link", "io", e.to_string()),
+    };
+    // the store exists before the sender opens it (a first start has none)
+    if let Err(e) = Store::create_or_open(dir) {
+        return fail("cannot open the store", e.code(), e.to_string());
+    }
+    let mut sender = match Sender::start(addr, term, node, dir.to_path_buf(), link.clone()) {
+        Ok(s) => s,
+        Err(e) => return fail("cannot listen for standbys", e.code(), e.to_string()),
+    };
+    let mut cfg = match Config::from_args(args.clone()) {
+        Ok(c) => c,
+        Err(e) => return fail("bad arguments", "usage", e.to_string()),
+    };
+    cfg.replication = Some(link.clone());
+    match Store::open(dir).and_then(|s| s.latest()) {
+        Ok(Some(_)) => {
+            cfg.restore_why = "elected: starting from the newest snapshot replicated to this node";
+            cfg.restore = Some(crate::snapshot::restore::Source {
+                dir: dir.to_path_buf(),
+                spec: String::new(),
+            });
+        }
+        Ok(None) => {}
+        Err(e) => return fail("cannot read the store", e.code(), e.to_string()),
+    }
+    // reports what the sender sees while the supervisor's loop runs
+    let done = Arc::new(AtomicBool::new(false));
+    let fence = match agent.fence_fd() {
+        Ok(f) => f,
+        Err(e) => return fail("fence fd", "io", e.to_string()),
+    };
+    let code = std::thread::scope(|scope| {
+        let done2 = done.clone();
+        let sender_ref = &sender;
+        let link2 = link.clone();
+        scope.spawn(move || {
+            while !done2.load(Ordering::SeqCst) {
+                for n in sender_ref.notes() {
+                    emit(events, sender_event(n));
+                }
+                let newest = link2.newest_committed();
+                let standbys = sender_ref.standbys();
+                let lag = standbys
+                    .iter()
+                    .map(|s| {
+                        seq(newest.as_ref().map(|n| n.as_str()))
+                            .saturating_sub(seq(s.acked.as_ref().map(|a| a.as_str())))
+                    })
+                    .max()
+                    .unwrap_or(0);
+                agent.report(NodeRecord {
+                    node: node.to_string(),
+                    role: Role::Primary,
+                    epoch: term,
+                    snapshot: newest.map(|n| n.0),
+                    lag_snapshots: lag,
+                    primary_silent_ms: None,
+                    standbys: standbys.iter().map(|s| s.node.clone()).collect(),
+                    updated_unix_ms: 0,
+                });
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let code = match crate::supervisor::Supervisor::new(cfg) {
+            Ok(mut s) => {
+                s.set_fence(fence);
+                s.run()
+            }
+            Err(e) => {
+                emit(
+                    events,
+                    ev("error")
+                        .s("what", "cannot start the supervisor")
+                        .s("error", format!("{e:#}")),
+                );
+                agent.want(Want::Resign);
+                1
+            }
+        };
+        done.store(true, Ordering::SeqCst);
+        code
+    });
+    sender.stop();
+    for n in sender.notes() {
+        emit(events, sender_event(n));
+    }
+    code
+}
+
+fn sender_event(n: SenderNote) -> crate::event::Event {
+    match n {
+        SenderNote::Joined { node, peer, full } => ev("standby_joined")
+            .s("standby", node)
+            .s("peer", peer)
+            .s("sync", if full { "full" } else { "incremental" }),
+        SenderNote::Synced { node, id } => ev("standby_synced").s("standby", node).s("id", id),
+        SenderNote::Left {
+            node,
+            peer,
+            code,
+            error,
+        } => ev("standby_left")
+            .s("standby", node)
+            .s("peer", peer)
+            .s("code", code)
+            .s("error", error),
+    }
+}

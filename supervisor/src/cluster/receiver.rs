@@ -1,0 +1,336 @@
+//! The standby's end of replication: connects to the primary etcd names,
+//! joins with its store's term and newest snapshot, applies each snapshot
+//! into its own store (published only at the stream's valid 'C': a torn or
+//! damaged snapshot publishes nothing; a delta whose parent it lacks is
+//! refused, so no gap is ever applied) and acknowledges it.  A primary of
+//! an older term than the newest etcd has shown is refused, and the stream
+//! of the current one is cut as soon as etcd shows a newer term: the
+//! standby stops acknowledging a deposed primary at once (in sync mode that
+//! stops its acknowledgements to clients).
+
+use std::io::Write;
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::error::ClusterError;
+use super::lineage::{self, Lineage};
+use super::records::LeaderRecord;
+use super::wire::{self, Ack, Heartbeat, Join, PeerReader, Welcome};
+use crate::store::Store;
+use crate::store::stream;
+
+/// What the receiver tells the node (events, status).
+#[derive(Debug)]
+pub enum ReceiverNote {
+    Following {
+        primary: String,
+        epoch: u64,
+        full: bool,
+    },
+    Applied {
+        id: String,
+        epoch: u64,
+    },
+    Lost {
+        primary: String,
+        code: &'static str,
+        error: String,
+    },
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    /// The term of the primary followed now (0: none).
+    pub epoch: u64,
+    pub newest: Option<String>,
+    /// The primary's newest committed snapshot, as its last heartbeat said.
+    pub primary_newest: Option<String>,
+    pub last_heard: Option<Instant>,
+}
+
+struct Shared {
+    me: String,
+    dir: PathBuf,
+    /// The leader etcd shows now (the node updates it).
+    leader: Mutex<Option<LeaderRecord>>,
+    /// The newest term etcd has shown: a primary below it is deposed.
+    newest_epoch: AtomicU64,
+    stop: AtomicBool,
+    conn: Mutex<Option<TcpStream>>,
+    progress: Mutex<Progress>,
+    notes: Mutex<Vec<ReceiverNote>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub struct Receiver {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Receiver {
+    pub fn start(me: &str, dir: PathBuf) -> Result<Receiver, ClusterError> {
+        let shared = Arc::new(Shared {
+            me: me.to_string(),
+            dir,
+            leader: Mutex::new(None),
+            newest_epoch: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            conn: Mutex::new(None),
+            progress: Mutex::new(Progress::default()),
+            notes: Mutex::new(Vec::new()),
+        });
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("rk-repl-recv".into())
+            .spawn(move || run(&sh))
+            .map_err(|e| ClusterError::io("replication: thread", e))?;
+        Ok(Receiver {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// etcd's view changed: follow `leader` (None: there is none), and
+    /// `epoch` is the newest term seen.  A connection to a primary of an
+    /// older term is cut now.
+    pub fn set_leader(&self, leader: Option<LeaderRecord>, epoch: u64) {
+        self.shared.newest_epoch.fetch_max(epoch, Ordering::SeqCst);
+        let changed = {
+            let mut l = lock(&self.shared.leader);
+            let changed = *l != leader;
+            *l = leader;
+            changed
+        };
+        let following = lock(&self.shared.progress).epoch;
+        if changed && following != 0 && following < self.shared.newest_epoch.load(Ordering::SeqCst)
+        {
+            self.cut();
+        }
+    }
+
+    fn cut(&self) {
+        if let Some(c) = lock(&self.shared.conn).as_ref() {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+
+    pub fn progress(&self) -> Progress {
+        lock(&self.shared.progress).clone()
+    }
+
+    pub fn notes(&self) -> Vec<ReceiverNote> {
+        std::mem::take(&mut *lock(&self.shared.notes))
+    }
+
+    /// Stops following: the connection is cut (no more acknowledgements),
+    /// and a snapshot in flight is not published.  Returns when the thread
+    /// is gone.
+    pub fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.cut();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run(sh: &Arc<Shared>) {
+    while !sh.stop.load(Ordering::SeqCst) {
+        let leader = lock(&sh.leader).clone();
+        let Some(l) =
+            leader.filter(|l| l.node != sh.me && l.epoch >= sh.newest_epoch.load(Ordering::SeqCst))
+        else {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
+        let r = follow(sh, &l);
+        {
+            let mut p = lock(&sh.progress);
+            p.epoch = 0;
+            p.last_heard = None;
+        }
+        *lock(&sh.conn) = None;
+        if let Err(e) = r {
+            if !sh.stop.load(Ordering::SeqCst) {
+                lock(&sh.notes).push(ReceiverNote::Lost {
+                    primary: l.node.clone(),
+                    code: e.code(),
+                    error: e.to_string(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn connect(addr: &str) -> Result<TcpStream, ClusterError> {
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| ClusterError::io(format!("replication: resolve {addr}"), e))?
+        .collect();
+    let mut last = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, Duration::from_millis(500)) {
+            Ok(c) => return Ok(c),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(ClusterError::io(
+        format!("replication: connect {addr}"),
+        last.unwrap_or_else(|| std::io::Error::other("no address")),
+    ))
+}
+
+fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
+    let peer = format!("{}@{}", l.node, l.replication);
+    let io = |what: &'static str| {
+        let p = peer.clone();
+        move |e| ClusterError::io(format!("replication from {p}: {what}"), e)
+    };
+    let conn = connect(&l.replication)?;
+    conn.set_nodelay(true).map_err(io("nodelay"))?;
+    conn.set_read_timeout(Some(wire::SILENCE))
+        .map_err(io("timeout"))?;
+    conn.set_write_timeout(Some(wire::SILENCE))
+        .map_err(io("timeout"))?;
+    *lock(&sh.conn) = Some(conn.try_clone().map_err(io("clone"))?);
+    if sh.stop.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    let mut out = conn.try_clone().map_err(io("clone"))?;
+    let mut input = PeerReader {
+        inner: std::io::BufReader::with_capacity(1 << 20, conn),
+        timed_out: false,
+    };
+    let lin = lineage::read(&sh.dir)?;
+    let have = match lin.epoch {
+        0 => None,
+        _ => newest(&sh.dir)?,
+    };
+    wire::send(
+        &mut out,
+        wire::JOIN,
+        &Join {
+            node: sh.me.clone(),
+            lineage: lin.epoch,
+            have: have.clone(),
+        },
+    )?;
+    stream::read_header(&mut input)?;
+    let (kind, payload) = wire::next(&peer, &mut input)?;
+    if kind != wire::WELCOME {
+        return Err(ClusterError::UnexpectedFrame {
+            peer,
+            kind: kind as char,
+        });
+    }
+    let w: Welcome = wire::parse(&peer, &payload)?;
+    let newest_seen = sh.newest_epoch.load(Ordering::SeqCst);
+    if w.epoch < newest_seen || w.epoch != l.epoch {
+        return Err(ClusterError::StaleEpoch {
+            peer,
+            theirs: w.epoch,
+            ours: newest_seen.max(l.epoch),
+        });
+    }
+    if w.full {
+        lineage::reset(&sh.dir)?;
+    }
+    let mut store = Store::create_or_open(&sh.dir)?;
+    let mut applied = if w.full { None } else { have };
+    {
+        let mut p = lock(&sh.progress);
+        p.epoch = w.epoch;
+        p.newest = applied.clone();
+        p.last_heard = Some(Instant::now());
+    }
+    lock(&sh.notes).push(ReceiverNote::Following {
+        primary: peer.clone(),
+        epoch: w.epoch,
+        full: w.full,
+    });
+    let mut lineage_written = !w.full;
+    loop {
+        if sh.stop.load(Ordering::SeqCst) || sh.newest_epoch.load(Ordering::SeqCst) > w.epoch {
+            return Ok(()); // deposed, or we stop: acknowledge nothing more
+        }
+        let (kind, payload) = wire::next(&peer, &mut input)?;
+        match kind {
+            wire::SNAPSHOT => {
+                let got = store.recv_snapshot(&mut input, &payload).map_err(|e| {
+                    if input.timed_out {
+                        ClusterError::Silent { peer: peer.clone() }
+                    } else {
+                        e.into()
+                    }
+                });
+                if let Some(id) = got? {
+                    if !lineage_written {
+                        lineage::write(&sh.dir, Lineage { epoch: w.epoch })?;
+                        lineage_written = true;
+                    }
+                    applied = Some(id.0.clone());
+                    lock(&sh.notes).push(ReceiverNote::Applied {
+                        id: id.0.clone(),
+                        epoch: w.epoch,
+                    });
+                }
+            }
+            wire::HEARTBEAT => {
+                let hb: Heartbeat = wire::parse(&peer, &payload)?;
+                if hb.epoch != w.epoch {
+                    return Err(ClusterError::StaleEpoch {
+                        peer,
+                        theirs: hb.epoch,
+                        ours: w.epoch,
+                    });
+                }
+                lock(&sh.progress).primary_newest = hb.newest;
+            }
+            k => {
+                return Err(ClusterError::UnexpectedFrame {
+                    peer,
+                    kind: k as char,
+                });
+            }
+        }
+        {
+            let mut p = lock(&sh.progress);
+            p.newest = applied.clone();
+            p.last_heard = Some(Instant::now());
+        }
+        if sh.newest_epoch.load(Ordering::SeqCst) > w.epoch {
+            return Ok(());
+        }
+        wire::send(
+            &mut out,
+            wire::ACK,
+            &Ack {
+                epoch: w.epoch,
+                id: applied.clone(),
+            },
+        )?;
+        out.flush().map_err(io("flush"))?;
+    }
+}
+
+fn newest(dir: &std::path::Path) -> Result<Option<String>, ClusterError> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let s = Store::open(dir)?;
+    Ok(s.latest()?.map(|i| i.id.0))
+}
