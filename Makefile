@@ -125,7 +125,7 @@ unit-test: $(UNIT_TESTS)
 system-test: all
 	REKINDLE_BUILD=$(abspath $(BUILD)) python3 -m pytest -q tests
 
-demo: deps all
+demo: deps all rkv-ev
 	@bash scripts/demo.sh $(BUILD)
 
 bench: bench-alloc bench-restart bench-supervisor bench-rkv bench-availability bench-stages

@@ -2,7 +2,8 @@
 # The main demo: a 1M-entry cache crashes twice and comes back warm each time,
 # then a crash inside the allocator shows the cold fallback with its reason,
 # then the supervisor brings a SIGKILLed server back warm, then durable
-# snapshots bring a server back after the whole stack is gone.
+# snapshots bring a server back after the whole stack is gone, and error
+# virtualization turns a crashing request into an error reply.
 set -euo pipefail
 BUILD=${1:-build}
 events=$(mktemp)
@@ -32,5 +33,9 @@ echo
 echo "== the machine dies: durable snapshots. rkv runs under 'rekindle run --snapshot-dir',"
 echo "   which writes only the pages written since the last snapshot, at a consistent cut"
 python3 scripts/demo_snapshots.py "$BUILD"
+echo
+echo "== error virtualization: rkv built with rekindle-ev-cc; a request that always crashes"
+echo "   becomes an error reply, and the process and every other connection go on"
+python3 scripts/demo_errvirt.py "$BUILD"
 echo
 echo "Benchmarks: make bench (results in docs/results.md). Tests: make test."
