@@ -352,7 +352,8 @@ def test_snapshot_commands_refuse_what_they_cannot_do(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "FORMAT").write_text("rekindle-store\nversion 1\n")
     empty = rekindle("restore", "--from", tmp_path / "empty", "--name", "x", "--", "/bin/true")
-    assert empty.returncode == 1 and "any snapshot (the store is empty) not found" in empty.stderr, empty.stderr
+    assert empty.returncode == 1, empty.stderr
+    assert "any snapshot (the store is empty) not found" in empty.stderr, empty.stderr
 
     # a store whose only pack is damaged: refused, nothing started
     store = tmp_path / "store"
