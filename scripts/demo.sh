@@ -2,8 +2,9 @@
 # The main demo: a 1M-entry cache crashes twice and comes back warm each time,
 # then a crash inside the allocator shows the cold fallback with its reason,
 # then the supervisor brings a SIGKILLed server back warm, then durable
-# snapshots bring a server back after the whole stack is gone, and error
-# virtualization turns a crashing request into an error reply.
+# snapshots bring a server back after the whole stack is gone, a standby
+# takes over when the primary's host dies, and error virtualization turns a
+# crashing request into an error reply.
 set -euo pipefail
 BUILD=${1:-build}
 events=$(mktemp)
@@ -33,6 +34,10 @@ echo
 echo "== the machine dies: durable snapshots. rkv runs under 'rekindle run --snapshot-dir',"
 echo "   which writes only the pages written since the last snapshot, at a consistent cut"
 python3 scripts/demo_snapshots.py "$BUILD"
+echo
+echo "== a host dies: failover. Two 'rekindle run --cluster' nodes and etcd on loopback;"
+echo "   the standby receives every snapshot and takes over warm"
+python3 scripts/demo_failover.py "$BUILD"
 echo
 echo "== error virtualization: rkv built with rekindle-ev-cc; a request that always crashes"
 echo "   becomes an error reply, and the process and every other connection go on"
