@@ -80,11 +80,6 @@ pub fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
     f.sync_all().map_err(io_at("fsync", dir))
 }
 
-/// A directory opened for fsync.
-pub fn open_dir(dir: &Path) -> Result<File, StoreError> {
-    File::open(dir).map_err(io_at("open", dir))
-}
-
 /// Writes a whole new file, without fsync; returns it open.
 pub fn write_new(path: &Path, data: &[u8]) -> Result<File, StoreError> {
     let _ = std::fs::remove_file(path); // a leftover of a crashed write

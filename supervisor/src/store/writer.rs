@@ -389,13 +389,10 @@ impl SnapshotWriter<'_> {
         let packs_dir = self.store.sub(PACKS);
         let snaps_dir = self.store.sub(SNAPSHOTS);
         let tmp_dir = self.store.sub(TMP);
-        // Two rounds, each waiting about one fsync: (1) pack, map and
-        // manifest written to tmp/, pack and map renamed to their names,
-        // then the three files and both directories fsynced together;
-        // (2) the manifest renamed (the commit point), snapshots/ fsynced.
-        // A crash before (2) leaves a pack and a map no manifest names:
-        // leftovers, as `verify` lists and `gc` removes; one torn by the
-        // crash does not load, so nothing later refers to its chunks.
+        // Three rounds, each waiting about one fsync: (1) pack, map and
+        // manifest written to tmp/ and fsynced together; (2) pack and map
+        // renamed, both directories fsynced; (3) the manifest renamed (the
+        // commit point), snapshots/ fsynced.
         let mut tmp_files: Vec<(File, PathBuf)> = Vec::new();
         // the pack: a free name (a crashed recv of this id may have left one)
         let mut pack = None;
@@ -476,30 +473,22 @@ impl SnapshotWriter<'_> {
         };
         let man_tmp = tmp_dir.join(format!("{}.json", self.id));
         tmp_files.push((fsio::write_new(&man_tmp, &m.encode())?, man_tmp.clone()));
-        // the open files are fsynced under their final names (a rename
-        // keeps the inode): the paths only label errors
-        let mut dirs = vec![snaps_dir.clone()];
+        let refs: Vec<(&File, &std::path::Path)> =
+            tmp_files.iter().map(|(f, p)| (f, p.as_path())).collect();
+        fsio::fsync_many(&refs)?;
+        drop(refs);
+        tmp_files.clear();
+        let mut dirs = vec![snaps_dir.as_path()];
         if let Some((tmp, name)) = &pack {
             let to = packs_dir.join(name);
             fsio::rename(tmp, &to)?;
             self.published.push(to);
-            dirs.push(packs_dir.clone());
+            dirs.push(packs_dir.as_path());
         }
         let map_path = snaps_dir.join(&map_name);
         fsio::rename(&map_tmp, &map_path)?;
         self.published.push(map_path);
-        let dir_files = dirs
-            .iter()
-            .map(|d| fsio::open_dir(d).map(|f| (f, d.clone())))
-            .collect::<Result<Vec<_>, _>>()?;
-        let refs: Vec<(&File, &std::path::Path)> = tmp_files
-            .iter()
-            .chain(dir_files.iter())
-            .map(|(f, p)| (f, p.as_path()))
-            .collect();
-        fsio::fsync_many(&refs)?;
-        drop(refs);
-        tmp_files.clear();
+        fsio::fsync_dirs(&dirs)?;
         fsio::rename(&man_tmp, &self.store.manifest_path(&self.id))?;
         // published: from here on, a failure must not remove anything
         self.published.clear();
