@@ -6,8 +6,10 @@ every key back, the pages accounted for, a crash in the middle of the
 restore restarts warm with every key, and no snapshot reads a half-filled
 arena."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -164,3 +166,57 @@ def test_a_runtime_that_cannot_restore_lazily_gets_every_page_first(tmp_path):
     arena = [n for n in got["pages"] if "rekindle:keyspace" in n]
     # every page of the snapshot is in the memfd: the header page and the rest
     assert arena and got["pages"][arena[0]] >= filled[0]["pages"] + 1 > 100, got
+
+
+def test_a_child_forked_during_a_lazy_restore_reads_the_real_pages(tmp_path):
+    """durable.c --check --fork under a lazy restore whose background fill
+    is held back: the forked child reads every slot first; its faults come
+    on a userfaultfd of its own (UFFD_FEATURE_EVENT_FORK) and must be served
+    with the snapshot's pages, never zero ones mapped into the shared memfd."""
+    durable = REKINDLE.parent.parent / "apps" / "durable"
+    store = tmp_path / "store"
+    env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
+    ev1 = tmp_path / "ev1.jsonl"
+    w = subprocess.Popen(
+        [str(REKINDLE), "run", "--name", "durable", "--events", str(ev1), "--snapshot-dir", str(store),
+         "--snapshot-interval", "0", "--", str(durable), "--writes", "1500", "--threads", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and w.stdout.readline().strip() != '{"app":"done"}':
+            pass
+        p = subprocess.run([str(REKINDLE), "checkpoint", "durable", "--wait", "--json"],
+                           capture_output=True, text=True, env=env, timeout=30, check=False)  # fmt: skip
+        assert p.returncode == 0, p.stdout + p.stderr
+    finally:
+        app = [json.loads(x)["pid"] for x in ev1.read_text().splitlines() if '"spawn"' in x]
+        w.kill()
+        w.wait(timeout=10)
+        for pid in app:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    ev2 = tmp_path / "ev2.jsonl"
+    back = subprocess.Popen(
+        [str(REKINDLE), "restore", "--from", str(store), "--name", "durable", "--events", str(ev2),
+         "--restore-pages", "lazy", "--restore-fill-rate", "1", "--", str(durable), "--check", "--fork"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    try:
+        got = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "check" not in got:
+            line = back.stdout.readline()
+            assert line, "the restored app's output ended"
+            if line.startswith('{"app"'):
+                e = json.loads(line)
+                got[e["app"]] = e
+        assert got["child_check"]["set"] == 1500, got
+        assert got["check"]["set"] == 1500 and got["check"]["wrong"] == 0, got
+    finally:
+        back.send_signal(signal.SIGTERM)
+        back.wait(timeout=20)
+    gone = [json.loads(x) for x in ev2.read_text().splitlines() if '"lazy_restore"' in x]
+    stats = [e for e in gone if e.get("state") in ("app_gone", "done")]
+    assert stats and stats[0]["forks"] >= 1, gone

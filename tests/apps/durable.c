@@ -9,6 +9,9 @@
  *                                      {"app":"acked","i":I,"epoch":E}
  *   durable --check                    print what the arena holds:
  *                                      {"app":"check","set":S,"restored":"ID",...}
+ *   durable --check --fork             a forked child counts the slots set
+ *                                      first: {"app":"child_check","set":S}
+ *                                      (a lazy restore must serve its reads)
  *
  * A second arena, "cache", is opened RK_ARENA_NO_SNAPSHOT: it holds the
  * number of write runs started, which a warm restart keeps and a restore
@@ -25,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SLOTS 100000
@@ -79,7 +83,7 @@ static void *writer(void *arg)
 int main(int argc, char **argv)
 {
 	long writes = -1, threads = 1;
-	int check = 0;
+	int check = 0, fork_check = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--writes") && i + 1 < argc)
 			writes = strtol(argv[++i], NULL, 10);
@@ -87,6 +91,8 @@ int main(int argc, char **argv)
 			threads = strtol(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--check"))
 			check = 1;
+		else if (!strcmp(argv[i], "--fork"))
+			fork_check = 1;
 	}
 	if ((!check && (writes < 0 || writes > SLOTS)) || threads < 1 || threads > 16) {
 		fprintf(stderr, "usage: durable --writes N [--threads T] | --check\n");
@@ -130,6 +136,20 @@ int main(int argc, char **argv)
 	if (rk_is_recovery())
 		rk_finish_recovery_mode(RK_CLEANUP_PENDING, NULL);
 	rk_ready();
+	if (check && fork_check) {
+		fflush(stdout);
+		pid_t child = fork();
+		if (child == 0) {
+			uint64_t n = 0;
+			for (uint64_t i = 0; i < SLOTS; i++)
+				n += st->v[i] == i + 1;
+			printf("{\"app\":\"child_check\",\"set\":%llu}\n", (unsigned long long)n);
+			fflush(stdout);
+			_exit(0);
+		}
+		if (child > 0)
+			(void)waitpid(child, NULL, 0);
+	}
 	if (check) {
 		uint64_t set = 0, wrong = 0, last = 0;
 		for (uint64_t i = 0; i < SLOTS; i++) {
