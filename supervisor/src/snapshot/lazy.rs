@@ -17,7 +17,7 @@
 //! If the app dies first, `fill_rest` writes the pages not yet in straight
 //! into the memfds before anything reads them.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use crate::proto::LazyRegion;
-use crate::store::{PAGE, SnapshotReader, StoreError};
+use crate::store::{PAGE, SnapshotReader, StoreError, fsio};
 
 /// The kernel's userfaultfd ABI (linux/userfaultfd.h), checked against the
 /// C headers by supervisor/tests/layout.rs.
@@ -73,17 +73,18 @@ pub struct Source {
 }
 
 impl Source {
+    /// The non-zero pages of arena `k` in the snapshot, ascending, below
+    /// its memfd's size (no page past it exists).
+    fn arena_pages(&self, k: usize) -> impl Iterator<Item = u64> + '_ {
+        let a = &self.arenas[k];
+        let last = a.bytes.div_ceil(PAGE as u64);
+        self.reader.pages(a.region).filter(move |&p| p < last)
+    }
+
     /// The snapshot's pages still to come in (all but each header page).
     pub fn pages_to_fill(&self) -> u64 {
-        self.arenas
-            .iter()
-            .map(|a| {
-                let last = a.bytes.div_ceil(PAGE as u64);
-                self.reader
-                    .pages(a.region)
-                    .filter(|&p| p > 0 && p < last)
-                    .count() as u64
-            })
+        (0..self.arenas.len())
+            .map(|k| self.arena_pages(k).filter(|&p| p > 0).count() as u64)
             .sum()
     }
 }
@@ -547,18 +548,8 @@ impl Filler<'_> {
     /// most `fill_rate` pages a second when it is not 0.
     fn run(&mut self, fill_rate: u64, stops: &[&AtomicBool]) -> Result<bool, LazyError> {
         let t0 = Instant::now();
-        let pages: Vec<Vec<u64>> = self
-            .src
-            .arenas
-            .iter()
-            .map(|a| {
-                let last = a.bytes.div_ceil(PAGE as u64);
-                self.src
-                    .reader
-                    .pages(a.region)
-                    .filter(|&p| p < last)
-                    .collect()
-            })
+        let pages: Vec<Vec<u64>> = (0..self.src.arenas.len())
+            .map(|k| self.src.arena_pages(k).collect())
             .collect();
         let mut next = vec![0usize; pages.len()];
         loop {
@@ -663,29 +654,18 @@ pub fn fill_rest(src: &Source, filled: &Filled) -> Result<u64, LazyError> {
     let mut buf = vec![0u8; PAGE];
     let mut n = 0;
     for (k, a) in src.arenas.iter().enumerate() {
-        let last = a.bytes.div_ceil(PAGE as u64);
-        for p in src.reader.pages(a.region).filter(|&p| p < last) {
+        for p in src.arena_pages(k) {
             if filled.get(k, p) {
                 continue;
             }
             src.reader.read_page(a.region, p, &mut buf)?;
             let len = (a.bytes - p * PAGE as u64).min(PAGE as u64) as usize;
-            let mut done = 0;
-            while done < len {
-                // SAFETY: writing from our buffer into our memfd.
-                let w = unsafe {
-                    libc::pwrite(
-                        a.fd.as_raw_fd(),
-                        buf[done..len].as_ptr().cast(),
-                        len - done,
-                        (p * PAGE as u64 + done as u64) as libc::off_t,
-                    )
-                };
-                if w <= 0 {
-                    return Err(sys("pwrite into a memfd"));
+            fsio::pwrite_all(a.fd.as_fd(), &buf[..len], p * PAGE as u64).map_err(|err| {
+                LazyError::Sys {
+                    op: "pwrite into a memfd",
+                    err,
                 }
-                done += w as usize;
-            }
+            })?;
             n += 1;
         }
     }

@@ -176,11 +176,7 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
             let mut page = vec![0u8; store::PAGE];
             reader.read_page(i as u32, 0, &mut page)?;
             let n = (size as usize).min(store::PAGE);
-            let w = nix::sys::uio::pwrite(fd.as_fd(), &page[..n], 0)
-                .map_err(|e| err(std::io::Error::from(e)))?;
-            if w != n {
-                return Err(err(std::io::Error::from(std::io::ErrorKind::WriteZero)));
-            }
+            store::fsio::pwrite_all(fd.as_fd(), &page[..n], 0).map_err(err)?;
             let dup = fd.try_clone().map_err(err)?;
             lazy_arenas.push(super::lazy::LazyArena {
                 name: name.clone(),

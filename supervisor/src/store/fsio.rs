@@ -80,6 +80,19 @@ pub fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
     f.sync_all().map_err(io_at("fsync", dir))
 }
 
+/// Writes all of `data` at `off` (a memfd being restored into, mostly).
+pub fn pwrite_all(fd: std::os::fd::BorrowedFd<'_>, data: &[u8], off: u64) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < data.len() {
+        let n = nix::sys::uio::pwrite(fd, &data[done..], (off + done as u64) as i64)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        done += n;
+    }
+    Ok(())
+}
+
 /// Writes a whole new file, without fsync; returns it open.
 pub fn write_new(path: &Path, data: &[u8]) -> Result<File, StoreError> {
     let _ = std::fs::remove_file(path); // a leftover of a crashed write

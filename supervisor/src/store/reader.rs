@@ -266,23 +266,10 @@ impl SnapshotReader {
         for (i, s) in slots.iter().enumerate() {
             let (path, file) = &self.packs[s.pack as usize];
             read_chunk(file, path, &s.entry, &mut buf)?;
-            let off = (s.page * PAGE as u64) as i64;
             // the last page of a region whose size is not a page multiple
             let len = (size - s.page * PAGE as u64).min(PAGE as u64) as usize;
-            let mut done = 0;
-            while done < len {
-                let n = nix::sys::uio::pwrite(out_fd, &buf[done..len], off + done as i64).map_err(
-                    |e| super::error::io_err("pwrite", fd_path, &std::io::Error::from(e)),
-                )?;
-                if n == 0 {
-                    return Err(super::error::io_err(
-                        "pwrite",
-                        fd_path,
-                        &std::io::Error::from(std::io::ErrorKind::WriteZero),
-                    ));
-                }
-                done += n;
-            }
+            super::fsio::pwrite_all(out_fd, &buf[..len], s.page * PAGE as u64)
+                .map_err(|e| super::error::io_err("pwrite", fd_path, &e))?;
             if i.is_multiple_of(4096) || i + 1 == slots.len() {
                 progress(Progress {
                     phase: Phase::Restore,

@@ -58,16 +58,20 @@ impl Supervisor {
         if caps & proto::ATTACH_CAP_LAZY != 0 {
             return;
         }
-        if let Some(src) = self.lazy_take_waiting() {
-            let _ = self.lazy_fill_rest(&src, &Filled::new(&src), "runtime_not_lazy");
-        }
+        self.lazy_fill_waiting("runtime_not_lazy");
     }
 
     /// HELLO while still waiting for LAZY: the runtime went on without the
     /// arenas (a cold start); fill them so the restore can end.
     pub(super) fn lazy_no_answer(&mut self) {
+        self.lazy_fill_waiting("no_lazy_message");
+    }
+
+    /// A restore still waiting for LAZY gets every page now, `why` said in
+    /// its `filled` event.
+    fn lazy_fill_waiting(&mut self, why: &'static str) {
         if let Some(src) = self.lazy_take_waiting() {
-            let _ = self.lazy_fill_rest(&src, &Filled::new(&src), "no_lazy_message");
+            let _ = self.lazy_fill_rest(&src, &Filled::new(&src), why);
         }
     }
 
