@@ -33,29 +33,6 @@
 
 static int lazy_uffd = -1;
 
-/* A userfaultfd that sees kernel faults too: the syscall needs the
- * privilege (vm.unprivileged_userfaultfd=0), /dev/userfaultfd its mode. */
-static int uffd_open_missing(void)
-{
-	int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-	if (fd < 0) {
-		int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
-		if (dev < 0)
-			return -EPERM;
-		fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
-		int e = errno;
-		close(dev);
-		if (fd < 0)
-			return -e;
-	}
-	struct uffdio_api api = {.api = UFFD_API, .features = UFFD_FEATURE_EVENT_FORK};
-	if (ioctl(fd, UFFDIO_API, &api) < 0) {
-		int e = errno;
-		close(fd);
-		return -e;
-	}
-	return fd;
-}
 
 static int register_missing(int fd, uint64_t addr, uint64_t len)
 {
@@ -77,7 +54,9 @@ int rk_lazy_begin(char *why, size_t wl)
 		regs[n].len = a->hdr_max;
 		n++;
 	}
-	int fd = uffd_open_missing();
+	/* kernel faults too (not user-mode-only): the syscall needs the
+	 * privilege (vm.unprivileged_userfaultfd=0), /dev/userfaultfd its mode */
+	int fd = rk_uffd_open(0, UFFD_FEATURE_EVENT_FORK);
 	int err = fd < 0 ? -fd : 0;
 	for (unsigned i = 0; i < n && !err; i++)
 		err = -register_missing(fd, regs[i].addr, regs[i].len);

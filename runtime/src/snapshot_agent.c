@@ -487,29 +487,12 @@ static void *agent_main(void *arg)
 
 /* ---- start ------------------------------------------------------------ */
 
+/* User faults only: the kernel resolves async write-protect faults itself.
+ * EINVAL: a kernel before 6.7. */
 static int uffd_open(void)
 {
-	int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
-	if (fd < 0) {
-		/* vm.unprivileged_userfaultfd=0 and no CAP_SYS_PTRACE: the device */
-		int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
-		if (dev < 0)
-			return -errno;
-		fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
-		int e = errno;
-		close(dev);
-		if (fd < 0)
-			return -e;
-	}
-	struct uffdio_api api = {.api = UFFD_API,
-				 .features = UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED |
-					     UFFD_FEATURE_WP_HUGETLBFS_SHMEM};
-	if (ioctl(fd, UFFDIO_API, &api) < 0) {
-		int e = errno;
-		close(fd);
-		return -e; /* EINVAL: a kernel before 6.7 */
-	}
-	return fd;
+	return rk_uffd_open(UFFD_USER_MODE_ONLY,
+			    UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED | UFFD_FEATURE_WP_HUGETLBFS_SHMEM);
 }
 
 static int buf_create(void)

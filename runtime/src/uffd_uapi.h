@@ -40,4 +40,34 @@ struct pm_scan_arg {
 #define PAGE_IS_WRITTEN (1 << 1)
 #endif
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* A userfaultfd (O_CLOEXEC | O_NONBLOCK | extra, extra: 0 or
+ * UFFD_USER_MODE_ONLY) with the API handshake done for `features`; -errno.
+ * vm.unprivileged_userfaultfd=0 without CAP_SYS_PTRACE: through the device. */
+static inline int rk_uffd_open(int extra, uint64_t features)
+{
+	int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | extra);
+	if (fd < 0) {
+		int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+		if (dev < 0)
+			return -errno;
+		fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK | extra);
+		int e = errno;
+		close(dev);
+		if (fd < 0)
+			return -e;
+	}
+	struct uffdio_api api = {.api = UFFD_API, .features = features};
+	if (ioctl(fd, UFFDIO_API, &api) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	return fd;
+}
+
 #endif
