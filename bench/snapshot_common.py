@@ -207,28 +207,25 @@ class RkvStack:
     def wait_serving(self, timeout=600.0):
         return wait_port(self.port, timeout, self.proc)
 
-    def events(self, kind=None):
-        if not self.events_path.exists():
-            return []
+    @staticmethod
+    def _json_lines(path, prefix, key, kind):
+        """The JSON lines of path that start with prefix, whose key is kind
+        (all of them for None); a line being written is skipped."""
         out = []
-        for ln in self.events_path.read_text(errors="replace").splitlines():
-            if ln.startswith("{"):
-                with contextlib.suppress(json.JSONDecodeError):
-                    e = json.loads(ln)
-                    if kind is None or e.get("supervisor") == kind:
-                        out.append(e)
-        return out
-
-    def rkv_log(self, kind=None):
-        out = []
-        if self.err_path.exists():
-            for ln in self.err_path.read_text(errors="replace").splitlines():
-                if ln.startswith('{"rkv"'):
+        if path.exists():
+            for ln in path.read_text(errors="replace").splitlines():
+                if ln.startswith(prefix):
                     with contextlib.suppress(json.JSONDecodeError):
                         e = json.loads(ln)
-                        if kind is None or e.get("rkv") == kind:
+                        if kind is None or e.get(key) == kind:
                             out.append(e)
         return out
+
+    def events(self, kind=None):
+        return self._json_lines(self.events_path, "{", "supervisor", kind)
+
+    def rkv_log(self, kind=None):
+        return self._json_lines(self.err_path, '{"rkv"', "rkv", kind)
 
     @property
     def sup_pid(self):
