@@ -371,6 +371,14 @@ def test_snapshot_commands_refuse_what_they_cannot_do(tmp_path):
 
     usage = rekindle("run", "--snapshot-interval", "1s", "--", "/bin/true")
     assert usage.returncode == 2  # --snapshot-interval needs --snapshot-dir
+    bad_restore_options = [
+        ("--restore-pages", "sometimes"),
+        ("--restore-fill-rate", "-5"),
+        ("--restore-fill-rate", "fast"),
+    ]
+    for bad in bad_restore_options:
+        p = rekindle("restore", "--from", store, *bad, "--", "/bin/true")
+        assert p.returncode == 2 and f"'{bad[1]}'" in p.stderr, p.stderr  # the error names it
 
 
 DURABLE = REKINDLE.parent.parent / "apps" / "durable"
