@@ -538,3 +538,46 @@ def test_an_arena_opted_out_of_snapshots_comes_back_empty_from_a_restore(tmp_pat
     finally:
         back.send_signal(signal.SIGTERM)
         back.wait(timeout=20)
+
+
+def test_an_arena_mapped_huge_is_tracked_in_small_pages(tmp_path):
+    """A 2 MiB range mapped by one huge page when tracking begins (durable.c
+    --huge collapses the one holding its slots, as a kernel with
+    shmem_enabled=always maps memfds) would be reported as 512 written pages
+    for one store: the agent maps it in small pages again, says so, and each
+    snapshot of a one-slot write copies a few pages, not 512."""
+    store = tmp_path / "store"
+    env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
+    events, app_log = tmp_path / "ev.jsonl", tmp_path / "app.log"
+    with open(app_log, "w") as err:
+        sup = subprocess.Popen(
+            [str(REKINDLE), "run", "--name", "durable", "--events", str(events),
+             "--snapshot-dir", str(store), "--snapshot-interval", "0", "--snapshot-events", "every",
+             "--", str(DURABLE), "--writes", "200", "--threads", "1", "--huge"],
+            stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+        )  # fmt: skip
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(x.startswith('{"app":"done"') for x in lines):
+            line = sup.stdout.readline()
+            assert line, f"the app's output ended: {lines[-3:]}"
+            lines.append(line)
+        huge = next(json.loads(x) for x in lines if x.startswith('{"app":"huge"'))
+        if not huge["collapsed"]:
+            pytest.skip(f"this kernel does not collapse a memfd range (errno {huge['errno']})")
+        assert any(x.startswith('{"app":"done"') for x in lines), "200 writes not done in 60 s"
+    finally:
+        sup.kill()
+        sup.wait(timeout=10)
+        for e in [json.loads(x) for x in events.read_text().splitlines() if '"spawn"' in x]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(e["pid"], signal.SIGKILL)
+    split = [json.loads(x) for x in app_log.read_text().splitlines() if '"hugepages_split"' in x]
+    assert [s["arena"] for s in split] == ["durable"], split
+    assert split[0]["bytes"] >= 2 << 20
+    snaps = [json.loads(x) for x in events.read_text().splitlines() if '"supervisor":"snapshot"' in x]
+    later = snaps[1:]  # the first reads the new arena whole
+    assert len(later) >= 100, len(later)
+    copied = sorted(s["precopy_pages"] + s["cut_pages"] for s in later)
+    assert copied[-1] < 512, f"a one-slot snapshot copied {copied[-1]} pages"

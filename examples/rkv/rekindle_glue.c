@@ -397,7 +397,10 @@ static int hugepages(uint64_t *offset)
 		huge_retry_ms = mono_ms() + 1000;
 		return 0;
 	}
-	snprintf(huge_refused, sizeof huge_refused, "refused by the kernel: %s", strerror(-r));
+	if (r == -EPERM)
+		snprintf(huge_refused, sizeof huge_refused, "the keyspace is in durable snapshots (small pages)");
+	else
+		snprintf(huge_refused, sizeof huge_refused, "refused by the kernel: %s", strerror(-r));
 	rkv_log("hugepages", "\"state\":\"off\",\"why\":%s", js(huge_refused));
 	return 0;
 }

@@ -246,7 +246,9 @@ int rk_prefault(bool background);
  * collapses each range as the heap reaches it, while it is cheap.  Returns
  * the ranges collapsed (0: at the top), or -errno: EINVAL the kernel cannot
  * (older than 6.1, no THP, shmem_enabled "deny"), ENOMEM or EAGAIN none to
- * be had now (*offset stays). */
+ * be had now (*offset stays), EPERM the arena is in durable snapshots
+ * (`rekindle run --snapshot-dir`), which keep it in small pages: a write to
+ * a huge page would be reported, and copied, as 512 written pages. */
 #define RK_HUGEPAGES_TOP UINT64_MAX
 int rk_arena_hugepages(rk_arena *arena, uint64_t *offset, unsigned max_ranges);
 

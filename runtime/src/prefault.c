@@ -84,6 +84,10 @@ int rk_arena_hugepages(rk_arena *a, uint64_t *offset, unsigned max_ranges)
 {
 	if (!a || !a->hdr || !offset)
 		return -EINVAL;
+	/* the snapshot agent keeps tracked arenas in small pages (see
+	 * arena_split_huge in snapshot_agent.c) */
+	if (rk_snapshot_active() && !(a->flags & RK_ARENA_NO_SNAPSHOT))
+		return -EPERM;
 	const struct rk_arena_hdr *h = a->hdr;
 	uint64_t top = RK_ALIGN_UP(h->heap_offset + h->top, HUGE_BYTES);
 	uint64_t end = h->committed & ~(HUGE_BYTES - 1); /* a range past the file's end cannot be */

@@ -252,6 +252,59 @@ static bool is_tracked(uint64_t addr, uint64_t len, uint64_t ino)
 	return false;
 }
 
+/* A write to a 2 MiB range mapped by one huge page (rk_arena_hugepages
+ * collapsed it before tracking began) is reported as 512 written pages, so
+ * every snapshot would copy the whole range for one store.  A tracked arena
+ * stays in small pages: no new huge mapping (MADV_NOHUGEPAGE: the kernel then
+ * maps even a huge page cache folio with 4 KiB entries), and the ranges
+ * mapped huge now are unmapped, so the next touch maps them small.  The
+ * arena is a shared mapping of its memfd: unmapping loses nothing.  Returns
+ * the bytes split, or -errno. */
+static int64_t arena_split_huge(uint64_t addr, uint64_t len, uint64_t used)
+{
+	if (madvise((void *)(uintptr_t)addr, len, MADV_NOHUGEPAGE) < 0)
+		return -errno;
+	struct page_region huge[32];
+	int64_t split = 0;
+	for (uint64_t from = addr; from < addr + used;) {
+		struct pm_scan_arg arg = {.size = sizeof arg,
+					  .start = from,
+					  .end = addr + used,
+					  .vec = (uint64_t)(uintptr_t)huge,
+					  .vec_len = sizeof huge / sizeof huge[0],
+					  .category_mask = PAGE_IS_HUGE,
+					  .return_mask = PAGE_IS_HUGE};
+		int n = ioctl(ag.pagemap, PAGEMAP_SCAN, &arg);
+		if (n < 0)
+			return -errno;
+		for (int i = 0; i < n; i++) {
+			if (madvise((void *)(uintptr_t)huge[i].start, huge[i].end - huge[i].start, MADV_DONTNEED) < 0)
+				return -errno;
+			split += (int64_t)(huge[i].end - huge[i].start);
+		}
+		if (arg.walk_end <= from)
+			break; /* no progress: the kernel walked nothing */
+		from = arg.walk_end;
+	}
+	return split;
+}
+
+/* arena_split_huge for a region about to be tracked; an event says what it
+ * split.  0 or -errno. */
+static int arena_small_pages(const struct rk_snap_region *r, uint64_t used)
+{
+	int64_t split = arena_split_huge(r->addr, r->len, used);
+	if (split <= 0)
+		return (int)split;
+	struct rk_ev e;
+	rk_ev_begin(&e, "hugepages_split");
+	rk_ev_str(&e, "arena", r->name);
+	rk_ev_u64(&e, "bytes", (uint64_t)split);
+	rk_ev_str(&e, "why", "tracked by snapshots: a huge page is reported written whole");
+	rk_ev_end(&e);
+	return 0;
+}
+
 /* Registers [addr, addr + len) for async write-protect and protects what is
  * mapped now (a scan that reports nothing): from here on, writes are seen.
  * Unmapped pages need no marker: a write maps them unprotected, and a scan
@@ -309,7 +362,9 @@ static enum rk_snap_status regions_build(int *err)
 	for (unsigned i = 0; i < n; i++) {
 		if (is_tracked(now[i].addr, now[i].len, now[i].ino))
 			continue;
-		int e = track(now[i].addr, now[i].len, scan_len[i]);
+		int e = r[i].kind == RK_SNAP_ARENA ? arena_small_pages(&r[i], scan_len[i]) : 0;
+		if (e == 0)
+			e = track(now[i].addr, now[i].len, scan_len[i]);
 		if (e < 0) {
 			*err = -e;
 			ag.ntracked = 0; /* what we did register is re-registered next time */

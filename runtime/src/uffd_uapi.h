@@ -39,6 +39,9 @@ struct pm_scan_arg {
 #define PM_SCAN_CHECK_WPASYNC (1 << 1)
 #define PAGE_IS_WRITTEN (1 << 1)
 #endif
+#ifndef PAGE_IS_HUGE
+#define PAGE_IS_HUGE (1 << 6)
+#endif
 
 #include <errno.h>
 #include <fcntl.h>

@@ -12,6 +12,10 @@
  *   durable --check --fork             a forked child counts the slots set
  *                                      first: {"app":"child_check","set":S}
  *                                      (a lazy restore must serve its reads)
+ *   durable --writes N --huge          first maps the 2 MiB holding the slots
+ *                                      with one huge page (MADV_COLLAPSE, as a
+ *                                      kernel with shmem_enabled=always does):
+ *                                      {"app":"huge","collapsed":B,"errno":E}
  *
  * A second arena, "cache", is opened RK_ARENA_NO_SNAPSHOT: it holds the
  * number of write runs started, which a warm restart keeps and a restore
@@ -28,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,6 +65,28 @@ struct job {
 	uint64_t from, to;
 };
 
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+
+/* The 2 MiB range holding the first slot, mapped by one huge page: the
+ * arena is grown past it first (a collapse needs the whole range in the
+ * file) and the range is written (it needs pages to collapse). */
+static void map_slots_huge(void)
+{
+	const uintptr_t huge = 2u << 20;
+	uintptr_t from = (uintptr_t)&st->v[0] & ~(huge - 1);
+	rk_unsafe_begin(arena);
+	char *ballast = rk_alloc(arena, 2 * huge);
+	if (ballast)
+		memset(ballast, 1, 2 * huge);
+	rk_unsafe_end(arena);
+	int r = ballast ? madvise((void *)from, huge, MADV_COLLAPSE) : -1;
+	printf("{\"app\":\"huge\",\"collapsed\":%s,\"errno\":%d}\n", r == 0 ? "true" : "false",
+	       r == 0 ? 0 : ballast ? errno : ENOMEM);
+	fflush(stdout);
+}
+
 static void *writer(void *arg)
 {
 	const struct job *j = arg;
@@ -83,7 +110,7 @@ static void *writer(void *arg)
 int main(int argc, char **argv)
 {
 	long writes = -1, threads = 1;
-	int check = 0, fork_check = 0;
+	int check = 0, fork_check = 0, huge = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--writes") && i + 1 < argc)
 			writes = strtol(argv[++i], NULL, 10);
@@ -93,9 +120,11 @@ int main(int argc, char **argv)
 			check = 1;
 		else if (!strcmp(argv[i], "--fork"))
 			fork_check = 1;
+		else if (!strcmp(argv[i], "--huge"))
+			huge = 1;
 	}
 	if ((!check && (writes < 0 || writes > SLOTS)) || threads < 1 || threads > 16) {
-		fprintf(stderr, "usage: durable --writes N [--threads T] | --check\n");
+		fprintf(stderr, "usage: durable --writes N [--threads T] [--huge] | --check [--fork]\n");
 		return 2;
 	}
 	int r = rk_init(argc, argv, NULL);
@@ -124,6 +153,8 @@ int main(int argc, char **argv)
 		rk_root_set(cache, "runs", runs);
 		rk_unsafe_end(cache);
 	}
+	if (huge && !check)
+		map_slots_huge();
 	if (!check) {
 		rk_unsafe_begin(cache);
 		(*runs)++;
