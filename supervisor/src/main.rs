@@ -40,7 +40,7 @@ fn start_from_store(cfg: &mut cli::Config) -> Option<rekindle::snapshot::restore
     if !sc.dir.exists() || is_empty_dir(&sc.dir).unwrap_or(false) {
         return None; // the first run: the store begins now
     }
-    match rekindle::store::Store::open(&sc.dir).and_then(|s| s.latest()) {
+    match rekindle::store::Store::open_unindexed(&sc.dir).and_then(|s| s.latest()) {
         Ok(None) => None,
         Ok(Some(_)) => {
             cfg.restore_why =

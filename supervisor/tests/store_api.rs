@@ -148,6 +148,47 @@ fn full_then_deltas_fold_to_the_latest_pages() {
 }
 
 #[test]
+fn a_store_opened_without_its_indexes_reads_the_same_and_writes_with_dedup() {
+    let (_t_dir, dir) = tmp("unindexed");
+    let mut s = Store::create_or_open(&dir).unwrap();
+    let regs = vec![
+        region("a", 0x10000, 64 * PAGE as u64),
+        region("b", 0x90000, 8 * PAGE as u64),
+    ];
+    let full: Vec<(u32, u64, u64)> = (0..64).map(|p| (0, p, 100 + p)).collect();
+    let s1 = write(&mut s, snap(None, regs.clone()), &full);
+    let s2 = write(
+        &mut s,
+        snap(Some(&s1), regs.clone()),
+        &[(0, 5, 7), (0, 63, 0), (1, 2, 8)],
+    );
+    let s3 = write(
+        &mut s,
+        snap(Some(&s2), regs.clone()),
+        &[(0, 5, 9), (0, 6, 0), (1, 7, 101)],
+    );
+    let mut u = Store::open_unindexed(&dir).unwrap();
+    for id in [&s1, &s2, &s3] {
+        assert_eq!(contents(&u, id), contents(&s, id), "{id}");
+    }
+    let mut a = expect(&(100..164).collect::<Vec<_>>());
+    a[5 * PAGE..6 * PAGE].copy_from_slice(&page(9));
+    a[6 * PAGE..7 * PAGE].fill(0);
+    a[63 * PAGE..].fill(0);
+    assert_eq!(
+        contents(&u, &s3),
+        vec![a, expect(&[0, 0, 8, 0, 0, 0, 0, 101])]
+    );
+    // a writer on it dedups against every chunk already stored
+    let mut w = u.begin(snap(Some(&s3), regs.clone())).unwrap();
+    w.put_page(0, 1, &page(120)).unwrap();
+    w.put_page(1, 0, &page(7)).unwrap();
+    let st = w.stats();
+    assert_eq!((st.dedup_hits, st.new_chunks), (2, 0));
+    w.commit().unwrap();
+}
+
+#[test]
 fn a_page_in_two_regions_and_two_snapshots_is_stored_once() {
     let (_t_dir, dir) = tmp("dedup");
     let mut s = Store::create_or_open(&dir).unwrap();
@@ -473,15 +514,18 @@ fn damage_is_detected_with_its_code_and_older_snapshots_stay_readable() {
     let man2 = dir.join("snapshots").join(format!("{s2}.json"));
     let orig_pack = std::fs::read(&pack2).unwrap();
     let orig_man = std::fs::read(&man2).unwrap();
+    // the same code whether the store loaded every index or not
     let open_err = |dir: &Path, id: &SnapshotId| {
-        let s = Store::open(dir).unwrap();
-        match s.open_snapshot(id) {
+        let code = |s: Store| match s.open_snapshot(id) {
             Err(e) => e.code(),
             Ok(r) => {
                 let mut p = vec![0u8; PAGE];
                 r.read_page(0, 2, &mut p).err().map_or("ok", |e| e.code())
             }
-        }
+        };
+        let indexed = code(Store::open(dir).unwrap());
+        assert_eq!(indexed, code(Store::open_unindexed(dir).unwrap()));
+        indexed
     };
     // a flipped bit in the chunk
     flip(&pack2, 16 + 5);

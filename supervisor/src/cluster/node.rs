@@ -342,7 +342,7 @@ fn serve_term(
         Err(e) => return fail("bad arguments", "usage", e.to_string()),
     };
     cfg.replication = Some(link.clone());
-    match Store::open(dir).and_then(|s| s.latest()) {
+    match Store::open_unindexed(dir).and_then(|s| s.latest()) {
         Ok(Some(_)) => {
             cfg.restore_why = "elected: starting from the newest snapshot replicated to this node";
             cfg.restore = Some(crate::snapshot::restore::Source {

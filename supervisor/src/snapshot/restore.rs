@@ -121,7 +121,7 @@ pub fn materialize(src: &Source) -> Result<Restored, RestoreError> {
 /// (sized) and `Restored::lazy` holds the reader that fills them.
 pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreError> {
     let t0 = std::time::Instant::now();
-    let store = Store::open(&src.dir)?;
+    let store = Store::open_unindexed(&src.dir)?;
     let id = store.resolve(&src.spec)?;
     let reader = store.open_snapshot(&id)?;
     let info = reader.info().clone();

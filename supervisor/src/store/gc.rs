@@ -184,16 +184,15 @@ impl Store {
                 Ok(folded) => {
                     let mut entries = Vec::new();
                     for (r, pages) in folded.iter().enumerate() {
-                        for (&page, h) in pages {
-                            referenced.insert(*h);
+                        for &(page, h) in pages {
+                            referenced.insert(h);
                             entries.push(MapEntry {
                                 region: r as u32,
                                 page,
-                                hash: Some(*h),
+                                hash: Some(h),
                             });
                         }
                     }
-                    entries.sort_by_key(|e| (e.region, e.page));
                     rewrites.push((i, entries));
                 }
                 Err(e) => {

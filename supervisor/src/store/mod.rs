@@ -94,15 +94,6 @@ impl Loc {
             flags: e.flags as u16,
         }
     }
-
-    pub fn entry(&self, hash: Hash) -> IndexEntry {
-        IndexEntry {
-            hash,
-            offset: self.offset,
-            len: self.len as u32,
-            flags: self.flags as u32,
-        }
-    }
 }
 
 /// One pack file known to the store; a pack that failed to load keeps its
@@ -127,6 +118,10 @@ pub struct Store {
     packs: Vec<PackSlot>,
     by_name: HashMap<String, u32>,
     index: fasthash::FastMap<Hash, Loc>,
+    /// `index` holds every loaded pack's chunks (writers, verify, send and
+    /// gc need it); a store opened with `open_unindexed` has it empty
+    /// until a writer begins.
+    indexed: bool,
 }
 
 impl Store {
@@ -154,6 +149,24 @@ impl Store {
 
     /// Opens an existing store; loads every pack's index (not its chunks).
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let mut s = Store::open_empty(dir)?;
+        s.refresh_packs()?;
+        Ok(s)
+    }
+
+    /// Opens an existing store for restoring and listing: the packs are
+    /// opened but their indexes are not loaded (at millions of chunks that
+    /// is most of the time before a restore can start); `open_snapshot`
+    /// reads the indexes of the packs its snapshot needs.  `begin` loads
+    /// them all first, as `open` does.
+    pub fn open_unindexed(dir: &Path) -> Result<Store, StoreError> {
+        let mut s = Store::open_empty(dir)?;
+        s.indexed = false;
+        s.refresh_packs()?;
+        Ok(s)
+    }
+
+    fn open_empty(dir: &Path) -> Result<Store, StoreError> {
         if !dir.is_dir() {
             return Err(StoreError::NotFound {
                 path: dir.to_path_buf(),
@@ -168,14 +181,13 @@ impl Store {
             });
         }
         format::check_format(dir)?;
-        let mut s = Store {
+        Ok(Store {
             dir: dir.to_path_buf(),
             packs: Vec::new(),
             by_name: HashMap::new(),
             index: fasthash::FastMap::default(),
-        };
-        s.refresh_packs()?;
-        Ok(s)
+            indexed: true,
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -234,7 +246,12 @@ impl Store {
     pub(crate) fn add_pack(&mut self, name: String) -> u32 {
         let path = self.sub(PACKS).join(&name);
         let id = self.packs.len() as u32;
-        let (state, chunks) = match pack::load(&path) {
+        let loaded = if self.indexed {
+            pack::load(&path)
+        } else {
+            pack::open_unloaded(&path)
+        };
+        let (state, chunks) = match loaded {
             Ok(lp) => {
                 self.index.reserve(lp.entries.len());
                 for e in &lp.entries {
@@ -346,6 +363,12 @@ impl Store {
         for sub in [TMP, PACKS, SNAPSHOTS] {
             let p = self.sub(sub);
             std::fs::create_dir_all(&p).map_err(io_at("mkdir", &p))?;
+        }
+        if !self.indexed {
+            // a writer dedups against every chunk: load the indexes now
+            self.packs.clear();
+            self.by_name.clear();
+            self.indexed = true;
         }
         let mut removed = Vec::new();
         let tmp = self.sub(TMP);

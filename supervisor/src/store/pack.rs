@@ -164,13 +164,29 @@ pub struct LoadedPack {
 
 /// Opens a pack and loads its index: checks header, trailer, the index's
 /// checksum and every entry's bounds.  Reads no chunk.
-pub fn load(path: &Path) -> Result<LoadedPack, StoreError> {
-    let file = File::open(path).map_err(|e| match e.raw_os_error() {
+fn open_pack(path: &Path) -> Result<File, StoreError> {
+    File::open(path).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => StoreError::MissingPack {
             path: path.to_path_buf(),
         },
         _ => io_at("open", path)(e),
-    })?;
+    })
+}
+
+/// The pack opened, its index not read (`entries` empty): the file's
+/// checks wait for `load`.
+pub fn open_unloaded(path: &Path) -> Result<LoadedPack, StoreError> {
+    let file = open_pack(path)?;
+    let size = file.metadata().map_err(io_at("stat", path))?.len();
+    Ok(LoadedPack {
+        file,
+        entries: Vec::new(),
+        size,
+    })
+}
+
+pub fn load(path: &Path) -> Result<LoadedPack, StoreError> {
+    let file = open_pack(path)?;
     let size = file.metadata().map_err(io_at("stat", path))?.len();
     if size < HEADER_LEN + TRAILER_LEN {
         return Err(corrupt(path, format!("truncated: {size} bytes")));

@@ -3,14 +3,12 @@
 //! and per page on read (decompressed length and blake3).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::error::{StoreError, io_at};
-use super::fasthash::FastMap;
 use super::format::{Hash, PAGE, SNAPSHOTS, SnapshotId, hex};
 use super::manifest::{Manifest, RegionMeta, SnapshotInfo, SnapshotKind};
 use super::map::{self, MapEntry};
@@ -104,35 +102,33 @@ impl Store {
         Ok(entries)
     }
 
-    /// Folds a chain (newest first) into per-region page -> hash tables.
+    /// Folds a chain (newest first) into per-region (page, hash) lists,
+    /// sorted by page: each map is sorted by (region, page) on disk, so a
+    /// delta is merged into what it inherits in one pass.
     pub(crate) fn fold(
         &self,
         chain: &[(PathBuf, Manifest)],
-    ) -> Result<Vec<FastMap<u64, Hash>>, StoreError> {
-        let mut state: Vec<(RegionMeta, FastMap<u64, Hash>)> = Vec::new();
+    ) -> Result<Vec<Vec<(u64, Hash)>>, StoreError> {
+        let mut state: Vec<(RegionMeta, Vec<(u64, Hash)>)> = Vec::new();
         for (_, m) in chain.iter().rev() {
             self.check_packs(m)?;
             let entries = self.load_map(m)?;
-            let mut next: Vec<(RegionMeta, FastMap<u64, Hash>)> =
-                Vec::with_capacity(m.regions.len());
-            for r in &m.regions {
+            let mut rest = &entries[..];
+            let mut next: Vec<(RegionMeta, Vec<(u64, Hash)>)> = Vec::with_capacity(m.regions.len());
+            for (i, r) in m.regions.iter().enumerate() {
                 let inherited = if r.whole || m.kind == SnapshotKind::Full {
                     None
                 } else {
                     state.iter().position(|(p, _)| p.same_shape(&r.meta))
                 };
-                let pages = match inherited {
-                    Some(i) => std::mem::take(&mut state[i].1),
-                    None => FastMap::default(),
+                let base = match inherited {
+                    Some(k) => std::mem::take(&mut state[k].1),
+                    None => Vec::new(),
                 };
-                next.push((r.meta.clone(), pages));
-            }
-            for e in entries {
-                let pages = &mut next[e.region as usize].1;
-                match e.hash {
-                    Some(h) => pages.insert(e.page, h),
-                    None => pages.remove(&e.page),
-                };
+                let n = rest.partition_point(|e| e.region as usize == i);
+                let (delta, after) = rest.split_at(n);
+                rest = after;
+                next.push((r.meta.clone(), merge_pages(base, delta)));
             }
             state = next;
         }
@@ -143,38 +139,24 @@ impl Store {
     /// manifest, map and pack it needs (chunks are checked as they are read).
     pub fn open_snapshot(&self, id: &SnapshotId) -> Result<SnapshotReader, StoreError> {
         let chain = self.chain(id)?;
-        let folded = self.fold(&chain)?;
+        let named = self.named_packs(&chain);
+        // the chain's maps and its packs' indexes are read at once, on two
+        // cores: at millions of pages each takes about as long
+        let (folded, indexes) = std::thread::scope(|s| {
+            let indexes = s.spawn(|| {
+                named
+                    .iter()
+                    .map(|&p| Ok((p, self.pack_entries(p)?)))
+                    .collect::<Result<Vec<_>, StoreError>>()
+            });
+            let folded = self.fold(&chain);
+            let indexes = indexes
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (folded, indexes)
+        });
         let (top_path, top) = &chain[0];
-        let mut packs: Vec<(PathBuf, Arc<File>)> = Vec::new();
-        let mut local: HashMap<u32, u32> = HashMap::new();
-        let mut pages = Vec::with_capacity(folded.len());
-        for region in folded {
-            let mut slots = Vec::with_capacity(region.len());
-            for (page, hash) in region {
-                let Some(loc) = self.index.get(&hash) else {
-                    return Err(StoreError::MissingChunk {
-                        path: top_path.clone(),
-                        hash: hex(&hash),
-                    });
-                };
-                let pack = match local.get(&loc.pack) {
-                    Some(&i) => i,
-                    None => {
-                        let (path, file) = self.pack_file(loc.pack)?;
-                        packs.push((path.to_path_buf(), file.clone()));
-                        local.insert(loc.pack, packs.len() as u32 - 1);
-                        packs.len() as u32 - 1
-                    }
-                };
-                slots.push(Slot {
-                    page,
-                    pack,
-                    entry: loc.entry(hash),
-                });
-            }
-            slots.sort_unstable_by_key(|s| s.page);
-            pages.push(slots);
-        }
+        let (pages, packs) = self.locate(folded?, indexes?, top_path)?;
         Ok(SnapshotReader {
             info: top.info(),
             regions: top.regions.iter().map(|r| r.meta.clone()).collect(),
@@ -182,6 +164,147 @@ impl Store {
             packs,
         })
     }
+
+    /// The packs the chain's manifests name, each once, newest first.
+    fn named_packs(&self, chain: &[(PathBuf, Manifest)]) -> Vec<u32> {
+        let mut order: Vec<u32> = Vec::new();
+        for (_, m) in chain {
+            for name in &m.packs {
+                if let Some(&p) = self.by_name.get(name)
+                    && !order.contains(&p)
+                {
+                    order.push(p);
+                }
+            }
+        }
+        order
+    }
+
+    /// Where each page's chunk is.  The hashes needed, sorted, are merged
+    /// with each pack's index (sorted by hash on disk): first the packs the
+    /// chain's manifests name (`indexes`), then, if a chunk is still
+    /// missing, the store's other packs.  No table of every chunk in the
+    /// store is built.
+    #[allow(clippy::type_complexity)]
+    fn locate(
+        &self,
+        folded: Vec<Vec<(u64, Hash)>>,
+        indexes: Vec<(u32, Vec<IndexEntry>)>,
+        top_path: &Path,
+    ) -> Result<(Vec<Vec<Slot>>, Vec<(PathBuf, Arc<File>)>), StoreError> {
+        let mut need: Vec<Needed> = Vec::new();
+        let mut pages: Vec<Vec<Slot>> = Vec::with_capacity(folded.len());
+        for (r, region) in folded.into_iter().enumerate() {
+            let mut slots = Vec::with_capacity(region.len());
+            for (i, (page, hash)) in region.into_iter().enumerate() {
+                need.push(Needed {
+                    key: u64::from_be_bytes(prefix(&hash)),
+                    hash,
+                    region: r as u32,
+                    index: i as u32,
+                });
+                slots.push(Slot {
+                    page,
+                    pack: u32::MAX,
+                    entry: IndexEntry {
+                        hash,
+                        offset: 0,
+                        len: 0,
+                        flags: 0,
+                    },
+                });
+            }
+            pages.push(slots);
+        }
+        // the first 8 bytes, big-endian, order as the hash does
+        need.sort_unstable_by(|a, b| a.key.cmp(&b.key).then_with(|| a.hash.cmp(&b.hash)));
+        let named: Vec<u32> = indexes.iter().map(|(p, _)| *p).collect();
+        let others = (0..self.packs.len() as u32).filter(|p| !named.contains(p));
+        let mut sources = indexes
+            .into_iter()
+            .map(|(p, e)| Ok((p, e)))
+            .chain(others.map(|p| self.pack_entries(p).map(|e| (p, e))));
+        let mut packs: Vec<(PathBuf, Arc<File>)> = Vec::new();
+        while !need.is_empty() {
+            let Some(source) = sources.next() else {
+                return Err(StoreError::MissingChunk {
+                    path: top_path.to_path_buf(),
+                    hash: hex(&need[0].hash),
+                });
+            };
+            let (p, entries) = source?;
+            let local = packs.len() as u32;
+            let (mut j, mut used) = (0, false);
+            // one pass over both sorted lists; what is found leaves `need`
+            need.retain(|n| {
+                while j < entries.len() && entries[j].hash < n.hash {
+                    j += 1;
+                }
+                if j < entries.len() && entries[j].hash == n.hash {
+                    let slot = &mut pages[n.region as usize][n.index as usize];
+                    slot.pack = local;
+                    slot.entry = entries[j];
+                    used = true;
+                    return false;
+                }
+                true
+            });
+            if used {
+                let (path, file) = self.pack_file(p)?;
+                packs.push((path.to_path_buf(), file.clone()));
+            }
+        }
+        Ok((pages, packs))
+    }
+
+    /// A pack's index entries, sorted by hash, read from the pack (checked
+    /// as `open` checks it).
+    fn pack_entries(&self, pack: u32) -> Result<Vec<IndexEntry>, StoreError> {
+        let (path, _) = self.pack_file(pack)?;
+        Ok(super::pack::load(path)?.entries)
+    }
+}
+
+/// A page whose chunk is still to be found, sorted by `key` then `hash`.
+struct Needed {
+    key: u64,
+    hash: Hash,
+    region: u32,
+    index: u32,
+}
+
+fn prefix(h: &Hash) -> [u8; 8] {
+    let mut p = [0u8; 8];
+    p.copy_from_slice(&h[..8]);
+    p
+}
+
+/// A delta's entries for one region (sorted by page) applied to what the
+/// region inherits (sorted by page): a page of the delta replaces the
+/// inherited one, a zero entry removes it.
+fn merge_pages(base: Vec<(u64, Hash)>, delta: &[MapEntry]) -> Vec<(u64, Hash)> {
+    if delta.is_empty() {
+        return base;
+    }
+    let mut out = Vec::with_capacity(base.len() + delta.len());
+    let mut b = base.into_iter().peekable();
+    for e in delta {
+        while let Some(&(page, h)) = b.peek() {
+            if page >= e.page {
+                break;
+            }
+            out.push((page, h));
+            b.next();
+        }
+        if b.peek().is_some_and(|&(page, _)| page == e.page) {
+            b.next();
+        }
+        if let Some(h) = e.hash {
+            out.push((e.page, h));
+        }
+    }
+    out.extend(b);
+    out
 }
 
 impl SnapshotReader {
@@ -299,4 +422,48 @@ pub(crate) fn read_chunk(
             None => unreachable!("set above"),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(page: u64, h: Option<u8>) -> MapEntry {
+        MapEntry {
+            region: 0,
+            page,
+            hash: h.map(|b| [b; 32]),
+        }
+    }
+
+    #[test]
+    fn a_delta_replaces_removes_and_adds_pages() {
+        let base = vec![
+            (1, [1u8; 32]),
+            (3, [3u8; 32]),
+            (5, [5u8; 32]),
+            (9, [9u8; 32]),
+        ];
+        let delta = [
+            e(0, Some(10)),
+            e(3, None),
+            e(4, None),
+            e(5, Some(15)),
+            e(12, Some(12)),
+        ];
+        let got = merge_pages(base.clone(), &delta);
+        let want = vec![
+            (0, [10u8; 32]),
+            (1, [1u8; 32]),
+            (5, [15u8; 32]),
+            (9, [9u8; 32]),
+            (12, [12u8; 32]),
+        ];
+        assert_eq!(got, want);
+        assert_eq!(merge_pages(base.clone(), &[]), base);
+        assert_eq!(
+            merge_pages(Vec::new(), &[e(2, None), e(7, Some(7))]),
+            vec![(7, [7u8; 32])]
+        );
+    }
 }

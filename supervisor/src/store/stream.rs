@@ -141,13 +141,12 @@ impl Store {
                 let folded = self.fold(&chain)?;
                 let mut entries = Vec::new();
                 for (r, pages) in folded.iter().enumerate() {
-                    entries.extend(pages.iter().map(|(&page, h)| MapEntry {
+                    entries.extend(pages.iter().map(|&(page, h)| MapEntry {
                         region: r as u32,
                         page,
-                        hash: Some(*h),
+                        hash: Some(h),
                     }));
                 }
-                entries.sort_by_key(|e| (e.region, e.page));
                 let mut m = chain[0].1.clone();
                 m.kind = SnapshotKind::Full;
                 for r in &mut m.regions {
@@ -177,7 +176,7 @@ impl Store {
                     // what the receiver of `s` holds
                     let chain = self.chain(s)?;
                     for pages in self.fold(&chain)? {
-                        sent.have.extend(pages.into_values());
+                        sent.have.extend(pages.into_iter().map(|(_, h)| h));
                     }
                 }
                 for m in line.iter().rev() {

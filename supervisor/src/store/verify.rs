@@ -159,7 +159,7 @@ impl Store {
         let chain = self.chain(id)?;
         let folded = self.fold(&chain)?;
         for region in &folded {
-            for h in region.values() {
+            for (_, h) in region {
                 let Some(loc) = self.index.get(h) else {
                     return Err(StoreError::MissingChunk {
                         path: chain[0].0.clone(),

@@ -130,7 +130,7 @@ impl Supervisor {
         event: &'static str,
     ) -> Option<Rollback> {
         let sc = self.cfg.snapshots.as_ref()?;
-        let pick = crate::store::Store::open(&sc.dir).and_then(|st| {
+        let pick = crate::store::Store::open_unindexed(&sc.dir).and_then(|st| {
             Ok(st
                 .list()?
                 .into_iter()
