@@ -6,9 +6,11 @@ redis-py."""
 import contextlib
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -540,6 +542,26 @@ def test_an_arena_opted_out_of_snapshots_comes_back_empty_from_a_restore(tmp_pat
         back.wait(timeout=20)
 
 
+def lines_until(proc, prefix, seconds):
+    """The app's lines up to the first that starts with prefix, or all it
+    printed within seconds (a stalled app prints nothing: the lines are read
+    by a thread, so the wait is bounded)."""
+    q = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            q.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    lines, deadline = [], time.monotonic() + seconds
+    while not any(x.startswith(prefix) for x in lines):
+        try:
+            lines.append(q.get(timeout=max(0.0, deadline - time.monotonic())))
+        except queue.Empty:
+            break
+    return lines
+
+
 def test_an_arena_mapped_huge_is_tracked_in_small_pages(tmp_path):
     """A 2 MiB range mapped by one huge page when tracking begins (durable.c
     --huge collapses the one holding its slots, as a kernel with
@@ -557,12 +579,7 @@ def test_an_arena_mapped_huge_is_tracked_in_small_pages(tmp_path):
             stdout=subprocess.PIPE, stderr=err, text=True, env=env,
         )  # fmt: skip
     try:
-        lines = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(x.startswith('{"app":"done"') for x in lines):
-            line = sup.stdout.readline()
-            assert line, f"the app's output ended: {lines[-3:]}"
-            lines.append(line)
+        lines = lines_until(sup, '{"app":"done"', 60)
         huge = next(json.loads(x) for x in lines if x.startswith('{"app":"huge"'))
         if not huge["collapsed"]:
             pytest.skip(f"this kernel does not collapse a memfd range (errno {huge['errno']})")
@@ -581,3 +598,36 @@ def test_an_arena_mapped_huge_is_tracked_in_small_pages(tmp_path):
     assert len(later) >= 100, len(later)
     copied = sorted(s["precopy_pages"] + s["cut_pages"] for s in later)
     assert copied[-1] < 512, f"a one-slot snapshot copied {copied[-1]} pages"
+
+
+def test_a_snapshot_refused_while_a_region_stays_open_is_asked_again(tmp_path):
+    """durable.c's writers wait for each write to be durable (rk_checkpoint)
+    while another thread holds an unsafe region open for 1.5 s and never
+    asks for a snapshot: the snapshots they asked for are refused
+    (region_open: the freeze waits 50 ms) and the engine asks again, with a
+    growing delay, until one is taken: every write is acknowledged instead of
+    waiting for a request that never comes."""
+    store = tmp_path / "store"
+    env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
+    events = tmp_path / "ev.jsonl"
+    sup = subprocess.Popen(
+        [str(REKINDLE), "run", "--name", "durable", "--events", str(events),
+         "--snapshot-dir", str(store), "--snapshot-interval", "0",
+         "--", str(DURABLE), "--writes", "20", "--threads", "2", "--slow-region-ms", "1500"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    try:
+        lines = lines_until(sup, '{"app":"done"', 60)
+        assert any(x.startswith('{"app":"done"') for x in lines), "writes not all acknowledged in 60 s"
+    finally:
+        sup.kill()
+        sup.wait(timeout=10)
+        for e in [json.loads(x) for x in events.read_text().splitlines() if '"spawn"' in x]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(e["pid"], signal.SIGKILL)
+    acked = sorted(json.loads(x)["i"] for x in lines if x.startswith('{"app":"acked"'))
+    assert acked == list(range(20))
+    failed = [json.loads(x) for x in events.read_text().splitlines() if '"snapshot_failed"' in x]
+    assert failed and {f["code"] for f in failed} == {"region_open"}, failed
+    order = [x.split('"app":"')[1].split('"')[0] for x in lines if x.startswith('{"app":')]
+    assert order.index("slow_region_closed") < order.index("acked"), order

@@ -12,6 +12,11 @@
  *   durable --check --fork             a forked child counts the slots set
  *                                      first: {"app":"child_check","set":S}
  *                                      (a lazy restore must serve its reads)
+ *   durable --writes N --slow-region-ms M   a thread holds an unsafe region
+ *                                      of the arena open for M ms, without
+ *                                      asking for a snapshot; the writers
+ *                                      start once it is open (their first
+ *                                      snapshots are refused: region_open)
  *   durable --writes N --huge          first maps the 2 MiB holding the slots
  *                                      with one huge page (MADV_COLLAPSE, as a
  *                                      kernel with shmem_enabled=always does):
@@ -28,7 +33,11 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +96,23 @@ static void map_slots_huge(void)
 	fflush(stdout);
 }
 
+static atomic_int slow_open;
+
+/* An unsafe region held open for ms milliseconds (a long maintenance task,
+ * say), then closed; it never asks for a snapshot. */
+static void *slow_region(void *arg)
+{
+	long ms = (long)(intptr_t)arg;
+	rk_unsafe_begin(arena);
+	atomic_store(&slow_open, 1);
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+	rk_unsafe_end(arena);
+	printf("{\"app\":\"slow_region_closed\",\"ms\":%ld}\n", ms);
+	fflush(stdout);
+	return NULL;
+}
+
 static void *writer(void *arg)
 {
 	const struct job *j = arg;
@@ -111,6 +137,7 @@ int main(int argc, char **argv)
 {
 	long writes = -1, threads = 1;
 	int check = 0, fork_check = 0, huge = 0;
+	long slow_ms = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--writes") && i + 1 < argc)
 			writes = strtol(argv[++i], NULL, 10);
@@ -122,9 +149,13 @@ int main(int argc, char **argv)
 			fork_check = 1;
 		else if (!strcmp(argv[i], "--huge"))
 			huge = 1;
+		else if (!strcmp(argv[i], "--slow-region-ms") && i + 1 < argc)
+			slow_ms = strtol(argv[++i], NULL, 10);
 	}
-	if ((!check && (writes < 0 || writes > SLOTS)) || threads < 1 || threads > 16) {
-		fprintf(stderr, "usage: durable --writes N [--threads T] [--huge] | --check [--fork]\n");
+	if ((!check && (writes < 0 || writes > SLOTS)) || threads < 1 || threads > 16 || slow_ms < 0 ||
+	    slow_ms > 600000) {
+		fprintf(stderr, "usage: durable --writes N [--threads T] [--huge] [--slow-region-ms M] | --check "
+				"[--fork]\n");
 		return 2;
 	}
 	int r = rk_init(argc, argv, NULL);
@@ -219,14 +250,21 @@ int main(int argc, char **argv)
 		fprintf(stderr, "durable: no snapshot store: nothing would be durable\n");
 		return 3;
 	}
-	pthread_t t[16];
+	pthread_t t[16], slow;
 	struct job jobs[16];
+	if (slow_ms > 0) {
+		pthread_create(&slow, NULL, slow_region, (void *)(intptr_t)slow_ms);
+		while (!atomic_load(&slow_open))
+			sched_yield();
+	}
 	for (long k = 0; k < threads; k++) {
 		jobs[k] = (struct job){(uint64_t)(writes * k / threads), (uint64_t)(writes * (k + 1) / threads)};
 		pthread_create(&t[k], NULL, writer, &jobs[k]);
 	}
 	for (long k = 0; k < threads; k++)
 		pthread_join(t[k], NULL);
+	if (slow_ms > 0)
+		pthread_join(slow, NULL);
 	printf("{\"app\":\"done\"}\n");
 	fflush(stdout);
 	for (;;)

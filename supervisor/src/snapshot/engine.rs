@@ -142,6 +142,7 @@ impl Handle {
             durable_efd: None,
             request_efd: None,
             requested: false,
+            refused: 0,
             unacked: std::collections::VecDeque::new(),
         };
         let thread = std::thread::Builder::new()
@@ -211,6 +212,10 @@ struct Engine {
     request_efd: Option<OwnedFd>,
     /// rk_checkpoint() asked for a snapshot.
     requested: bool,
+    /// Snapshots the app asked for and could not have (an unsafe region
+    /// open past the freeze timeout, ...) since the last that was taken:
+    /// each is asked again after a delay doubling from REFUSED_RETRY.
+    refused: u32,
     /// Sync replication: committed snapshots (id, the app's epoch of the
     /// cut) whose durable epoch waits for the standbys' ack, oldest first.
     unacked: std::collections::VecDeque<(SnapshotId, u64)>,
@@ -221,6 +226,13 @@ struct Engine {
 /// retried this soon, for this long, before it is reported.
 const HELD_RETRY: Duration = Duration::from_millis(50);
 const HELD_GRACE: Duration = Duration::from_secs(2);
+
+/// A snapshot the app asked for (rk_checkpoint: its replies wait until it
+/// is durable) that failed for a passing reason is taken again: after
+/// 10 ms, then 20, 40, ... up to REFUSED_RETRY_MAX, so that an unsafe
+/// region held for long is not frozen against every 10 ms.
+const REFUSED_RETRY: Duration = Duration::from_millis(10);
+const REFUSED_RETRY_MAX: Duration = Duration::from_secs(1);
 
 impl Engine {
     fn note(&self, n: Note) {
@@ -300,8 +312,8 @@ impl Engine {
             }
             let due = self.next_due.is_some_and(|t| Instant::now() >= t);
             if self.agent.is_some() && (due || self.requested || !self.waiting.is_empty()) {
-                self.requested = false;
-                self.snapshot();
+                let app_asked = std::mem::take(&mut self.requested) || self.refused > 0;
+                self.snapshot(app_asked);
             }
         }
     }
@@ -475,15 +487,18 @@ impl Engine {
         self.store.as_mut().ok_or(Failure::LayoutChanged)
     }
 
-    fn snapshot(&mut self) {
+    /// One snapshot; `app_asked`: the app waits for it (rk_checkpoint), so a
+    /// passing failure is retried rather than left for the next request.
+    fn snapshot(&mut self, app_asked: bool) {
         let waiting = std::mem::take(&mut self.waiting);
         let mut tags: Vec<String> = waiting.iter().flat_map(|(_, t)| t.clone()).collect();
         tags.sort();
         tags.dedup();
-        if let Some(iv) = self.cfg.interval {
-            self.next_due = Some(Instant::now() + iv);
-        }
+        self.next_due = self.cfg.interval.map(|iv| Instant::now() + iv);
         let r = self.take(tags);
+        if r.is_ok() {
+            self.refused = 0;
+        }
         match r {
             Ok(done) => {
                 self.failing_since = None;
@@ -525,6 +540,14 @@ impl Engine {
                 }
                 self.failing_since = Some(code);
                 let transient = f.transient();
+                if transient && app_asked {
+                    let delay = REFUSED_RETRY
+                        .saturating_mul(1 << self.refused.min(16))
+                        .min(REFUSED_RETRY_MAX);
+                    self.refused = self.refused.saturating_add(1);
+                    let retry = Instant::now() + delay;
+                    self.next_due = Some(self.next_due.map_or(retry, |t| t.min(retry)));
+                }
                 match f {
                     // the new incarnation's HELLO came while we waited for
                     // the old one's answer: take it now
