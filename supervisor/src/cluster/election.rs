@@ -534,10 +534,18 @@ impl Worker {
         want: Want,
     ) -> Result<(), ClusterError> {
         let nkey = records::node_key(&self.cfg.cluster, &l.node);
-        let rev = self
-            .etcd()?
-            .get(&nkey, CALL_TIMEOUT)?
-            .map_or(0, |kv| kv.mod_revision);
+        let report = self.etcd()?.get(&nkey, CALL_TIMEOUT)?;
+        let rev = report.as_ref().map_or(0, |kv| kv.mod_revision);
+        // Sync mode fences the primary's writes through us only if we are
+        // its one standby: another one could go on acknowledging to it.
+        let others: Vec<String> = match &report {
+            Some(kv) => records::parse::<NodeRecord>(&nkey, &kv.value)?
+                .standbys
+                .into_iter()
+                .filter(|s| *s != self.cfg.node)
+                .collect(),
+            None => Vec::new(),
+        };
         let now = Instant::now();
         let prev = self.watched.take();
         let changed = prev
@@ -578,6 +586,13 @@ impl Worker {
                     epoch,
                 });
             }
+            return Ok(());
+        }
+        if !others.is_empty() {
+            self.set_takeover(Takeover::Declined {
+                code: "other_standbys",
+                epoch,
+            });
             return Ok(());
         }
         let skey = records::switchover_key(&self.cfg.cluster);
