@@ -127,6 +127,15 @@ pub struct Suspicion {
     pub fence: ReceiverFence,
 }
 
+/// An early takeover's guards: the leader key's exact value, the old
+/// primary's report key and the revision watched, and who it was.
+struct Over {
+    leader: Vec<u8>,
+    report_key: String,
+    report_rev: i64,
+    from: String,
+}
+
 /// Where an early takeover stands (events: `takeover`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Takeover {
@@ -558,10 +567,7 @@ impl Worker {
         self.watched = Some((l.node.clone(), l.epoch, rev, since));
         let suspicion = lock(&self.sh.suspect).clone();
         let Some(sus) = suspicion.filter(|s| s.epoch == l.epoch && want == Want::Campaign) else {
-            let mut v = lock(&self.sh.view);
-            if !matches!(v.takeover, Some(Takeover::Won { .. })) {
-                v.takeover = None;
-            }
+            lock(&self.sh.view).takeover = None;
             return Ok(());
         };
         if l.epoch != epoch {
@@ -613,13 +619,14 @@ impl Worker {
         // From here the old primary gets no acknowledgement from us: in
         // sync mode it can acknowledge no more writes.
         sus.fence.refuse(epoch);
-        let won = self.campaign(epoch, epoch_rev, Some((raw, nkey, rev)));
-        if matches!(won, Ok(true)) {
-            self.set_takeover(Takeover::Won {
-                from: l.node.clone(),
-                epoch: epoch + 1,
-            });
-        } else {
+        let over = Over {
+            leader: raw,
+            report_key: nkey,
+            report_rev: rev,
+            from: l.node.clone(),
+        };
+        let won = self.campaign(epoch, epoch_rev, Some(over));
+        if !matches!(won, Ok(true)) {
             sus.fence.allow();
             self.watched = None;
             self.set_takeover(Takeover::Declined {
@@ -637,7 +644,7 @@ impl Worker {
         &mut self,
         epoch: u64,
         epoch_rev: i64,
-        over: Option<(Vec<u8>, String, i64)>,
+        over: Option<Over>,
     ) -> Result<bool, ClusterError> {
         let lkey = records::leader_key(&self.cfg.cluster);
         let ekey = records::epoch_key(&self.cfg.cluster);
@@ -655,16 +662,21 @@ impl Worker {
             self.cfg.store.clone(),
         );
         let skey = records::switchover_key(&self.cfg.cluster);
-        let via = if over.is_some() {
-            ElectedVia::HeartbeatTimeout
-        } else {
-            ElectedVia::NoLeader
+        let (via, took) = match &over {
+            Some(o) => (
+                ElectedVia::HeartbeatTimeout,
+                Some(Takeover::Won {
+                    from: o.from.clone(),
+                    epoch: next,
+                }),
+            ),
+            None => (ElectedVia::NoLeader, None),
         };
         let mut conds = vec![Cond::ModRevision(ekey.clone(), epoch_rev)];
         match over {
-            Some((raw, nkey, rev)) => {
-                conds.push(Cond::Value(lkey.clone(), raw));
-                conds.push(Cond::ModRevision(nkey, rev));
+            Some(o) => {
+                conds.push(Cond::Value(lkey.clone(), o.leader));
+                conds.push(Cond::ModRevision(o.report_key, o.report_rev));
             }
             None => conds.push(Cond::Absent(lkey.clone())),
         }
@@ -723,6 +735,8 @@ impl Worker {
         v.fenced = None;
         v.ineligible = None;
         v.elected_via = Some(via);
+        // with our_term, so that the node sees both at once
+        v.takeover = took;
         Ok(true)
     }
 

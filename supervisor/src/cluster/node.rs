@@ -261,7 +261,8 @@ fn stand_by(
     );
     let mut shown_leader: Option<(String, u64)> = None;
     let mut shown_ineligible = None;
-    let mut shown_takeover: Option<Takeover> = None;
+    // a decision of an earlier stand-by (took_over) is not news
+    let mut shown_takeover: Option<Takeover> = agent.view().takeover;
     // the last frame from the primary of a term (kept across reconnects)
     let mut contact: Option<(u64, Instant)> = None;
     let mut suspected: Option<u64> = None;
