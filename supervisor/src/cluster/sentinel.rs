@@ -31,6 +31,9 @@ use crate::event::{EventLog, ev};
 const ETCD_TIMEOUT: Duration = Duration::from_millis(500);
 /// Connections served at once; more are refused with an error.
 const MAX_CLIENTS: usize = 256;
+/// A request still incomplete past this many bytes is refused (no
+/// Sentinel request is anywhere near it).
+const MAX_PENDING: usize = 1 << 20;
 
 pub type Events = Arc<Mutex<EventLog>>;
 
@@ -271,6 +274,17 @@ fn serve_client(sh: &Shared, mut conn: TcpStream, peer: SocketAddr) {
         }
         let mut out = Vec::new();
         let mut quit = false;
+        if buf.len() > MAX_PENDING {
+            emit(
+                &sh.events,
+                ev("sentinel_bad_request")
+                    .s("peer", peer.to_string())
+                    .s("code", "request_too_large")
+                    .u("bytes", buf.len() as u64),
+            );
+            let _ = conn.write_all(b"-ERR Protocol error: request too large\r\n");
+            return;
+        }
         loop {
             match resp::parse_request(&buf) {
                 Ok(None) => break,
