@@ -120,6 +120,9 @@ pub enum Command {
     /// Hand a cluster's primary over to a standby (planned, no acknowledged
     /// write lost; docs/failover.md).
     Failover(crate::cluster::args::FailoverArgs),
+    /// Answer the Redis Sentinel protocol subset clients use to find a
+    /// cluster's primary, from etcd (docs/failover.md).
+    Sentinel(crate::cluster::args::SentinelArgs),
     /// Failover clusters: `rekindle cluster status` (docs/failover.md).
     #[command(subcommand)]
     Cluster(crate::cluster::args::ClusterCommand),

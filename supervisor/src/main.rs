@@ -80,6 +80,7 @@ fn main() {
         Command::Run(args) => supervise(*args, None),
         Command::Cluster(c) => Ok(rekindle::cluster::args::run_command(c)),
         Command::Failover(a) => Ok(rekindle::cluster::args::failover(a)),
+        Command::Sentinel(a) => Ok(rekindle::cluster::args::sentinel(a)),
         Command::Restore(args) => {
             let from = rekindle::snapshot::restore::Source::parse(&args.from);
             supervise(args.run, Some(from))

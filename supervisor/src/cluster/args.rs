@@ -63,6 +63,83 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "PPM", default_value_t = 10_000, requires = "cluster",
           value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub clock_drift_ppm: u64,
+
+    /// With --cluster: also answer the Redis Sentinel protocol on HOST:PORT
+    /// (the subset redis-py's `Sentinel` and `redis-cli SENTINEL
+    /// get-master-addr-by-name` use), from etcd: clients find the primary
+    /// of any term unchanged.  Give every node one; list them all in the
+    /// clients' sentinel list (docs/failover.md).
+    #[arg(long, value_name = "HOST:PORT", requires = "cluster")]
+    pub sentinel_addr: Option<String>,
+
+    /// With --cluster: a standby that has heard nothing on the replication
+    /// stream (heartbeats come every 100 ms) for this long suspects the
+    /// primary, and with --replication sync may take the term before the
+    /// lease expires, once etcd also shows the primary silent
+    /// (docs/failover.md, "Failure detection faster than the lease").
+    /// 0: wait for the lease only.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "300ms",
+          requires = "cluster")]
+    pub heartbeat_timeout: Duration,
+}
+
+/// `rekindle sentinel`: the Sentinel endpoint without a node.
+#[derive(Debug, Args)]
+#[command(
+    long_about = "Answer the subset of the Redis Sentinel protocol that unmodified clients use to \
+ find a master (PING, HELLO, ROLE, INFO, SENTINEL get-master-addr-by-name / master / masters / \
+ replicas / slaves / sentinels / ckquorum / myid) for the named clusters, from etcd: the master \
+ is the node etcd's leader key names (attached to its lease), in the newest term, so a \
+ deposed primary is never named.  Runs until SIGTERM/SIGINT.  `rekindle run --cluster ... \
+ --sentinel-addr` serves the same on every node."
+)]
+pub struct SentinelArgs {
+    /// etcd's client URLs, comma separated.
+    #[arg(long, value_name = "ENDPOINTS")]
+    pub cluster: String,
+    /// HOST:PORT to listen on (Sentinel's usual port is 26379).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: String,
+    /// The clusters served (clients call them master names).
+    #[arg(required = true, value_name = "NAME")]
+    pub names: Vec<String>,
+    /// Append events (JSON lines) here instead of stderr.
+    #[arg(long, value_name = "PATH")]
+    pub events: Option<std::path::PathBuf>,
+}
+
+/// `rekindle sentinel`: its exit status.
+pub fn sentinel(a: SentinelArgs) -> i32 {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGTERM);
+    mask.add(Signal::SIGINT);
+    if let Err(e) = mask.thread_block() {
+        eprintln!("rekindle: blocking signals: {e}");
+        return 1;
+    }
+    let events = match crate::event::EventLog::open("sentinel", a.events.as_deref()) {
+        Ok(l) => std::sync::Arc::new(std::sync::Mutex::new(l)),
+        Err(e) => {
+            eprintln!("rekindle: cannot open the events file: {e}");
+            return 1;
+        }
+    };
+    let cfg = super::sentinel::SentinelConfig {
+        listen: a.listen.clone(),
+        endpoints: endpoints(&a.cluster),
+        clusters: a.names.clone(),
+    };
+    let mut server = match super::sentinel::SentinelServer::start(cfg, events) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rekindle: {e} ({})", e.code());
+            return 1;
+        }
+    };
+    let _ = mask.wait();
+    server.stop();
+    0
 }
 
 /// `rekindle cluster ...`

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use super::error::ClusterError;
 use super::etcd::{Cond, Etcd, Op};
 use super::lineage::{self, Lineage};
+use super::receiver::ReceiverFence;
 use super::records::{self, LeaderRecord, NodeRecord, Role, SwitchoverRecord};
 
 /// Time the supervisor needs, once fenced, to have killed the app: its poll
@@ -33,6 +34,10 @@ pub const FENCE_MARGIN: Duration = Duration::from_millis(200);
 const TICK: Duration = Duration::from_millis(50);
 const CALL_TIMEOUT: Duration = Duration::from_millis(400);
 const REPORT_EVERY: Duration = Duration::from_millis(250);
+/// Early takeover: how long etcd must show the suspected primary's own
+/// report (`nodes/<id>`, written every REPORT_EVERY while it holds its term
+/// and reaches etcd) unchanged, on top of the silent replication stream.
+pub const ETCD_SILENT_FOR: Duration = Duration::from_millis(750);
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -94,6 +99,54 @@ pub enum Ineligible {
     Unreadable(String),
 }
 
+/// How a node came to hold its term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElectedVia {
+    /// The leader key was gone (the old lease expired or was given up), or
+    /// there was no term yet.
+    NoLeader,
+    /// Early takeover: the primary's stream and its etcd report were
+    /// silent; the leader key was replaced in one transaction.
+    HeartbeatTimeout,
+}
+
+impl ElectedVia {
+    pub fn code(self) -> &'static str {
+        match self {
+            ElectedVia::NoLeader => "no_leader",
+            ElectedVia::HeartbeatTimeout => "heartbeat_timeout",
+        }
+    }
+}
+
+/// The node suspects the primary of `epoch` (its stream went silent) and
+/// asks for an early takeover; `fence` stops our acknowledgements to it.
+#[derive(Debug, Clone)]
+pub struct Suspicion {
+    pub epoch: u64,
+    pub fence: ReceiverFence,
+}
+
+/// An early takeover's guards: the leader key's exact value, the old
+/// primary's report key and the revision watched, and who it was.
+struct Over {
+    leader: Vec<u8>,
+    report_key: String,
+    report_rev: i64,
+    from: String,
+}
+
+/// Where an early takeover stands (events: `takeover`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Takeover {
+    /// Waiting for etcd to show the primary silent for ETCD_SILENT_FOR.
+    Watching { primary: String, epoch: u64 },
+    /// Not now, with the reason.
+    Declined { code: &'static str, epoch: u64 },
+    /// Stopped acknowledging the old term, and took the next one.
+    Won { from: String, epoch: u64 },
+}
+
 /// The agent's view, for the node.
 #[derive(Debug, Clone, Default)]
 pub struct View {
@@ -108,12 +161,17 @@ pub struct View {
     pub last_error: Option<(&'static str, String)>,
     /// A primary: how long its lease is still known valid, in ms.
     pub lease_left_ms: Option<u64>,
+    /// How the current term was won.
+    pub elected_via: Option<ElectedVia>,
+    /// The early takeover's latest decision.
+    pub takeover: Option<Takeover>,
 }
 
 struct Shared {
     view: Mutex<View>,
     want: Mutex<Want>,
     report: Mutex<Option<NodeRecord>>,
+    suspect: Mutex<Option<Suspicion>>,
     stop: AtomicBool,
     fence_efd: std::os::fd::OwnedFd,
 }
@@ -138,6 +196,7 @@ impl Agent {
             view: Mutex::new(View::default()),
             want: Mutex::new(Want::Campaign),
             report: Mutex::new(None),
+            suspect: Mutex::new(None),
             stop: AtomicBool::new(false),
             // SAFETY: fresh and ours.
             fence_efd: unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) },
@@ -159,6 +218,12 @@ impl Agent {
 
     pub fn want(&self, w: Want) {
         *lock(&self.shared.want) = w;
+    }
+
+    /// The node suspects the primary (its stream is silent): Some asks for
+    /// an early takeover (sync replication only: node.rs), None withdraws.
+    pub fn suspect(&self, s: Option<Suspicion>) {
+        *lock(&self.shared.suspect) = s;
     }
 
     /// After a fence, once the app is gone: follow again (and campaign).
@@ -225,6 +290,9 @@ struct Worker {
     etcd: Option<Etcd>,
     term: Option<Term>,
     last_report: Option<Instant>,
+    /// The leader's own report as last read: (node, epoch, mod_revision,
+    /// when this revision was first seen), on this host's clock.
+    watched: Option<(String, u64, i64, Instant)>,
 }
 
 impl Worker {
@@ -235,6 +303,7 @@ impl Worker {
             etcd: None,
             term: None,
             last_report: None,
+            watched: None,
         }
     }
 
@@ -396,13 +465,13 @@ impl Worker {
         let lkey = records::leader_key(&self.cfg.cluster);
         let ekey = records::epoch_key(&self.cfg.cluster);
         let e = self.etcd()?;
-        let leader = e.get(&lkey, CALL_TIMEOUT)?;
+        let leader_kv = e.get(&lkey, CALL_TIMEOUT)?;
         let epoch_kv = e.get(&ekey, CALL_TIMEOUT)?;
         let (epoch, epoch_rev) = match &epoch_kv {
             Some(kv) => (records::parse_epoch(&ekey, &kv.value)?, kv.mod_revision),
             None => (0, 0),
         };
-        let leader = match &leader {
+        let leader = match &leader_kv {
             Some(kv) => Some(records::parse::<LeaderRecord>(&lkey, &kv.value)?),
             None => None,
         };
@@ -413,7 +482,14 @@ impl Worker {
             v.leader = leader.clone();
             v.last_error = None;
         }
-        if leader.is_some() || want != Want::Campaign {
+        if let (Some(l), Some(kv)) = (&leader, &leader_kv)
+            && l.node != self.cfg.node
+        {
+            let raw = kv.value.clone();
+            return self.watch_leader(l, raw, epoch, epoch_rev, want);
+        }
+        self.watched = None;
+        if want != Want::Campaign {
             return Ok(());
         }
         // a handover of the newest term under way: only its target (any
@@ -426,6 +502,14 @@ impl Worker {
                 return Ok(());
             }
         }
+        if !self.eligible(epoch) {
+            return Ok(());
+        }
+        self.campaign(epoch, epoch_rev, None).map(|_| ())
+    }
+
+    /// Records whether this node may take the next term after `epoch`.
+    fn eligible(&mut self, epoch: u64) -> bool {
         // eligible: no term yet, or our store is of the newest term
         let ineligible = match lineage::read(&self.cfg.store) {
             Ok(Lineage { epoch: se }) if epoch == 0 || se == epoch => None,
@@ -435,14 +519,133 @@ impl Worker {
             }),
             Err(e) => Some(Ineligible::Unreadable(e.to_string())),
         };
-        lock(&self.sh.view).ineligible = ineligible.clone();
-        if ineligible.is_some() {
-            return Ok(());
-        }
-        self.campaign(epoch, epoch_rev)
+        let ok = ineligible.is_none();
+        lock(&self.sh.view).ineligible = ineligible;
+        ok
     }
 
-    fn campaign(&mut self, epoch: u64, epoch_rev: i64) -> Result<(), ClusterError> {
+    fn set_takeover(&self, t: Takeover) {
+        lock(&self.sh.view).takeover = Some(t);
+    }
+
+    /// Another node holds the term: tracks its own report in etcd and, when
+    /// the node suspects it (sync replication, silent stream) and etcd has
+    /// shown the report unchanged for ETCD_SILENT_FOR, takes the next term
+    /// at once: our acknowledgements to it stop first, then one transaction
+    /// replaces the leader key, guarded by its exact value, by the report's
+    /// revision (the primary has written nothing since) and by the epoch's.
+    fn watch_leader(
+        &mut self,
+        l: &LeaderRecord,
+        raw: Vec<u8>,
+        epoch: u64,
+        epoch_rev: i64,
+        want: Want,
+    ) -> Result<(), ClusterError> {
+        let nkey = records::node_key(&self.cfg.cluster, &l.node);
+        let report = self.etcd()?.get(&nkey, CALL_TIMEOUT)?;
+        let rev = report.as_ref().map_or(0, |kv| kv.mod_revision);
+        // Sync mode fences the primary's writes through us only if we are
+        // its one standby: another one could go on acknowledging to it.
+        let others: Vec<String> = match &report {
+            Some(kv) => records::parse::<NodeRecord>(&nkey, &kv.value)?
+                .standbys
+                .into_iter()
+                .filter(|s| *s != self.cfg.node)
+                .collect(),
+            None => Vec::new(),
+        };
+        let now = Instant::now();
+        let prev = self.watched.take();
+        let changed = prev
+            .as_ref()
+            .is_some_and(|(n, e, r, _)| *n == l.node && *e == l.epoch && *r != rev);
+        let since = match prev {
+            Some((n, e, r, t)) if n == l.node && e == l.epoch && r == rev => t,
+            _ => now,
+        };
+        self.watched = Some((l.node.clone(), l.epoch, rev, since));
+        let suspicion = lock(&self.sh.suspect).clone();
+        let Some(sus) = suspicion.filter(|s| s.epoch == l.epoch && want == Want::Campaign) else {
+            lock(&self.sh.view).takeover = None;
+            return Ok(());
+        };
+        if l.epoch != epoch {
+            // cannot happen (one transaction writes both); never guess
+            self.set_takeover(Takeover::Declined {
+                code: "epoch_mismatch",
+                epoch: l.epoch,
+            });
+            return Ok(());
+        }
+        if now.duration_since(since) < ETCD_SILENT_FOR {
+            let mut v = lock(&self.sh.view);
+            if changed {
+                // it wrote to etcd since: alive; only our link to it is down
+                v.takeover = Some(Takeover::Declined {
+                    code: "primary_alive_in_etcd",
+                    epoch,
+                });
+            } else if v.takeover.is_none() {
+                v.takeover = Some(Takeover::Watching {
+                    primary: l.node.clone(),
+                    epoch,
+                });
+            }
+            return Ok(());
+        }
+        if !others.is_empty() {
+            self.set_takeover(Takeover::Declined {
+                code: "other_standbys",
+                epoch,
+            });
+            return Ok(());
+        }
+        let skey = records::switchover_key(&self.cfg.cluster);
+        if self.etcd()?.get(&skey, CALL_TIMEOUT)?.is_some() {
+            self.set_takeover(Takeover::Declined {
+                code: "switchover_pending",
+                epoch,
+            });
+            return Ok(());
+        }
+        if !self.eligible(epoch) {
+            self.set_takeover(Takeover::Declined {
+                code: "ineligible",
+                epoch,
+            });
+            return Ok(());
+        }
+        // From here the old primary gets no acknowledgement from us: in
+        // sync mode it can acknowledge no more writes.
+        sus.fence.refuse(epoch);
+        let over = Over {
+            leader: raw,
+            report_key: nkey,
+            report_rev: rev,
+            from: l.node.clone(),
+        };
+        let won = self.campaign(epoch, epoch_rev, Some(over));
+        if !matches!(won, Ok(true)) {
+            sus.fence.allow();
+            self.watched = None;
+            self.set_takeover(Takeover::Declined {
+                code: if won.is_ok() { "raced" } else { "etcd_error" },
+                epoch,
+            });
+        }
+        won.map(|_| ())
+    }
+
+    /// Takes term `epoch` + 1: Ok(true) if won.  `over`: the leader key's
+    /// exact value, the old primary's report key and its revision, for an
+    /// early takeover; None: the leader key must be absent.
+    fn campaign(
+        &mut self,
+        epoch: u64,
+        epoch_rev: i64,
+        over: Option<Over>,
+    ) -> Result<bool, ClusterError> {
         let lkey = records::leader_key(&self.cfg.cluster);
         let ekey = records::epoch_key(&self.cfg.cluster);
         let next = epoch + 1;
@@ -459,14 +662,29 @@ impl Worker {
             self.cfg.store.clone(),
         );
         let skey = records::switchover_key(&self.cfg.cluster);
+        let (via, took) = match &over {
+            Some(o) => (
+                ElectedVia::HeartbeatTimeout,
+                Some(Takeover::Won {
+                    from: o.from.clone(),
+                    epoch: next,
+                }),
+            ),
+            None => (ElectedVia::NoLeader, None),
+        };
+        let mut conds = vec![Cond::ModRevision(ekey.clone(), epoch_rev)];
+        match over {
+            Some(o) => {
+                conds.push(Cond::Value(lkey.clone(), o.leader));
+                conds.push(Cond::ModRevision(o.report_key, o.report_rev));
+            }
+            None => conds.push(Cond::Absent(lkey.clone())),
+        }
         let sent = Instant::now();
         let e = self.etcd()?;
         let (lease, granted) = e.grant(ttl, CALL_TIMEOUT)?;
         let won = e.txn(
-            vec![
-                Cond::Absent(lkey.clone()),
-                Cond::ModRevision(ekey.clone(), epoch_rev),
-            ],
+            conds,
             vec![
                 Op::Put {
                     key: ekey,
@@ -492,7 +710,7 @@ impl Worker {
         };
         if !won {
             let _ = e.revoke(lease, CALL_TIMEOUT);
-            return Ok(());
+            return Ok(false);
         }
         let good_for = safe_for(granted, drift);
         // The store now belongs to this term: its next snapshots are ours.
@@ -516,7 +734,10 @@ impl Worker {
         v.leader = Some(rec);
         v.fenced = None;
         v.ineligible = None;
-        Ok(())
+        v.elected_via = Some(via);
+        // with our_term, so that the node sees both at once
+        v.takeover = took;
+        Ok(true)
     }
 
     fn publish_report(&mut self) -> Result<(), ClusterError> {

@@ -18,6 +18,8 @@
 //! - `node`: the state machine of one host (standby, primary, fenced).
 //! - `status`: `rekindle cluster status`.
 //! - `switchover`: `rekindle failover` (planned).
+//! - `resp`, `sentinel`: the Redis Sentinel subset clients use to find the
+//!   primary, answered from etcd (`--sentinel-addr`, `rekindle sentinel`).
 
 pub mod args;
 pub mod election;
@@ -28,7 +30,9 @@ pub mod link;
 pub mod node;
 pub mod receiver;
 pub mod records;
+pub mod resp;
 pub mod sender;
+pub mod sentinel;
 pub mod status;
 pub mod switchover;
 pub mod wire;

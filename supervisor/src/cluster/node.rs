@@ -20,17 +20,18 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::args::{ClusterArgs, Replication};
-use super::election::{Agent, AgentConfig, FenceReason, Want};
+use super::election::{Agent, AgentConfig, FenceReason, Suspicion, Takeover, Want};
 use super::link::ReplicationLink;
 use super::receiver::{Receiver, ReceiverNote};
 use super::records::{NodeRecord, Role};
 use super::sender::{Sender, SenderNote};
+use super::sentinel::{SentinelConfig, SentinelServer};
 use crate::cli::{Config, ListenAddr, RunArgs};
 use crate::event::{EventLog, ev};
 use crate::store::{SnapshotId, Store};
@@ -135,8 +136,32 @@ pub fn run(args: RunArgs) -> i32 {
                 super::election::safe_for(ca.lease_ttl, ca.clock_drift_ppm).as_millis() as u64,
             ),
     );
+    // the Sentinel endpoint runs whatever the role: it answers from etcd
+    let _sentinel = match &ca.sentinel_addr {
+        Some(a) => match SentinelServer::start(
+            SentinelConfig {
+                listen: a.clone(),
+                endpoints: super::args::endpoints(&endpoints),
+                clusters: vec![cluster.clone()],
+            },
+            events.clone(),
+        ) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("rekindle: {e} ({})", e.code());
+                agent.shutdown();
+                return 1;
+            }
+        },
+        None => None,
+    };
+    let sentinel_addr = _sentinel.as_ref().map(|s| s.addr.to_string());
+    let early = Early {
+        mode: ca.replication,
+        heartbeat_timeout: ca.heartbeat_timeout,
+    };
     loop {
-        let term = match stand_by(&node, &dir, &agent, &events, &sigfd) {
+        let term = match stand_by(&node, &dir, &agent, &events, &sigfd, early, &sentinel_addr) {
             Some(t) => t,
             None => {
                 agent.shutdown();
@@ -153,6 +178,7 @@ pub fn run(args: RunArgs) -> i32 {
             ca.replication,
             &agent,
             &events,
+            &sentinel_addr,
         );
         let v = agent.view();
         match v.fenced {
@@ -182,6 +208,28 @@ pub fn run(args: RunArgs) -> i32 {
     }
 }
 
+/// Failure detection on the replication stream (docs/failover.md).
+#[derive(Debug, Clone, Copy)]
+struct Early {
+    mode: Replication,
+    /// 0: off.
+    heartbeat_timeout: Duration,
+}
+
+fn takeover_event(t: &Takeover) -> crate::event::Event {
+    match t {
+        Takeover::Watching { primary, epoch } => ev("takeover")
+            .s("code", "watching_etcd")
+            .s("primary", primary)
+            .u("epoch", *epoch),
+        Takeover::Declined { code, epoch } => ev("takeover").s("code", *code).u("epoch", *epoch),
+        Takeover::Won { from, epoch } => ev("takeover")
+            .s("code", "took_over")
+            .s("from", from)
+            .u("epoch", *epoch),
+    }
+}
+
 /// Follows the primary until this node is elected: Some(term); None on
 /// SIGTERM/SIGINT.
 fn stand_by(
@@ -190,6 +238,8 @@ fn stand_by(
     agent: &Agent,
     events: &Events,
     sigfd: &SignalFd,
+    early: Early,
+    sentinel: &Option<String>,
 ) -> Option<u64> {
     agent.want(Want::Campaign);
     let mut receiver = match Receiver::start(node, dir.to_path_buf()) {
@@ -211,15 +261,51 @@ fn stand_by(
     );
     let mut shown_leader: Option<(String, u64)> = None;
     let mut shown_ineligible = None;
+    // a decision of an earlier stand-by (took_over) is not news
+    let mut shown_takeover: Option<Takeover> = agent.view().takeover;
+    // the last frame from the primary of a term (kept across reconnects)
+    let mut contact: Option<(u64, Instant)> = None;
+    let mut suspected: Option<u64> = None;
+    agent.suspect(None);
     let term = loop {
         if stop_requested(sigfd) {
             receiver.stop();
+            agent.suspect(None);
             return None;
         }
         let v = agent.view();
+        if v.takeover != shown_takeover {
+            if let Some(t) = &v.takeover {
+                emit(events, takeover_event(t));
+            }
+            shown_takeover = v.takeover.clone();
+        }
         if let Some(t) = v.our_term {
+            emit(
+                events,
+                ev("elected")
+                    .s("node", node)
+                    .u("epoch", t)
+                    .s("via", v.elected_via.map_or("no_leader", |e| e.code())),
+            );
             break t;
         }
+        let p = receiver.progress();
+        if let (Some(l), Some(h)) = (&v.leader, p.last_heard)
+            && p.epoch == l.epoch
+        {
+            contact = Some((l.epoch, h));
+        }
+        suspect_primary(
+            node,
+            &v,
+            contact,
+            &mut suspected,
+            early,
+            agent,
+            &receiver,
+            events,
+        );
         receiver.set_leader(v.leader.clone(), v.epoch);
         let now_leader = v.leader.as_ref().map(|l| (l.node.clone(), l.epoch));
         if now_leader != shown_leader {
@@ -243,7 +329,6 @@ fn stand_by(
         for n in receiver.notes() {
             emit(events, receiver_event(n));
         }
-        let p = receiver.progress();
         let lag = seq(p.primary_newest.as_deref()).saturating_sub(seq(p.newest.as_deref()));
         agent.report(NodeRecord {
             node: node.to_string(),
@@ -253,16 +338,81 @@ fn stand_by(
             lag_snapshots: lag,
             primary_silent_ms: p.last_heard.map(|t| t.elapsed().as_millis() as u64),
             standbys: Vec::new(),
+            sentinel: sentinel.clone(),
             updated_unix_ms: 0,
         });
         std::thread::sleep(Duration::from_millis(10));
     };
     // nothing more is acknowledged to the old primary from here
+    agent.suspect(None);
     receiver.stop();
     for n in receiver.notes() {
         emit(events, receiver_event(n));
     }
     Some(term)
+}
+
+/// The primary's stream has been silent for --heartbeat-timeout: suspect
+/// it.  With sync replication the agent may then take the term early
+/// (election.rs: only once etcd shows the primary silent too, and only after
+/// our acknowledgements to it stop); with async it may not, because the old
+/// primary acknowledges writes without us and could go on doing so until
+/// its lease runs out: the standby waits for the lease.
+#[allow(clippy::too_many_arguments)]
+fn suspect_primary(
+    node: &str,
+    v: &super::election::View,
+    contact: Option<(u64, Instant)>,
+    suspected: &mut Option<u64>,
+    early: Early,
+    agent: &Agent,
+    receiver: &Receiver,
+    events: &Events,
+) {
+    if early.heartbeat_timeout.is_zero() {
+        return;
+    }
+    let Some(l) = v.leader.as_ref().filter(|l| l.node != node) else {
+        if suspected.take().is_some() {
+            agent.suspect(None);
+        }
+        return;
+    };
+    // only a primary we have heard from can go silent
+    let Some((epoch, heard)) = contact.filter(|c| c.0 == l.epoch) else {
+        return;
+    };
+    let silent = heard.elapsed();
+    if silent >= early.heartbeat_timeout && *suspected != Some(epoch) {
+        *suspected = Some(epoch);
+        let sync = early.mode == Replication::Sync;
+        emit(
+            events,
+            ev("primary_suspect")
+                .s("code", "heartbeat_timeout")
+                .s("primary", &l.node)
+                .u("epoch", epoch)
+                .u("silent_ms", silent.as_millis() as u64)
+                .s("replication", early.mode.as_str())
+                .s("path", if sync { "early_takeover" } else { "lease_only" }),
+        );
+        if sync {
+            agent.suspect(Some(Suspicion {
+                epoch,
+                fence: receiver.fence_handle(),
+            }));
+        }
+    } else if silent < early.heartbeat_timeout && *suspected == Some(epoch) {
+        *suspected = None;
+        agent.suspect(None);
+        emit(
+            events,
+            ev("primary_suspect_cleared")
+                .s("code", "heartbeats_resumed")
+                .s("primary", &l.node)
+                .u("epoch", epoch),
+        );
+    }
 }
 
 fn receiver_event(n: ReceiverNote) -> crate::event::Event {
@@ -309,6 +459,7 @@ fn serve_term(
     mode: Replication,
     agent: &Agent,
     events: &Events,
+    sentinel: &Option<String>,
 ) -> i32 {
     emit(
         events,
@@ -386,6 +537,7 @@ fn serve_term(
                     lag_snapshots: lag,
                     primary_silent_ms: None,
                     standbys: standbys.iter().map(|s| s.node.clone()).collect(),
+                    sentinel: sentinel.clone(),
                     updated_unix_ms: 0,
                 });
                 std::thread::sleep(Duration::from_millis(50));

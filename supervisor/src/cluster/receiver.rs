@@ -59,6 +59,9 @@ struct Shared {
     leader: Mutex<Option<LeaderRecord>>,
     /// The newest term etcd has shown: a primary below it is deposed.
     newest_epoch: AtomicU64,
+    /// Terms up to this one get no acknowledgement (an early takeover is
+    /// under way: election.rs); 0: none refused.
+    refused: AtomicU64,
     stop: AtomicBool,
     conn: Mutex<Option<TcpStream>>,
     progress: Mutex<Progress>,
@@ -81,6 +84,7 @@ impl Receiver {
             dir,
             leader: Mutex::new(None),
             newest_epoch: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             conn: Mutex::new(None),
             progress: Mutex::new(Progress::default()),
@@ -121,6 +125,12 @@ impl Receiver {
         }
     }
 
+    /// A handle the agent uses to stop acknowledging a term before it takes
+    /// the term over (election.rs, early takeover).
+    pub fn fence_handle(&self) -> ReceiverFence {
+        ReceiverFence(self.shared.clone())
+    }
+
     pub fn progress(&self) -> Progress {
         lock(&self.shared.progress).clone()
     }
@@ -141,6 +151,37 @@ impl Receiver {
     }
 }
 
+/// Stops the receiver acknowledging a term: from `refuse(E)` on, no
+/// acknowledgement goes to a primary of term E or older (its connection is
+/// cut and it is not followed again) until `allow()`.  Every acknowledgement
+/// names a snapshot already published in the store, so what was
+/// acknowledged before is in the store an elected node starts from.
+#[derive(Clone)]
+pub struct ReceiverFence(Arc<Shared>);
+
+impl ReceiverFence {
+    pub fn refuse(&self, epoch: u64) {
+        self.0.refused.fetch_max(epoch, Ordering::SeqCst);
+        if let Some(c) = lock(&self.0.conn).as_ref() {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+
+    pub fn allow(&self) {
+        self.0.refused.store(0, Ordering::SeqCst);
+    }
+}
+
+impl std::fmt::Debug for ReceiverFence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ReceiverFence(refused={})",
+            self.0.refused.load(Ordering::SeqCst)
+        )
+    }
+}
+
 impl Drop for Receiver {
     fn drop(&mut self) {
         self.stop();
@@ -150,9 +191,11 @@ impl Drop for Receiver {
 fn run(sh: &Arc<Shared>) {
     while !sh.stop.load(Ordering::SeqCst) {
         let leader = lock(&sh.leader).clone();
-        let Some(l) =
-            leader.filter(|l| l.node != sh.me && l.epoch >= sh.newest_epoch.load(Ordering::SeqCst))
-        else {
+        let Some(l) = leader.filter(|l| {
+            l.node != sh.me
+                && l.epoch >= sh.newest_epoch.load(Ordering::SeqCst)
+                && l.epoch > sh.refused.load(Ordering::SeqCst)
+        }) else {
             std::thread::sleep(Duration::from_millis(20));
             continue;
         };
@@ -264,8 +307,11 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
     });
     let mut lineage_written = !w.full;
     loop {
-        if sh.stop.load(Ordering::SeqCst) || sh.newest_epoch.load(Ordering::SeqCst) > w.epoch {
-            return Ok(()); // deposed, or we stop: acknowledge nothing more
+        if sh.stop.load(Ordering::SeqCst)
+            || sh.newest_epoch.load(Ordering::SeqCst) > w.epoch
+            || sh.refused.load(Ordering::SeqCst) >= w.epoch
+        {
+            return Ok(()); // deposed, refused, or we stop: acknowledge nothing more
         }
         let (kind, payload) = wire::next(&peer, &mut input)?;
         match kind {
@@ -312,7 +358,9 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
             p.newest = applied.clone();
             p.last_heard = Some(Instant::now());
         }
-        if sh.newest_epoch.load(Ordering::SeqCst) > w.epoch {
+        if sh.newest_epoch.load(Ordering::SeqCst) > w.epoch
+            || sh.refused.load(Ordering::SeqCst) >= w.epoch
+        {
             return Ok(());
         }
         wire::send(

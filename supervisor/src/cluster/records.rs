@@ -97,6 +97,9 @@ pub struct NodeRecord {
     pub primary_silent_ms: Option<u64>,
     /// Primary: standbys connected to its replication sender.
     pub standbys: Vec<String>,
+    /// HOST:PORT of its Sentinel endpoint (`--sentinel-addr`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sentinel: Option<String>,
     /// Wall-clock time of this report (for display only: nothing decides on it).
     pub updated_unix_ms: u64,
 }
