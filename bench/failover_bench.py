@@ -107,7 +107,17 @@ def harness(build):
     return cluster_harness
 
 
-def parse_config(name, args):
+def parse_config(spec, args):
+    """NAME[:FAULT+FAULT...]: a config, and the faults it runs (default --faults)."""
+    name, _, only = spec.partition(":")
+    faults = only.split("+") if only else list(args.faults)
+    bad = [f for f in faults if f not in FAULTS]
+    if bad:
+        raise SystemExit(f"failover_bench: unknown fault(s) {bad} in {spec!r} (of {', '.join(FAULTS)})")
+    return {**_parse_name(name, args), "faults": faults}
+
+
+def _parse_name(name, args):
     m = re.fullmatch(r"rkv-(sync|async)(?:-ttl(\d+))?(-3n)?", name)
     if m:
         return {"name": name, "system": "rekindle", "replication": m.group(1),
@@ -644,7 +654,7 @@ def lag_summary(values):
 def run_failover(h, cfg, fault, args, tmp):
     net = h.Net(tmp)
     out = {"config": cfg["name"], "system": cfg["system"], "fault": fault}
-    load = sampler = None
+    load = sampler = topo = None
     try:
         t = time.monotonic()
         topo = (RekindleTopology if cfg["system"] == "rekindle" else RedisTopology)(h, net, cfg, args)
@@ -719,7 +729,10 @@ def run_failover(h, cfg, fault, args, tmp):
     except Exception as e:  # noqa: BLE001 - one failed run is reported, the others go on
         out["ok"] = False
         out["error"] = f"{type(e).__name__}: {e}"
-        print(f"  {cfg['name']} {fault}: FAILED: {out['error']}", file=sys.stderr)
+        if isinstance(topo, RekindleTopology):  # why: the nodes' failure events
+            out["node_failures"] = [{"node": n.id, **e} for n in (topo.n1, *topo.standbys)
+                                    for e in n.events() if e.get("supervisor") in ("snapshot_failed", "fence")][:6]  # fmt: skip
+        print(f"  {cfg['name']} {fault}: FAILED: {out['error']} {out.get('node_failures', '')}", file=sys.stderr)
     finally:
         if sampler is not None:
             sampler.stop()
@@ -881,7 +894,8 @@ def plot(runs, path):
 # ---------------------------------------------------------------- main
 
 
-DEFAULT_CONFIGS = ["rkv-sync", "rkv-sync-ttl2", "rkv-async", "redis-3000", "redis-500", "redis-500-minrep"]
+DEFAULT_CONFIGS = ["rkv-sync", "rkv-async", "rkv-sync-3n:kill", "rkv-sync-ttl2:kill", "redis-3000", "redis-200",
+                   "redis-200-minrep:kill+partition-peers"]
 
 
 def parse_args(argv):
@@ -946,7 +960,7 @@ def main(argv=None):
                 doc["baseline_runs"].append(b)
                 print(f"round {rnd} {name}: {fmt(b.get('ops_s'))} ops/s", flush=True)
             for cfg in args.cfgs:
-                for fault in args.faults:
+                for fault in cfg["faults"]:
                     d = Path(tmp) / f"r{rnd}-{cfg['name']}-{fault}"
                     d.mkdir()
                     r = run_failover(h, cfg, fault, args, d)
