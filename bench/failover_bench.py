@@ -120,13 +120,19 @@ def parse_config(spec, args):
 def _parse_name(name, args):
     m = re.fullmatch(r"rkv-(sync|async)(?:-ttl(\d+))?(-3n)?", name)
     if m:
-        return {"name": name, "system": "rekindle", "replication": m.group(1),
-                "lease_ttl": int(m.group(2) or args.lease_ttl), "nodes": 3 if m.group(3) else 2}  # fmt: skip
+        return {
+            "name": name,
+            "system": "rekindle",
+            "replication": m.group(1),
+            "lease_ttl": int(m.group(2) or args.lease_ttl),
+            "nodes": 3 if m.group(3) else 2,
+        }
     m = re.fullmatch(r"redis-(\d+)(-minrep)?", name)
     if m:
-        return {"name": name, "system": "redis", "down_after_ms": int(m.group(1)),
-                "minrep": bool(m.group(2))}  # fmt: skip
-    raise SystemExit(f"failover_bench: unknown config {name!r} (rkv-sync[-ttlN], rkv-async[-ttlN], redis-MS[-minrep])")
+        return {"name": name, "system": "redis", "down_after_ms": int(m.group(1)), "minrep": bool(m.group(2))}
+    raise SystemExit(
+        f"failover_bench: unknown config {name!r} (rkv-sync[-ttlN], rkv-async[-ttlN], redis-MS[-minrep])"
+    )
 
 
 def wait_for(what, pred, timeout, period=0.05):
@@ -248,8 +254,13 @@ class Load:
             if conn is None or at != p:
                 if conn is not None:
                     conn.close()
-                conn = redis.Redis(host=p[0], port=p[1], socket_timeout=self.timeout_s,
-                                   socket_connect_timeout=self.timeout_s, retry=Retry(NoBackoff(), 0))  # fmt: skip
+                conn = redis.Redis(
+                    host=p[0],
+                    port=p[1],
+                    socket_timeout=self.timeout_s,
+                    socket_connect_timeout=self.timeout_s,
+                    retry=Retry(NoBackoff(), 0),
+                )
                 at = p
             server = f"{p[0]}:{p[1]}"
             write = n % 2 == 0
@@ -339,13 +350,19 @@ class RekindleTopology:
         self.h, self.net, self.cfg = h, net, cfg
         sync = cfg["replication"] == "sync"
         self.etcd = h.Etcd(net, net.host("e1"))
-        kw = {"replication": cfg["replication"], "durability": cfg["replication"], "lease_ttl": cfg["lease_ttl"],
-              "snapshot_interval": "0" if sync else args.async_interval}  # fmt: skip
+        kw = {
+            "replication": cfg["replication"],
+            "durability": cfg["replication"],
+            "lease_ttl": cfg["lease_ttl"],
+            "snapshot_interval": "0" if sync else args.async_interval,
+        }
         self.n1 = h.Node(net, net.host("n1"), self.etcd, "n1", **kw)
         self.n1.wait_event("role", lambda e: e.get("role") == "primary" and e.get("epoch") == 1)
         self.n1.wait_event("up", timeout=60)
         t = time.monotonic()
-        self.standbys = [h.Node(net, net.host(f"n{i}"), self.etcd, f"n{i}", **kw) for i in range(2, cfg["nodes"] + 1)]
+        self.standbys = [
+            h.Node(net, net.host(f"n{i}"), self.etcd, f"n{i}", **kw) for i in range(2, cfg["nodes"] + 1)
+        ]
         for n in self.standbys:
             n.wait_event("following", lambda e: e["epoch"] == 1, timeout=60)
         self.join_s = round(time.monotonic() - t, 3)
@@ -374,8 +391,14 @@ class RekindleTopology:
             p = nodes.get("n1")
             if not p or p["role"] != "primary" or p["lag_snapshots"] != 0:
                 return False
-            return all((x := nodes.get(n.id)) and x["role"] == "standby" and x["epoch"] == 1
-                       and x["lag_snapshots"] == 0 and x["snapshot"] == p["snapshot"] for n in self.standbys)  # fmt: skip
+            return all(
+                (x := nodes.get(n.id))
+                and x["role"] == "standby"
+                and x["epoch"] == 1
+                and x["lag_snapshots"] == 0
+                and x["snapshot"] == p["snapshot"]
+                for n in self.standbys
+            )
 
         wait_for("the standbys in sync", synced, timeout)
 
@@ -447,7 +470,9 @@ class RekindleTopology:
         start = self.n1.events("cluster_start")
         if start:
             out["fence_after_ms"] = start[0].get("fence_after_ms")
-        out["terms"] = max((e.get("epoch", 0) for n in (self.n1, *self.standbys) for e in n.events("role")), default=0)
+        out["terms"] = max(
+            (e.get("epoch", 0) for n in (self.n1, *self.standbys) for e in n.events("role")), default=0
+        )
         return out
 
 
@@ -455,9 +480,28 @@ class RekindleTopology:
 
 
 def redis_argv(host, workdir, extra=()):
-    return ["redis-server", "--port", REDIS_PORT, "--bind", host.ip, "--protected-mode", "no",
-            "--dir", workdir, "--save", "", "--appendonly", "no", "--daemonize", "no",
-            "--logfile", workdir / "redis.log", "--repl-diskless-sync-delay", "0", *extra]  # fmt: skip
+    return [
+        "redis-server",
+        "--port",
+        REDIS_PORT,
+        "--bind",
+        host.ip,
+        "--protected-mode",
+        "no",
+        "--dir",
+        workdir,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--logfile",
+        workdir / "redis.log",
+        "--repl-diskless-sync-delay",
+        "0",
+        *extra,
+    ]
 
 
 def sentinel_conf(path, host, primary_ip, cfg, args):
@@ -490,23 +534,25 @@ class RedisTopology:
         for host in (self.r1, self.r2):
             wait_for(f"redis on {host.name}", lambda host=host: quiet(self.client(host).ping), 20)
         t = time.monotonic()
-        wait_for("the replica linked", lambda: self.replica_up(), 60)
+        wait_for("the replica linked", self.replica_up, 60)
         self.join_s = round(time.monotonic() - t, 3)
         for host in self.sentinels:
             d = net.tmp / host.name
             d.mkdir(exist_ok=True)
             sentinel_conf(d / "sentinel.conf", host, self.r1.ip, cfg, args)
             host.popen(["redis-server", d / "sentinel.conf", "--sentinel"], d / "stdout.log")
-        self.sentinel = redis.Sentinel([(s.ip, SENTINEL_PORT) for s in self.sentinels],
-                                       socket_timeout=0.2, socket_connect_timeout=0.2)  # fmt: skip
+        self.sentinel = redis.Sentinel(
+            [(s.ip, SENTINEL_PORT) for s in self.sentinels], socket_timeout=0.2, socket_connect_timeout=0.2
+        )
         # every sentinel knows the replica and the two others (hello
         # messages every 2 s): before that a failover cannot be agreed
         for s in self.sentinels:
             c = redis.Redis(host=s.ip, port=SENTINEL_PORT, socket_timeout=1)
 
             def ready(c=c):
-                return (len(c.sentinel_sentinels(MASTER_NAME)) == 2
-                        and any(r["ip"] == self.r2.ip for r in c.sentinel_slaves(MASTER_NAME)))  # fmt: skip
+                return len(c.sentinel_sentinels(MASTER_NAME)) == 2 and any(
+                    r["ip"] == self.r2.ip for r in c.sentinel_slaves(MASTER_NAME)
+                )
 
             wait_for(f"sentinel on {s.name} ready", lambda ready=ready: quiet(ready), 30, period=0.2)
         self.old = self.addr_of(self.r1)
@@ -535,7 +581,11 @@ class RedisTopology:
         def synced():
             i = self.client(self.r1).info("replication")
             s = i.get("slave0")
-            return isinstance(s, dict) and s.get("offset") == i.get("master_repl_offset") and s.get("state") == "online"
+            return (
+                isinstance(s, dict)
+                and s.get("offset") == i.get("master_repl_offset")
+                and s.get("state") == "online"
+            )
 
         wait_for("the replica in sync", lambda: quiet(synced), timeout)
 
@@ -585,8 +635,16 @@ class SoloTopology:
             self.host.popen(redis_argv(self.host, d), d / "stdout.log")
         else:
             self.port = h.SERVE_PORT
-            sup = [h.REKINDLE, "run", "--name", "rkv", "--events", d / "events.jsonl",
-                   "--listen", f"{self.host.ip}:{self.port}"]  # fmt: skip
+            sup = [
+                h.REKINDLE,
+                "run",
+                "--name",
+                "rkv",
+                "--events",
+                d / "events.jsonl",
+                "--listen",
+                f"{self.host.ip}:{self.port}",
+            ]
             durability = "none"
             if name == "rkv-local-sync":
                 sup += ["--snapshot-dir", d / "snaps", "--snapshot-interval", "0"]
@@ -619,7 +677,7 @@ def check_acked(addr, records, batch=1000):
     for a in range(0, len(acked), batch):
         part = acked[a : a + batch]
         values = c.mget([f"w{k}:{seq}" for k, seq, _ in part])
-        for (k, seq, server), v in zip(part, values, strict=True):
+        for (_, seq, server), v in zip(part, values, strict=True):
             if v != str(seq).encode():
                 missing[server] = missing.get(server, 0) + 1
     return missing, len(acked)
@@ -663,8 +721,14 @@ def run_failover(h, cfg, fault, args, tmp):
         topo.wait_synced(timeout=120)
         out["setup_s"] = round(time.monotonic() - t, 3)
         old = topo.old
-        load = Load(topo.discover, args.clients, args.keys, args.pre_s + args.fault_timeout + args.post_s,
-                    args.max_ops, args.client_timeout)  # fmt: skip
+        load = Load(
+            topo.discover,
+            args.clients,
+            args.keys,
+            args.pre_s + args.fault_timeout + args.post_s,
+            args.max_ops,
+            args.client_timeout,
+        )
         sampler = LagSampler(topo.lag).start()
         t_load = time.monotonic_ns()
         load.start()
@@ -718,7 +782,9 @@ def run_failover(h, cfg, fault, args, tmp):
             out["fault_to_new_ms"] = round((first_new - t_fault) / 1e6, 1)
             out["old_acks_after_fault"] = sum(1 for x in old_ok if x > t_fault)
             out["old_acks_after_new"] = sum(1 for x in old_ok if x > first_new)
-        out["primary_changes"] = [[round((t - t_fault) / 1e6, 1), s] for t, s in load_changes(records, old, new)]
+        out["primary_changes"] = [
+            [round((t - t_fault) / 1e6, 1), s] for t, s in load_changes(records, old, new)
+        ]
         ev = topo.events(new)
         for k in ("fence_ns", "elected_ns", "up_ns"):  # relative to the fault
             if k in ev:
@@ -730,9 +796,15 @@ def run_failover(h, cfg, fault, args, tmp):
         out["ok"] = False
         out["error"] = f"{type(e).__name__}: {e}"
         if isinstance(topo, RekindleTopology):  # why: the nodes' failure events
-            out["node_failures"] = [{"node": n.id, **e} for n in (topo.n1, *topo.standbys)
-                                    for e in n.events() if e.get("supervisor") in ("snapshot_failed", "fence")][:6]  # fmt: skip
-        print(f"  {cfg['name']} {fault}: FAILED: {out['error']} {out.get('node_failures', '')}", file=sys.stderr)
+            out["node_failures"] = [
+                {"node": n.id, **e}
+                for n in (topo.n1, *topo.standbys)
+                for e in n.events()
+                if e.get("supervisor") in ("snapshot_failed", "fence")
+            ][:6]
+        print(
+            f"  {cfg['name']} {fault}: FAILED: {out['error']} {out.get('node_failures', '')}", file=sys.stderr
+        )
     finally:
         if sampler is not None:
             sampler.stop()
@@ -798,11 +870,27 @@ def summarize(runs, baselines):
     for cfg, fault in keys:
         rs = [r for r in runs if r["config"] == cfg and r["fault"] == fault]
         good = [r for r in rs if r.get("ok")]
-        row = {"config": cfg, "fault": fault, "runs": len(rs), "ok_runs": len(good),
-               "failovers": sum(1 for r in good if r.get("failover_happened")),
-               "spurious": sum(1 for r in good if r.get("spurious_failover_before_fault"))}  # fmt: skip
-        for k in ("failover_ms", "fault_to_new_ms", "lost_acked", "old_acks_after_new", "ops_s"):
-            xs = [r.get(k) for r in good if r.get(k) is not None]
+        row = {
+            "config": cfg,
+            "fault": fault,
+            "runs": len(rs),
+            "ok_runs": len(good),
+            "failovers": sum(1 for r in good if r.get("failover_happened")),
+            "spurious": sum(1 for r in good if r.get("spurious_failover_before_fault")),
+        }
+        for k in (
+            "failover_ms",
+            "write_failover_ms",
+            "fault_to_new_ms",
+            "lost_acked",
+            "old_acks_after_new",
+            "ops_s",
+            "elected_ms",
+            "up_ms",
+            "standby_back_s",
+        ):
+            xs = [r.get(k, r.get("events", {}).get(k)) for r in good]
+            xs = [x for x in xs if x is not None]
             row[k] = {"median": median(xs), "p99": pct(xs, 99), "max": max(xs) if xs else None, "all": xs}
         lags = [r["lag"]["max"] for r in good if r.get("lag", {}).get("max") is not None]
         row["lag_max"] = {"median": median(lags), "max": max(lags) if lags else None}
@@ -819,39 +907,65 @@ def fmt(v, spec=".0f"):
     return "—" if v is None else format(v, spec)
 
 
+def _cell(d, spec=".0f"):
+    """median (p99 / max), or the one value of a single round."""
+    if d["median"] is None:
+        return "—"
+    if len(d["all"]) == 1:
+        return fmt(d["median"], spec)
+    return f"{fmt(d['median'], spec)} ({fmt(d['p99'], spec)} / {fmt(d['max'], spec)})"
+
+
 def markdown(doc):
     a = doc["args"]
+    load = f"{' '.join(map(str, doc['loadavg_before']))} / {' '.join(map(str, doc['loadavg_after']))}"
     lines = [
         "## Failover: Rekindle against Redis + Sentinel",
         "",
-        f"Machine: {machine_line(doc['machine'])}. Load average before / after: "
-        f"{' '.join(map(str, doc['loadavg_before']))} / {' '.join(map(str, doc['loadavg_after']))}.",
+        f"Machine: {machine_line(doc['machine'])}. Load average before / after: {load}.",
         "",
-        f"`{doc['command']}`: {a['keys']:,} keys of {a['value_size']} bytes preloaded, {a['clients']} redis-py "
-        f"clients in a closed loop (SET of a new key, GET of a preloaded key, alternately), {a['pre_s']} s of "
-        f"load before the fault, {a['repeat']} round(s). Each cell: median (p99 / max) over the rounds.",
+        f"`{doc['command']}`: {a['keys']:,} keys of {a['value_size']} bytes preloaded, "
+        f"{a['clients']} redis-py clients in a closed loop (SET of a new key, GET of a preloaded key, "
+        f"alternately), {a['pre_s']} s of load before the fault, {a['repeat']} round(s). "
+        "Each cell: median (p99 / max) over the rounds.",
         "",
-        "| config | fault | failovers | failover ms (client) | fault → new primary ms | acked writes lost "
-        "| old primary's acks after the new one's | ops/s before the fault | vs solo | max lag |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| config | fault | failovers | failover ms (last old reply → first new reply) "
+        "| first write acked by the new primary, ms after the last old reply | fault → first new reply ms "
+        "| elected / serving ms after the fault | acked writes lost "
+        "| old primary's replies after the new one's "
+        "| ops/s before the fault (vs solo) | max lag |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["summary"]:
-        def cell(k, spec=".0f", r=r):
-            d = r[k]
-            return f"{fmt(d['median'], spec)} ({fmt(d['p99'], spec)} / {fmt(d['max'], spec)})"
-
         spur = f", {r['spurious']} spurious" if r["spurious"] else ""
-        lines.append(
-            f"| {r['config']} | {r['fault']} | {r['failovers']}/{r['runs']}{spur} | {cell('failover_ms')} "
-            f"| {cell('fault_to_new_ms')} | {cell('lost_acked')} of ~{fmt(r['acked_writes_median'])} "
-            f"| {cell('old_acks_after_new')} | {fmt(r['ops_s']['median'])} | {fmt(r.get('ops_vs_solo'), '.2f')} "
-            f"| {fmt(r['lag_max']['max'])} {r['lag_unit']} |"
+        ev = (
+            f"{fmt(r['elected_ms']['median'])} / {fmt(r['up_ms']['median'])}"
+            if r["elected_ms"]["all"]
+            else "—"
         )
-    lines += ["", "Baselines (no replication; same client and hosts), ops/s median over the rounds: "
-              + ", ".join(f"{k} {fmt(v)}" for k, v in doc["baselines"].items()) + ".", ""]  # fmt: skip
+        vs = f" ({fmt(r.get('ops_vs_solo'), '.2f')})" if r.get("ops_vs_solo") else ""
+        lines.append(
+            f"| {r['config']} | {r['fault']} | {r['failovers']}/{r['runs']}{spur} "
+            f"| {_cell(r['failover_ms'])} "
+            f"| {_cell(r['write_failover_ms'])} | {_cell(r['fault_to_new_ms'])} | {ev} "
+            f"| {_cell(r['lost_acked'])} of ~{fmt(r['acked_writes_median'])} "
+            f"| {_cell(r['old_acks_after_new'])} "
+            f"| {fmt(r['ops_s']['median'])}{vs} | {fmt(r['lag_max']['max'])} {r['lag_unit']} |"
+        )
+    lines += [
+        "",
+        "Baselines (no replication; same client and hosts), ops/s median over the rounds: "
+        + ", ".join(f"{k} {fmt(v)}" for k, v in doc["baselines"].items())
+        + ".",
+        "",
+    ]
     failed = [r for r in doc["runs"] + doc["baseline_runs"] if not r.get("ok")]
     if failed:
-        lines += ["Failed runs:", ""] + [f"- {r['config']} {r.get('fault', '')}: {r['error']}" for r in failed] + [""]
+        lines += ["Failed runs:", ""]
+        lines += [
+            f"- round {r.get('round')} {r['config']} {r.get('fault', '')}: {r['error']}" for r in failed
+        ]
+        lines += [""]
     lines += [f"![ok ops/s and errors/s around the fault]({doc['name']}.png)", ""]
     return "\n".join(lines)
 
@@ -864,16 +978,19 @@ def plot(runs, path):
 
     firsts = []
     for r in runs:
-        if r.get("ok") and r.get("timeline") and not any(
-            (f["config"], f["fault"]) == (r["config"], r["fault"]) for f in firsts
+        if (
+            r.get("ok")
+            and r.get("timeline")
+            and not any((f["config"], f["fault"]) == (r["config"], r["fault"]) for f in firsts)
         ):
             firsts.append(r)
     if not firsts:
         return
     configs = list(dict.fromkeys(r["config"] for r in firsts))
     faults = list(dict.fromkeys(r["fault"] for r in firsts))
-    fig, axes = plt.subplots(len(configs), len(faults), figsize=(4.2 * len(faults), 2.2 * len(configs)),
-                             squeeze=False, sharex=True)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(configs), len(faults), figsize=(4.2 * len(faults), 2.2 * len(configs)), squeeze=False, sharex=True
+    )
     for r in firsts:
         ax = axes[configs.index(r["config"])][faults.index(r["fault"])]
         t = [p[0] for p in r["timeline"]]
@@ -894,8 +1011,15 @@ def plot(runs, path):
 # ---------------------------------------------------------------- main
 
 
-DEFAULT_CONFIGS = ["rkv-sync", "rkv-async", "rkv-sync-3n:kill", "rkv-sync-ttl2:kill", "redis-3000", "redis-200",
-                   "redis-200-minrep:kill+partition-peers"]
+DEFAULT_CONFIGS = [
+    "rkv-sync",
+    "rkv-async",
+    "rkv-sync-3n:kill",
+    "rkv-sync-ttl2:kill",
+    "redis-3000",
+    "redis-200",
+    "redis-200-minrep:kill+partition-peers",
+]
 
 
 def parse_args(argv):
@@ -920,6 +1044,7 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, 20k keys, short windows")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--name", default="failover")
+    ap.add_argument("--from-json", type=Path, help="only render NAME.md and NAME.png again from this JSON")
     a = ap.parse_args(argv)
     if a.quick:
         a.repeat, a.keys, a.pre_s, a.post_s = 1, min(a.keys, 20_000), min(a.pre_s, 2.0), min(a.post_s, 1.0)
@@ -933,8 +1058,23 @@ def _terminate(signum, frame):
     raise SystemExit(f"failover_bench: signal {signum}: cleaning up")
 
 
+def render(doc, out):
+    doc["summary"], doc["baselines"] = summarize(doc["runs"], doc["baseline_runs"])
+    (out / f"{doc['name']}.json").write_text(json.dumps(doc, indent=1))
+    md = markdown(doc)
+    (out / f"{doc['name']}.md").write_text(md)
+    plot(doc["runs"], out / f"{doc['name']}.png")
+    return md
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.from_json:
+        doc = json.loads(args.from_json.read_text())
+        doc["name"] = args.name
+        args.out.mkdir(parents=True, exist_ok=True)
+        print(render(doc, args.out))
+        return doc
     signal.signal(signal.SIGTERM, _terminate)
     if os.geteuid() != 0:
         raise SystemExit("failover_bench: needs root (network namespaces)")
@@ -945,10 +1085,15 @@ def main(argv=None):
     if not h.REKINDLE.exists() or not h.RKV.exists():
         raise SystemExit(f"failover_bench: {h.REKINDLE} or {h.RKV} missing: run make first")
     args.out.mkdir(parents=True, exist_ok=True)
-    doc = {"name": args.name, "machine": machine(), "loadavg_before": loadavg(),
-           "command": "python3 bench/failover_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
-           "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "cfgs"},
-           "runs": [], "baseline_runs": []}  # fmt: skip
+    doc = {
+        "name": args.name,
+        "machine": machine(),
+        "loadavg_before": loadavg(),
+        "command": "python3 bench/failover_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "cfgs"},
+        "runs": [],
+        "baseline_runs": [],
+    }
     print(machine_line(doc["machine"]), "load", doc["loadavg_before"])
     with tempfile.TemporaryDirectory(prefix="failbench-") as tmp:
         for rnd in range(args.repeat):
@@ -966,18 +1111,16 @@ def main(argv=None):
                     r = run_failover(h, cfg, fault, args, d)
                     r["round"] = rnd
                     doc["runs"].append(r)
-                    print(f"round {rnd} {cfg['name']} {fault}: failover {fmt(r.get('failover_ms'))} ms, "
-                          f"fault->new {fmt(r.get('fault_to_new_ms'))} ms, lost {r.get('lost_acked')} of "
-                          f"{r.get('acked_writes')}, old acks after new {r.get('old_acks_after_new')}, "
-                          f"{fmt(r.get('ops_s'))} ops/s, load {r.get('loadavg_at_fault')} {r.get('events', '')}",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"round {rnd} {cfg['name']} {fault}: failover {fmt(r.get('failover_ms'))} ms, "
+                        f"fault->new {fmt(r.get('fault_to_new_ms'))} ms, lost {r.get('lost_acked')} of "
+                        f"{r.get('acked_writes')}, old acks after new {r.get('old_acks_after_new')}, "
+                        f"{fmt(r.get('ops_s'))} ops/s, load {r.get('loadavg_at_fault')} "
+                        f"{r.get('events', '')}",
+                        flush=True,
+                    )
     doc["loadavg_after"] = loadavg()
-    doc["summary"], doc["baselines"] = summarize(doc["runs"], doc["baseline_runs"])
-    (args.out / f"{args.name}.json").write_text(json.dumps(doc, indent=1))
-    md = markdown(doc)
-    (args.out / f"{args.name}.md").write_text(md)
-    plot(doc["runs"], args.out / f"{args.name}.png")
-    print(md)
+    print(render(doc, args.out))
     return doc
 
 
