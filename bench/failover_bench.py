@@ -977,6 +977,11 @@ def summarize(runs, baselines):
         row["lag_max"] = {"median": median(lags), "max": max(lags) if lags else None}
         row["lag_unit"] = "snapshots" if cfg.startswith("rkv") else "bytes"
         row["acked_writes_median"] = median([r.get("acked_writes") for r in good])
+        row["load_rescues"] = sum(r.get("load_rescues") or 0 for r in good)
+        row["preload_rescues"] = sum(r.get("preload_rescues") or 0 for r in good)
+        row["snapshot_failed"] = sum(r.get("events", {}).get("snapshot_failed") or 0 for r in good)
+        row["errors_before_fault"] = sum(r.get("errors_before_fault") or 0 for r in good)
+        row["new_primary_fences"] = sum(r.get("events", {}).get("new_primary_fences") or 0 for r in good)
         solo = "rkv-solo" if cfg.startswith("rkv") else "redis-solo"
         if base_med.get(solo) and row["ops_s"]["median"]:
             row["ops_vs_solo"] = round(row["ops_s"]["median"] / base_med[solo], 3)
@@ -1040,6 +1045,22 @@ def markdown(doc):
         + ".",
         "",
     ]
+    notes = [
+        f"- {r['config']} {r['fault']}: {r['snapshot_failed']} snapshot(s) refused (region_open), "
+        f"{r['preload_rescues']} preload and {r['load_rescues']} load rescue(s) by `rekindle checkpoint`, "
+        f"{r['errors_before_fault']} client error(s) before the fault, "
+        f"{r['new_primary_fences']} later fence(s) of the new primary"
+        for r in doc["summary"]
+        if r["snapshot_failed"] or r["load_rescues"] or r["errors_before_fault"] or r["new_primary_fences"]
+    ]
+    notes += [
+        f"- baseline {b['config']} round {b.get('round')}: {b.get('preload_rescues')} preload and "
+        f"{b.get('load_rescues')} load rescue(s), {b.get('errors')} client error(s)"
+        for b in doc["baseline_runs"]
+        if b.get("ok") and (b.get("preload_rescues") or b.get("load_rescues") or b.get("errors"))
+    ]
+    if notes:
+        lines += ["Stalls and rescues, over all rounds:", "", *notes, ""]
     failed = [r for r in doc["runs"] + doc["baseline_runs"] if not r.get("ok")]
     if failed:
         lines += ["Failed runs:", ""]
