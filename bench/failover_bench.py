@@ -211,7 +211,8 @@ def preload(ip, port, keys, value_size, rescue=None, chunk=5000, timeout=600.0, 
                     raise RuntimeError("preload: connection closed")
                 buf += b
             if buf != b"+OK\r\n" * n:
-                raise RuntimeError(f"preload: unexpected replies {buf[:200]!r}")
+                bad = next(ln for ln in buf.split(b"\r\n") if ln != b"+OK")
+                raise RuntimeError(f"preload: a reply other than +OK: {bad[:200]!r}")
     return round(time.monotonic() - t0, 3), rescues
 
 
@@ -1015,7 +1016,8 @@ def markdown(doc):
         f"alternately), {a['pre_s']} s of load before the fault, {a['repeat']} round(s). "
         "Each cell: median (p99 / max) over the rounds.",
         "",
-        "| config | fault | failovers | failover ms (last old reply → first new reply) "
+        "| config | fault | runs where a client got a reply from the new primary "
+        "| failover ms (last old reply → first new reply) "
         "| first write acked by the new primary, ms after the last old reply | fault → first new reply ms "
         "| elected / serving ms after the fault | acked writes lost "
         "| old primary's replies after the new one's "
