@@ -1104,6 +1104,11 @@ def plot(runs, path):
         fo = r.get("failover_ms")
         ax.set_title(f"{r['config']}, {r['fault']}: {fmt(fo)} ms", fontsize=8)
         ax.tick_params(labelsize=7)
+    used = {(configs.index(r["config"]), faults.index(r["fault"])) for r in firsts}
+    for i, row in enumerate(axes):
+        for j, ax in enumerate(row):
+            if (i, j) not in used:
+                ax.set_visible(False)
     for ax in axes[-1]:
         ax.set_xlabel("s from the fault", fontsize=8)
     axes[0][0].legend(fontsize=7)
