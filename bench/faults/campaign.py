@@ -791,7 +791,7 @@ def pick(sites, rng):
     return s, s["load_count"] + s["workload_count"] // 2
 
 
-def campaign(target, config, sites, runs, seed, workdir, jobs=1, log=None):
+def campaign(target, config, sites, runs, seed, workdir, jobs=1, log=None, partial=None):
     rng = random.Random(f"{seed}-{target.name}")  # the same faults in every configuration
     plan = []
     for i in range(runs):
@@ -805,6 +805,9 @@ def campaign(target, config, sites, runs, seed, workdir, jobs=1, log=None):
         if log:
             log(f"{target.name}/{config} {i + 1}/{runs} {s['type']} {s['function']} -> {res['class']}"
                 f" ({res['observed']}, {res['seconds']}s)")  # fmt: skip
+        if partial:  # every finished run, so a campaign cut short still has its results
+            with open(partial, "a") as f:
+                f.write(json.dumps(res) + "\n")
         return res
 
     if jobs <= 1:
@@ -845,6 +848,27 @@ def count(results, target, config, field):
     return out
 
 
+def phoenix_row(d):
+    """PHOENIX Table 7's columns from our classes: the runs that failed
+    (crash or hang, so a restart), warm recoveries (Rec.), fallbacks by the
+    unsafe-region check (Chk.), other fallbacks (Fbk.: a crash after
+    recovery, or the runtime's own checks), the rate Rec. / failed, and the
+    corruption classes (Add., Shd.; Sil. without a restart)."""
+    failed = sum(d[k] for k in CLASSES[:6]) + d["unrecovered"]
+    fbk = d["fallback: crash after recovery"] + d["fallback: other"]
+    rate = 100 * d["warm recovery"] / failed if failed else 0.0
+    return (
+        failed,
+        d["warm recovery"],
+        d["fallback: unsafe region"],
+        fbk,
+        rate,
+        d["additional corruption"],
+        d["shared corruption"],
+        d["silent corruption"],
+    )
+
+
 def table_md(summary, meta, codes=None):
     cols = [c for c in CLASSES if any(d[c] for d in summary.values())] or list(CLASSES)
     lines = [
@@ -859,6 +883,17 @@ def table_md(summary, meta, codes=None):
         n = sum(d.values())
         cells = [f"{d[k]} ({100 * d[k] / n:.1f}%)" for k in cols]
         lines.append(f"| {t} | {c} | {n} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "As PHOENIX's Table 7 (the rate is warm recoveries of the runs that failed, crash or hang;"
+        " Fbk. = crash after recovery + other fallbacks; Add./Shd. count among the failed runs):",
+        "",
+        "| target | configuration | failed | Rec. | Chk. | Fbk. | Rate | Add. | Shd. | Sil. |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (t, c), d in sorted(summary.items()):
+        f, rec, chk, fbk, rate, add, shd, sil = phoenix_row(d)
+        lines.append(f"| {t} | {c} | {f} | {rec} | {chk} | {fbk} | {rate:.1f}% | {add} | {shd} | {sil} |")
     lines.append("")
     for (t, c), d in sorted((codes or {}).items()):
         why = ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
@@ -933,6 +968,9 @@ def main():
             print(json.dumps(res, indent=1))
             return 0
         results, profiles = [], {}
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        partial = Path(a.out) / f"{a.name}.partial.jsonl"
+        partial.unlink(missing_ok=True)
         t_start = time.monotonic()
         for tn in a.targets.split(","):
             t = TARGETS[tn](a.build)
@@ -945,7 +983,8 @@ def main():
                   f"(of {profiles[tn]['all_sites']})", file=sys.stderr)  # fmt: skip
             for cfg in a.configs.split(","):
                 results += campaign(t, cfg, sites, a.runs, a.seed, work, a.jobs,
-                                    log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
+                                    log=lambda m: print(m, file=sys.stderr, flush=True),
+                                    partial=partial)  # fmt: skip
         elapsed = time.monotonic() - t_start
         summary = summarize(results)
         meta = {
@@ -977,6 +1016,7 @@ def main():
         (out / f"{a.name}.md").write_text(table_md(summary, meta, codes))
         chart(summary, out / f"{a.name}.png")
         print(table_md(summary, meta, codes))
+        partial.unlink(missing_ok=True)
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
