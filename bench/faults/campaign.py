@@ -301,6 +301,7 @@ class Run:
         self.failures_seen = 0  # op errors that led to a restart
         self.error_replies = 0
         self.read_mismatches = 0
+        self.mismatches_before_restart = None  # wrong GETs the faulty incarnation served
         self.harness_kills = 0
         self.ident = None
         self.unnoticed_restarts = 0
@@ -419,6 +420,8 @@ class Run:
         new = ups[s.seen_up :]
         s.seen_up = len(ups)
         self.failures_seen = len(s.events("failure"))
+        if self.mismatches_before_restart is None and any(u.get("generation", 0) > 0 for u in new):
+            self.mismatches_before_restart = self.read_mismatches
         if any(u.get("kind") == "cold" for u in new if u.get("generation", 0) > 0):
             self.model.cold()
 
@@ -620,6 +623,7 @@ class Run:
         res["ups"] = [{k: e.get(k) for k in ("generation", "kind", "code", "reason")} for e in s.events("up")]
         res.update(unnoticed_restarts=self.unnoticed_restarts, error_replies=self.error_replies,
                    read_mismatches=self.read_mismatches, harness_kills=self.harness_kills,
+                   mismatches_before_restart=self.mismatches_before_restart,
                    seconds=round(time.monotonic() - t0, 3))  # fmt: skip
         res["observed"] = observed(res)
         return res
@@ -765,7 +769,7 @@ def one_run(target, config, site, after, seed, workdir, keep=False):
         restarted = any((u.get("generation") or 0) > 0 for u in res.get("ups", []))
         if res.get("corrupt_keys") and restarted:
             v = Run(target, config, wd / "vanilla", site=site, after=after, seed=seed, vanilla=True).execute()
-            keep = (
+            fields = (
                 "corrupt_keys",
                 "corrupt_sample",
                 "observed",
@@ -774,14 +778,16 @@ def one_run(target, config, site, after, seed, workdir, keep=False):
                 "unrecovered",
                 "fired",
             )
-            res["vanilla_result"] = {k: v[k] for k in keep if k in v}
+            res["vanilla_result"] = {k: v[k] for k in fields if k in v}
         res["class"] = classify(res)
         bad = inconsistencies(res)
         if bad:
             res["inconsistent"] = bad
         return res
     finally:
-        if not keep:
+        if keep:
+            print(f"campaign: the run's directory is kept: {wd}", file=sys.stderr)
+        else:
             shutil.rmtree(wd, ignore_errors=True)
 
 
@@ -869,7 +875,23 @@ def phoenix_row(d):
     )
 
 
-def table_md(summary, meta, codes=None):
+def corruption_notes(results):
+    """One line per target and configuration with additional or shared
+    corruption: the functions and fault types of those runs."""
+    out = {}
+    for r in results:
+        if r["class"] in ("additional corruption", "shared corruption"):
+            d = out.setdefault((r["target"], r["config"], r["class"]), {})
+            w = f"{r.get('function')} ({r.get('type')})"
+            d[w] = d.get(w, 0) + 1
+    lines = []
+    for (t, c, cls), d in sorted(out.items()):
+        where = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(d.items()))
+        lines.append(f"- {t} / {c}, {cls}: {sum(d.values())}: {where}")
+    return lines
+
+
+def table_md(summary, meta, codes=None, notes=None):
     cols = [c for c in CLASSES if any(d[c] for d in summary.values())] or list(CLASSES)
     lines = [
         f"# Fault campaign ({meta['date']})",
@@ -898,6 +920,7 @@ def table_md(summary, meta, codes=None):
     for (t, c), d in sorted((codes or {}).items()):
         why = ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
         lines.append(f"- {t} / {c}, why the fallbacks went cold: {why}")
+    lines += notes or []
     lines.append("")
     return "\n".join(lines)
 
@@ -956,7 +979,7 @@ def main():
         results = doc["runs"]
         stem = Path(a.redraw).with_suffix("")
         summary, codes = summarize(results), cold_codes(results)
-        stem.with_suffix(".md").write_text(table_md(summary, doc["meta"], codes))
+        stem.with_suffix(".md").write_text(table_md(summary, doc["meta"], codes, corruption_notes(results)))
         chart(summary, stem.with_suffix(".png"))
         return 0
 
@@ -1013,13 +1036,14 @@ def main():
             "runs": results,
         }  # fmt: skip
         (out / f"{a.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-        (out / f"{a.name}.md").write_text(table_md(summary, meta, codes))
+        (out / f"{a.name}.md").write_text(table_md(summary, meta, codes, corruption_notes(results)))
         chart(summary, out / f"{a.name}.png")
-        print(table_md(summary, meta, codes))
+        print(table_md(summary, meta, codes, corruption_notes(results)))
         partial.unlink(missing_ok=True)
         return 0
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not (a.one and a.keep):  # --keep: one_run said where the run's directory is
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
