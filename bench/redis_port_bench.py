@@ -86,13 +86,19 @@ def taskset(cpu, argv):
 # ---------------------------------------------------------------- throughput
 
 
-def bench_once(build, port, requests, pipeline):
+def cpu_seconds(pid):
+    """The process's user + system CPU time (/proc/PID/stat, clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_once(build, port, requests, pipeline, tests=TESTS):
     argv = [str(binary(build, "stock", "redis-benchmark")), "-h", "127.0.0.1", "-p", str(port)]
-    argv += ["-c", str(CLIENTS), "-n", str(requests), "-t", ",".join(TESTS).lower(), "-d", "100"]
+    argv += ["-c", str(CLIENTS), "-n", str(requests), "-t", ",".join(tests).lower(), "-d", "100"]
     argv += ["-r", "1000000", "-q", "--csv", "-P", str(pipeline)]
     out = subprocess.run(taskset("1", argv), capture_output=True, text=True, check=True).stdout
-    rows = {r["test"].split()[0]: float(r["rps"]) for r in csv.DictReader(io.StringIO(out))}
-    return {t: rows[t] for t in TESTS if t in rows}
+    rows = {r["test"].split()[0]: r for r in csv.DictReader(io.StringIO(out))}
+    return {t: (float(rows[t]["rps"]), float(rows[t]["p99_latency_ms"])) for t in tests if t in rows}
 
 
 def throughput(build, rounds, requests, requests_p, tmp):
@@ -114,14 +120,20 @@ def throughput(build, rounds, requests, requests_p, tmp):
             for pipeline in (1, 16):
                 for kind in order:
                     n = requests if pipeline == 1 else requests_p
-                    res = bench_once(build, running[kind][1], n, pipeline)
-                    for test, rps in res.items():
+                    srv, port = running[kind]
+                    res = {}
+                    for test in TESTS:  # one test a run: the server's CPU time per request of each
+                        cpu0 = cpu_seconds(srv.proc.pid)
+                        rps, p99 = bench_once(build, port, n, pipeline, [test])[test]
+                        cpu_ns = 1e9 * (cpu_seconds(srv.proc.pid) - cpu0) / n
+                        res[test] = (rps, p99)
                         rows.append(
-                            {"round": r, "server": kind, "pipeline": pipeline, "test": test, "rps": rps}
-                        )
+                            {"round": r, "server": kind, "pipeline": pipeline, "test": test, "rps": rps,
+                             "p99_ms": p99, "server_cpu_ns_per_req": cpu_ns}
+                        )  # fmt: skip
                     print(
                         f"round {r} P={pipeline:2d} {kind:5s} "
-                        + " ".join(f"{t} {v:,.0f}" for t, v in res.items())
+                        + " ".join(f"{t} {v:,.0f}" for t, (v, _) in res.items())
                     )
     finally:
         for srv, _ in running.values():
@@ -131,8 +143,9 @@ def throughput(build, rounds, requests, requests_p, tmp):
 
 def throughput_table(rows):
     out = [
-        "| test | pipeline | stock req/s | port req/s | port/stock [range of the rounds] |",
-        "|---|---:|---:|---:|---:|",
+        "| test | pipeline | stock req/s | port req/s | port/stock [range of the rounds] "
+        "| p99 ms (stock / port) | server CPU ns/req (stock / port) | CPU port/stock |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for pipeline in (1, 16):
         for test in TESTS:
@@ -142,12 +155,23 @@ def throughput_table(rows):
                 if (r["pipeline"], r["test"]) == (pipeline, test)
             }
             med = {k: statistics.median([v for (_, s), v in by.items() if s == k] or [0]) for k in SERVERS}
+
+            def median_of(field, k, test=test, pipeline=pipeline):
+                mine = [
+                    r[field] for r in rows if (r["pipeline"], r["test"], r["server"]) == (pipeline, test, k)
+                ]
+                return statistics.median(mine or [0])
+
+            p99 = {k: median_of("p99_ms", k) for k in SERVERS}
+            cpu = {k: median_of("server_cpu_ns_per_req", k) for k in SERVERS}
             rr = [by[(r, "port")] / by[(r, "stock")] for r in {r for r, _ in by} if (r, "port") in by]
             if not med["stock"] or not rr:
                 continue
             out.append(
                 f"| {test} | {pipeline} | {med['stock']:,.0f} | {med['port']:,.0f} "
-                f"| **{med['port'] / med['stock']:.1%}** [{min(rr):.0%}–{max(rr):.0%}] |"
+                f"| **{med['port'] / med['stock']:.1%}** [{min(rr):.0%}–{max(rr):.0%}] "
+                f"| {p99['stock']:.2f} / {p99['port']:.2f} | {cpu['stock']:,.0f} / {cpu['port']:,.0f} "
+                f"| **{cpu['port'] / cpu['stock']:.3f}** |"
             )
     return "\n".join(out) + "\n"
 

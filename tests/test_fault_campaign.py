@@ -179,3 +179,31 @@ def test_model_uncertain_and_cold():
     m.cold()
     assert m.kv == {b"a": b"1", b"b": b"2"} and m.ok(b"c", None) and not m.ok(b"c", b"5")
     assert Path(C.__file__).parent == ROOT / "bench" / "faults"
+
+
+def test_a_del_failing_between_its_deletes_goes_cold(target, sites, tmp_path):
+    # DEL's loop bound `i < ARGC` inverted: once a key is deleted the loop
+    # runs past its arguments and fails inside the same DEL.  The deletes
+    # are one region (ks_txn_begin/end, PHOENIX's rule for one
+    # transaction), so the restart is cold and keeps no half DEL; with a
+    # region per delete, the warm restart kept the deletes already done
+    # (additional corruption in the 1,000-run campaign of 2026-11-24).
+    lines = (ROOT / "examples/rkv/commands.c").read_text().splitlines()
+    found = [
+        s
+        for s in sites.values()
+        if s["function"] == "cmd_del"
+        and s["type"] == "comparison-inversion"
+        and "i < ARGC" in lines[s["line"] - 1]
+        and "slt" in s.get("description", "")
+    ]
+    assert found, "no executed comparison-inversion site on DEL's loop bound"
+    res = run(target, found[0], "regions", tmp_path / "r")
+    check(res)
+    assert res["fired"] and res["observed"] in ("crash", "hang"), json.dumps(res, indent=1)
+    assert res["class"] == "fallback: unsafe region", json.dumps(res, indent=1)
+    assert res["corrupt_keys"] == 0
+    # without regions the warm restart keeps the deletes the DEL did
+    res = run(target, found[0], "noregions", tmp_path / "n")
+    check(res)
+    assert res["class"] == "additional corruption", json.dumps(res, indent=1)

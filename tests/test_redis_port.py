@@ -176,6 +176,47 @@ def test_a_crash_inside_exec_goes_cold_and_loads_the_rdb(standalone):
     assert "DB loaded from disk" in log
 
 
+def test_a_transaction_crashing_before_its_first_change_is_warm(standalone):
+    """EXEC allocates from the arena throughout, but its unsafe region opens
+    only at its first change of the keyspace: a crash before it is warm."""
+    c = client(standalone.port)
+    c.set("kept", "1")
+    p = c.pipeline(transaction=True)
+    p.get("kept")
+    p.execute_command("DEBUG", "SEGFAULT")
+    with pytest.raises(redis.ConnectionError):
+        p.execute()
+    c = client(standalone.port)
+    assert c.get("kept") == b"1"
+    log = standalone.text()
+    assert "Rekindle: warm start (generation 1)" in log, log[-3000:]
+
+
+def test_swapdb_and_flushall_async_are_kept_warm(standalone):
+    """SWAPDB and FLUSHALL ASYNC replace the db dicts: the warm keyspace is
+    the swapped and flushed one (the root follows the dicts)."""
+    c = client(standalone.port)
+    c.set("in0", "a")
+    c.execute_command("SELECT", 1)
+    c.set("in1", "b")
+    c.execute_command("SWAPDB", 0, 1)
+    crash(c, "DEBUG", "SEGFAULT")
+    c = client(standalone.port)
+    assert c.keys("*") == [b"in1"]
+    c.execute_command("SELECT", 1)
+    assert c.keys("*") == [b"in0"]
+    c.execute_command("FLUSHALL", "ASYNC")
+    c.set("after-flush", "1")
+    time.sleep(1.2)  # past the crash-loop window of the warm start
+    crash(c, "DEBUG", "SEGFAULT")
+    c = client(standalone.port)
+    c.execute_command("SELECT", 1)
+    assert c.keys("*") == [b"after-flush"]
+    c.execute_command("SELECT", 0)
+    assert c.keys("*") == []
+    assert "Rekindle: warm start (generation 2)" in standalone.text()
+
+
 def test_warm_after_sigkill_under_rekindle_run(supervise, tmp_path):
     if not PORT_SERVER.exists():
         pytest.fail(f"{PORT_SERVER} missing: run `make redis` first")

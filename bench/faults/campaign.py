@@ -301,6 +301,7 @@ class Run:
         self.failures_seen = 0  # op errors that led to a restart
         self.error_replies = 0
         self.read_mismatches = 0
+        self.mismatches_before_restart = None  # wrong GETs the faulty incarnation served
         self.harness_kills = 0
         self.ident = None
         self.unnoticed_restarts = 0
@@ -419,6 +420,8 @@ class Run:
         new = ups[s.seen_up :]
         s.seen_up = len(ups)
         self.failures_seen = len(s.events("failure"))
+        if self.mismatches_before_restart is None and any(u.get("generation", 0) > 0 for u in new):
+            self.mismatches_before_restart = self.read_mismatches
         if any(u.get("kind") == "cold" for u in new if u.get("generation", 0) > 0):
             self.model.cold()
 
@@ -620,6 +623,7 @@ class Run:
         res["ups"] = [{k: e.get(k) for k in ("generation", "kind", "code", "reason")} for e in s.events("up")]
         res.update(unnoticed_restarts=self.unnoticed_restarts, error_replies=self.error_replies,
                    read_mismatches=self.read_mismatches, harness_kills=self.harness_kills,
+                   mismatches_before_restart=self.mismatches_before_restart,
                    seconds=round(time.monotonic() - t0, 3))  # fmt: skip
         res["observed"] = observed(res)
         return res
@@ -765,7 +769,7 @@ def one_run(target, config, site, after, seed, workdir, keep=False):
         restarted = any((u.get("generation") or 0) > 0 for u in res.get("ups", []))
         if res.get("corrupt_keys") and restarted:
             v = Run(target, config, wd / "vanilla", site=site, after=after, seed=seed, vanilla=True).execute()
-            keep = (
+            fields = (
                 "corrupt_keys",
                 "corrupt_sample",
                 "observed",
@@ -774,14 +778,16 @@ def one_run(target, config, site, after, seed, workdir, keep=False):
                 "unrecovered",
                 "fired",
             )
-            res["vanilla_result"] = {k: v[k] for k in keep if k in v}
+            res["vanilla_result"] = {k: v[k] for k in fields if k in v}
         res["class"] = classify(res)
         bad = inconsistencies(res)
         if bad:
             res["inconsistent"] = bad
         return res
     finally:
-        if not keep:
+        if keep:
+            print(f"campaign: the run's directory is kept: {wd}", file=sys.stderr)
+        else:
             shutil.rmtree(wd, ignore_errors=True)
 
 
@@ -791,7 +797,7 @@ def pick(sites, rng):
     return s, s["load_count"] + s["workload_count"] // 2
 
 
-def campaign(target, config, sites, runs, seed, workdir, jobs=1, log=None):
+def campaign(target, config, sites, runs, seed, workdir, jobs=1, log=None, partial=None):
     rng = random.Random(f"{seed}-{target.name}")  # the same faults in every configuration
     plan = []
     for i in range(runs):
@@ -805,6 +811,9 @@ def campaign(target, config, sites, runs, seed, workdir, jobs=1, log=None):
         if log:
             log(f"{target.name}/{config} {i + 1}/{runs} {s['type']} {s['function']} -> {res['class']}"
                 f" ({res['observed']}, {res['seconds']}s)")  # fmt: skip
+        if partial:  # every finished run, so a campaign cut short still has its results
+            with open(partial, "a") as f:
+                f.write(json.dumps(res) + "\n")
         return res
 
     if jobs <= 1:
@@ -845,7 +854,44 @@ def count(results, target, config, field):
     return out
 
 
-def table_md(summary, meta, codes=None):
+def phoenix_row(d):
+    """PHOENIX Table 7's columns from our classes: the runs that failed
+    (crash or hang, so a restart), warm recoveries (Rec.), fallbacks by the
+    unsafe-region check (Chk.), other fallbacks (Fbk.: a crash after
+    recovery, or the runtime's own checks), the rate Rec. / failed, and the
+    corruption classes (Add., Shd.; Sil. without a restart)."""
+    failed = sum(d[k] for k in CLASSES[:6]) + d["unrecovered"]
+    fbk = d["fallback: crash after recovery"] + d["fallback: other"]
+    rate = 100 * d["warm recovery"] / failed if failed else 0.0
+    return (
+        failed,
+        d["warm recovery"],
+        d["fallback: unsafe region"],
+        fbk,
+        rate,
+        d["additional corruption"],
+        d["shared corruption"],
+        d["silent corruption"],
+    )
+
+
+def corruption_notes(results):
+    """One line per target and configuration with additional or shared
+    corruption: the functions and fault types of those runs."""
+    out = {}
+    for r in results:
+        if r["class"] in ("additional corruption", "shared corruption"):
+            d = out.setdefault((r["target"], r["config"], r["class"]), {})
+            w = f"{r.get('function')} ({r.get('type')})"
+            d[w] = d.get(w, 0) + 1
+    lines = []
+    for (t, c, cls), d in sorted(out.items()):
+        where = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(d.items()))
+        lines.append(f"- {t} / {c}, {cls}: {sum(d.values())}: {where}")
+    return lines
+
+
+def table_md(summary, meta, codes=None, notes=None):
     cols = [c for c in CLASSES if any(d[c] for d in summary.values())] or list(CLASSES)
     lines = [
         f"# Fault campaign ({meta['date']})",
@@ -859,10 +905,22 @@ def table_md(summary, meta, codes=None):
         n = sum(d.values())
         cells = [f"{d[k]} ({100 * d[k] / n:.1f}%)" for k in cols]
         lines.append(f"| {t} | {c} | {n} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "As PHOENIX's Table 7 (the rate is warm recoveries of the runs that failed, crash or hang;"
+        " Fbk. = crash after recovery + other fallbacks; Add./Shd. count among the failed runs):",
+        "",
+        "| target | configuration | failed | Rec. | Chk. | Fbk. | Rate | Add. | Shd. | Sil. |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (t, c), d in sorted(summary.items()):
+        f, rec, chk, fbk, rate, add, shd, sil = phoenix_row(d)
+        lines.append(f"| {t} | {c} | {f} | {rec} | {chk} | {fbk} | {rate:.1f}% | {add} | {shd} | {sil} |")
     lines.append("")
     for (t, c), d in sorted((codes or {}).items()):
         why = ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
         lines.append(f"- {t} / {c}, why the fallbacks went cold: {why}")
+    lines += notes or []
     lines.append("")
     return "\n".join(lines)
 
@@ -921,7 +979,7 @@ def main():
         results = doc["runs"]
         stem = Path(a.redraw).with_suffix("")
         summary, codes = summarize(results), cold_codes(results)
-        stem.with_suffix(".md").write_text(table_md(summary, doc["meta"], codes))
+        stem.with_suffix(".md").write_text(table_md(summary, doc["meta"], codes, corruption_notes(results)))
         chart(summary, stem.with_suffix(".png"))
         return 0
 
@@ -933,6 +991,9 @@ def main():
             print(json.dumps(res, indent=1))
             return 0
         results, profiles = [], {}
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        partial = Path(a.out) / f"{a.name}.partial.jsonl"
+        partial.unlink(missing_ok=True)
         t_start = time.monotonic()
         for tn in a.targets.split(","):
             t = TARGETS[tn](a.build)
@@ -945,7 +1006,8 @@ def main():
                   f"(of {profiles[tn]['all_sites']})", file=sys.stderr)  # fmt: skip
             for cfg in a.configs.split(","):
                 results += campaign(t, cfg, sites, a.runs, a.seed, work, a.jobs,
-                                    log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
+                                    log=lambda m: print(m, file=sys.stderr, flush=True),
+                                    partial=partial)  # fmt: skip
         elapsed = time.monotonic() - t_start
         summary = summarize(results)
         meta = {
@@ -974,12 +1036,14 @@ def main():
             "runs": results,
         }  # fmt: skip
         (out / f"{a.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-        (out / f"{a.name}.md").write_text(table_md(summary, meta, codes))
+        (out / f"{a.name}.md").write_text(table_md(summary, meta, codes, corruption_notes(results)))
         chart(summary, out / f"{a.name}.png")
-        print(table_md(summary, meta, codes))
+        print(table_md(summary, meta, codes, corruption_notes(results)))
+        partial.unlink(missing_ok=True)
         return 0
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not (a.one and a.keep):  # --keep: one_run said where the run's directory is
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -463,11 +463,14 @@ static void cmd_mset(struct conn *c)
 		reply_error(c, "ERR wrong number of arguments for 'mset' command");
 		return;
 	}
+	ks_txn_begin(srv.db);
 	for (int i = 1; i < ARGC; i += 2)
 		if (!ks_set(srv.db, A(i).p, A(i).n, A(i + 1).p, A(i + 1).n, 0)) {
+			ks_txn_end(srv.db);
 			reply_oom(c);
 			return;
 		}
+	ks_txn_end(srv.db);
 	reply_ok(c);
 }
 
@@ -550,9 +553,16 @@ static void cmd_type(struct conn *c)
 static void cmd_del(struct conn *c)
 {
 	long long n = 0;
+	bool changing = false; /* the region opens at the first delete */
 	for (int i = 1; i < ARGC; i++)
-		if (ks_lookup(srv.db, A(i).p, A(i).n, srv.now_ms))
+		if (ks_lookup(srv.db, A(i).p, A(i).n, srv.now_ms)) {
+			if (!changing)
+				ks_txn_begin(srv.db);
+			changing = true;
 			n += ks_del(srv.db, A(i).p, A(i).n);
+		}
+	if (changing)
+		ks_txn_end(srv.db);
 	reply_int(c, n);
 }
 

@@ -333,6 +333,18 @@ out:
 	return e;
 }
 
+void ks_txn_begin(struct db *db)
+{
+	(void)db;
+	UNSAFE_BEGIN();
+}
+
+void ks_txn_end(struct db *db)
+{
+	(void)db;
+	UNSAFE_END();
+}
+
 bool ks_del(struct db *db, const char *k, size_t kn)
 {
 	struct entry **l = find_link(db, k, kn, ks_hash(db, k, kn));

@@ -73,6 +73,12 @@ struct entry *ks_set(struct db *db, const char *k, size_t kn, const char *v, siz
 /* Replaces e's value by the concatenation v1+v2 (APPEND, INCR); may move e. */
 struct entry *ks_set_value(struct db *db, struct entry *e, const char *v1, size_t n1, const char *v2, size_t n2);
 bool ks_del(struct db *db, const char *k, size_t kn);
+/* One command's changes of several keys (DEL, MSET) as one unsafe region,
+ * from its first change to its last (PHOENIX's rule for a transaction): a
+ * failure between two of them restarts cold instead of keeping half the
+ * command.  Nests with the regions of the calls above. */
+void ks_txn_begin(struct db *db);
+void ks_txn_end(struct db *db);
 void ks_set_expire(struct db *db, struct entry *e, int64_t expire_ms);
 void ks_flush(struct db *db);
 /* One active-expiry cycle: samples keys with a TTL like Redis. */
