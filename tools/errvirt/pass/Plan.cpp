@@ -15,6 +15,7 @@ namespace rekindle_ev {
 static bool errorFits(const ModelFn &M, Type *Ret) {
   switch (M.Err) {
   case EV_ERR_NEG1:
+  case EV_ERR_ERRNO:
     return Ret->isIntegerTy();
   case EV_ERR_NULL:
   case EV_ERR_MAPFAILED:

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "ev_internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdlib.h>
@@ -48,6 +49,9 @@ static void ev_run_deferred(const struct ev_op *op)
 		break;
 	case EV_DEF_MUNMAP:
 		(void)munmap((void *)op->a0, op->a1);
+		break;
+	case EV_DEF_CLOSEDIR:
+		(void)closedir((DIR *)op->a0);
 		break;
 	case EV_DEF_RK_FREE:
 		if (rk_free && rk_unsafe_begin && rk_unsafe_end) {
@@ -208,6 +212,14 @@ int __rk_ev_close(int fd)
 	return 0;
 }
 
+int __rk_ev_closedir(void *dir)
+{
+	if (!ev_deferring())
+		return closedir(dir);
+	ev_push(EV_DEF_CLOSEDIR, 0, (uint64_t)dir, 0, false);
+	return 0;
+}
+
 int __rk_ev_munmap(void *p, size_t n)
 {
 	if (!ev_deferring())
@@ -273,6 +285,8 @@ void __rk_ev_compensate(uint32_t fn, uint64_t ret, uint64_t a0, uint64_t a1)
 	ev_line_str(&l, "gate", m->name);
 	ev_line_u64(&l, "errno", (uint64_t)m->err_errno);
 	ev_line_str(&l, "compensation", ev_comp_name(m->comp));
+	/* signal to resumed execution: the program's error path runs next */
+	ev_line_u64(&l, "recovery_ns", ev_now_ns() - s->fault_ns);
 	ev_line_end(&l);
 	errno = m->err_errno;
 }
