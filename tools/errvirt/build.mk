@@ -141,3 +141,11 @@ test system-test: $(NGINX_EV) $(NGINX_FI_EV) $(LIGHTTPD_FI_EV)
 FAULT_CANDIDATES ?= 300
 bench-errvirt-faults: deps $(NGINX_FI_EV) $(LIGHTTPD_FI_EV) $(RKV_FI_EV)
 	python3 tools/errvirt/fault_campaign.py $(BUILD) --candidates $(FAULT_CANDIDATES)
+
+# wrk throughput of nginx and lighttpd with the pass against the same
+# source built by clang-19 alone (docs/results.md, "Error virtualization").
+.PHONY: bench-errvirt-http
+bench-errvirt-http: deps $(NGINX_EV) $(LIGHTTPD_EV)
+	BUILD=$(BUILD) bash tools/errvirt/servers/nginx.sh clang
+	BUILD=$(BUILD) bash tools/errvirt/servers/lighttpd.sh clang
+	python3 tools/errvirt/bench_http.py $(BUILD) --rounds $(ROUNDS)

@@ -155,7 +155,7 @@ class Server:
 
 def expected(path):
     """The body a correct server sends for path, or None (any 200 body)."""
-    if path == "/index.html":
+    if path in ("/index.html", "/"):
         return INDEX
     if path == "/big.bin":
         return bytes(i * 7 % 251 for i in range(BIG_SIZE))
@@ -176,7 +176,7 @@ def check(status, body, path):
     return "ok"
 
 
-PATHS = ("/index.html", "/big.bin", "/dir/", "/missing-{i}", "/index.html")
+PATHS = ("/index.html", "/big.bin", "/dir/", "/missing-{i}", "/")
 
 
 def get(conn, path):
