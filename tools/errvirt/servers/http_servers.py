@@ -8,7 +8,11 @@ nginx runs with `master_process off; daemon off;`: the one process serves
 every connection (error virtualization serves one thread per process;
 docs/errvirt.md, "Threads").  nginx keeps only the environment variables
 its `env` directives name, so the configuration names the ones the
-run-times read after main (the injector and errvirt read theirs before)."""
+run-times read after main (the injector and errvirt read theirs before).
+Logging as production configurations do: no access log, and no error-log
+line per missing file (`log_not_found off`).  Each log line is a `write`,
+an irrecoverable call that closes the recoverable window for the rest of
+its request (docs/errvirt.md, "nginx")."""
 
 import http.client
 import json
@@ -65,7 +69,7 @@ def nginx_conf(d, port, www):
         "env REKINDLE_EV_REPORT;\nenv REKINDLE_FAULT_TRACE;\n"
         f"error_log {d / 'error.log'} notice;\npid {d / 'nginx.pid'};\n"
         "events { worker_connections 256; }\n"
-        "http {\n  access_log off;\n" + temps + "  keepalive_requests 100000;\n"
+        "http {\n  access_log off;\n  log_not_found off;\n" + temps + "  keepalive_requests 100000;\n"
         f"  server {{\n    listen 127.0.0.1:{port};\n    root {www};\n"
         "    location /dir/ { autoindex on; }\n  }\n}\n"
     )
