@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 EV_TLS struct ev_regs rk_ev_regs;
@@ -188,6 +189,10 @@ void __rk_ev_log_call(uint32_t fn, uint64_t a0, uint64_t a1, uint64_t a2)
 	case EV_LOG_A1_WORD:
 		if (a1)
 			__rk_ev_log_range((void *)a1, sizeof(void *));
+		break;
+	case EV_LOG_A1_TM:
+		if (a1)
+			__rk_ev_log_range((void *)a1, sizeof(struct tm));
 		break;
 	}
 }
