@@ -122,7 +122,9 @@ def fi_lighttpd(tmp_path):
 
     def start(env):
         if not LIGHTTPD_FI_EV.exists():
-            pytest.fail(f"{LIGHTTPD_FI_EV} missing: run `make {LIGHTTPD_FI_EV.relative_to(BUILD.parent)}` first")
+            pytest.fail(
+                f"{LIGHTTPD_FI_EV} missing: run `make {LIGHTTPD_FI_EV.relative_to(BUILD.parent)}` first"
+            )
         s = hs.Server("lighttpd", LIGHTTPD_FI_EV, tmp_path / f"run{len(started)}", env=env)
         started.append(s)
         if not s.wait_serving():
@@ -169,7 +171,9 @@ def test_index_fault_crashes_lighttpd_without_errvirt(fi_lighttpd):
 
 
 def test_index_crash_becomes_error_response(fi_lighttpd):
-    env = dict(os.environ, REKINDLE_FAULT=index_fault(), REKINDLE_FAULT_MODE="persistent", REKINDLE_EV_REPORT="1")
+    env = dict(
+        os.environ, REKINDLE_FAULT=index_fault(), REKINDLE_FAULT_MODE="persistent", REKINDLE_EV_REPORT="1"
+    )
     s = fi_lighttpd(env)
     other = http.client.HTTPConnection("127.0.0.1", s.port, timeout=5)
     assert hs.get(other, "/index.html") == (200, hs.INDEX)

@@ -105,7 +105,9 @@ def test_listing_fault_crashes_nginx_without_errvirt(servers, tmp_path):
     """The fault is a real fail-stop crash: with errvirt off at run time
     (the same binary), the first listing kills nginx with SIGSEGV."""
     need(NGINX_FI_EV)
-    env = dict(os.environ, REKINDLE_FAULT=listing_fault(), REKINDLE_FAULT_MODE="persistent", REKINDLE_EV="off")
+    env = dict(
+        os.environ, REKINDLE_FAULT=listing_fault(), REKINDLE_FAULT_MODE="persistent", REKINDLE_EV="off"
+    )
     s = servers(NGINX_FI_EV, tmp_path, env)
     c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=5)
     assert hs.get(c, "/index.html")[0] == 200
@@ -120,7 +122,9 @@ def test_listing_crash_becomes_error_response(servers, tmp_path):
     response; another keep-alive connection is served throughout, on the
     same socket, by the same process, which never restarts."""
     need(NGINX_FI_EV)
-    env = dict(os.environ, REKINDLE_FAULT=listing_fault(), REKINDLE_FAULT_MODE="persistent", REKINDLE_EV_REPORT="1")
+    env = dict(
+        os.environ, REKINDLE_FAULT=listing_fault(), REKINDLE_FAULT_MODE="persistent", REKINDLE_EV_REPORT="1"
+    )
     s = servers(NGINX_FI_EV, tmp_path, env)
     other = http.client.HTTPConnection("127.0.0.1", s.port, timeout=5)
     assert hs.get(other, "/index.html") == (200, hs.INDEX)

@@ -48,8 +48,12 @@ def wrk(port, path, duration, conns):
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
     scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}
-    return {"requests": reqs, "rps": rps, "non2xx": int(non2xx.group(1)) if non2xx else 0,
-            "p99_ms": float(p99.group(1)) * scale[p99.group(2)] if p99 else None}  # fmt: skip
+    return {
+        "requests": reqs,
+        "rps": rps,
+        "non2xx": int(non2xx.group(1)) if non2xx else 0,
+        "p99_ms": float(p99.group(1)) * scale[p99.group(2)] if p99 else None,
+    }
 
 
 def measure(kind, exe, d, test, args):
@@ -78,11 +82,16 @@ def main():
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     b = args.build.resolve() / "errvirt"
-    exes = {(n, k): b / f"{n}-{k}" / "inst" / "sbin" / n for n in ("nginx", "lighttpd") for k in ("ev", "clang")}
+    exes = {
+        (n, k): b / f"{n}-{k}" / "inst" / "sbin" / n for n in ("nginx", "lighttpd") for k in ("ev", "clang")
+    }
     servers = [x for x in args.servers.split(",") if x]
-    for (n, k), e in exes.items():
+    for (n, _kind), e in exes.items():
         if n in servers and not e.exists():
-            print(f"bench_http: reason=not_built: {e} (run `make errvirt-nginx errvirt-lighttpd`)", file=sys.stderr)
+            print(
+                f"bench_http: reason=not_built: {e} (run `make errvirt-nginx errvirt-lighttpd`)",
+                file=sys.stderr,
+            )
             return 2
     rows = []
     with tempfile.TemporaryDirectory(prefix="ev-http-") as tmp:
@@ -92,34 +101,56 @@ def main():
                 for rnd in range(args.rounds):
                     order = ("clang", "ev") if rnd % 2 == 0 else ("ev", "clang")
                     for k in order:
-                        runs[k].append(measure(n, exes[(n, k)], Path(tmp) / f"{n}-{test}-{k}-{rnd}", test, args))
+                        runs[k].append(
+                            measure(n, exes[(n, k)], Path(tmp) / f"{n}-{test}-{k}-{rnd}", test, args)
+                        )
                 rps_ratio = [c["rps"] / e["rps"] for c, e in zip(runs["clang"], runs["ev"], strict=True)]
-                cpu_ratio = [e["cpu_us_per_req"] / c["cpu_us_per_req"] for c, e in zip(runs["clang"], runs["ev"], strict=True)]
-                row = {"server": n, "test": test, "path": TESTS[test],
-                       "rps_clang": statistics.median(r["rps"] for r in runs["clang"]),
-                       "rps_ev": statistics.median(r["rps"] for r in runs["ev"]),
-                       "throughput_overhead_pct": round(100 * (statistics.median(rps_ratio) - 1), 1),
-                       "cpu_us_clang": statistics.median(r["cpu_us_per_req"] for r in runs["clang"]),
-                       "cpu_us_ev": statistics.median(r["cpu_us_per_req"] for r in runs["ev"]),
-                       "cpu_overhead_pct": round(100 * (statistics.median(cpu_ratio) - 1), 1),
-                       "p99_ms_clang": statistics.median(r["p99_ms"] for r in runs["clang"]),
-                       "p99_ms_ev": statistics.median(r["p99_ms"] for r in runs["ev"]),
-                       "runs": runs}  # fmt: skip
+                cpu_ratio = [
+                    e["cpu_us_per_req"] / c["cpu_us_per_req"]
+                    for c, e in zip(runs["clang"], runs["ev"], strict=True)
+                ]
+                row = {
+                    "server": n,
+                    "test": test,
+                    "path": TESTS[test],
+                    "rps_clang": statistics.median(r["rps"] for r in runs["clang"]),
+                    "rps_ev": statistics.median(r["rps"] for r in runs["ev"]),
+                    "throughput_overhead_pct": round(100 * (statistics.median(rps_ratio) - 1), 1),
+                    "cpu_us_clang": statistics.median(r["cpu_us_per_req"] for r in runs["clang"]),
+                    "cpu_us_ev": statistics.median(r["cpu_us_per_req"] for r in runs["ev"]),
+                    "cpu_overhead_pct": round(100 * (statistics.median(cpu_ratio) - 1), 1),
+                    "p99_ms_clang": statistics.median(r["p99_ms"] for r in runs["clang"]),
+                    "p99_ms_ev": statistics.median(r["p99_ms"] for r in runs["ev"]),
+                    "runs": runs,
+                }
                 rows.append(row)
-                print(f"{n} {test}: rps {row['rps_clang']:.0f} -> {row['rps_ev']:.0f} "
-                      f"(+{row['throughput_overhead_pct']}%), cpu/req {row['cpu_us_clang']:.1f} -> "
-                      f"{row['cpu_us_ev']:.1f} us (+{row['cpu_overhead_pct']}%)", flush=True)  # fmt: skip
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": os.getloadavg(),
-            "command": "python3 tools/errvirt/bench_http.py " + " ".join(sys.argv[1:])}  # fmt: skip
+                print(
+                    f"{n} {test}: rps {row['rps_clang']:.0f} -> {row['rps_ev']:.0f} "
+                    f"(+{row['throughput_overhead_pct']}%), cpu/req {row['cpu_us_clang']:.1f} -> "
+                    f"{row['cpu_us_ev']:.1f} us (+{row['cpu_overhead_pct']}%)",
+                    flush=True,
+                )
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load": os.getloadavg(),
+        "command": "python3 tools/errvirt/bench_http.py " + " ".join(sys.argv[1:]),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "errvirt-http.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    md = [f"`{meta['command']}` ({meta['date']}, load {meta['load'][0]:.1f}); wrk -t1 -c{args.connections} "
-          f"-d{args.duration}s, {args.rounds} rounds, medians:", "",
-          "| server | page | req/s clang | req/s errvirt | throughput overhead | CPU us/req clang | errvirt | CPU overhead |",
-          "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    md = [
+        f"`{meta['command']}` ({meta['date']}, load {meta['load'][0]:.1f}); wrk -t1 -c{args.connections} "
+        f"-d{args.duration}s, {args.rounds} rounds, medians:",
+        "",
+        "| server | page | req/s clang | req/s errvirt | throughput overhead "
+        "| CPU us/req clang | errvirt | CPU overhead |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        md.append(f"| {r['server']} | {r['test']} ({r['path']}) | {r['rps_clang']:.0f} | {r['rps_ev']:.0f} | "
-                  f"{r['throughput_overhead_pct']}% | {r['cpu_us_clang']:.1f} | {r['cpu_us_ev']:.1f} | {r['cpu_overhead_pct']}% |")  # fmt: skip
+        md.append(
+            f"| {r['server']} | {r['test']} ({r['path']}) | {r['rps_clang']:.0f} | {r['rps_ev']:.0f} | "
+            f"{r['throughput_overhead_pct']}% | {r['cpu_us_clang']:.1f} | {r['cpu_us_ev']:.1f} | "
+            f"{r['cpu_overhead_pct']}% |"
+        )
     (args.out / "errvirt-http.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

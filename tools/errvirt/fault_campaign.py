@@ -99,7 +99,9 @@ class HttpTarget:
                     conns[k] = http.client.HTTPConnection("127.0.0.1", s.port, timeout=2)
                 status, body = hs.get(conns[k], path)
                 verdict = hs.check(status, body, path)
-                seen["ok" if verdict == "ok" else ("error status" if verdict.startswith("status") else verdict)] += 1
+                seen[
+                    "ok" if verdict == "ok" else ("error status" if verdict.startswith("status") else verdict)
+                ] += 1
             except TimeoutError:
                 seen["timeout"] += 1
                 conns[k] = None
@@ -140,8 +142,20 @@ class RkvTarget:
     def workload(self, s, seed):
         seen = collections.Counter()
         seen["ping before " + str(_ping(s.port))] += 1
-        cmd = ["redis-benchmark", "-p", str(s.port), "-n", str(self.requests), "-c", "2", "-q",
-               "-t", "set,get,incr,lpush,rpop,lrange_100", "-r", "200"]  # fmt: skip
+        cmd = [
+            "redis-benchmark",
+            "-p",
+            str(s.port),
+            "-n",
+            str(self.requests),
+            "-c",
+            "2",
+            "-q",
+            "-t",
+            "set,get,incr,lpush,rpop,lrange_100",
+            "-r",
+            "200",
+        ]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
             seen["benchmark exit " + str(p.returncode)] += 1
@@ -214,8 +228,16 @@ def run(target, d, env, seed, do_workload=True):
     alive = s.proc.poll() is None
     restarted = target.restarted(s)
     rc = s.stop()
-    return {"started": True, "pid": pid, "alive_at_end": alive, "rc": rc, "restarted": restarted,
-            "clients": dict(seen), "text": s.text(), "ev": s.ev()}  # fmt: skip
+    return {
+        "started": True,
+        "pid": pid,
+        "alive_at_end": alive,
+        "rc": rc,
+        "restarted": restarted,
+        "clients": dict(seen),
+        "text": s.text(),
+        "ev": s.ev(),
+    }
 
 
 def fired(r):
@@ -260,10 +282,15 @@ def surface(target, tmp, seed):
         return {"error": "reason=no_report: a run wrote no report line"}
     gates = busy["gates"] - idle["gates"]
     closed = busy["closed"] - idle["closed"]
-    return {"gates": gates, "closed": closed, "closed_irrecoverable": busy["closed_irrecoverable"] - idle["closed_irrecoverable"],
-            "closed_unknown": busy["closed_unknown"] - idle["closed_unknown"],
-            "surface_pct": round(100.0 * (gates - closed) / gates, 1) if gates else None,
-            "idle": idle, "busy": busy}  # fmt: skip
+    return {
+        "gates": gates,
+        "closed": closed,
+        "closed_irrecoverable": busy["closed_irrecoverable"] - idle["closed_irrecoverable"],
+        "closed_unknown": busy["closed_unknown"] - idle["closed_unknown"],
+        "surface_pct": round(100.0 * (gates - closed) / gates, 1) if gates else None,
+        "idle": idle,
+        "busy": busy,
+    }
 
 
 def sites_info(exe):
@@ -289,7 +316,9 @@ def campaign(target, tmp, args, log):
             break
         load, work = prof[site]
         after = load + work // 2
-        env = dict(os.environ, REKINDLE_FAULT=site, REKINDLE_FAULT_AFTER=str(after), REKINDLE_FAULT_MODE="persistent")
+        env = dict(
+            os.environ, REKINDLE_FAULT=site, REKINDLE_FAULT_AFTER=str(after), REKINDLE_FAULT_MODE="persistent"
+        )
         van = run(target, tmp / f"v{n}", dict(env, REKINDLE_EV="off"), seed)
         if not van["started"]:
             verdict = "did not start"
@@ -303,7 +332,9 @@ def campaign(target, tmp, args, log):
             verdict = "no crash"
         vanilla_tally[verdict] += 1
         meta = info.get(site, {})
-        tried.append({"site": site, "verdict": verdict, "type": meta.get("type"), "function": meta.get("function")})
+        tried.append(
+            {"site": site, "verdict": verdict, "type": meta.get("type"), "function": meta.get("function")}
+        )
         if verdict != "fail-stop":
             continue
         r = run(target, tmp / f"e{n}", env, seed)
@@ -311,7 +342,9 @@ def campaign(target, tmp, args, log):
         rec = [e for e in r["ev"] if e["rekindle_ev"] == "recovered"]
         fb = [e for e in r["ev"] if e["rekindle_ev"] == "fallback"]
         hang = "gave up (hang)" in r["clients"]
-        survived = r["started"] and r["alive_at_end"] and not r["restarted"] and not fb and bool(rec) and not hang
+        survived = (
+            r["started"] and r["alive_at_end"] and not r["restarted"] and not fb and bool(rec) and not hang
+        )
         if survived:
             outcome = "survived"
         elif not r["started"]:
@@ -324,16 +357,40 @@ def campaign(target, tmp, args, log):
             outcome = "no crash with errvirt"
         else:
             outcome = "died"
-        row = {"site": site, "type": meta.get("type"), "function": meta.get("function"), "loc": meta.get("loc"),
-               "description": meta.get("description"), "after": after, "vanilla_rc": van["rc"],
-               "outcome": outcome, "survived": survived, "recoveries": len(rec), "injected_gates": sorted({e["gate"] for e in inj}),
-               "recovery_ns": [e.get("recovery_ns") for e in inj], "rollback_ns": [e.get("rollback_ns") for e in rec],
-               "fallback": fb[:2], "clients": r["clients"], "pid": r.get("pid"), "rc": r["rc"]}  # fmt: skip
+        row = {
+            "site": site,
+            "type": meta.get("type"),
+            "function": meta.get("function"),
+            "loc": meta.get("loc"),
+            "description": meta.get("description"),
+            "after": after,
+            "vanilla_rc": van["rc"],
+            "outcome": outcome,
+            "survived": survived,
+            "recoveries": len(rec),
+            "injected_gates": sorted({e["gate"] for e in inj}),
+            "recovery_ns": [e.get("recovery_ns") for e in inj],
+            "rollback_ns": [e.get("rollback_ns") for e in rec],
+            "fallback": fb[:2],
+            "clients": r["clients"],
+            "pid": r.get("pid"),
+            "rc": r["rc"],
+        }
         rows.append(row)
-        log(f"{target.kind}: fault {len(rows):2d} {site} {meta.get('type')} in {meta.get('function')}: {outcome} "
-            f"(recoveries {len(rec)}, clients {r['clients']})")  # fmt: skip
-    return {"server": target.kind, "executed_sites": len(prof), "surface": surf, "candidates_tried": len(tried),
-            "vanilla": dict(vanilla_tally), "faults": rows, "tried": tried}  # fmt: skip
+        log(
+            f"{target.kind}: fault {len(rows):2d} {site} {meta.get('type')} in {meta.get('function')}: "
+            f"{outcome} "
+            f"(recoveries {len(rec)}, clients {r['clients']})"
+        )
+    return {
+        "server": target.kind,
+        "executed_sites": len(prof),
+        "surface": surf,
+        "candidates_tried": len(tried),
+        "vanilla": dict(vanilla_tally),
+        "faults": rows,
+        "tried": tried,
+    }
 
 
 # ---- outputs --------------------------------------------------------------
@@ -347,17 +404,25 @@ def pct(xs, q):
 def summarize(res):
     faults = res["faults"]
     lat = [x for f in faults for x in f["recovery_ns"] if x is not None]
-    return {"triggered": len(faults), "survived": sum(f["survived"] for f in faults),
-            "recoveries": len(lat), "recovery_ms_p50": pct(lat, 0.5) / 1e6 if lat else None,
-            "recovery_ms_p99": pct(lat, 0.99) / 1e6 if lat else None,
-            "surface_pct": res["surface"].get("surface_pct")}  # fmt: skip
+    return {
+        "triggered": len(faults),
+        "survived": sum(f["survived"] for f in faults),
+        "recoveries": len(lat),
+        "recovery_ms_p50": pct(lat, 0.5) / 1e6 if lat else None,
+        "recovery_ms_p99": pct(lat, 0.99) / 1e6 if lat else None,
+        "surface_pct": res["surface"].get("surface_pct"),
+    }
 
 
 def write_md(results, meta, path):
-    lines = [f"Error virtualization fault campaign ({meta['date']}, load {meta['load']}, seed {meta['seed']}):",
-             f"`{meta['command']}`", "",
-             "| server | survived / triggered | FIRestarter | recovery surface | FIRestarter | recovery p50 | p99 | candidates tried | vanilla verdicts |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = [
+        f"Error virtualization fault campaign ({meta['date']}, load {meta['load']}, seed {meta['seed']}):",
+        f"`{meta['command']}`",
+        "",
+        "| server | survived / triggered | FIRestarter | recovery surface | FIRestarter "
+        "| recovery p50 | p99 | candidates tried | vanilla verdicts |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in results:
         s = r["summary"]
         fr = FIRESTARTER[r["server"]]
@@ -366,15 +431,21 @@ def write_md(results, meta, path):
         p50 = f"{s['recovery_ms_p50']:.3f} ms" if s["recovery_ms_p50"] is not None else "-"
         p99 = f"{s['recovery_ms_p99']:.3f} ms" if s["recovery_ms_p99"] is not None else "-"
         verdicts = ", ".join(f"{k} {v}" for k, v in sorted(r["vanilla"].items()))
-        lines.append(f"| {r['server']} | {s['survived']}/{s['triggered']} | {fr['survived']}/{fr['triggered']}{fname} | "
-                     f"{s['surface_pct']}% | {fsurf} | {p50} | {p99} | {r['candidates_tried']} | {verdicts} |")  # fmt: skip
+        lines.append(
+            f"| {r['server']} | {s['survived']}/{s['triggered']} | "
+            f"{fr['survived']}/{fr['triggered']}{fname} | "
+            f"{s['surface_pct']}% | {fsurf} | {p50} | {p99} | {r['candidates_tried']} | {verdicts} |"
+        )
     lines += ["", "Faults not survived:", ""]
     none = True
     for r in results:
         for f in r["faults"]:
             if not f["survived"]:
                 none = False
-                lines.append(f"- {r['server']} `{f['site']}` {f['type']} in `{f['function']}` ({f['loc']}): {f['outcome']}")
+                lines.append(
+                    f"- {r['server']} `{f['site']}` {f['type']} in `{f['function']}` ({f['loc']}): "
+                    f"{f['outcome']}"
+                )
     if none:
         lines.append("- none")
     path.write_text("\n".join(lines) + "\n")
@@ -387,7 +458,10 @@ def write_png(results, path):
     import matplotlib.pyplot as plt
 
     names = [r["server"] for r in results]
-    ours = [100.0 * r["summary"]["survived"] / r["summary"]["triggered"] if r["summary"]["triggered"] else 0 for r in results]
+    ours = [
+        100.0 * r["summary"]["survived"] / r["summary"]["triggered"] if r["summary"]["triggered"] else 0
+        for r in results
+    ]
     theirs = [100.0 * FIRESTARTER[n]["survived"] / FIRESTARTER[n]["triggered"] for n in names]
     surf = [r["summary"]["surface_pct"] or 0 for r in results]
     fsurf = [FIRESTARTER[n]["surface"] or 0 for n in names]
@@ -412,23 +486,35 @@ def main():
     ap.add_argument("build", type=Path)
     ap.add_argument("--servers", default="nginx,lighttpd,rkv")
     ap.add_argument("--candidates", type=int, default=300, help="at most this many sites tried per server")
-    ap.add_argument("--want", type=int, default=0, help="stop a server at this many fail-stop faults (default: FIRestarter's count)")
+    ap.add_argument(
+        "--want",
+        type=int,
+        default=0,
+        help="stop a server at this many fail-stop faults (default: FIRestarter's count)",
+    )
     ap.add_argument("--budget", type=float, default=900, help="seconds per server")
-    ap.add_argument("--requests", type=int, default=200, help="HTTP requests per run (rkv: 10x this, redis-benchmark)")
+    ap.add_argument(
+        "--requests", type=int, default=200, help="HTTP requests per run (rkv: 10x this, redis-benchmark)"
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     build = args.build.resolve()
-    exes = {"nginx": build / "errvirt" / "nginx-fi-ev" / "inst" / "sbin" / "nginx",
-            "lighttpd": build / "errvirt" / "lighttpd-fi-ev" / "inst" / "sbin" / "lighttpd",
-            "rkv": build / "errvirt" / "rkv-fi-ev"}  # fmt: skip
+    exes = {
+        "nginx": build / "errvirt" / "nginx-fi-ev" / "inst" / "sbin" / "nginx",
+        "lighttpd": build / "errvirt" / "lighttpd-fi-ev" / "inst" / "sbin" / "lighttpd",
+        "rkv": build / "errvirt" / "rkv-fi-ev",
+    }
     servers = [x for x in args.servers.split(",") if x]
     for name in servers:
         if name not in exes:
             print(f"fault_campaign: reason=usage: unknown server {name!r}", file=sys.stderr)
             return 2
         if not exes[name].exists():
-            print(f"fault_campaign: reason=not_built: {exes[name]} (run `make bench-errvirt-faults`)", file=sys.stderr)
+            print(
+                f"fault_campaign: reason=not_built: {exes[name]} (run `make bench-errvirt-faults`)",
+                file=sys.stderr,
+            )
             return 2
 
     def log(msg):
@@ -449,11 +535,17 @@ def main():
                 return 1
             res["summary"] = summarize(res)
             results.append(res)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": os.getloadavg()[0],
-            "seed": args.seed, "seconds": round(time.monotonic() - t0, 1),
-            "command": "python3 tools/errvirt/fault_campaign.py " + " ".join(sys.argv[1:])}  # fmt: skip
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load": os.getloadavg()[0],
+        "seed": args.seed,
+        "seconds": round(time.monotonic() - t0, 1),
+        "command": "python3 tools/errvirt/fault_campaign.py " + " ".join(sys.argv[1:]),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "errvirt-faults.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    (args.out / "errvirt-faults.json").write_text(
+        json.dumps({"meta": meta, "results": results}, indent=1) + "\n"
+    )
     write_md(results, meta, args.out / "errvirt-faults.md")
     write_png(results, args.out / "errvirt-faults.png")
     print((args.out / "errvirt-faults.md").read_text())

@@ -63,7 +63,9 @@ def nginx_conf(d, port, www):
     d = Path(d)
     (d / "logs").mkdir(exist_ok=True)
     conf = d / "nginx.conf"
-    temps = "".join(f"  {k}_temp_path {d / ('tmp_' + k)};\n" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    temps = "".join(
+        f"  {k}_temp_path {d / ('tmp_' + k)};\n" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
     conf.write_text(
         "master_process off;\ndaemon off;\nworker_processes 1;\n"
         "env REKINDLE_EV_REPORT;\nenv REKINDLE_FAULT_TRACE;\n"
@@ -83,9 +85,10 @@ def lighttpd_conf(d, port, www):
         f'server.errorlog = "{Path(d) / "error.log"}"\n'
         'server.modules += ("mod_dirlisting")\n'
         'index-file.names = ("index.html")\n'
-        'server.max-keep-alive-requests = 100000\n'
+        "server.max-keep-alive-requests = 100000\n"
         '$HTTP["url"] =~ "^/dir/" { dir-listing.activate = "enable" }\n'
-        'mimetype.assign = (".html" => "text/html", ".bin" => "application/octet-stream", ".txt" => "text/plain")\n'
+        'mimetype.assign = (".html" => "text/html", ".bin" => "application/octet-stream",\n'
+        '                   ".txt" => "text/plain")\n'
     )
     return conf
 
