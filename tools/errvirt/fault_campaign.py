@@ -23,13 +23,15 @@ server:
    server.
 4. **With errvirt.**  Each fail-stop fault again, errvirt on.  *Survived*:
    the process lived through every crash in the same process (same pid, no
-   fallback, no restart), and answered to the end of the workload.
+   fallback, no restart), the clients did not hang, and a last probe (a GET
+   on a new connection; rkv: PING) got an answer, an error one included.
    Otherwise the run records why (the fallback's reason code).  Every
    recovery's latency (the run-time's recovery_ns: the signal to the
    program's error path) is kept.
 
-The workloads: nginx and lighttpd, GETs of a static file, a 64 KiB file, a
-directory listing and a missing page over two keep-alive connections
+The workloads: nginx and lighttpd, GETs of a static file, `/` (the
+directory index), a 64 KiB file, a directory listing and a missing page over
+two keep-alive connections
 (tools/errvirt/servers/http_servers.py); rkv, redis-benchmark.
 
 Usage: fault_campaign.py BUILD [--servers nginx,lighttpd,rkv] [--candidates N]
@@ -114,6 +116,13 @@ class HttpTarget:
         for c in conns:
             if c is not None:
                 c.close()
+        # still answering at the end: any HTTP response on a new connection
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=2)
+            seen[f"final probe {hs.get(c, '/index.html')[0]}"] += 1
+            c.close()
+        except (OSError, http.client.HTTPException):
+            seen["final probe None"] += 1
         return seen
 
     def restarted(self, s):
@@ -342,11 +351,17 @@ def campaign(target, tmp, args, log):
         rec = [e for e in r["ev"] if e["rekindle_ev"] == "recovered"]
         fb = [e for e in r["ev"] if e["rekindle_ev"] == "fallback"]
         hang = "gave up (hang)" in r["clients"]
-        survived = (
-            r["started"] and r["alive_at_end"] and not r["restarted"] and not fb and bool(rec) and not hang
+        # the last probe (a GET on a new connection, rkv's PING) got an answer, an error one included
+        answering = any(
+            k.startswith(("final probe ", "ping after ")) and not k.endswith(" None") for k in r["clients"]
         )
+        kept = r["started"] and r["alive_at_end"] and not r["restarted"]
+        alive = kept and not fb and bool(rec) and not hang
+        survived = alive and answering
         if survived:
             outcome = "survived"
+        elif alive:
+            outcome = "alive, not answering"
         elif not r["started"]:
             outcome = "did not start"
         elif fb:
