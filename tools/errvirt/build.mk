@@ -138,9 +138,11 @@ test system-test: $(NGINX_EV) $(NGINX_FI_EV) $(LIGHTTPD_FI_EV)
 # "Error virtualization: faults"): persistent fail-stop faults, one per
 # run, into nginx, lighttpd and rkv built with both passes.
 .PHONY: bench-errvirt-faults
-FAULT_CANDIDATES ?= 300
+FAULT_CANDIDATES ?= 400
+FAULT_WANT ?= nginx=20,lighttpd=41,rkv=10
+FAULT_BUDGET ?= 600
 bench-errvirt-faults: deps $(NGINX_FI_EV) $(LIGHTTPD_FI_EV) $(RKV_FI_EV)
-	python3 tools/errvirt/fault_campaign.py $(BUILD) --candidates $(FAULT_CANDIDATES)
+	python3 tools/errvirt/fault_campaign.py $(BUILD) --candidates $(FAULT_CANDIDATES) --want $(FAULT_WANT) --budget $(FAULT_BUDGET)
 
 # wrk throughput of nginx and lighttpd with the pass against the same
 # source built by clang-19 alone (docs/results.md, "Error virtualization").

@@ -23,8 +23,9 @@ server:
    server.
 4. **With errvirt.**  Each fail-stop fault again, errvirt on.  *Survived*:
    the process lived through every crash in the same process (same pid, no
-   fallback, no restart), the clients did not hang, and a last probe (a GET
-   on a new connection; rkv: PING) got an answer, an error one included.
+   fallback, no restart), the clients did not hang, and a last probe got an
+   answer, an error one included (each of the workload's requests on a new
+   connection until one is answered; rkv: PING).
    Otherwise the run records why (the fallback's reason code).  Every
    recovery's latency (the run-time's recovery_ns: the signal to the
    program's error path) is kept.
@@ -35,7 +36,7 @@ two keep-alive connections
 (tools/errvirt/servers/http_servers.py); rkv, redis-benchmark.
 
 Usage: fault_campaign.py BUILD [--servers nginx,lighttpd,rkv] [--candidates N]
-       [--want N] [--seed S] [--requests N] [--out DIR]
+       [--want SERVER=N,...] [--seed S] [--requests N] [--out DIR]
 Writes DIR/errvirt-faults.{json,md,png} (DIR: bench/results)."""
 
 import argparse
@@ -116,13 +117,19 @@ class HttpTarget:
         for c in conns:
             if c is not None:
                 c.close()
-        # still answering at the end: any HTTP response on a new connection
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=2)
-            seen[f"final probe {hs.get(c, '/index.html')[0]}"] += 1
-            c.close()
-        except (OSError, http.client.HTTPException):
-            seen["final probe None"] += 1
+        # still answering at the end: an HTTP response, an error one included,
+        # to any of the workload's requests on a new connection (a persistent
+        # fault may sit on the path of some of them)
+        answer = None
+        for path in hs.PATHS:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=2)
+                answer = hs.get(c, path.format(i=0))[0]
+                c.close()
+                break
+            except (OSError, http.client.HTTPException):
+                continue
+        seen[f"final probe {answer}"] += 1
         return seen
 
     def restarted(self, s):
@@ -316,7 +323,7 @@ def campaign(target, tmp, args, log):
     log(f"{target.kind}: {len(prof)} sites executed by the workload; surface {surf.get('surface_pct')}%")
     order = sorted(prof)
     random.Random(f"{seed}-{target.kind}").shuffle(order)
-    want = args.want or WANT[target.kind]
+    want = args.want.get(target.kind, WANT[target.kind])
     tried, rows = [], []
     deadline = time.monotonic() + args.budget
     vanilla_tally = collections.Counter()
@@ -496,6 +503,17 @@ def write_png(results, path):
     fig.savefig(path, dpi=100)
 
 
+def want_arg(text):
+    out = {}
+    for item in text.split(","):
+        name, _, n = item.partition("=")
+        if name not in WANT or not n.isdigit():
+            names = ", ".join(WANT)
+            raise argparse.ArgumentTypeError(f"reason=usage: {item!r} is not SERVER=N (SERVER: {names})")
+        out[name] = int(n)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("build", type=Path)
@@ -503,9 +521,9 @@ def main():
     ap.add_argument("--candidates", type=int, default=300, help="at most this many sites tried per server")
     ap.add_argument(
         "--want",
-        type=int,
-        default=0,
-        help="stop a server at this many fail-stop faults (default: FIRestarter's count)",
+        type=want_arg,
+        default={},
+        help="SERVER=N,...: stop a server at N fail-stop faults (default: FIRestarter's count)",
     )
     ap.add_argument("--budget", type=float, default=900, help="seconds per server")
     ap.add_argument(
