@@ -34,6 +34,8 @@ have etcd || need_apt+=(etcd-server)
 have etcdctl || need_apt+=(etcd-client)
 # the etcd client crate (etcd-client) compiles etcd's .proto files: protoc
 have protoc || need_apt+=(protobuf-compiler)
+# error virtualization's overhead on lighttpd and nginx (tools/errvirt): wrk
+have wrk || need_apt+=(wrk)
 for p in libjemalloc-dev liblzf-dev libsystemd-dev libssl-dev debian-archive-keyring; do
 	dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
 done

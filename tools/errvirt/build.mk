@@ -104,3 +104,50 @@ $(RKV_FI_EV): $(RKV_SRCS) $(RKV_HDRS) $(LIB_A) $(RT_HDRS) $(FI_PLUGIN) $(FI_RT) 
 RUNS ?= 30
 errvirt-fault-smoke: deps $(RKV_FI_EV)
 	python3 tools/errvirt/fault_smoke.py $(BUILD) --runs $(RUNS)
+
+# nginx 1.22.1 from Debian's source package, unchanged, built with the pass
+# (and the same build without it, the overhead baseline).  One process, one
+# thread: tests/test_errvirt_nginx.py runs it with `master_process off`.
+.PHONY: errvirt-nginx
+NGINX_EV := $(BUILD)/errvirt/nginx-ev/inst/sbin/nginx
+errvirt-nginx: $(NGINX_EV)
+	BUILD=$(BUILD) bash tools/errvirt/servers/nginx.sh clang
+$(NGINX_EV): $(EV_PLUGIN) $(EV_RT) $(EV_CC) tools/errvirt/servers/nginx.sh
+	BUILD=$(BUILD) bash tools/errvirt/servers/nginx.sh ev
+
+# The fault campaign's compiler: the injector's pass, then errvirt's.
+EV_FI_CC := $(BUILD)/bin/rekindle-fi-ev-cc
+$(EV_FI_CC): tools/errvirt/rekindle-fi-ev-cc.in
+	@mkdir -p $(dir $@)
+	sed -e 's|@FI_PLUGIN@|$(abspath $(FI_PLUGIN))|' -e 's|@FI_RUNTIME@|$(abspath $(FI_RT))|' \
+		-e 's|@EV_PLUGIN@|$(abspath $(EV_PLUGIN))|' -e 's|@EV_RUNTIME@|$(abspath $(EV_RT))|' $< > $@.tmp
+	chmod 0755 $@.tmp && mv $@.tmp $@
+# The servers built with both passes (the scripts' fi-ev kind).
+NGINX_FI_EV := $(BUILD)/errvirt/nginx-fi-ev/inst/sbin/nginx
+LIGHTTPD_FI_EV := $(BUILD)/errvirt/lighttpd-fi-ev/inst/sbin/lighttpd
+EV_FI_DEPS := $(EV_PLUGIN) $(EV_RT) $(FI_PLUGIN) $(FI_RT) $(EV_FI_CC)
+$(NGINX_FI_EV): $(EV_FI_DEPS) tools/errvirt/servers/nginx.sh
+	BUILD=$(BUILD) bash tools/errvirt/servers/nginx.sh fi-ev
+$(LIGHTTPD_FI_EV): $(EV_FI_DEPS) tools/errvirt/servers/lighttpd.sh
+	BUILD=$(BUILD) bash tools/errvirt/servers/lighttpd.sh fi-ev
+# tests/test_errvirt_nginx.py and test_errvirt_lighttpd.py inject a crash
+# with the injector into these builds.
+test system-test: $(NGINX_EV) $(NGINX_FI_EV) $(LIGHTTPD_FI_EV)
+
+# The survivability and recovery-surface campaign (docs/results.md,
+# "Error virtualization: faults"): persistent fail-stop faults, one per
+# run, into nginx, lighttpd and rkv built with both passes.
+.PHONY: bench-errvirt-faults
+FAULT_CANDIDATES ?= 400
+FAULT_WANT ?= nginx=20,lighttpd=41,rkv=10
+FAULT_BUDGET ?= 600
+bench-errvirt-faults: deps $(NGINX_FI_EV) $(LIGHTTPD_FI_EV) $(RKV_FI_EV)
+	python3 tools/errvirt/fault_campaign.py $(BUILD) --candidates $(FAULT_CANDIDATES) --want $(FAULT_WANT) --budget $(FAULT_BUDGET)
+
+# wrk throughput of nginx and lighttpd with the pass against the same
+# source built by clang-19 alone (docs/results.md, "Error virtualization").
+.PHONY: bench-errvirt-http
+bench-errvirt-http: deps $(NGINX_EV) $(LIGHTTPD_EV)
+	BUILD=$(BUILD) bash tools/errvirt/servers/nginx.sh clang
+	BUILD=$(BUILD) bash tools/errvirt/servers/lighttpd.sh clang
+	python3 tools/errvirt/bench_http.py $(BUILD) --rounds $(ROUNDS)

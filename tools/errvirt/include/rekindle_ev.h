@@ -23,6 +23,7 @@ enum rk_ev_err {
 	EV_ERR_NEG1,      /* -1 and errno */
 	EV_ERR_NULL,      /* NULL and errno */
 	EV_ERR_MAPFAILED, /* MAP_FAILED and errno */
+	EV_ERR_ERRNO,     /* the error number itself, 0 on success (posix_memalign) */
 };
 
 /* What undoes a call: run on rollback, after memory is restored. */
@@ -36,6 +37,8 @@ enum rk_ev_comp {
 	EV_COMP_RK_FREE_A0_RET,     /* rk_free(a0, ret) */
 	EV_COMP_RK_UNSAFE_END_A0,   /* rk_unsafe_end(a0) */
 	EV_COMP_RK_UNSAFE_BEGIN_A0, /* rk_unsafe_begin(a0) */
+	EV_COMP_FREE_DEREF_A0,      /* free(*a0), when the call returned 0 */
+	EV_COMP_CLOSEDIR_RET,       /* closedir(ret) */
 };
 
 /* What a call writes in our memory, logged before it runs. */
@@ -47,6 +50,7 @@ enum rk_ev_logspec {
 	EV_LOG_A0_STRCPY,    /* a0[0 .. strlen(a1) + 1) */
 	EV_LOG_A0_STRCAT,    /* a0[strlen(a0) .. + strlen(a1) + 1) */
 	EV_LOG_A1_WORD,      /* *(void **)a1, when a1 is not NULL */
+	EV_LOG_A1_TM,        /* *(struct tm *)a1 (localtime_r, gmtime_r) */
 };
 
 /* One row of the library model (libmodel.def). */

@@ -24,6 +24,7 @@ struct ModelFn {
   const char *Name;
   uint8_t Cls, Err, Comp, Log;
   const char *Wrapper;
+  int Errno; // what an EV_ERR_ERRNO gate returns
 };
 std::optional<ModelFn> lookupModel(llvm::StringRef Name);
 

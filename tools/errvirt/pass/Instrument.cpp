@@ -97,6 +97,8 @@ void logStore(Runtime &R, Instruction *I, Value *Ptr, uint64_t Size, Align A, co
 Value *errorValue(const ModelFn &M, Type *T) {
   if (M.Err == EV_ERR_NEG1)
     return ConstantInt::get(T, -1, true);
+  if (M.Err == EV_ERR_ERRNO)
+    return ConstantInt::get(T, M.Errno);
   if (M.Err == EV_ERR_MAPFAILED)
     return ConstantExpr::getIntToPtr(ConstantInt::get(Type::getInt64Ty(T->getContext()), -1), T);
   return ConstantPointerNull::get(cast<PointerType>(T));

@@ -8,7 +8,7 @@ using namespace llvm;
 namespace rekindle_ev {
 
 static const ModelFn Rows[] = {
-#define EV_FN(name, cls, err, errnum, comp, log, wrapper) {EV_FN_##name, #name, cls, err, comp, log, wrapper},
+#define EV_FN(name, cls, err, errnum, comp, log, wrapper) {EV_FN_##name, #name, cls, err, comp, log, wrapper, errnum},
 #include "libmodel.def"
 #undef EV_FN
 };

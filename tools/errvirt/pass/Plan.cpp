@@ -15,10 +15,34 @@ namespace rekindle_ev {
 static bool errorFits(const ModelFn &M, Type *Ret) {
   switch (M.Err) {
   case EV_ERR_NEG1:
+  case EV_ERR_ERRNO:
     return Ret->isIntegerTy();
   case EV_ERR_NULL:
   case EV_ERR_MAPFAILED:
     return Ret->isPointerTy();
+  }
+  return false;
+}
+
+// The program meets this call's failure only with an abort: its result is
+// compared with a constant, and one side of that branch ends in
+// `unreachable` (a noreturn assertion: lighttpd's ck_malloc, or
+// `if (!p) abort();`).  Injecting the error there would trade the crash for
+// an abort, so the call is not a gate and a rollback goes back to an
+// earlier one, whose error path the program can survive.
+static bool errorPathAborts(const CallBase &CB) {
+  for (const User *U : CB.users()) {
+    const auto *Cmp = dyn_cast<ICmpInst>(U);
+    if (!Cmp || !Cmp->isEquality() || !isa<Constant>(Cmp->getOperand(1)))
+      continue;
+    for (const User *CU : Cmp->users()) {
+      const auto *Br = dyn_cast<BranchInst>(CU);
+      if (!Br || !Br->isConditional())
+        continue;
+      for (const BasicBlock *S : Br->successors())
+        if (isa<UnreachableInst>(S->getTerminator()))
+          return true;
+    }
   }
   return false;
 }
@@ -44,7 +68,7 @@ CallPlan planCall(CallBase &CB) {
   // an error path to take), and the result can carry the error.
   bool CanGate = (M->Cls == EV_REVERSIBLE || M->Cls == EV_NOREVERT) && M->Err != EV_ERR_NONE &&
                  isa<CallInst>(CB) && !cast<CallInst>(CB).isMustTailCall() && !CB.use_empty() &&
-                 errorFits(*M, CB.getType());
+                 errorFits(*M, CB.getType()) && !errorPathAborts(CB);
   return {&CB, CanGate ? CallKind::Gate : CallKind::Embedded, M};
 }
 

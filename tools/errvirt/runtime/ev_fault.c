@@ -53,7 +53,7 @@ static const char *signame(int sig)
 	return "other";
 }
 
-static uint64_t now_ns(void)
+uint64_t ev_now_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -112,7 +112,8 @@ int rk_ev_fault_hook(int sig, siginfo_t *si, void *ucv)
 	const char *why = si && si->si_code <= 0 ? "ev_not_a_fault" : ev_refusal(s, pc, fault_word);
 	if (why)
 		return ev_decline(s, sig, why, pc, si);
-	uint64_t t0 = now_ns();
+	uint64_t t0 = ev_now_ns();
+	s->fault_ns = t0;
 	s->in_recovery = true;
 	s->probe = 0;
 	uint32_t entries = s->nundo;
@@ -144,7 +145,7 @@ int rk_ev_fault_hook(int sig, siginfo_t *si, void *ucv)
 	ev_line_hex(&l, "fault_addr", si ? (uint64_t)(uintptr_t)si->si_addr : 0);
 	ev_line_u64(&l, "undo_entries", entries);
 	ev_line_u64(&l, "undo_bulk_bytes", bytes);
-	ev_line_u64(&l, "rollback_ns", now_ns() - t0);
+	ev_line_u64(&l, "rollback_ns", ev_now_ns() - t0);
 	ev_line_end(&l);
 	return 1;
 }

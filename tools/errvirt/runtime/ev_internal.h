@@ -24,7 +24,7 @@ struct ev_undo {
 };
 #define EV_BULK (1ull << 63)
 
-enum ev_defer_kind { EV_DEF_FREE = 1, EV_DEF_CLOSE, EV_DEF_MUNMAP, EV_DEF_RK_FREE };
+enum ev_defer_kind { EV_DEF_FREE = 1, EV_DEF_CLOSE, EV_DEF_MUNMAP, EV_DEF_RK_FREE, EV_DEF_CLOSEDIR };
 
 struct ev_op {
 	uint32_t kind; /* enum ev_defer_kind, or the model index of a note */
@@ -59,6 +59,7 @@ struct ev_state {
 	uint64_t last_recovery_gate, recoveries_in_row;
 	uint32_t nundo, ndefer, nnote;
 	uint64_t bulk_used;
+	uint64_t fault_ns; /* CLOCK_MONOTONIC at the recovered fault's signal */
 	struct ev_undo *undo;
 	unsigned char *bulk;
 	struct ev_op defer[EV_DEFER_CAP];
@@ -87,6 +88,7 @@ void __rk_ev_unknown_call(void *callee);
 void __rk_ev_compensate(uint32_t fn, uint64_t ret, uint64_t a0, uint64_t a1);
 void __rk_ev_free(void *p);
 int __rk_ev_close(int fd);
+int __rk_ev_closedir(void *dir);
 int __rk_ev_munmap(void *p, size_t n);
 void __rk_ev_rk_free(void *arena, void *p);
 void *__rk_ev_realloc(void *p, size_t n);
@@ -106,6 +108,7 @@ void ev_close_window(struct ev_state *s, const char *reason, int32_t fn, uintptr
 void ev_commit(struct ev_state *s);
 bool ev_deferring(void);
 uint64_t rk_ev_tx_begin(uint32_t fn);
+uint64_t ev_now_ns(void);
 
 /* ev_model.c */
 void ev_compensate_one(uint8_t comp, uint64_t ret, uint64_t a0, uint64_t a1);

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "ev_internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,15 @@ void ev_compensate_one(uint8_t comp, uint64_t ret, uint64_t a0, uint64_t a1)
 		if (rk_unsafe_begin)
 			rk_unsafe_begin((void *)a0);
 		break;
+	case EV_COMP_CLOSEDIR_RET:
+		if (ret)
+			(void)closedir((DIR *)ret);
+		break;
+	case EV_COMP_FREE_DEREF_A0:
+		/* memory is as it was just after the call: *a0 is its block */
+		if ((int)ret == 0 && a0)
+			free(*(void **)a0);
+		break;
 	}
 	errno = saved;
 }
@@ -80,6 +90,8 @@ const char *ev_comp_name(uint8_t comp)
 		[EV_COMP_RK_FREE_A0_RET] = "rk_free_ret",
 		[EV_COMP_RK_UNSAFE_END_A0] = "rk_unsafe_end",
 		[EV_COMP_RK_UNSAFE_BEGIN_A0] = "rk_unsafe_begin",
+		[EV_COMP_FREE_DEREF_A0] = "free_deref_a0",
+		[EV_COMP_CLOSEDIR_RET] = "closedir_ret",
 	};
 	return comp < sizeof names / sizeof names[0] && names[comp] ? names[comp] : "unknown";
 }

@@ -25,11 +25,19 @@ void ev_count_closer(struct ev_state *s, uintptr_t pc)
 	s->closers[min] = (struct ev_closer){pc, 1}; /* evict the rarest */
 }
 
-__attribute__((destructor)) static void ev_report(void)
+/* Read before main: a server may replace its environment (nginx keeps only
+ * the variables its `env` directives name). */
+static bool ev_report_on;
+__attribute__((constructor)) static void ev_report_read_env(void)
 {
 	const char *on = getenv("REKINDLE_EV_REPORT");
+	ev_report_on = on && strcmp(on, "1") == 0;
+}
+
+__attribute__((destructor)) static void ev_report(void)
+{
 	struct ev_state *s = ev;
-	if (!s || !on || strcmp(on, "1") != 0)
+	if (!s || !ev_report_on)
 		return;
 	struct ev_line l;
 	ev_line_begin(&l, "report", "ev_report");

@@ -7,11 +7,13 @@
 #define _GNU_SOURCE
 #include "ev_internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 EV_TLS struct ev_regs rk_ev_regs;
@@ -48,6 +50,9 @@ static void ev_run_deferred(const struct ev_op *op)
 		break;
 	case EV_DEF_MUNMAP:
 		(void)munmap((void *)op->a0, op->a1);
+		break;
+	case EV_DEF_CLOSEDIR:
+		(void)closedir((DIR *)op->a0);
 		break;
 	case EV_DEF_RK_FREE:
 		if (rk_free && rk_unsafe_begin && rk_unsafe_end) {
@@ -185,6 +190,10 @@ void __rk_ev_log_call(uint32_t fn, uint64_t a0, uint64_t a1, uint64_t a2)
 		if (a1)
 			__rk_ev_log_range((void *)a1, sizeof(void *));
 		break;
+	case EV_LOG_A1_TM:
+		if (a1)
+			__rk_ev_log_range((void *)a1, sizeof(struct tm));
+		break;
 	}
 }
 
@@ -205,6 +214,14 @@ int __rk_ev_close(int fd)
 	if (!ev_deferring())
 		return close(fd);
 	ev_push(EV_DEF_CLOSE, 0, (uint64_t)fd, 0, false);
+	return 0;
+}
+
+int __rk_ev_closedir(void *dir)
+{
+	if (!ev_deferring())
+		return closedir(dir);
+	ev_push(EV_DEF_CLOSEDIR, 0, (uint64_t)dir, 0, false);
 	return 0;
 }
 
@@ -273,6 +290,8 @@ void __rk_ev_compensate(uint32_t fn, uint64_t ret, uint64_t a0, uint64_t a1)
 	ev_line_str(&l, "gate", m->name);
 	ev_line_u64(&l, "errno", (uint64_t)m->err_errno);
 	ev_line_str(&l, "compensation", ev_comp_name(m->comp));
+	/* signal to resumed execution: the program's error path runs next */
+	ev_line_u64(&l, "recovery_ns", ev_now_ns() - s->fault_ns);
 	ev_line_end(&l);
 	errno = m->err_errno;
 }

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds lighttpd 1.4.69 from Debian's source package (bookworm), its code
-# unchanged, with the error-virtualization pass (rekindle-ev-cc) or, as the
-# baseline, plain clang-19 with the same flags.
+# unchanged, with the error-virtualization pass (ev: rekindle-ev-cc), with
+# the fault injector and errvirt both (fi-ev: rekindle-fi-ev-cc, the fault
+# campaign's build; faults go into the executable, not the modules), or, as
+# the baseline, plain clang-19 with the same flags (clang).
 #
-#   tools/errvirt/servers/lighttpd.sh ev|clang
+#   tools/errvirt/servers/lighttpd.sh ev|fi-ev|clang
 #
 # Out: $BUILD/errvirt/lighttpd-KIND/inst/sbin/lighttpd and its modules in
 # inst/lib (run with -m .../inst/lib).  A minimal feature set: no PCRE2,
@@ -11,19 +13,28 @@
 # only when the source or the compiler changed (a stamp file).
 set -euo pipefail
 kind=${1:-}
-case "$kind" in ev | clang) ;; *) echo "lighttpd.sh: reason=usage: $0 ev|clang" >&2; exit 2 ;; esac
+case "$kind" in ev | fi-ev | clang) ;; *) echo "lighttpd.sh: reason=usage: $0 ev|fi-ev|clang" >&2; exit 2 ;; esac
 BUILD=${BUILD:-build}
 BUILD=$(cd "$BUILD" && pwd)
 PKG_VERSION=1.4.69-1
 src=$(BUILD=$BUILD bash scripts/fetch-debian-source.sh lighttpd "$PKG_VERSION")
 out=$BUILD/errvirt/lighttpd-$kind
-if [ "$kind" = ev ]; then
+case "$kind" in
+ev)
 	cc=$BUILD/bin/rekindle-ev-cc
-	[ -x "$cc" ] || { echo "lighttpd.sh: reason=errvirt_missing: $cc (run 'make errvirt')" >&2; exit 2; }
-	tool=$(sha256sum "$BUILD/lib/rekindle-errvirt.so" "$BUILD/lib/librekindle-ev.a" | sha256sum | cut -d' ' -f1)
-else
-	cc=clang-19
+	libs=("$BUILD/lib/rekindle-errvirt.so" "$BUILD/lib/librekindle-ev.a")
+	;;
+fi-ev)
+	cc=$BUILD/bin/rekindle-fi-ev-cc
+	libs=("$BUILD/lib/rekindle-errvirt.so" "$BUILD/lib/librekindle-ev.a" "$BUILD/lib/rekindle-faultinject.so" "$BUILD/lib/librekindle-fi.a")
+	;;
+clang) cc=clang-19 ;;
+esac
+if [ "$kind" = clang ]; then
 	tool=$(clang-19 --version | head -1)
+else
+	[ -x "$cc" ] || { echo "lighttpd.sh: reason=errvirt_missing: $cc (run 'make errvirt faultinject')" >&2; exit 2; }
+	tool=$(sha256sum "${libs[@]}" | sha256sum | cut -d' ' -f1)
 fi
 want="$(cat "$src/.fetch-debian-source.stamp") $kind $tool"
 if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$want" ] && [ -x "$out/inst/sbin/lighttpd" ]; then

@@ -86,6 +86,26 @@ define void @restore(ptr %d, ptr %s, ptr %fmt) {
 ; CHECK: call void @__rk_ev_log_call(i32 {{[0-9]+}}, i64 %{{.*}}, i64 16, i64 %{{.*}})
 ; CHECK-NEXT: %n = call i32 (ptr, i64, ptr, ...) @snprintf(
 
+; A call whose failure the program meets only with an abort (a checked
+; malloc that asserts) is not a gate: injecting there would trade the crash
+; for the abort, so a rollback goes to an earlier gate.
+declare void @abort() noreturn
+define ptr @malloc_or_abort(i64 %n) {
+  %p = call ptr @malloc(i64 %n)
+  %bad = icmp eq ptr %p, null
+  br i1 %bad, label %die, label %ok
+die:
+  call void @abort()
+  unreachable
+ok:
+  ret ptr %p
+}
+; CHECK-LABEL: define ptr @malloc_or_abort(
+; CHECK: %p = call ptr @malloc(i64 %n)
+; CHECK-NOT: @__rk_ev_checkpoint
+; CHECK: ret ptr %p
+
+
 ; CHECK: declare i64 @__rk_ev_checkpoint(i32) #[[RTDECL:[0-9]+]]
 ; CHECK: attributes #[[RTDECL]] = { nounwind returns_twice }
 ; CHECK: attributes #[[RT]] = { returns_twice }

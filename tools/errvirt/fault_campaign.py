@@ -1,0 +1,589 @@
+#!/usr/bin/env python3
+"""Error virtualization's survivability and recovery-surface campaign
+(issue 16; docs/results.md, "Error virtualization: faults").
+
+Each server is built with the project's fault injector and then errvirt
+(BUILD/errvirt/{nginx,lighttpd}-fi-ev, BUILD/errvirt/rkv-fi-ev).  Per
+server:
+
+1. **Profile.**  A traced run (REKINDLE_FAULT_TRACE) of the workload: the
+   sites whose count grew during the workload are the candidates (the paths
+   the workload executes, as PHOENIX §6 and FIRestarter inject into).
+2. **Recovery surface.**  An unarmed run with REKINDLE_EV_REPORT=1, minus an
+   idle run (start, serve one probe, stop): of the transactions the
+   workload executed (gates passed), the share whose window was still open
+   at the next gate, i.e. a crash anywhere in it is recoverable.
+3. **Fail-stop faults.**  Candidates in a seeded random order, each armed
+   persistent from the middle of its workload count, with errvirt off at
+   run time (REKINDLE_EV=off, the same binary): a fault is *triggered* and
+   fail-stop when it fired and the server crashed (died of SIGSEGV, SIGBUS,
+   SIGFPE or SIGILL; for rkv, librekindle reported a restart).  Faults that
+   never crash (PHOENIX's types mostly corrupt silently) are counted and
+   left out, as FIRestarter counts only faults that crash the vanilla
+   server.
+4. **With errvirt.**  Each fail-stop fault again, errvirt on.  *Survived*:
+   the process lived through every crash in the same process (same pid, no
+   fallback, no restart), the clients did not hang, and a last probe got an
+   answer, an error one included (each of the workload's requests on a new
+   connection until one is answered; rkv: PING).
+   Otherwise the run records why (the fallback's reason code).  Every
+   recovery's latency (the run-time's recovery_ns: the signal to the
+   program's error path) is kept.
+
+The workloads: nginx and lighttpd, GETs of a static file, `/` (the
+directory index), a 64 KiB file, a directory listing and a missing page over
+two keep-alive connections
+(tools/errvirt/servers/http_servers.py); rkv, redis-benchmark.
+
+Usage: fault_campaign.py BUILD [--servers nginx,lighttpd,rkv] [--candidates N]
+       [--want SERVER=N,...] [--seed S] [--requests N] [--out DIR]
+Writes DIR/errvirt-faults.{json,md,png} (DIR: bench/results)."""
+
+import argparse
+import collections
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "faultinject"))
+sys.path.insert(0, str(ROOT / "tools" / "errvirt" / "servers"))
+import http_servers as hs  # noqa: E402
+from fi_trace import TraceError, read_counts  # noqa: E402
+
+CRASH_SIGNALS = {-signal.SIGSEGV, -signal.SIGBUS, -signal.SIGFPE, -signal.SIGILL}
+# FIRestarter (DSN'19), Tables III and IV: recovery surface and injected
+# persistent faults survived / triggered.
+FIRESTARTER = {
+    "nginx": {"surface": 84.6, "survived": 10, "triggered": 10},
+    "lighttpd": {"surface": 77.9, "survived": 29, "triggered": 41},
+    "rkv": {"surface": None, "survived": 9, "triggered": 10, "note": "Redis"},
+}
+WANT = {"nginx": 10, "lighttpd": 41, "rkv": 10}
+
+
+# ---- the servers -----------------------------------------------------------
+
+
+class HttpTarget:
+    def __init__(self, kind, exe, requests):
+        self.kind, self.exe, self.requests = kind, exe, requests
+
+    def start(self, d, env):
+        s = hs.Server(self.kind, self.exe, d, env=env)
+        if not s.wait_serving():
+            s.stop()
+            return None, s
+        return s, s
+
+    def workload(self, s, seed):
+        """The requests on two keep-alive connections (every 8th on the
+        second); what the clients saw."""
+        rng = random.Random(seed)
+        seen = collections.Counter()
+        conns = [None, None]
+        deadline = time.monotonic() + 30
+        for i in range(self.requests):
+            if time.monotonic() > deadline or seen["timeout"] >= 3:
+                seen["gave up (hang)"] += 1
+                break
+            k = 1 if i % 8 == 7 else 0
+            path = rng.choice(hs.PATHS).format(i=i)
+            try:
+                if conns[k] is None:
+                    conns[k] = http.client.HTTPConnection("127.0.0.1", s.port, timeout=2)
+                status, body = hs.get(conns[k], path)
+                verdict = hs.check(status, body, path)
+                seen[
+                    "ok" if verdict == "ok" else ("error status" if verdict.startswith("status") else verdict)
+                ] += 1
+            except TimeoutError:
+                seen["timeout"] += 1
+                conns[k] = None
+            except (OSError, http.client.HTTPException):
+                seen["connection lost"] += 1
+                conns[k] = None
+                if s.proc.poll() is not None:
+                    seen["server gone"] += 1
+                    break
+        for c in conns:
+            if c is not None:
+                c.close()
+        # still answering at the end: an HTTP response, an error one included,
+        # to any of the workload's requests on a new connection (a persistent
+        # fault may sit on the path of some of them)
+        answer = None
+        for path in hs.PATHS:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=2)
+                answer = hs.get(c, path.format(i=0))[0]
+                c.close()
+                break
+            except (OSError, http.client.HTTPException):
+                continue
+        seen[f"final probe {answer}"] += 1
+        return seen
+
+    def restarted(self, s):
+        return False  # no librekindle: a fallback kills the process
+
+
+class RkvTarget:
+    def __init__(self, exe, requests):
+        self.kind, self.exe, self.requests = "rkv", exe, requests
+
+    def start(self, d, env):
+        d.mkdir(parents=True, exist_ok=True)
+        port = hs.free_port()
+        err = open(d / "stderr", "w")  # noqa: SIM115 - closed by stop()
+        argv = [str(self.exe), "--port", str(port), "--dir", str(d), "--save", ""]
+        proc = subprocess.Popen(argv, stderr=err, stdout=subprocess.DEVNULL, env=env)
+        s = _Proc(proc, port, d, err)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _ping(port) is not None:
+                return s, s
+            time.sleep(0.03)
+        s.stop()
+        return None, s
+
+    def workload(self, s, seed):
+        seen = collections.Counter()
+        seen["ping before " + str(_ping(s.port))] += 1
+        cmd = [
+            "redis-benchmark",
+            "-p",
+            str(s.port),
+            "-n",
+            str(self.requests),
+            "-c",
+            "2",
+            "-q",
+            "-t",
+            "set,get,incr,lpush,rpop,lrange_100",
+            "-r",
+            "200",
+        ]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+            seen["benchmark exit " + str(p.returncode)] += 1
+            seen["error replies"] += (p.stdout + p.stderr).count("ERR")
+        except subprocess.TimeoutExpired:
+            seen["gave up (hang)"] += 1
+        seen["ping after " + str(_ping(s.port))] += 1
+        return seen
+
+    def restarted(self, s):
+        return '{"rekindle":"restart"' in s.text()
+
+
+def _ping(port):
+    """PONG, an error line, or None (no answer within 2 s)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as c:
+            c.sendall(b"PING\r\n")
+            return c.recv(64).decode(errors="replace").strip() or None
+    except OSError:
+        return None
+
+
+class _Proc:
+    """rkv's process, with the Server interface the campaign uses."""
+
+    def __init__(self, proc, port, d, err):
+        self.proc, self.port, self.d, self.err, self.pid = proc, port, d, err, proc.pid
+
+    def stop(self, timeout=10):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.err.close()
+        return self.proc.returncode
+
+    def text(self):
+        return (self.d / "stderr").read_text(errors="replace")
+
+    def ev(self, kind=None):
+        out = []
+        for line in self.text().splitlines():
+            if line.startswith('{"rekindle_ev"'):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return [e for e in out if kind is None or e["rekindle_ev"] == kind]
+
+
+# ---- one run ------------------------------------------------------------------
+
+
+def run(target, d, env, seed, do_workload=True):
+    """Start, run the workload, stop; what happened."""
+    s, handle = target.start(d, env)
+    if s is None:
+        rc = handle.stop()
+        return {"started": False, "rc": rc, "text": handle.text(), "ev": handle.ev(), "clients": {}}
+    pid = s.pid
+    seen = target.workload(s, seed) if do_workload else collections.Counter()
+    if not do_workload and isinstance(target, HttpTarget):
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=2)
+        seen["probe " + str(hs.get(c, "/index.html")[0])] += 1
+        c.close()
+    alive = s.proc.poll() is None
+    restarted = target.restarted(s)
+    rc = s.stop()
+    return {
+        "started": True,
+        "pid": pid,
+        "alive_at_end": alive,
+        "rc": rc,
+        "restarted": restarted,
+        "clients": dict(seen),
+        "text": s.text(),
+        "ev": s.ev(),
+    }
+
+
+def fired(r):
+    return "rekindle-fault: fired" in r["text"]
+
+
+def crashed(r):
+    return (not r["alive_at_end"] and r["rc"] in CRASH_SIGNALS) or r["restarted"] if r["started"] else False
+
+
+def report_counts(r):
+    rep = [e for e in r["ev"] if e["rekindle_ev"] == "report"]
+    return rep[-1] if rep else None
+
+
+# ---- a server's campaign ------------------------------------------------------------
+
+
+def profile(target, tmp, seed):
+    """{site: (count at load, count during the workload)} for the sites the
+    workload executed."""
+    d = tmp / "profile"
+    trace = d / "trace"
+    d.mkdir(parents=True)
+    env = dict(os.environ, REKINDLE_FAULT_TRACE=str(trace))
+    s, handle = target.start(d, env)
+    if s is None:
+        handle.stop()
+        raise RuntimeError(f"{target.kind}: the traced run did not serve: {handle.text()[-800:]}")
+    before = read_counts(str(trace) + ".counts")
+    target.workload(s, seed)
+    after = read_counts(str(trace) + ".counts")
+    s.stop()
+    return {k: (before.get(k, 0), n - before.get(k, 0)) for k, n in after.items() if n > before.get(k, 0)}
+
+
+def surface(target, tmp, seed):
+    env = dict(os.environ, REKINDLE_EV_REPORT="1")
+    idle = report_counts(run(target, tmp / "idle", env, seed, do_workload=False))
+    busy = report_counts(run(target, tmp / "surface", env, seed))
+    if not idle or not busy:
+        return {"error": "reason=no_report: a run wrote no report line"}
+    gates = busy["gates"] - idle["gates"]
+    closed = busy["closed"] - idle["closed"]
+    return {
+        "gates": gates,
+        "closed": closed,
+        "closed_irrecoverable": busy["closed_irrecoverable"] - idle["closed_irrecoverable"],
+        "closed_unknown": busy["closed_unknown"] - idle["closed_unknown"],
+        "surface_pct": round(100.0 * (gates - closed) / gates, 1) if gates else None,
+        "idle": idle,
+        "busy": busy,
+    }
+
+
+def sites_info(exe):
+    from fi_sites import read_sites
+
+    return {s["id"]: s for s in read_sites(exe)}
+
+
+def campaign(target, tmp, args, log):
+    seed = args.seed
+    prof = profile(target, tmp, seed)
+    info = sites_info(target.exe)
+    surf = surface(target, tmp, seed)
+    log(f"{target.kind}: {len(prof)} sites executed by the workload; surface {surf.get('surface_pct')}%")
+    order = sorted(prof)
+    random.Random(f"{seed}-{target.kind}").shuffle(order)
+    want = args.want.get(target.kind, WANT[target.kind])
+    tried, rows = [], []
+    deadline = time.monotonic() + args.budget
+    vanilla_tally = collections.Counter()
+    for n, site in enumerate(order[: args.candidates]):
+        if len(rows) >= want or time.monotonic() > deadline:
+            break
+        load, work = prof[site]
+        after = load + work // 2
+        env = dict(
+            os.environ, REKINDLE_FAULT=site, REKINDLE_FAULT_AFTER=str(after), REKINDLE_FAULT_MODE="persistent"
+        )
+        van = run(target, tmp / f"v{n}", dict(env, REKINDLE_EV="off"), seed)
+        if not van["started"]:
+            verdict = "did not start"
+        elif not fired(van):
+            verdict = "not triggered"
+        elif crashed(van):
+            verdict = "fail-stop"
+        elif not van["alive_at_end"]:
+            verdict = "died otherwise"
+        else:
+            verdict = "no crash"
+        vanilla_tally[verdict] += 1
+        meta = info.get(site, {})
+        tried.append(
+            {"site": site, "verdict": verdict, "type": meta.get("type"), "function": meta.get("function")}
+        )
+        if verdict != "fail-stop":
+            continue
+        r = run(target, tmp / f"e{n}", env, seed)
+        inj = [e for e in r["ev"] if e["rekindle_ev"] == "injected"]
+        rec = [e for e in r["ev"] if e["rekindle_ev"] == "recovered"]
+        fb = [e for e in r["ev"] if e["rekindle_ev"] == "fallback"]
+        hang = "gave up (hang)" in r["clients"]
+        # the last probe (a GET on a new connection, rkv's PING) got an answer, an error one included
+        answering = any(
+            k.startswith(("final probe ", "ping after ")) and not k.endswith(" None") for k in r["clients"]
+        )
+        kept = r["started"] and r["alive_at_end"] and not r["restarted"]
+        alive = kept and not fb and bool(rec) and not hang
+        survived = alive and answering
+        if survived:
+            outcome = "survived"
+        elif alive:
+            outcome = "alive, not answering"
+        elif not r["started"]:
+            outcome = "did not start"
+        elif fb:
+            outcome = "fallback: " + fb[0]["reason"]
+        elif hang:
+            outcome = "hang"
+        elif not rec:
+            outcome = "no crash with errvirt"
+        else:
+            outcome = "died"
+        row = {
+            "site": site,
+            "type": meta.get("type"),
+            "function": meta.get("function"),
+            "loc": meta.get("loc"),
+            "description": meta.get("description"),
+            "after": after,
+            "vanilla_rc": van["rc"],
+            "outcome": outcome,
+            "survived": survived,
+            "recoveries": len(rec),
+            "injected_gates": sorted({e["gate"] for e in inj}),
+            "recovery_ns": [e.get("recovery_ns") for e in inj],
+            "rollback_ns": [e.get("rollback_ns") for e in rec],
+            "fallback": fb[:2],
+            "clients": r["clients"],
+            "pid": r.get("pid"),
+            "rc": r["rc"],
+        }
+        rows.append(row)
+        log(
+            f"{target.kind}: fault {len(rows):2d} {site} {meta.get('type')} in {meta.get('function')}: "
+            f"{outcome} "
+            f"(recoveries {len(rec)}, clients {r['clients']})"
+        )
+    return {
+        "server": target.kind,
+        "executed_sites": len(prof),
+        "surface": surf,
+        "candidates_tried": len(tried),
+        "vanilla": dict(vanilla_tally),
+        "faults": rows,
+        "tried": tried,
+    }
+
+
+# ---- outputs --------------------------------------------------------------
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
+def summarize(res):
+    faults = res["faults"]
+    lat = [x for f in faults for x in f["recovery_ns"] if x is not None]
+    return {
+        "triggered": len(faults),
+        "survived": sum(f["survived"] for f in faults),
+        "recoveries": len(lat),
+        "recovery_ms_p50": pct(lat, 0.5) / 1e6 if lat else None,
+        "recovery_ms_p99": pct(lat, 0.99) / 1e6 if lat else None,
+        "surface_pct": res["surface"].get("surface_pct"),
+    }
+
+
+def write_md(results, meta, path):
+    lines = [
+        f"Error virtualization fault campaign ({meta['date']}, load {meta['load']}, seed {meta['seed']}):",
+        f"`{meta['command']}`",
+        "",
+        "| server | survived / triggered | FIRestarter | recovery surface | FIRestarter "
+        "| recovery p50 | p99 | candidates tried | vanilla verdicts |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        s = r["summary"]
+        fr = FIRESTARTER[r["server"]]
+        fsurf = f"{fr['surface']}%" if fr["surface"] is not None else "-"
+        fname = f" ({fr['note']})" if fr.get("note") else ""
+        p50 = f"{s['recovery_ms_p50']:.3f} ms" if s["recovery_ms_p50"] is not None else "-"
+        p99 = f"{s['recovery_ms_p99']:.3f} ms" if s["recovery_ms_p99"] is not None else "-"
+        verdicts = ", ".join(f"{k} {v}" for k, v in sorted(r["vanilla"].items()))
+        lines.append(
+            f"| {r['server']} | {s['survived']}/{s['triggered']} | "
+            f"{fr['survived']}/{fr['triggered']}{fname} | "
+            f"{s['surface_pct']}% | {fsurf} | {p50} | {p99} | {r['candidates_tried']} | {verdicts} |"
+        )
+    lines += ["", "Faults not survived:", ""]
+    none = True
+    for r in results:
+        for f in r["faults"]:
+            if not f["survived"]:
+                none = False
+                lines.append(
+                    f"- {r['server']} `{f['site']}` {f['type']} in `{f['function']}` ({f['loc']}): "
+                    f"{f['outcome']}"
+                )
+    if none:
+        lines.append("- none")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_png(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["server"] for r in results]
+    ours = [
+        100.0 * r["summary"]["survived"] / r["summary"]["triggered"] if r["summary"]["triggered"] else 0
+        for r in results
+    ]
+    theirs = [100.0 * FIRESTARTER[n]["survived"] / FIRESTARTER[n]["triggered"] for n in names]
+    surf = [r["summary"]["surface_pct"] or 0 for r in results]
+    fsurf = [FIRESTARTER[n]["surface"] or 0 for n in names]
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
+    x = range(len(names))
+    ax[0].bar([i - 0.2 for i in x], ours, 0.4, label="Rekindle")
+    ax[0].bar([i + 0.2 for i in x], theirs, 0.4, label="FIRestarter")
+    ax[0].set_title("survived / triggered (%)")
+    ax[1].bar([i - 0.2 for i in x], surf, 0.4, label="Rekindle")
+    ax[1].bar([i + 0.2 for i in x], fsurf, 0.4, label="FIRestarter")
+    ax[1].set_title("recovery surface (%)")
+    for a in ax:
+        a.set_xticks(list(x), names)
+        a.set_ylim(0, 105)
+        a.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def want_arg(text):
+    out = {}
+    for item in text.split(","):
+        name, _, n = item.partition("=")
+        if name not in WANT or not n.isdigit():
+            names = ", ".join(WANT)
+            raise argparse.ArgumentTypeError(f"reason=usage: {item!r} is not SERVER=N (SERVER: {names})")
+        out[name] = int(n)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("build", type=Path)
+    ap.add_argument("--servers", default="nginx,lighttpd,rkv")
+    ap.add_argument("--candidates", type=int, default=300, help="at most this many sites tried per server")
+    ap.add_argument(
+        "--want",
+        type=want_arg,
+        default={},
+        help="SERVER=N,...: stop a server at N fail-stop faults (default: FIRestarter's count)",
+    )
+    ap.add_argument("--budget", type=float, default=900, help="seconds per server")
+    ap.add_argument(
+        "--requests", type=int, default=200, help="HTTP requests per run (rkv: 10x this, redis-benchmark)"
+    )
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+    build = args.build.resolve()
+    exes = {
+        "nginx": build / "errvirt" / "nginx-fi-ev" / "inst" / "sbin" / "nginx",
+        "lighttpd": build / "errvirt" / "lighttpd-fi-ev" / "inst" / "sbin" / "lighttpd",
+        "rkv": build / "errvirt" / "rkv-fi-ev",
+    }
+    servers = [x for x in args.servers.split(",") if x]
+    for name in servers:
+        if name not in exes:
+            print(f"fault_campaign: reason=usage: unknown server {name!r}", file=sys.stderr)
+            return 2
+        if not exes[name].exists():
+            print(
+                f"fault_campaign: reason=not_built: {exes[name]} (run `make bench-errvirt-faults`)",
+                file=sys.stderr,
+            )
+            return 2
+
+    def log(msg):
+        print(msg, flush=True)
+
+    results = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ev-campaign-") as tmp_name:
+        for name in servers:
+            if name == "rkv":
+                target = RkvTarget(exes[name], args.requests * 10)
+            else:
+                target = HttpTarget(name, exes[name], args.requests)
+            try:
+                res = campaign(target, Path(tmp_name) / name, args, log)
+            except (RuntimeError, TraceError) as e:
+                print(f"fault_campaign: reason=profile_failed: {e}", file=sys.stderr)
+                return 1
+            res["summary"] = summarize(res)
+            results.append(res)
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load": os.getloadavg()[0],
+        "seed": args.seed,
+        "seconds": round(time.monotonic() - t0, 1),
+        "command": "python3 tools/errvirt/fault_campaign.py " + " ".join(sys.argv[1:]),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "errvirt-faults.json").write_text(
+        json.dumps({"meta": meta, "results": results}, indent=1) + "\n"
+    )
+    write_md(results, meta, args.out / "errvirt-faults.md")
+    write_png(results, args.out / "errvirt-faults.png")
+    print((args.out / "errvirt-faults.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
