@@ -91,8 +91,7 @@ def test_nginx_serves_unchanged(servers, tmp_path):
             assert hs.check(status, body, path) == "ok", (path, status)
     for c in conns:
         c.close()
-    s.proc.send_signal(signal.SIGTERM)
-    assert s.proc.wait(timeout=10) == 0
+    assert s.terminate() == 0  # SIGTERM (see Server.terminate for nginx's race)
     text = s.text()
     assert "exit" in (tmp_path / "error.log").read_text()
     (report,) = s.ev("report")
@@ -149,7 +148,6 @@ def test_listing_crash_becomes_error_response(servers, tmp_path):
     assert not s.ev("fallback")
     assert "rekindle-fault: fired" in s.text()
     other.close()
-    s.proc.send_signal(signal.SIGTERM)
-    assert s.proc.wait(timeout=10) == 0
+    assert s.terminate() == 0  # SIGTERM (see Server.terminate for nginx's race)
     (report,) = s.ev("report")
     assert report["recoveries"] == 3 and report["fallbacks"] == 0

@@ -14,9 +14,11 @@ line per missing file (`log_not_found off`).  Each log line is a `write`,
 an irrecoverable call that closes the recoverable window for the rest of
 its request (docs/errvirt.md, "nginx")."""
 
+import contextlib
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -127,6 +129,24 @@ class Server:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     return False
                 time.sleep(0.03)
+
+    def terminate(self, timeout=10):
+        """SIGTERM, and the exit status once the process has gone (None if
+        it has not within timeout).  nginx in one process (`master_process
+        off`) checks its terminate flag before it waits in epoll_wait with no
+        timeout: a SIGTERM that lands between the two, while it handles a
+        connection that just closed, waits for the next event (nginx's
+        single-process race, wider with instrumented builds).  So each
+        200 ms without an exit, a connection is opened and closed to wake it."""
+        self.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                return self.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+        return None
 
     def stop(self, timeout=10):
         """SIGTERM, then SIGKILL; the exit status (negative: a signal)."""
