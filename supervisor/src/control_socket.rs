@@ -358,6 +358,12 @@ pub fn error_reply(msg: &str) -> Value {
     json!({"ok": false, "error": msg})
 }
 
+/// The reply of a connection evicted to make room: none of its requests
+/// was carried out, so a client may send them again (`call` does).
+pub fn evicted_reply(msg: &str) -> Value {
+    json!({"ok": false, "code": "evicted", "error": msg})
+}
+
 /// Splits complete lines off a client's input buffer.  An overlong line is
 /// reported once as TooLong and skipped up to its newline.
 #[derive(Default)]
@@ -584,7 +590,7 @@ impl Server {
                 }
             }
             let mut old = self.clients.remove(i);
-            old.queue(&error_reply(eviction_message(&old.activity())));
+            old.queue(&evicted_reply(eviction_message(&old.activity())));
             old.flush();
             return true;
         }
@@ -814,14 +820,49 @@ pub fn connect(path: &Path, timeout: std::time::Duration) -> Result<UnixStream, 
 }
 
 /// Sends one request to NAME.sock and reads one reply line.  A connect
-/// failure is a `ConnectError` inside the anyhow error.
+/// failure is a `ConnectError` inside the anyhow error.  Under a flood of
+/// connections the supervisor may evict this one before it reads the
+/// request (the write fails, or the reply says `evicted`): nothing was
+/// carried out, so the request is sent again on a new connection, until
+/// `timeout`.
 pub fn call(path: &Path, req: &Value, timeout: std::time::Duration) -> Result<(Value, UnixStream)> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let evicted = match call_once(path, req, timeout)? {
+            Called::Reply(v, _) if v.get("code").and_then(Value::as_str) == Some("evicted") => {
+                format!("{}", v["error"])
+            }
+            Called::Reply(v, s) => return Ok((v, s)),
+            Called::Dropped(e) => {
+                format!("the connection was closed before the request was read ({e})")
+            }
+        };
+        if t0.elapsed() >= timeout {
+            bail!("the supervisor's control socket is flooded: {evicted}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+enum Called {
+    Reply(Value, UnixStream),
+    /// The request could not be written: the supervisor had closed the
+    /// connection (evicted before it read anything).
+    Dropped(io::Error),
+}
+
+fn call_once(path: &Path, req: &Value, timeout: std::time::Duration) -> Result<Called> {
     let mut s = connect(path, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     let mut line = req.to_string();
     line.push('\n');
-    s.write_all(line.as_bytes())?;
+    if let Err(e) = s.write_all(line.as_bytes()) {
+        return match e.kind() {
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => Ok(Called::Dropped(e)),
+            _ => Err(e.into()),
+        };
+    }
     let mut reply = Vec::new();
     let mut b = [0u8; 4096];
     loop {
@@ -839,7 +880,7 @@ pub fn call(path: &Path, req: &Value, timeout: std::time::Duration) -> Result<(V
         }
     }
     let v: Value = serde_json::from_slice(&reply).context("the reply is not JSON")?;
-    Ok((v, s))
+    Ok(Called::Reply(v, s))
 }
 
 #[cfg(test)]
@@ -1002,6 +1043,38 @@ mod tests {
         assert!(r.partial(), "skipping an overlong line is still mid-line");
         r.push(b"\n", &mut out);
         assert!(!r.partial());
+    }
+
+    #[test]
+    fn a_call_evicted_before_its_request_was_read_is_sent_again() {
+        let dir = std::env::temp_dir().join(format!("rk-ctl-test-{}-evicted", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("test dir");
+        let path = dir.join("t.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        // the first connection is told it was evicted, the second answered
+        let server = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for reply in [
+                evicted_reply("closed: too many control connections"),
+                json!({"ok": true, "name": "x"}),
+            ] {
+                let (mut s, _) = listener.accept().expect("accept");
+                let mut line = Vec::new();
+                let mut b = [0u8; 1];
+                while s.read(&mut b).expect("read") == 1 && b[0] != b'\n' {
+                    line.push(b[0]);
+                }
+                seen.push(String::from_utf8(line).expect("utf8"));
+                s.write_all(format!("{reply}\n").as_bytes()).expect("reply");
+            }
+            seen
+        });
+        let (v, _) = call(&path, &json!({"cmd": "status"}), Duration::from_secs(5)).expect("call");
+        assert_eq!(v, json!({"ok": true, "name": "x"}));
+        let seen = server.join().expect("server");
+        assert_eq!(seen, vec![r#"{"cmd":"status"}"#; 2]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A Server on a fresh socket in its own directory (not through
