@@ -41,6 +41,10 @@
 //!   finish is never evicted; only when all 64 are such is a newcomer
 //!   refused.
 //! - A connection that sends no complete line for 5 s is closed anyway.
+//! - An evicted connection is told so (`"code": "evicted"`): none of its
+//!   requests was carried out.  `call` (the CLI) then sends its request
+//!   again on a new connection, as it does when its write finds the
+//!   connection already closed, until its timeout.
 //!
 //! There is deliberately no minimum age that protects a newcomer from
 //! eviction: it would cap admissions at 64 per that age, and under a flood
