@@ -135,7 +135,12 @@ def main():
         took = (time.monotonic() - t0) * 1000
         up = events(n2["events"], "up")[-1]
         back = sum(command(n2["port"], "GET", f"order:{i}") == f"paid {i}" for i in range(keys))
-        print(f"  n1's lease ran out; etcd elected n2, which started rkv {up['kind']} ({up['code']}) "
+        via = (events(n2["events"], "elected") or [{}])[-1].get("via")
+        how = {
+            "heartbeat_timeout": "n1 went silent (no heartbeat, no word in etcd); n2 took the term at once",
+            "no_leader": "n1's lease ran out; etcd elected n2",
+        }.get(via, "etcd elected n2")
+        print(f"  {how}, which started rkv {up['kind']} ({up['code']}) "
               f"{took:.0f} ms after the kill: {back} of the {keys} acknowledged keys there")  # fmt: skip
     finally:
         for n in nodes:
