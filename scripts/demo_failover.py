@@ -137,7 +137,7 @@ def main():
         back = sum(command(n2["port"], "GET", f"order:{i}") == f"paid {i}" for i in range(keys))
         via = (events(n2["events"], "elected") or [{}])[-1].get("via")
         how = {
-            "heartbeat_timeout": "n1 went silent (no heartbeat, no word in etcd); n2 took the term before the lease ran out",
+            "heartbeat_timeout": "n1 went silent (stream, etcd); n2 took the term before its lease ran out",
             "no_leader": "n1's lease ran out; etcd elected n2",
         }.get(via, "etcd elected n2")
         print(f"  {how}, which started rkv {up['kind']} ({up['code']}) "
