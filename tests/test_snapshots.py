@@ -386,6 +386,26 @@ def test_snapshot_commands_refuse_what_they_cannot_do(tmp_path):
 DURABLE = REKINDLE.parent.parent / "apps" / "durable"
 
 
+def durable_stack(store, events, env, *app_args, sup_args=(), stderr=subprocess.DEVNULL):
+    """durable.c under `rekindle run --snapshot-interval 0` (snapshots on its
+    rk_checkpoint requests), its stdout a text pipe."""
+    return subprocess.Popen(
+        [str(REKINDLE), "run", "--name", "durable", "--events", str(events),
+         "--snapshot-dir", str(store), "--snapshot-interval", "0", *sup_args,
+         "--", str(DURABLE), *app_args],
+        stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+    )  # fmt: skip
+
+
+def kill_durable_stack(sup, events):
+    """SIGKILL to the supervisor and to every app it spawned."""
+    sup.kill()
+    sup.wait(timeout=10)
+    for e in [json.loads(x) for x in events.read_text().splitlines() if '"spawn"' in x]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(e["pid"], signal.SIGKILL)
+
+
 def test_no_acknowledged_write_is_lost_when_the_stack_dies(tmp_path):
     """The durable test app acknowledges each write only once the snapshot
     that holds it is on disk (rk_epoch, rk_checkpoint, rk_durable_epoch:
@@ -393,12 +413,7 @@ def test_no_acknowledged_write_is_lost_when_the_stack_dies(tmp_path):
     SIGKILLed in the middle; the restored app has every acknowledged write."""
     store = tmp_path / "store"
     env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
-    sup = subprocess.Popen(
-        [str(REKINDLE), "run", "--name", "durable", "--events", str(tmp_path / "ev1.jsonl"),
-         "--snapshot-dir", str(store), "--snapshot-interval", "0",
-         "--", str(DURABLE), "--writes", "100000", "--threads", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )  # fmt: skip
+    sup = durable_stack(store, tmp_path / "ev1.jsonl", env, "--writes", "100000", "--threads", "4")
     acked = set()
     deadline = time.monotonic() + 30
     while len(acked) < 400 and time.monotonic() < deadline:
@@ -484,12 +499,7 @@ def test_an_arena_opted_out_of_snapshots_comes_back_empty_from_a_restore(tmp_pat
     store = tmp_path / "store"
     env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
     events = tmp_path / "ev1.jsonl"
-    sup = subprocess.Popen(
-        [str(REKINDLE), "run", "--name", "durable", "--events", str(events),
-         "--snapshot-dir", str(store), "--snapshot-interval", "0",
-         "--", str(DURABLE), "--writes", "300", "--threads", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )  # fmt: skip
+    sup = durable_stack(store, events, env, "--writes", "300", "--threads", "1")
 
     def next_line(proc, prefix, timeout=30):
         deadline = time.monotonic() + timeout
@@ -513,11 +523,7 @@ def test_an_arena_opted_out_of_snapshots_comes_back_empty_from_a_restore(tmp_pat
         assert p.returncode == 0, p.stdout + p.stderr
         snap = json.loads(p.stdout)["id"]
     finally:
-        sup.kill()
-        sup.wait(timeout=10)
-        for e in [json.loads(x) for x in events.read_text().splitlines() if '"spawn"' in x]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(e["pid"], signal.SIGKILL)
+        kill_durable_stack(sup, events)
     names = re.findall(r'"name": "([^"]+)"', (store / "snapshots" / f"{snap}.json").read_text())
     assert "durable" in names and "cache" not in names, names
 
@@ -572,11 +578,9 @@ def test_an_arena_mapped_huge_is_tracked_in_small_pages(tmp_path):
     env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
     events, app_log = tmp_path / "ev.jsonl", tmp_path / "app.log"
     with open(app_log, "w") as err:
-        sup = subprocess.Popen(
-            [str(REKINDLE), "run", "--name", "durable", "--events", str(events),
-             "--snapshot-dir", str(store), "--snapshot-interval", "0", "--snapshot-events", "every",
-             "--", str(DURABLE), "--writes", "200", "--threads", "1", "--huge"],
-            stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+        sup = durable_stack(
+            store, events, env, "--writes", "200", "--threads", "1", "--huge",
+            sup_args=("--snapshot-events", "every"), stderr=err,
         )  # fmt: skip
     try:
         lines = lines_until(sup, '{"app":"done"', 60)
@@ -585,11 +589,7 @@ def test_an_arena_mapped_huge_is_tracked_in_small_pages(tmp_path):
             pytest.skip(f"this kernel does not collapse a memfd range (errno {huge['errno']})")
         assert any(x.startswith('{"app":"done"') for x in lines), "200 writes not done in 60 s"
     finally:
-        sup.kill()
-        sup.wait(timeout=10)
-        for e in [json.loads(x) for x in events.read_text().splitlines() if '"spawn"' in x]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(e["pid"], signal.SIGKILL)
+        kill_durable_stack(sup, events)
     split = [json.loads(x) for x in app_log.read_text().splitlines() if '"hugepages_split"' in x]
     assert [s["arena"] for s in split] == ["durable"], split
     assert split[0]["bytes"] >= 2 << 20
@@ -610,21 +610,12 @@ def test_a_snapshot_refused_while_a_region_stays_open_is_asked_again(tmp_path):
     store = tmp_path / "store"
     env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
     events = tmp_path / "ev.jsonl"
-    sup = subprocess.Popen(
-        [str(REKINDLE), "run", "--name", "durable", "--events", str(events),
-         "--snapshot-dir", str(store), "--snapshot-interval", "0",
-         "--", str(DURABLE), "--writes", "20", "--threads", "2", "--slow-region-ms", "1500"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )  # fmt: skip
+    sup = durable_stack(store, events, env, "--writes", "20", "--threads", "2", "--slow-region-ms", "1500")
     try:
         lines = lines_until(sup, '{"app":"done"', 60)
         assert any(x.startswith('{"app":"done"') for x in lines), "writes not all acknowledged in 60 s"
     finally:
-        sup.kill()
-        sup.wait(timeout=10)
-        for e in [json.loads(x) for x in events.read_text().splitlines() if '"spawn"' in x]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(e["pid"], signal.SIGKILL)
+        kill_durable_stack(sup, events)
     acked = sorted(json.loads(x)["i"] for x in lines if x.startswith('{"app":"acked"'))
     assert acked == list(range(20))
     failed = [json.loads(x) for x in events.read_text().splitlines() if '"snapshot_failed"' in x]
