@@ -202,15 +202,7 @@ class _Proc:
         self.proc, self.port, self.d, self.err, self.pid = proc, port, d, err, proc.pid
 
     def stop(self, timeout=10):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.err.close()
-        return self.proc.returncode
+        return hs.stop_process(self.proc, self.err, timeout)
 
     def text(self):
         return (self.d / "stderr").read_text(errors="replace")

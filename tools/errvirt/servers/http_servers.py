@@ -95,6 +95,20 @@ def lighttpd_conf(d, port, www):
     return conf
 
 
+def stop_process(proc, err, timeout=10):
+    """SIGTERM, then SIGKILL after timeout; closes err (the process's stderr
+    file); the exit status (negative: a signal)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    err.close()
+    return proc.returncode
+
+
 class Server:
     """One server process.  stderr goes to d/stderr; nginx sends its
     stderr to its error log once it runs, so lines() reads both."""
@@ -150,15 +164,7 @@ class Server:
 
     def stop(self, timeout=10):
         """SIGTERM, then SIGKILL; the exit status (negative: a signal)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.err.close()
-        return self.proc.returncode
+        return stop_process(self.proc, self.err, timeout)
 
     def text(self):
         out = (self.d / "stderr").read_text(errors="replace")
