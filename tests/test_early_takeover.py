@@ -122,6 +122,9 @@ def test_sync_takeover_before_the_lease_expires(net):
     up = n2.wait_event("up", lambda e: e["t_ns"] > elected["t_ns"])
     assert suspect["t_ns"] <= took["t_ns"] <= elected["t_ns"] <= up["t_ns"], names
     assert took["from"] == "n1" and took["epoch"] == 2
+    # the app started from the standby's hot image, not from its store
+    restore = n2.wait_event("restore", lambda e: e["t_ns"] > elected["t_ns"])
+    assert restore["from"] == "hot_image", restore
     st = cluster_status(etcd)
     assert st["epoch"] == 2 and st["leader"]["node"] == "n2"
 

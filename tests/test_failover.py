@@ -248,10 +248,15 @@ def test_standby_crash_and_rejoin_during_load(net):
         th.join(timeout=10)
     joined = [e for e in n1.events("standby_joined") if e["standby"] == "n2"]
     assert [e["sync"] for e in joined] == ["full", "incremental"], joined
+    # its hot image did not hold the parent of the first snapshot after the
+    # rejoin: it was read whole from the store once
+    n2.wait_event("hot_image", lambda e: e["state"] == "rebuilt", timeout=20)
     # n2 holds it all: fail over to it
     n1.host.kill()
-    n2.wait_event("role", lambda e: e.get("role") == "primary", timeout=20)
+    elected = n2.wait_event("role", lambda e: e.get("role") == "primary", timeout=20)
     n2.wait_event("up", timeout=20)
+    restore = n2.wait_event("restore", lambda e: e["t_ns"] > elected["t_ns"])
+    assert restore["from"] == "hot_image", restore
     check_history(n2, hist)
 
 

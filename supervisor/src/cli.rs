@@ -321,6 +321,9 @@ pub struct Config {
     pub restore: Option<crate::snapshot::restore::Source>,
     /// Why the first incarnation starts from `restore` (the restore event).
     pub restore_why: &'static str,
+    /// `restore`'s snapshot already in memfds (an elected standby's hot
+    /// image, cluster/hot_image.rs): used instead of reading the store.
+    pub restored: Option<crate::snapshot::restore::Restored>,
     pub start_from: StartFrom,
     pub restore_pages: crate::snapshot::restore::Pages,
     pub restore_fill_rate: u64,
@@ -401,6 +404,7 @@ impl Config {
             }),
             restore: None,
             restore_why: "",
+            restored: None,
             start_from: a.start_from,
             restore_pages: a.restore_pages,
             restore_fill_rate: a.restore_fill_rate,

@@ -181,7 +181,7 @@ fn send_signal(pid: libc::pid_t, sig: i32) -> bool {
 }
 
 impl Supervisor {
-    pub fn new(cfg: Config) -> Result<Self> {
+    pub fn new(mut cfg: Config) -> Result<Self> {
         ensure_stdio();
         // SAFETY: prctl with constant arguments.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
@@ -251,31 +251,37 @@ impl Supervisor {
             .map(|(kind, name, fd)| Held { kind, name, fd })
             .collect::<Vec<_>>();
         let mut lazy = None;
+        let premade = cfg.restored.take();
+        let from_image = premade.is_some();
         let restored = match &cfg.restore {
             Some(src) => {
                 let pages = cfg.restore_pages;
-                let mut r =
-                    crate::snapshot::restore::materialize_with(src, pages).map_err(|e| {
-                        let mut evs = EventLog::open(&cfg.name, cfg.events.as_deref()).ok();
-                        if let Some(l) = evs.as_mut() {
-                            l.emit(
-                                ev("error")
-                                    .s("what", "cannot restore")
-                                    .s("code", e.code())
-                                    .s("error", e.to_string()),
-                            );
-                        }
-                        anyhow::anyhow!(
-                            "cannot restore from {}: {e} ({})",
-                            src.dir.display(),
-                            e.code()
-                        )
-                    })?;
+                let made = match premade {
+                    Some(r) => Ok(r),
+                    None => crate::snapshot::restore::materialize_with(src, pages),
+                };
+                let mut r = made.map_err(|e| {
+                    let mut evs = EventLog::open(&cfg.name, cfg.events.as_deref()).ok();
+                    if let Some(l) = evs.as_mut() {
+                        l.emit(
+                            ev("error")
+                                .s("what", "cannot restore")
+                                .s("code", e.code())
+                                .s("error", e.to_string()),
+                        );
+                    }
+                    anyhow::anyhow!(
+                        "cannot restore from {}: {e} ({})",
+                        src.dir.display(),
+                        e.code()
+                    )
+                })?;
                 lazy = r
                     .lazy
                     .take()
                     .map(|s| lazy_restore::Lazy::Waiting(Box::new(s)));
                 let mut rb = snapshots::Rollback::new(&src.dir, r);
+                rb.premade = from_image;
                 held = std::mem::take(&mut rb.fds);
                 Some(rb)
             }
@@ -467,6 +473,7 @@ impl Supervisor {
                         .s("id", rb.id.as_str())
                         .u("bytes", rb.bytes)
                         .v("read_ms", (rb.read_ms * 10.0).round() / 10.0)
+                        .s("from", if rb.premade { "hot_image" } else { "store" })
                         .s("why", self.cfg.restore_why),
                 );
                 let decision = format!("restored from snapshot {}", rb.what);

@@ -73,12 +73,12 @@ pub struct ClusterArgs {
     pub sentinel_addr: Option<String>,
 
     /// With --cluster: a standby that has heard nothing on the replication
-    /// stream (heartbeats come every 100 ms) for this long suspects the
+    /// stream (heartbeats come every 25 ms) for this long suspects the
     /// primary, and with --replication sync may take the term before the
     /// lease expires, once etcd also shows the primary silent
     /// (docs/failover.md, "Failure detection faster than the lease").
     /// 0: wait for the lease only.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "300ms",
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "100ms",
           requires = "cluster")]
     pub heartbeat_timeout: Duration,
 }

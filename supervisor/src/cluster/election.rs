@@ -32,12 +32,18 @@ use super::records::{self, LeaderRecord, NodeRecord, Role, SwitchoverRecord};
 /// loop wakes on the fence fd at once; this covers scheduling.
 pub const FENCE_MARGIN: Duration = Duration::from_millis(200);
 const TICK: Duration = Duration::from_millis(50);
+/// The tick while the node suspects the primary: the early takeover's
+/// watch of etcd is this fine.
+const SUSPECT_TICK: Duration = Duration::from_millis(10);
 const CALL_TIMEOUT: Duration = Duration::from_millis(400);
+/// A standby's report; a primary rewrites its own at every TICK, which is
+/// what the early takeover watches.
 const REPORT_EVERY: Duration = Duration::from_millis(250);
 /// Early takeover: how long etcd must show the suspected primary's own
-/// report (`nodes/<id>`, written every REPORT_EVERY while it holds its term
-/// and reaches etcd) unchanged, on top of the silent replication stream.
-pub const ETCD_SILENT_FOR: Duration = Duration::from_millis(750);
+/// report (`nodes/<id>`, written every TICK while it holds its term and
+/// reaches etcd: four writes missed) unchanged, on top of the silent
+/// replication stream.
+pub const ETCD_SILENT_FOR: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -318,9 +324,14 @@ impl Worker {
                 }
             }
             self.check_deadline();
+            let tick = if lock(&self.sh.suspect).is_some() {
+                SUSPECT_TICK
+            } else {
+                TICK
+            };
             let spent = t0.elapsed();
-            if spent < TICK {
-                std::thread::sleep(TICK - spent);
+            if spent < tick {
+                std::thread::sleep(tick - spent);
             }
         }
         // a stop while primary without resigning (the node died of an
@@ -741,7 +752,12 @@ impl Worker {
     }
 
     fn publish_report(&mut self) -> Result<(), ClusterError> {
-        if self.last_report.is_some_and(|t| t.elapsed() < REPORT_EVERY) {
+        let every = if self.term.is_some() {
+            TICK
+        } else {
+            REPORT_EVERY
+        };
+        if self.last_report.is_some_and(|t| t.elapsed() < every) {
             return Ok(());
         }
         let Some(mut r) = lock(&self.sh.report).clone() else {

@@ -25,6 +25,7 @@ pub mod args;
 pub mod election;
 pub mod error;
 pub mod etcd;
+pub mod hot_image;
 pub mod lineage;
 pub mod link;
 pub mod node;

@@ -27,6 +27,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::args::{ClusterArgs, Replication};
 use super::election::{Agent, AgentConfig, FenceReason, Suspicion, Takeover, Want};
+use super::hot_image::HotImage;
 use super::link::ReplicationLink;
 use super::receiver::{Receiver, ReceiverNote};
 use super::records::{NodeRecord, Role};
@@ -161,20 +162,22 @@ pub fn run(args: RunArgs) -> i32 {
         heartbeat_timeout: ca.heartbeat_timeout,
     };
     loop {
-        let term = match stand_by(&node, &dir, &agent, &events, &sigfd, early, &sentinel_addr) {
-            Some(t) => t,
-            None => {
-                agent.shutdown();
-                emit(&events, ev("cluster_stop").s("node", &node));
-                return 0;
-            }
-        };
+        let (term, image) =
+            match stand_by(&node, &dir, &agent, &events, &sigfd, early, &sentinel_addr) {
+                Some(t) => t,
+                None => {
+                    agent.shutdown();
+                    emit(&events, ev("cluster_stop").s("node", &node));
+                    return 0;
+                }
+            };
         let code = serve_term(
             &args,
             &node,
             &addr,
             &dir,
             term,
+            image,
             ca.replication,
             &agent,
             &events,
@@ -230,8 +233,8 @@ fn takeover_event(t: &Takeover) -> crate::event::Event {
     }
 }
 
-/// Follows the primary until this node is elected: Some(term); None on
-/// SIGTERM/SIGINT.
+/// Follows the primary until this node is elected: Some(term, the hot
+/// image of what it received); None on SIGTERM/SIGINT.
 fn stand_by(
     node: &str,
     dir: &std::path::Path,
@@ -240,7 +243,7 @@ fn stand_by(
     sigfd: &SignalFd,
     early: Early,
     sentinel: &Option<String>,
-) -> Option<u64> {
+) -> Option<(u64, Option<HotImage>)> {
     agent.want(Want::Campaign);
     let mut receiver = match Receiver::start(node, dir.to_path_buf()) {
         Ok(r) => r,
@@ -349,7 +352,7 @@ fn stand_by(
     for n in receiver.notes() {
         emit(events, receiver_event(n));
     }
-    Some(term)
+    Some((term, receiver.take_image()))
 }
 
 /// The primary's stream has been silent for --heartbeat-timeout: suspect
@@ -434,6 +437,16 @@ fn receiver_event(n: ReceiverNote) -> crate::event::Event {
             .s("primary", primary)
             .s("code", code)
             .s("error", error),
+        ReceiverNote::ImageRebuilt { id, pages, took_ms } => ev("hot_image")
+            .s("state", "rebuilt")
+            .s("id", id)
+            .u("pages", pages)
+            .u("took_ms", took_ms),
+        ReceiverNote::ImageFailed { id, code, error } => ev("hot_image")
+            .s("state", "unusable")
+            .s("id", id)
+            .s("code", code)
+            .s("error", error),
     }
 }
 
@@ -456,6 +469,7 @@ fn serve_term(
     addr: &str,
     dir: &std::path::Path,
     term: u64,
+    image: Option<HotImage>,
     mode: Replication,
     agent: &Agent,
     events: &Events,
@@ -493,16 +507,41 @@ fn serve_term(
         Err(e) => return fail("bad arguments", "usage", e.to_string()),
     };
     cfg.replication = Some(link.clone());
-    match Store::open_unindexed(dir).and_then(|s| s.latest()) {
-        Ok(Some(_)) => {
-            cfg.restore_why = "elected: starting from the newest snapshot replicated to this node";
+    match image.map(|mut i| i.take()) {
+        Some(Ok(r)) => {
+            cfg.restore_why =
+                "elected: starting from this node's hot image of the newest replicated snapshot";
             cfg.restore = Some(crate::snapshot::restore::Source {
                 dir: dir.to_path_buf(),
-                spec: String::new(),
+                spec: r.info.id.as_str().to_string(),
             });
+            cfg.restored = Some(r);
         }
-        Ok(None) => {}
-        Err(e) => return fail("cannot read the store", e.code(), e.to_string()),
+        not => {
+            let code = match &not {
+                Some(Err(u)) => u.code(),
+                _ => "hot_image_none",
+            };
+            match Store::open_unindexed(dir).and_then(|s| s.latest()) {
+                Ok(Some(_)) => {
+                    emit(
+                        events,
+                        ev("hot_image")
+                            .s("state", "not_used")
+                            .s("code", code)
+                            .s("why", "starting from the store instead"),
+                    );
+                    cfg.restore_why =
+                        "elected: starting from the newest snapshot replicated to this node";
+                    cfg.restore = Some(crate::snapshot::restore::Source {
+                        dir: dir.to_path_buf(),
+                        spec: String::new(),
+                    });
+                }
+                Ok(None) => {}
+                Err(e) => return fail("cannot read the store", e.code(), e.to_string()),
+            }
+        }
     }
     // reports what the sender sees while the supervisor's loop runs
     let done = Arc::new(AtomicBool::new(false));

@@ -17,11 +17,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::error::ClusterError;
+use super::hot_image::{Advance, HotImage};
 use super::lineage::{self, Lineage};
 use super::records::LeaderRecord;
 use super::wire::{self, Ack, Heartbeat, Join, PeerReader, Welcome};
-use crate::store::Store;
 use crate::store::stream;
+use crate::store::{SnapshotId, Store};
 
 /// What the receiver tells the node (events, status).
 #[derive(Debug)]
@@ -37,6 +38,19 @@ pub enum ReceiverNote {
     },
     Lost {
         primary: String,
+        code: &'static str,
+        error: String,
+    },
+    /// The hot image was read whole from the store (it did not hold the
+    /// snapshot's parent: the first snapshot after this node started).
+    ImageRebuilt {
+        id: String,
+        pages: u64,
+        took_ms: u64,
+    },
+    /// The hot image could not follow: unusable until rebuilt.
+    ImageFailed {
+        id: String,
         code: &'static str,
         error: String,
     },
@@ -66,6 +80,8 @@ struct Shared {
     conn: Mutex<Option<TcpStream>>,
     progress: Mutex<Progress>,
     notes: Mutex<Vec<ReceiverNote>>,
+    /// The hot image, once the thread is gone (hot_image.rs).
+    image: Mutex<Option<HotImage>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -89,6 +105,7 @@ impl Receiver {
             conn: Mutex::new(None),
             progress: Mutex::new(Progress::default()),
             notes: Mutex::new(Vec::new()),
+            image: Mutex::new(None),
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
@@ -137,6 +154,11 @@ impl Receiver {
 
     pub fn notes(&self) -> Vec<ReceiverNote> {
         std::mem::take(&mut *lock(&self.shared.notes))
+    }
+
+    /// The hot image of the newest snapshot published, after `stop`.
+    pub fn take_image(&self) -> Option<HotImage> {
+        lock(&self.shared.image).take()
     }
 
     /// Stops following: the connection is cut (no more acknowledgements),
@@ -189,6 +211,13 @@ impl Drop for Receiver {
 }
 
 fn run(sh: &Arc<Shared>) {
+    // kept across reconnections: an incremental rejoin goes on from it
+    let mut image = HotImage::default();
+    follow_leaders(sh, &mut image);
+    *lock(&sh.image) = Some(image);
+}
+
+fn follow_leaders(sh: &Arc<Shared>, image: &mut HotImage) {
     while !sh.stop.load(Ordering::SeqCst) {
         let leader = lock(&sh.leader).clone();
         let Some(l) = leader.filter(|l| {
@@ -199,7 +228,7 @@ fn run(sh: &Arc<Shared>) {
             std::thread::sleep(Duration::from_millis(20));
             continue;
         };
-        let r = follow(sh, &l);
+        let r = follow(sh, &l, image);
         {
             let mut p = lock(&sh.progress);
             p.epoch = 0;
@@ -237,7 +266,7 @@ fn connect(addr: &str) -> Result<TcpStream, ClusterError> {
     ))
 }
 
-fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
+fn follow(sh: &Arc<Shared>, l: &LeaderRecord, image: &mut HotImage) -> Result<(), ClusterError> {
     let peer = format!("{}@{}", l.node, l.replication);
     let io = |what: &'static str| {
         let p = peer.clone();
@@ -306,6 +335,7 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
         full: w.full,
     });
     let mut lineage_written = !w.full;
+    let mut published: Option<SnapshotId> = None;
     loop {
         if sh.stop.load(Ordering::SeqCst)
             || sh.newest_epoch.load(Ordering::SeqCst) > w.epoch
@@ -324,6 +354,7 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
                     }
                 });
                 if let Some(id) = got? {
+                    published = Some(id.clone());
                     if !lineage_written {
                         lineage::write(&sh.dir, Lineage { epoch: w.epoch })?;
                         lineage_written = true;
@@ -372,6 +403,27 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
             },
         )?;
         out.flush().map_err(io("flush"))?;
+        // after the acknowledgement: the store holds what is acknowledged,
+        // the image is what makes taking over fast
+        if let Some(id) = published.take() {
+            advance_image(sh, &store, image, &id);
+        }
+    }
+}
+
+fn advance_image(sh: &Shared, store: &Store, image: &mut HotImage, id: &SnapshotId) {
+    match image.advance(store, id) {
+        Ok(Advance::Applied { .. }) => {}
+        Ok(Advance::Rebuilt { pages, took }) => lock(&sh.notes).push(ReceiverNote::ImageRebuilt {
+            id: id.0.clone(),
+            pages,
+            took_ms: took.as_millis() as u64,
+        }),
+        Err(e) => lock(&sh.notes).push(ReceiverNote::ImageFailed {
+            id: id.0.clone(),
+            code: e.code(),
+            error: e.to_string(),
+        }),
     }
 }
 

@@ -30,8 +30,8 @@ pub const ACK: u8 = b'A';
 pub const SNAPSHOT: u8 = b'M';
 
 /// How often an idle primary sends a heartbeat.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(100);
-/// A primary silent this long is gone, for its standby (10 heartbeats).
+pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(25);
+/// A primary silent this long is gone, for its standby (40 heartbeats).
 pub const SILENCE: Duration = Duration::from_millis(1000);
 /// A standby silent this long is gone, for the primary: longer, because a
 /// standby publishing a large snapshot acknowledges nothing meanwhile (a

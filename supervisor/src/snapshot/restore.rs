@@ -90,7 +90,47 @@ pub enum Pages {
     Lazy,
 }
 
-fn memfd(name: &str, size: u64) -> Result<OwnedFd, RestoreError> {
+/// What a snapshot's region becomes for the app: its fd kind and the
+/// memfd's size; None for a region that is not handed over (a static other
+/// than the manifest: the app's own statics come back through it).
+pub(crate) fn region_fd(
+    sid: &str,
+    r: &store::RegionMeta,
+) -> Result<Option<(FdKind, u64)>, RestoreError> {
+    let bad = |what: &str| RestoreError::Region {
+        id: sid.to_string(),
+        name: r.name.clone(),
+        what: what.to_string(),
+    };
+    match r.kind {
+        store::RegionKind::Static if r.name == MANIFEST_REGION => {
+            Ok(Some((FdKind::Manifest, r.size)))
+        }
+        store::RegionKind::Static => Ok(None),
+        store::RegionKind::Arena | store::RegionKind::Range => {
+            let file = r
+                .layout
+                .get("memfd_bytes")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(r.size);
+            if file > r.size {
+                return Err(bad("its memfd is larger than its mapping"));
+            }
+            if r.kind == store::RegionKind::Range && !r.name.starts_with("range:") {
+                return Err(bad("a range's name must be range:ADDR"));
+            }
+            let kind = if r.kind == store::RegionKind::Arena {
+                FdKind::Arena
+            } else {
+                FdKind::Range
+            };
+            Ok(Some((kind, file)))
+        }
+    }
+}
+
+/// A memfd named as the runtime names its own, of `size` bytes.
+pub(crate) fn memfd(name: &str, size: u64) -> Result<OwnedFd, RestoreError> {
     let err = |e: std::io::Error| RestoreError::Memfd {
         name: name.to_string(),
         err: e,
@@ -132,37 +172,10 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
     let mut has_manifest = false;
     let mut lazy_arenas = Vec::new();
     for (i, r) in reader.regions().iter().enumerate() {
-        let bad = |what: &str| RestoreError::Region {
-            id: sid.clone(),
-            name: r.name.clone(),
-            what: what.to_string(),
+        let Some((kind, size)) = region_fd(&sid, r)? else {
+            continue; // not ours to hand over
         };
-        let (kind, size) = match r.kind {
-            store::RegionKind::Static if r.name == MANIFEST_REGION => {
-                has_manifest = true;
-                (FdKind::Manifest, r.size)
-            }
-            store::RegionKind::Static => continue, // not ours to hand over
-            store::RegionKind::Arena | store::RegionKind::Range => {
-                let file = r
-                    .layout
-                    .get("memfd_bytes")
-                    .and_then(serde_json::Value::as_u64)
-                    .unwrap_or(r.size);
-                if file > r.size {
-                    return Err(bad("its memfd is larger than its mapping"));
-                }
-                let kind = if r.kind == store::RegionKind::Arena {
-                    FdKind::Arena
-                } else {
-                    FdKind::Range
-                };
-                (kind, file)
-            }
-        };
-        if r.kind == store::RegionKind::Range && !r.name.starts_with("range:") {
-            return Err(bad("a range's name must be range:ADDR"));
-        }
+        has_manifest |= kind == FdKind::Manifest;
         let fd = memfd(&r.name, size)?;
         let name = r.name.clone();
         bytes += reader.page_count(i as u32) as u64 * store::PAGE as u64;

@@ -102,6 +102,37 @@ impl Store {
         Ok(entries)
     }
 
+    /// One snapshot's own manifest and page map, checked (its packs present):
+    /// what a copy kept up to date one snapshot at a time applies (the
+    /// standby's hot image, cluster/hot_image.rs).
+    pub fn own_changes(&self, id: &SnapshotId) -> Result<(Manifest, Vec<MapEntry>), StoreError> {
+        let m = self.load_manifest(id)?;
+        self.check_packs(&m)?;
+        let entries = self.load_map(&m)?;
+        Ok((m, entries))
+    }
+
+    /// Reads the chunk `hash` into `out` (a page), checked; the store must
+    /// be opened with its indexes (`open`, `create_or_open`).
+    pub fn read_chunk_by_hash(&self, hash: &Hash, out: &mut [u8]) -> Result<(), StoreError> {
+        let loc = self
+            .index
+            .get(hash)
+            .copied()
+            .ok_or_else(|| StoreError::MissingChunk {
+                path: self.dir().to_path_buf(),
+                hash: hex(hash),
+            })?;
+        let (path, file) = self.pack_file(loc.pack)?;
+        let e = IndexEntry {
+            hash: *hash,
+            offset: loc.offset,
+            len: loc.len as u32,
+            flags: loc.flags as u32,
+        };
+        read_chunk(file, path, &e, out)
+    }
+
     /// Folds a chain (newest first) into per-region (page, hash) lists,
     /// sorted by page: each map is sorted by (region, page) on disk, so a
     /// delta is merged into what it inherits in one pass.

@@ -33,6 +33,9 @@ pub(super) struct Rollback {
     /// How long opening the snapshot and making the memfds took.
     pub(super) read_ms: f64,
     pub(super) fds: Vec<Held>,
+    /// The memfds came made (an elected standby's hot image), not read
+    /// from the store.
+    pub(super) premade: bool,
 }
 
 impl Rollback {
@@ -47,6 +50,7 @@ impl Rollback {
                 .into_iter()
                 .map(|(kind, name, fd)| Held { kind, name, fd })
                 .collect(),
+            premade: false,
         }
     }
 }
