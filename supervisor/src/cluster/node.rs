@@ -494,8 +494,16 @@ fn serve_term(
         Ok(l) => Arc::new(l),
         Err(e) => return fail("replication link", "io", e.to_string()),
     };
-    // the store exists before the sender opens it (a first start has none)
-    if let Err(e) = Store::create_or_open(dir) {
+    // the store exists before the sender opens it (a first start has none);
+    // an existing one is checked without loading its indexes, which at
+    // millions of chunks would delay the app's start
+    let exists = dir.join(crate::store::format::FORMAT_FILE).exists();
+    let opened = if exists {
+        Store::open_unindexed(dir)
+    } else {
+        Store::create_or_open(dir)
+    };
+    if let Err(e) = opened {
         return fail("cannot open the store", e.code(), e.to_string());
     }
     let mut sender = match Sender::start(addr, term, node, dir.to_path_buf(), link.clone()) {

@@ -248,6 +248,11 @@ fn follow_leaders(sh: &Arc<Shared>, image: &mut HotImage) {
     }
 }
 
+/// One connection attempt; the loop tries again 50 ms later.  A LAN's
+/// handshake takes well under a millisecond; what this bounds is how long
+/// an elected node waits for its receiver to let go of a dead primary.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(50);
+
 fn connect(addr: &str) -> Result<TcpStream, ClusterError> {
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
@@ -255,7 +260,8 @@ fn connect(addr: &str) -> Result<TcpStream, ClusterError> {
         .collect();
     let mut last = None;
     for a in addrs {
-        match TcpStream::connect_timeout(&a, Duration::from_millis(500)) {
+        // short: a stop (this node elected) waits for a connect in progress
+        match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
             Ok(c) => return Ok(c),
             Err(e) => last = Some(e),
         }
