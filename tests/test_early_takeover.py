@@ -12,8 +12,10 @@ the clients' recorded history), not on durations."""
 
 import json
 import os
+import re
 import threading
 import time
+import urllib.request
 
 import pytest
 import redis
@@ -46,6 +48,21 @@ def start_pair(net, **kw):
     n2 = Node(net, net.host("n2"), etcd, "n2", **kw)
     n2.wait_event("following", lambda e: e["epoch"] == 1)
     return etcd, n1, n2
+
+
+METRICS_PORT = 9464
+
+
+def metric(node, name, **labels):
+    """One sample of the node's --cluster-metrics (0 if absent): the
+    cluster and node labels are always there, `labels` adds to them."""
+    want = {"cluster": "rkv", "node": node.id, **labels}
+    text = urllib.request.urlopen(f"http://{node.host.ip}:{METRICS_PORT}/metrics", timeout=5).read()
+    for line in text.decode().splitlines():
+        m = re.fullmatch(r"(\w+)\{(.*)\} (\S+)", line)
+        if m and m[1] == name and dict(re.findall(r'(\w+)="([^"]*)"', m[2])) == want:
+            return float(m[3])
+    return 0
 
 
 def leader_lease(etcd):
@@ -99,8 +116,9 @@ def test_sync_takeover_before_the_lease_expires(net):
     takeover, then elected via heartbeat_timeout) while etcd still holds
     the old primary's lease; no acknowledged write is lost and none came
     from the old primary after the new term began."""
-    etcd, n1, n2 = start_pair(net, lease_ttl=10)
+    etcd, n1, n2 = start_pair(net, lease_ttl=10, extra=("--cluster-metrics", f"0.0.0.0:{METRICS_PORT}"))
     old_lease = leader_lease(etcd)
+    assert metric(n1, "rekindle_cluster_primary") == 1 and metric(n2, "rekindle_cluster_primary") == 0
     hist, stop = History(), threading.Event()
     ths = writers(n1, hist, stop)
     wait_acks(hist, 300)
@@ -125,6 +143,11 @@ def test_sync_takeover_before_the_lease_expires(net):
     # the app started from the standby's hot image, not from its store
     restore = n2.wait_event("restore", lambda e: e["t_ns"] > elected["t_ns"])
     assert restore["from"] == "hot_image", restore
+    # the node's metrics say the same
+    assert metric(n2, "rekindle_cluster_elected_total", via="heartbeat_timeout") == 1
+    assert metric(n2, "rekindle_cluster_takeover_decisions_total", code="took_over") == 1
+    assert metric(n2, "rekindle_cluster_epoch") == 2
+    assert metric(n2, "rekindle_cluster_primary") == 1
     st = cluster_status(etcd)
     assert st["epoch"] == 2 and st["leader"]["node"] == "n2"
 

@@ -56,6 +56,10 @@ impl Event {
     pub fn kind(&self) -> &'static str {
         self.kind
     }
+    /// A field's value, for those that count events (cluster/metrics.rs).
+    pub fn field(&self, k: &str) -> Option<&Value> {
+        self.fields.iter().find(|(n, _)| *n == k).map(|(_, v)| v)
+    }
 }
 
 impl EventLog {

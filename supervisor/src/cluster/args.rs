@@ -81,6 +81,12 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "100ms",
           requires = "cluster")]
     pub heartbeat_timeout: Duration,
+
+    /// With --cluster: serve this node's Prometheus metrics (role, term,
+    /// lag, failovers, fences, takeover decisions, replication errors) on
+    /// HOST:PORT, GET /metrics, whatever its role (docs/failover.md).
+    #[arg(long, value_name = "HOST:PORT", requires = "cluster")]
+    pub cluster_metrics: Option<String>,
 }
 
 /// `rekindle sentinel`: the Sentinel endpoint without a node.

@@ -28,6 +28,7 @@ pub mod etcd;
 pub mod hot_image;
 pub mod lineage;
 pub mod link;
+pub mod metrics;
 pub mod node;
 pub mod receiver;
 pub mod records;

@@ -19,7 +19,7 @@
 //! it is resynchronised whole by the next primary.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigSet, Signal};
@@ -29,6 +29,7 @@ use super::args::{ClusterArgs, Replication};
 use super::election::{Agent, AgentConfig, FenceReason, Suspicion, Takeover, Want};
 use super::hot_image::HotImage;
 use super::link::ReplicationLink;
+use super::metrics::{ClusterMetrics, MetricsServer};
 use super::receiver::{Receiver, ReceiverNote};
 use super::records::{NodeRecord, Role};
 use super::sender::{Sender, SenderNote};
@@ -39,8 +40,22 @@ use crate::store::{SnapshotId, Store};
 
 type Events = Arc<Mutex<EventLog>>;
 
+/// This process's node's metrics (one node per process), once started.
+static METRICS: OnceLock<Arc<ClusterMetrics>> = OnceLock::new();
+
 fn emit(events: &Events, e: crate::event::Event) {
+    if let Some(m) = METRICS.get() {
+        m.observe(&e);
+    }
     events.lock().unwrap_or_else(|p| p.into_inner()).emit(e);
+}
+
+/// What the node publishes in etcd, and its gauges.
+fn report(agent: &Agent, r: NodeRecord) {
+    if let Some(m) = METRICS.get() {
+        m.report(&r);
+    }
+    agent.report(r);
 }
 
 fn seq(id: Option<&str>) -> u64 {
@@ -137,6 +152,27 @@ pub fn run(args: RunArgs) -> i32 {
                 super::election::safe_for(ca.lease_ttl, ca.clock_drift_ppm).as_millis() as u64,
             ),
     );
+    let _metrics_server = match &ca.cluster_metrics {
+        Some(a) => {
+            let started = ClusterMetrics::new(&cluster, &node)
+                .map_err(|e| format!("{e}"))
+                .and_then(|m| {
+                    let m = Arc::new(m);
+                    let srv = MetricsServer::start(a, m.clone()).map_err(|e| e.to_string())?;
+                    let _ = METRICS.set(m);
+                    Ok(srv)
+                });
+            match started {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    eprintln!("rekindle: --cluster-metrics: {e}");
+                    agent.shutdown();
+                    return 1;
+                }
+            }
+        }
+        None => None,
+    };
     // the Sentinel endpoint runs whatever the role: it answers from etcd
     let _sentinel = match &ca.sentinel_addr {
         Some(a) => match SentinelServer::start(
@@ -333,17 +369,20 @@ fn stand_by(
             emit(events, receiver_event(n));
         }
         let lag = seq(p.primary_newest.as_deref()).saturating_sub(seq(p.newest.as_deref()));
-        agent.report(NodeRecord {
-            node: node.to_string(),
-            role: Role::Standby,
-            epoch: p.epoch,
-            snapshot: p.newest.clone(),
-            lag_snapshots: lag,
-            primary_silent_ms: p.last_heard.map(|t| t.elapsed().as_millis() as u64),
-            standbys: Vec::new(),
-            sentinel: sentinel.clone(),
-            updated_unix_ms: 0,
-        });
+        report(
+            agent,
+            NodeRecord {
+                node: node.to_string(),
+                role: Role::Standby,
+                epoch: p.epoch,
+                snapshot: p.newest.clone(),
+                lag_snapshots: lag,
+                primary_silent_ms: p.last_heard.map(|t| t.elapsed().as_millis() as u64),
+                standbys: Vec::new(),
+                sentinel: sentinel.clone(),
+                updated_unix_ms: 0,
+            },
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     // nothing more is acknowledged to the old primary from here
@@ -576,17 +615,20 @@ fn serve_term(
                     })
                     .max()
                     .unwrap_or(0);
-                agent.report(NodeRecord {
-                    node: node.to_string(),
-                    role: Role::Primary,
-                    epoch: term,
-                    snapshot: newest.map(|n| n.0),
-                    lag_snapshots: lag,
-                    primary_silent_ms: None,
-                    standbys: standbys.iter().map(|s| s.node.clone()).collect(),
-                    sentinel: sentinel.clone(),
-                    updated_unix_ms: 0,
-                });
+                report(
+                    agent,
+                    NodeRecord {
+                        node: node.to_string(),
+                        role: Role::Primary,
+                        epoch: term,
+                        snapshot: newest.map(|n| n.0),
+                        lag_snapshots: lag,
+                        primary_silent_ms: None,
+                        standbys: standbys.iter().map(|s| s.node.clone()).collect(),
+                        sentinel: sentinel.clone(),
+                        updated_unix_ms: 0,
+                    },
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
         });

@@ -395,25 +395,33 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord, image: &mut HotImage) -> Result<()
             p.newest = applied.clone();
             p.last_heard = Some(Instant::now());
         }
-        if sh.newest_epoch.load(Ordering::SeqCst) > w.epoch
-            || sh.refused.load(Ordering::SeqCst) >= w.epoch
-        {
-            return Ok(());
-        }
-        wire::send(
-            &mut out,
-            wire::ACK,
-            &Ack {
-                epoch: w.epoch,
-                id: applied.clone(),
-            },
-        )?;
-        out.flush().map_err(io("flush"))?;
-        // after the acknowledgement: the store holds what is acknowledged,
-        // the image is what makes taking over fast
+        let deposed = sh.newest_epoch.load(Ordering::SeqCst) > w.epoch
+            || sh.refused.load(Ordering::SeqCst) >= w.epoch;
+        let acked = if deposed {
+            Ok(()) // acknowledge nothing more
+        } else {
+            wire::send(
+                &mut out,
+                wire::ACK,
+                &Ack {
+                    epoch: w.epoch,
+                    id: applied.clone(),
+                },
+            )
+            .and_then(|_| out.flush().map_err(io("flush")))
+        };
+        // After the acknowledgement (the store holds what is acknowledged;
+        // the image is what makes taking over fast), and on every way out
+        // once a snapshot is published: an elected node's image must hold
+        // the newest snapshot of its store, or the app would start from an
+        // older one than the store says.
         if let Some(id) = published.take() {
             advance_image(sh, &store, image, &id);
         }
+        if deposed {
+            return Ok(());
+        }
+        acked?;
     }
 }
 
