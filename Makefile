@@ -37,7 +37,7 @@ include tools/errvirt/build.mk
 SUPERVISOR := $(BUILD)/bin/rekindle
 CARGO_FLAGS := --release --locked --manifest-path supervisor/Cargo.toml --target-dir $(abspath $(BUILD))/cargo
 
-.PHONY: all deps runtime supervisor install uninstall test unit-test system-test demo bench bench-alloc bench-restart bench-supervisor bench-rkv bench-availability bench-stages bench-snapshots bench-snapshot-stop bench-snapshot-rkv bench-restore bench-failover fuzz-rkv lint clean
+.PHONY: all deps runtime supervisor install uninstall test unit-test system-test demo bench bench-alloc bench-restart bench-supervisor bench-rkv bench-availability bench-stages bench-snapshots bench-snapshot-stop bench-snapshot-rkv bench-restore bench-failover bench-initial-sync fuzz-rkv lint clean
 all: runtime supervisor $(TEST_APPS) $(BUILD)/apps/crashy-shared $(BENCH_BINS) $(EXAMPLES) $(EXAMPLE_BINS)
 runtime: $(LIB_SO) $(LIB_A) $(PC)
 
@@ -162,6 +162,10 @@ bench-restore: deps all
 # time as a client sees it, acknowledged writes lost; bench/results/failover.*
 bench-failover: deps all
 	python3 bench/failover_bench.py $(BUILD) --repeat 3 --keys 1000000
+
+# A standby joining late at 5 M keys, against a Redis 7 replica (root).
+bench-initial-sync: deps all
+	python3 bench/initial_sync_bench.py $(BUILD) --repeat 2 --keys 5000000
 
 # A long fuzzing campaign of rkv (examples/rkv/fuzz/README.md): new inputs
 # go to $(BUILD)/fuzz/rkv-corpus, crashes to $(BUILD)/fuzz/; the corpus in
