@@ -403,8 +403,11 @@ impl Store {
                                     .ok_or_else(|| r.corrupt("short chunk".into()))?;
                                 at += len as usize;
                                 chunks += 1;
+                                // (a chunk is kept as it came: never longer
+                                // than a raw page, as the compressor makes them)
                                 if flags & !FLAG_RAW != 0
                                     || len == 0
+                                    || len as usize > PAGE
                                     || (flags & FLAG_RAW != 0 && len as usize != PAGE)
                                 {
                                     return Err(r.corrupt("bad chunk flags or length".into()));
@@ -419,7 +422,7 @@ impl Store {
                                     .check_bytes(&r.path, &e, bytes, &mut page)
                                     .map_err(|err| r.corrupt(err.to_string()))?;
                                 if let Some(w) = w.as_mut() {
-                                    w.put_page(region, pg, &page)?;
+                                    w.put_checked_chunk(region, pg, hash, bytes, flags)?;
                                 }
                             }
                             _ => return Err(r.corrupt("bad page record kind".into())),

@@ -310,6 +310,43 @@ impl SnapshotWriter<'_> {
         Ok(())
     }
 
+    /// Stores a page as a chunk already compressed and checked (recv: its
+    /// bytes decompress to a page whose blake3 is `hash`): kept as it came,
+    /// not compressed again.
+    pub(crate) fn put_checked_chunk(
+        &mut self,
+        region: u32,
+        page: u64,
+        hash: Hash,
+        bytes: &[u8],
+        flags: u32,
+    ) -> Result<(), StoreError> {
+        self.check_page(region, page)?;
+        self.stats.pages_put += 1;
+        self.stats.bytes_raw += PAGE as u64;
+        if self.store.index.contains_key(&hash) || self.new_chunks.contains_key(&hash) {
+            self.stats.dedup_hits += 1;
+        } else {
+            if self.pack.is_none() {
+                let tmp = self.store.sub(TMP).join(format!("{}.pack", self.id));
+                self.pack = Some(PackWriter::create(tmp)?);
+            }
+            let e = match self.pack.as_mut() {
+                Some(p) => p.add(hash, bytes, flags)?,
+                None => unreachable!("created above"),
+            };
+            self.new_chunks.insert(hash, e);
+            self.stats.new_chunks += 1;
+            self.stats.bytes_compressed += bytes.len() as u64;
+        }
+        self.entries.push(MapEntry {
+            region,
+            page,
+            hash: Some(hash),
+        });
+        Ok(())
+    }
+
     /// Records a page whose chunk the store already holds (recv).
     pub(crate) fn put_known(
         &mut self,
