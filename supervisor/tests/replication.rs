@@ -135,6 +135,7 @@ fn a_good_stream_is_applied_and_acknowledged() {
             node: "p".into(),
             epoch: 4,
             full: true,
+            base: None,
         },
         body,
     );
@@ -170,6 +171,7 @@ fn refused(body: Vec<u8>, epoch: u64, leader_epoch: u64, full: bool) -> (String,
             node: "p".into(),
             epoch,
             full,
+            base: None,
         },
         body,
     );

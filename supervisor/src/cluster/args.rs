@@ -81,6 +81,15 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "300ms",
           requires = "cluster")]
     pub heartbeat_timeout: Duration,
+
+    /// With --cluster: the primary writes a standby out of the in-sync set
+    /// (in etcd; only then are writes acknowledged without it, and it may
+    /// no longer be elected) once it has been disconnected, or has left a
+    /// commit unacknowledged, this long.  The last member is never removed
+    /// (docs/failover.md, "The in-sync set").
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1s",
+          requires = "cluster")]
+    pub sync_drop_after: Duration,
 }
 
 /// `rekindle sentinel`: the Sentinel endpoint without a node.

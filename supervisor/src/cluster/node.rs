@@ -115,6 +115,7 @@ pub fn run(args: RunArgs) -> i32 {
         replication: addr.clone(),
         serve,
         store: dir.clone(),
+        sync_drop_after: ca.sync_drop_after,
     }) {
         Ok(a) => a,
         Err(e) => {
@@ -321,7 +322,10 @@ fn stand_by(
             if let Some(i) = &v.ineligible {
                 emit(
                     events,
-                    ev("ineligible").s("node", node).s("why", format!("{i:?}")),
+                    ev("ineligible")
+                        .s("node", node)
+                        .s("code", i.code())
+                        .s("why", format!("{i:?}")),
                 );
             }
             shown_ineligible = v.ineligible.clone();
@@ -340,6 +344,7 @@ fn stand_by(
             standbys: Vec::new(),
             sentinel: sentinel.clone(),
             updated_unix_ms: 0,
+            eligibility: None,
         });
         std::thread::sleep(Duration::from_millis(10));
     };
@@ -421,10 +426,21 @@ fn receiver_event(n: ReceiverNote) -> crate::event::Event {
             primary,
             epoch,
             full,
+            across_terms,
         } => ev("following")
             .s("primary", primary)
             .u("epoch", epoch)
-            .s("sync", if full { "full" } else { "incremental" }),
+            .s("sync", sync_code(full, across_terms)),
+        ReceiverNote::TailDropped {
+            primary,
+            epoch,
+            base,
+            count,
+        } => ev("diverged_tail_dropped")
+            .s("primary", primary)
+            .u("epoch", epoch)
+            .s("base", base)
+            .u("count", count as u64),
         ReceiverNote::Applied { id, epoch } => ev("replica_applied").s("id", id).u("epoch", epoch),
         ReceiverNote::Lost {
             primary,
@@ -484,7 +500,8 @@ fn serve_term(
     if let Err(e) = Store::create_or_open(dir) {
         return fail("cannot open the store", e.code(), e.to_string());
     }
-    let mut sender = match Sender::start(addr, term, node, dir.to_path_buf(), link.clone()) {
+    let board = agent.insync_board();
+    let mut sender = match Sender::start(addr, term, node, dir.to_path_buf(), link.clone(), board) {
         Ok(s) => s,
         Err(e) => return fail("cannot listen for standbys", e.code(), e.to_string()),
     };
@@ -519,6 +536,9 @@ fn serve_term(
                 for n in sender_ref.notes() {
                     emit(events, sender_event(n));
                 }
+                for c in agent.take_insync_changes() {
+                    emit(events, insync_event(&c));
+                }
                 let newest = link2.newest_committed();
                 let standbys = sender_ref.standbys();
                 let lag = standbys
@@ -539,6 +559,7 @@ fn serve_term(
                     standbys: standbys.iter().map(|s| s.node.clone()).collect(),
                     sentinel: sentinel.clone(),
                     updated_unix_ms: 0,
+                    eligibility: None,
                 });
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -571,10 +592,15 @@ fn serve_term(
 
 fn sender_event(n: SenderNote) -> crate::event::Event {
     match n {
-        SenderNote::Joined { node, peer, full } => ev("standby_joined")
+        SenderNote::Joined {
+            node,
+            peer,
+            full,
+            across_terms,
+        } => ev("standby_joined")
             .s("standby", node)
             .s("peer", peer)
-            .s("sync", if full { "full" } else { "incremental" }),
+            .s("sync", sync_code(full, across_terms)),
         SenderNote::Synced { node, id } => ev("standby_synced").s("standby", node).s("id", id),
         SenderNote::Left {
             node,
@@ -587,4 +613,26 @@ fn sender_event(n: SenderNote) -> crate::event::Event {
             .s("code", code)
             .s("error", error),
     }
+}
+
+/// How a standby follows: `full`, `incremental` (within the term), or
+/// `incremental_after_term_change` (from the newest snapshot its line
+/// shares with a primary of a newer term).
+fn sync_code(full: bool, across_terms: bool) -> &'static str {
+    match (full, across_terms) {
+        (true, _) => "full",
+        (false, false) => "incremental",
+        (false, true) => "incremental_after_term_change",
+    }
+}
+
+fn insync_event(c: &super::election::InSyncChanged) -> crate::event::Event {
+    let dropped: Vec<String> = c.change.dropped.iter().map(|d| d.0.clone()).collect();
+    let why: Vec<&str> = c.change.dropped.iter().map(|d| d.1.code()).collect();
+    ev("insync_changed")
+        .u("epoch", c.epoch)
+        .opt("standbys", Some(c.change.set.clone()))
+        .opt("added", Some(c.change.added.clone()))
+        .opt("dropped", Some(dropped))
+        .s("code", why.first().copied().unwrap_or("caught_up"))
 }

@@ -1,5 +1,7 @@
 //! The standby's end of replication: connects to the primary etcd names,
-//! joins with its store's term and newest snapshot, applies each snapshot
+//! joins with its store's term, newest snapshot and newest line (each
+//! snapshot with its term: lineage.rs), drops what a primary of a newer
+//! term does not share (its welcome's `base`), applies each snapshot
 //! into its own store (published only at the stream's valid 'C': a torn or
 //! damaged snapshot publishes nothing; a delta whose parent it lacks is
 //! refused, so no gap is ever applied) and acknowledges it.  A primary of
@@ -20,8 +22,8 @@ use super::error::ClusterError;
 use super::lineage::{self, Lineage};
 use super::records::LeaderRecord;
 use super::wire::{self, Ack, Heartbeat, Join, PeerReader, Welcome};
-use crate::store::Store;
 use crate::store::stream;
+use crate::store::{SnapshotId, Store};
 
 /// What the receiver tells the node (events, status).
 #[derive(Debug)]
@@ -30,6 +32,15 @@ pub enum ReceiverNote {
         primary: String,
         epoch: u64,
         full: bool,
+        /// Incremental from a snapshot of an older term's line.
+        across_terms: bool,
+    },
+    /// Snapshots after the common one with a newer term's primary went.
+    TailDropped {
+        primary: String,
+        epoch: u64,
+        base: String,
+        count: usize,
     },
     Applied {
         id: String,
@@ -259,10 +270,11 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
         timed_out: false,
     };
     let lin = lineage::read(&sh.dir)?;
-    let have = match lin.epoch {
-        0 => None,
-        _ => newest(&sh.dir)?,
+    let line = match lin.epoch {
+        0 => Vec::new(),
+        _ => lineage::line(&sh.dir)?,
     };
+    let have = line.first().map(|i| i.0.clone());
     wire::send(
         &mut out,
         wire::JOIN,
@@ -270,6 +282,7 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
             node: sh.me.clone(),
             lineage: lin.epoch,
             have: have.clone(),
+            chain: lineage::labeled(&lin, &line, lineage::OFFERED),
         },
     )?;
     stream::read_header(&mut input)?;
@@ -289,11 +302,31 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
             ours: newest_seen.max(l.epoch),
         });
     }
+    let mut across_terms = false;
+    let mut start = have;
     if w.full {
         lineage::reset(&sh.dir)?;
+    } else if let Some(base) = w.base.as_ref().map(|b| SnapshotId(b.clone())) {
+        // the primary continues from an older snapshot of our line: what we
+        // hold after it is not on its line (docs/failover.md: it was never
+        // acknowledged to a client); drop it, then label what comes next
+        let count = lineage::drop_after(&sh.dir, &base)?;
+        if count > 0 {
+            lock(&sh.notes).push(ReceiverNote::TailDropped {
+                primary: peer.clone(),
+                epoch: w.epoch,
+                base: base.0.clone(),
+                count,
+            });
+        }
+        across_terms = lin.epoch != w.epoch;
+        if across_terms || count > 0 {
+            lineage::write(&sh.dir, &lin.continue_with(w.epoch, base.seq()))?;
+        }
+        start = Some(base.0);
     }
     let mut store = Store::create_or_open(&sh.dir)?;
-    let mut applied = if w.full { None } else { have };
+    let mut applied = if w.full { None } else { start };
     {
         let mut p = lock(&sh.progress);
         p.epoch = w.epoch;
@@ -304,6 +337,7 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
         primary: peer.clone(),
         epoch: w.epoch,
         full: w.full,
+        across_terms,
     });
     let mut lineage_written = !w.full;
     loop {
@@ -325,7 +359,7 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
                 });
                 if let Some(id) = got? {
                     if !lineage_written {
-                        lineage::write(&sh.dir, Lineage { epoch: w.epoch })?;
+                        lineage::write(&sh.dir, &Lineage::whole(w.epoch))?;
                         lineage_written = true;
                     }
                     applied = Some(id.0.clone());
@@ -373,12 +407,4 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
         )?;
         out.flush().map_err(io("flush"))?;
     }
-}
-
-fn newest(dir: &std::path::Path) -> Result<Option<String>, ClusterError> {
-    if !dir.exists() {
-        return Ok(None);
-    }
-    let s = Store::open(dir)?;
-    Ok(s.latest()?.map(|i| i.id.0))
 }
