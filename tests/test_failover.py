@@ -216,6 +216,8 @@ def test_primary_cut_off_from_etcd_fences_itself(net, offsets):
     assert fenced["code"] == "lease_unconfirmed"
     n1.host.unblock(etcd.host)
     n1.wait_event("following", lambda e: e["epoch"] == 2, timeout=20)
+    # it resumed from the common snapshot of term 1: the next commit comes
+    assert n2.client(timeout=10).set("after", "1") is True
     n1.wait_event("replica_applied", lambda e: e["epoch"] == 2, timeout=20)
     # each node reports itself every 250 ms (and at once on a new role)
     deadline = time.monotonic() + 5

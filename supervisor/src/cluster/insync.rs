@@ -9,7 +9,10 @@
 //!   that names it, until a set without it is confirmed by etcd: so at no
 //!   time does etcd name a standby whose acknowledgement was not waited for.
 //! - Added: a connected standby that has acknowledged at least what the
-//!   set already guarantees (the newest commit, or the slowest member's).
+//!   set already guarantees (the newest commit, or the slowest member's),
+//!   or whose oldest unacknowledged commit is younger than CAUGHT_UP_WITHIN
+//!   (commits that never pause, as with async and a short snapshot
+//!   interval, would otherwise always be one ahead of it).
 //! - Removed: a member gone (no connection) or behind (a commit left
 //!   unacknowledged) for `--sync-drop-after`.  It is written out of the set
 //!   in etcd first; only then are acknowledgements released without it.
@@ -27,6 +30,10 @@ use std::time::{Duration, Instant};
 use super::link::ReplicationLink;
 use super::records::InSyncRecord;
 use crate::store::SnapshotId;
+
+/// A standby whose oldest unacknowledged commit is younger than this keeps
+/// up: it may be added.
+pub const CAUGHT_UP_WITHIN: Duration = Duration::from_millis(200);
 
 /// One standby as the set decisions see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,10 +126,15 @@ pub fn decide(f: &Facts, now: Instant, drop_after: Duration) -> Option<Change> {
         .iter()
         .filter(|m| !f.confirmed.contains(&m.node) && m.connected)
         .filter(|m| why_drop(Some(m), now, drop_after).is_none())
-        .filter(|m| match (&m.acked, target) {
-            (Some(a), Some(t)) => a >= t,
-            (Some(_), None) => true,
-            (None, _) => false,
+        .filter(|m| {
+            let keeps_up = m
+                .behind_since
+                .is_some_and(|t| now.saturating_duration_since(t) < CAUGHT_UP_WITHIN);
+            match (&m.acked, target) {
+                (Some(a), Some(t)) => a >= t || keeps_up,
+                (Some(_), None) => true,
+                (None, _) => false,
+            }
         })
         .map(|m| m.node.clone())
         .collect();
@@ -422,6 +434,20 @@ mod tests {
             newest: None,
         };
         assert_eq!(decide(&f, t0, AFTER).map(|c| c.set), Some(vec!["b".into()]));
+        // one commit behind, but a recent one: it keeps up
+        let mut b = m("b", Some(5), true, t0);
+        b.behind_since = Some(t0);
+        let f = Facts {
+            term: 3,
+            confirmed: vec![],
+            members: vec![b.clone()],
+            newest: Some(id(6)),
+        };
+        assert_eq!(
+            decide(&f, t0 + CAUGHT_UP_WITHIN / 2, AFTER).map(|c| c.added),
+            Some(vec!["b".into()])
+        );
+        assert_eq!(decide(&f, t0 + CAUGHT_UP_WITHIN, AFTER), None);
     }
 
     #[test]
