@@ -175,10 +175,14 @@ pub fn line(store: &Path) -> Result<Vec<SnapshotId>, ClusterError> {
     let mut out = Vec::new();
     let mut cur = infos.iter().map(|i| i.id.clone()).max();
     while let Some(id) = cur {
-        if out.len() > parents.len() {
-            break; // a cycle cannot be, but never loop on a broken store
+        // only what the store holds; a cycle cannot be, but never loop
+        let Some(parent) = parents.get(&id) else {
+            break;
+        };
+        if out.len() >= parents.len() {
+            break;
         }
-        cur = parents.get(&id).cloned().flatten();
+        cur = parent.clone();
         out.push(id);
     }
     Ok(out)
@@ -292,6 +296,49 @@ mod tests {
         assert_eq!(s.label(41), Some(2));
         assert_eq!(s.label(46), Some(4));
         assert_eq!(Lineage::none().label(5), None);
+    }
+
+    #[test]
+    fn the_line_follows_parents_through_held_snapshots_only() {
+        use crate::store::{NewSnapshot, PAGE, RegionKind, RegionMeta};
+        let d = ok(tempfile::tempdir());
+        let dir = d.path().join("snaps");
+        assert!(ok(line(&dir)).is_empty());
+        let mut s = ok(Store::create_or_open(&dir));
+        let meta = |full: bool, parent: Option<SnapshotId>| NewSnapshot {
+            parent,
+            full,
+            epoch: 1,
+            generation: 1,
+            app: "t".into(),
+            tags: vec![],
+            regions: vec![RegionMeta {
+                kind: RegionKind::Arena,
+                name: "a".into(),
+                addr: 0x7f00_0000_0000,
+                size: 2 * PAGE as u64,
+                layout: serde_json::Value::Null,
+            }],
+        };
+        let mut w = ok(s.begin(meta(true, None)));
+        ok(w.put_page(0, 0, &vec![1; PAGE]));
+        let a = ok(w.commit()).id;
+        let mut w = ok(s.begin(meta(false, Some(a.clone()))));
+        ok(w.put_page(0, 1, &vec![2; PAGE]));
+        let b = ok(w.commit()).id;
+        assert_eq!(ok(line(&dir)), vec![b.clone(), a.clone()]);
+        // what is newer than a goes; twice is a no-op
+        assert_eq!(ok(drop_after(&dir, &a)), 1);
+        assert_eq!(ok(line(&dir)), vec![a.clone()]);
+        assert_eq!(ok(drop_after(&dir, &a)), 0);
+        // a parent the store does not hold ends the line (never offered)
+        let mut w = ok(s.begin(meta(false, Some(a.clone()))));
+        ok(w.put_page(0, 1, &vec![3; PAGE]));
+        let c = ok(w.commit()).id;
+        ok(std::fs::remove_file(
+            dir.join(format!("snapshots/{a}.json")),
+        ));
+        assert_eq!(ok(line(&dir)), vec![c]);
     }
 
     fn lab(id: &str, term: u64) -> Labeled {

@@ -8,7 +8,8 @@
 //!
 //! Standby: the receiver follows the primary etcd names and applies its
 //! snapshots into `--snapshot-dir`; the agent campaigns when there is no
-//! leader and this store is of the newest term.  Elected: the receiver is
+//! leader and this node is named in the newest term's in-sync set (with a
+//! store of that term: insync.rs).  Elected: the receiver is
 //! stopped first (nothing more is acknowledged to anyone), then the
 //! supervisor starts the app warm from the newest snapshot (`restored`),
 //! with the replication sender streaming each committed snapshot to the
@@ -16,7 +17,8 @@
 //! (rk_durable_epoch) wait for the standbys' (link.rs).  Fenced (the agent
 //! could not keep the lease, or was deposed): the supervisor kills the app
 //! at once and the node stands by again; its store is of its old term, so
-//! it is resynchronised whole by the next primary.
+//! the next primary resumes it from the newest snapshot both hold with the
+//! same term (its own newer ones go), or resynchronises it whole.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

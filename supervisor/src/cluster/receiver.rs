@@ -307,6 +307,14 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord) -> Result<(), ClusterError> {
     if w.full {
         lineage::reset(&sh.dir)?;
     } else if let Some(base) = w.base.as_ref().map(|b| SnapshotId(b.clone())) {
+        if !line.contains(&base) {
+            // never drop anything on the word of a primary that names a
+            // snapshot we did not offer
+            return Err(ClusterError::Peer {
+                peer,
+                detail: format!("welcome names base {base}, which is not on our line"),
+            });
+        }
         // the primary continues from an older snapshot of our line: what we
         // hold after it is not on its line (docs/failover.md: it was never
         // acknowledged to a client); drop it, then label what comes next
