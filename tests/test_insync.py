@@ -208,12 +208,13 @@ def test_insync_shrinks_and_only_members_may_take_over(net):
     n2.wait_event("up", lambda e: e["t_ns"] > elected["t_ns"])
     # n3 suspected the same primary, but was out of the set: it found
     # itself ineligible (not_in_sync) before the new term, and never
-    # campaigned (a takeover attempt would have left `raced` or `took_over`)
+    # campaigned (a takeover attempt would have left `raced` or `took_over`;
+    # `ineligible`: it read etcd between the new term's keys)
     n3.wait_event("primary_suspect", lambda e: e["epoch"] == 1 and e["path"] == "early_takeover")
     inel = n3.wait_event("ineligible", lambda e: e["code"] == "not_in_sync")
     assert inel["t_ns"] < elected["t_ns"], (inel, elected)
     codes = {e["code"] for e in n3.events("takeover")}
-    assert codes <= {"watching_etcd", "primary_alive_in_etcd", "not_in_sync"}, codes
+    assert codes <= {"watching_etcd", "primary_alive_in_etcd", "not_in_sync", "ineligible"}, codes
     assert not n3.events("elected")
     assert cluster_status(etcd)["leader"]["node"] == "n2"
     assert check_no_acked_write_lost(hist, n2.client(timeout=10)) == hist.count()
