@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from cluster_harness import RKV, Etcd, Net, Node, cluster_status, sh
+from cluster_harness import REKINDLE, RKV, Etcd, Net, Node, cluster_status, sh
 from history import History, check_no_ack_from_deposed, check_no_acked_write_lost
 
 from conftest import BUILD
@@ -137,6 +137,10 @@ def test_three_nodes_early_takeover_and_incremental_rejoin(net):
     # each standby's own report says it may be elected (reports lag a bit)
     for n in ("n2", "n3"):
         wait_eligibility(etcd, n, {"eligible": True})
+    human = sh(REKINDLE, "cluster", "status", "--cluster", etcd.url, "rkv").stdout
+    assert "in sync (epoch 1): n2 n3" in human, human
+    rows = {ln.split()[0]: ln for ln in human.splitlines()[2:]}
+    assert " yes " in rows["n2"] and " yes " in rows["n3"], human
     old_lease = leader_lease(etcd)
     hist, stop = History(), threading.Event()
     ths = writers(n1, hist, stop)

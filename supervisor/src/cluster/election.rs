@@ -562,8 +562,8 @@ impl Worker {
     }
 
     /// Records whether this node may take the next term after `epoch`:
-    /// no term yet, or named in the in-sync set of `epoch` with a store of
-    /// that term.  Some(the in-sync key's mod_revision, 0: absent), which
+    /// no term yet, or named in the in-sync set of `epoch` (or its primary)
+    /// with a store of that term.  Some(the in-sync key's mod_revision, 0: absent), which
     /// the campaign guards on, if it may.
     fn eligible(&mut self, epoch: u64) -> Result<Option<i64>, ClusterError> {
         let ikey = records::insync_key(&self.cfg.cluster);
@@ -574,7 +574,7 @@ impl Worker {
         };
         let ineligible = match lineage::read(&self.cfg.store) {
             Err(e) => Some(Ineligible::Unreadable(e.to_string())),
-            Ok(l) => match insync::verdict(epoch, rec.as_ref(), &self.cfg.node, l.epoch) {
+            Ok(l) => match insync::verdict(epoch, rec.as_ref(), &self.cfg.node, &l) {
                 Verdict::Eligible => None,
                 Verdict::NoInSyncRecord => Some(Ineligible::NoInSyncRecord { newest: epoch }),
                 Verdict::InSyncOfOtherTerm { insync_epoch } => {

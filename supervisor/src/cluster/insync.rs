@@ -27,6 +27,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::lineage::Lineage;
 use super::link::ReplicationLink;
 use super::records::InSyncRecord;
 use crate::store::SnapshotId;
@@ -190,7 +191,10 @@ pub enum Verdict {
     },
 }
 
-pub fn verdict(epoch: u64, insync: Option<&InSyncRecord>, me: &str, store_epoch: u64) -> Verdict {
+/// `store` is this node's lineage: the term of its store, and the newest
+/// term it was elected for (the primary of the newest term is eligible
+/// again: it holds every write it acknowledged, e.g. after a restart).
+pub fn verdict(epoch: u64, insync: Option<&InSyncRecord>, me: &str, store: &Lineage) -> Verdict {
     if epoch == 0 {
         return Verdict::Eligible;
     }
@@ -202,11 +206,13 @@ pub fn verdict(epoch: u64, insync: Option<&InSyncRecord>, me: &str, store_epoch:
             insync_epoch: s.epoch,
         };
     }
-    if !s.standbys.iter().any(|n| n == me) {
+    if !s.standbys.iter().any(|n| n == me) && store.elected != Some(epoch) {
         return Verdict::NotInSync;
     }
-    if store_epoch != epoch {
-        return Verdict::StoreOfOtherTerm { store_epoch };
+    if store.epoch != epoch {
+        return Verdict::StoreOfOtherTerm {
+            store_epoch: store.epoch,
+        };
     }
     Verdict::Eligible
 }
@@ -503,18 +509,29 @@ mod tests {
             epoch: 4,
             standbys: vec!["a".into()],
         };
-        assert_eq!(verdict(0, None, "a", 0), Verdict::Eligible);
-        assert_eq!(verdict(4, Some(&rec), "a", 4), Verdict::Eligible);
-        assert_eq!(verdict(4, Some(&rec), "b", 4), Verdict::NotInSync);
-        assert_eq!(verdict(4, None, "a", 4), Verdict::NoInSyncRecord);
+        let of4 = Lineage::whole(4);
+        assert_eq!(verdict(0, None, "a", &Lineage::none()), Verdict::Eligible);
+        assert_eq!(verdict(4, Some(&rec), "a", &of4), Verdict::Eligible);
+        assert_eq!(verdict(4, Some(&rec), "b", &of4), Verdict::NotInSync);
+        assert_eq!(verdict(4, None, "a", &of4), Verdict::NoInSyncRecord);
         assert_eq!(
-            verdict(5, Some(&rec), "a", 4),
+            verdict(5, Some(&rec), "a", &of4),
             Verdict::InSyncOfOtherTerm { insync_epoch: 4 }
         );
         assert_eq!(
-            verdict(4, Some(&rec), "a", 0),
+            verdict(4, Some(&rec), "a", &Lineage::none()),
             Verdict::StoreOfOtherTerm { store_epoch: 0 }
         );
+        // the primary of term 4 itself (restarted): eligible while 4 is
+        // the newest term, not once a newer one exists
+        let mut primary = Lineage::whole(3).continue_with(4, Some(9));
+        primary.elected = Some(4);
+        assert_eq!(verdict(4, Some(&rec), "p", &primary), Verdict::Eligible);
+        let newer = InSyncRecord {
+            epoch: 5,
+            standbys: vec!["a".into()],
+        };
+        assert_eq!(verdict(5, Some(&newer), "p", &primary), Verdict::NotInSync);
     }
 
     #[test]

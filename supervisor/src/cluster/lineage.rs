@@ -46,6 +46,11 @@ pub struct Lineage {
     /// Oldest first; `after` never decreases.
     #[serde(default)]
     pub terms: Vec<TermStart>,
+    /// The newest term this node was elected for: as that term's primary
+    /// it holds every write the term acknowledged, so it may be elected
+    /// again while that term is the newest (insync::verdict).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elected: Option<u64>,
 }
 
 /// A snapshot id with the term it came from (the join offers these).
@@ -67,6 +72,7 @@ impl Lineage {
         Lineage {
             epoch: term,
             terms: vec![TermStart { term, after: None }],
+            elected: None,
         }
     }
 
@@ -94,7 +100,11 @@ impl Lineage {
             })
             .collect();
         terms.push(TermStart { term, after });
-        Lineage { epoch: term, terms }
+        Lineage {
+            epoch: term,
+            terms,
+            elected: self.elected,
+        }
     }
 }
 
@@ -133,7 +143,8 @@ pub fn write(store: &Path, l: &Lineage) -> Result<(), ClusterError> {
 /// the store's newest, are of `term`.
 pub fn begin_term(store: &Path, term: u64) -> Result<(), ClusterError> {
     let newest = line(store)?.first().and_then(SnapshotId::seq);
-    let l = read(store)?.continue_with(term, newest);
+    let mut l = read(store)?.continue_with(term, newest);
+    l.elected = Some(term);
     write(store, &l)
 }
 
