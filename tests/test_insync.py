@@ -229,3 +229,35 @@ def test_insync_shrinks_and_only_members_may_take_over(net):
     assert n2.client(timeout=15).set("after", "1") is True
     wait_insync(etcd, lambda s: s["epoch"] == 2 and "n3" in s["standbys"])
     assert not n3.events("elected")
+
+
+def test_the_primary_restarted_alone_may_take_the_next_term(net):
+    """Two nodes: the standby's host dies (it stays the set's last member),
+    then the primary's.  The primary, started again alone, is not named in
+    the set, but it was the newest term's primary and holds every write it
+    acknowledged: it takes term 2.  The standby, back, resumes from the
+    common snapshot of term 1 and the acknowledged writes are all there."""
+    etcd = Etcd(net, net.host("e1"))
+    n1 = Node(net, net.host("n1"), etcd, "n1")
+    n1.wait_event("up")
+    n2 = Node(net, net.host("n2"), etcd, "n2")
+    n2.wait_event("following", lambda e: e["epoch"] == 1)
+    c = n1.client(timeout=15)
+    for i in range(20):
+        assert c.set(f"k{i}", str(i)) is True
+    wait_insync(etcd, lambda s: s == {"epoch": 1, "standbys": ["n2"]})
+    n2.host.kill()
+    n1.host.kill()
+    n1.start()
+    elected = n1.wait_event("elected", lambda e: e["epoch"] == 2, timeout=30)
+    assert elected["via"] == "no_leader", elected
+    assert not [e for e in n1.events("ineligible") if e["t_ns"] < elected["t_ns"]
+                and e["code"] == "not_in_sync" and "newest: 1" in e["why"]]  # fmt: skip
+    n1.wait_event("up", lambda e: e["t_ns"] > elected["t_ns"])
+    n2.start()
+    fol = n2.wait_event("following", lambda e: e["epoch"] == 2, timeout=30)
+    assert fol["sync"] == "incremental_after_term_change", fol
+    c = n1.client(timeout=15)
+    assert c.set("after", "1") is True
+    assert [c.get(f"k{i}") for i in range(20)] == [str(i).encode() for i in range(20)]
+    wait_insync(etcd, lambda s: s == {"epoch": 2, "standbys": ["n2"]})
