@@ -450,7 +450,10 @@ class RekindleTopology:
         """Every standby has applied the primary's newest snapshot."""
 
         def synced():
-            nodes = {n["node"]: n for n in self.h.cluster_status(self.etcd)["nodes"]}
+            st = self.h.cluster_status(self.etcd)
+            nodes = {n["node"]: n for n in st["nodes"]}
+            # and named in etcd's in-sync set: only then may it take over
+            named = set((st.get("insync") or {}).get("standbys", []))
             p = nodes.get("n1")
             if not p or p["role"] != "primary" or p["lag_snapshots"] != 0:
                 return False
@@ -460,6 +463,7 @@ class RekindleTopology:
                 and x["epoch"] == 1
                 and x["lag_snapshots"] == 0
                 and x["snapshot"] == p["snapshot"]
+                and n.id in named
                 for n in self.standbys
             )
 
