@@ -190,6 +190,9 @@ pub struct View {
     pub our_term: Option<u64>,
     pub fenced: Option<FenceReason>,
     pub ineligible: Option<Ineligible>,
+    /// `ineligible` has been worked out at least once (else the report
+    /// says nothing of eligibility).
+    pub eligibility_known: bool,
     pub last_error: Option<(&'static str, String)>,
     /// A primary: how long its lease is still known valid, in ms.
     pub lease_left_ms: Option<u64>,
@@ -591,7 +594,11 @@ impl Worker {
             },
         };
         let ok = ineligible.is_none();
-        lock(&self.sh.view).ineligible = ineligible;
+        {
+            let mut v = lock(&self.sh.view);
+            v.ineligible = ineligible;
+            v.eligibility_known = true;
+        }
         Ok(ok.then(|| kv.map_or(0, |kv| kv.mod_revision)))
     }
 
@@ -918,10 +925,10 @@ impl Worker {
             r.role = Role::Primary;
             r.epoch = t.epoch;
         } else {
-            let i = lock(&self.sh.view).ineligible.clone();
-            r.eligibility = Some(Eligibility {
-                eligible: i.is_none(),
-                reason: i.map(|i| i.code().to_string()),
+            let v = lock(&self.sh.view);
+            r.eligibility = v.eligibility_known.then(|| Eligibility {
+                eligible: v.ineligible.is_none(),
+                reason: v.ineligible.as_ref().map(|i| i.code().to_string()),
             });
         }
         let key = records::node_key(&self.cfg.cluster, &self.cfg.node);
