@@ -145,7 +145,8 @@ def test_kill_primary_loses_no_acknowledged_write(net):
     """kill -9 of the primary's host under load: the standby is elected
     (term 2) once the lease runs out, starts warm from what it received,
     and holds every acknowledged write; the old primary, started again,
-    rejoins as a standby and is resynchronised."""
+    rejoins as a standby, incrementally from the newest snapshot both
+    stores hold of term 1 (its own newer commits, never acknowledged, go)."""
     etcd, n1, n2 = two_nodes(net)
     hist, stop = History(), threading.Event()
     threads = run_writers(n1, hist, stop)
@@ -166,14 +167,16 @@ def test_kill_primary_loses_no_acknowledged_write(net):
     assert st["epoch"] == 2 and st["leader"]["node"] == "n2"
     failover_ms = (up["t_ns"] - t_kill) / 1e6
     print(f"failover: {failover_ms:.0f} ms from kill to serving, {hist.count()} writes acknowledged")
-    # the old primary comes back: a standby of term 2, resynchronised whole
+    # the old primary comes back: a standby of term 2, resumed from the
+    # common snapshot of term 1, not resynchronised whole
     n1.start()
-    n1.wait_event("following", lambda e: e["epoch"] == 2 and e["sync"] == "full", timeout=20)
-    n1.wait_event("replica_applied", lambda e: e["epoch"] == 2, timeout=20)
-    assert (n1.store.parent / "snaps.diverged").exists()
+    fol = n1.wait_event("following", lambda e: e["epoch"] == 2, timeout=20)
+    assert fol["sync"] == "incremental_after_term_change", fol
+    assert not (n1.store.parent / "snaps.diverged").exists()
     # and n2's writes are acknowledged again, with n1 as its standby
     c = n2.client(timeout=10)
     assert c.set("after", "1") is True
+    n1.wait_event("replica_applied", lambda e: e["epoch"] == 2, timeout=20)
     assert c.get("w0:0") == b"0"
 
 
@@ -213,6 +216,8 @@ def test_primary_cut_off_from_etcd_fences_itself(net, offsets):
     assert fenced["code"] == "lease_unconfirmed"
     n1.host.unblock(etcd.host)
     n1.wait_event("following", lambda e: e["epoch"] == 2, timeout=20)
+    # it resumed from the common snapshot of term 1: the next commit comes
+    assert n2.client(timeout=10).set("after", "1") is True
     n1.wait_event("replica_applied", lambda e: e["epoch"] == 2, timeout=20)
     # each node reports itself every 250 ms (and at once on a new role)
     deadline = time.monotonic() + 5
@@ -344,14 +349,17 @@ def test_planned_failover_and_back(net):
     assert up["code"] == "restored"
     check_history(n2, hist)
     print(f"planned failover: {out['took_ms']} ms until the new term")
-    # back: n1 must first be a standby in sync with term 2
-    n1.wait_event("replica_applied", lambda e: e["epoch"] == 2, timeout=20)
+    # back: n1 must first be a standby in sync with term 2 (resumed from
+    # the common snapshot of term 1, and named in term 2's in-sync set)
+    n1.wait_event("following", lambda e: e["epoch"] == 2, timeout=20)
     deadline = time.monotonic() + 10
     while True:
-        n = {x["node"]: x for x in cluster_status(etcd)["nodes"]}["n1"]
-        if (n["role"], n["epoch"], n["lag_snapshots"]) == ("standby", 2, 0):
+        st = cluster_status(etcd)
+        n = {x["node"]: x for x in st["nodes"]}["n1"]
+        named = st["insync"]["epoch"] == 2 and "n1" in st["insync"]["standbys"]
+        if (n["role"], n["epoch"], n["lag_snapshots"], named) == ("standby", 2, 0, True):
             break
-        assert time.monotonic() < deadline, n
+        assert time.monotonic() < deadline, (n, st["insync"])
         time.sleep(0.1)
     rc, out = failover_cmd(etcd)
     assert rc == 0 and out["to"]["node"] == "n1" and out["to"]["epoch"] == 3, out

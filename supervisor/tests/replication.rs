@@ -135,6 +135,7 @@ fn a_good_stream_is_applied_and_acknowledged() {
             node: "p".into(),
             epoch: 4,
             full: true,
+            base: None,
         },
         body,
     );
@@ -170,6 +171,7 @@ fn refused(body: Vec<u8>, epoch: u64, leader_epoch: u64, full: bool) -> (String,
             node: "p".into(),
             epoch,
             full,
+            base: None,
         },
         body,
     );
@@ -222,4 +224,90 @@ fn damaged_streams_are_refused_and_publish_nothing() {
     let (code, held) = refused(odd, 1, 1, true);
     assert_eq!(code, "unexpected_frame");
     assert_eq!(held, 0);
+}
+
+/// A standby whose store is of term 1 joins the primary of term 2, which
+/// holds only the older of its two snapshots with the same term: the join
+/// offers its line with terms, the standby drops the newer one, labels
+/// what follows as term 2, and acknowledges the common snapshot.
+#[test]
+fn a_rejoin_across_terms_drops_the_tail_after_the_common_snapshot() {
+    use rekindle::cluster::lineage::{self, Labeled, Lineage, TermStart};
+    let d = ok(tempfile::tempdir());
+    let standby = d.path().join("s");
+    let (held, a, b) = primary_store(&standby);
+    drop(held);
+    ok(lineage::write(&standby, &Lineage::whole(1)));
+    let mut body = Vec::new();
+    ok(wire::send(
+        &mut body,
+        wire::HEARTBEAT,
+        &wire::Heartbeat {
+            epoch: 2,
+            newest: Some(a.0.clone()),
+        },
+    ));
+    let l = ok(TcpListener::bind("127.0.0.1:0"));
+    let addr = ok(l.local_addr()).to_string();
+    let primary = play_primary(
+        l,
+        Welcome {
+            node: "p".into(),
+            epoch: 2,
+            full: false,
+            base: Some(a.0.clone()),
+        },
+        body,
+    );
+    let mut r = ok(Receiver::start("s", standby.clone()));
+    r.set_leader(Some(leader(&addr, 2)), 2);
+    let notes = notes_until(&r, |n| {
+        n.iter().any(|n| matches!(n, ReceiverNote::Lost { .. }))
+    });
+    let (join, acks) = primary.join().unwrap_or_else(|_| panic!("primary thread"));
+    r.stop();
+    assert_eq!((join.lineage, join.have.clone()), (1, Some(b.0.clone())));
+    let offered: Vec<Labeled> = vec![
+        Labeled {
+            id: b.0.clone(),
+            term: 1,
+        },
+        Labeled {
+            id: a.0.clone(),
+            term: 1,
+        },
+    ];
+    assert_eq!(join.chain, offered);
+    assert!(notes.iter().any(|n| matches!(
+        n,
+        ReceiverNote::TailDropped { count: 1, base, epoch: 2, .. } if *base == a.0
+    )));
+    assert!(notes.iter().any(|n| matches!(
+        n,
+        ReceiverNote::Following {
+            full: false,
+            across_terms: true,
+            epoch: 2,
+            ..
+        }
+    )));
+    assert_eq!(acks.first().and_then(|k| k.id.clone()), Some(a.0.clone()));
+    let ids: Vec<_> = ok(ok(Store::open(&standby)).list())
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(
+        ids,
+        vec![a.clone()],
+        "the snapshot after the common one went"
+    );
+    let lin = ok(lineage::read(&standby));
+    assert_eq!(lin.epoch, 2);
+    assert_eq!(
+        lin.terms.last(),
+        Some(&TermStart {
+            term: 2,
+            after: a.seq()
+        })
+    );
 }

@@ -87,6 +87,24 @@ pub struct ClusterArgs {
     /// HOST:PORT, GET /metrics, whatever its role (docs/failover.md).
     #[arg(long, value_name = "HOST:PORT", requires = "cluster")]
     pub cluster_metrics: Option<String>,
+
+    /// With --cluster: the primary writes a standby out of the in-sync set
+    /// (in etcd; only then are writes acknowledged without it, and it may
+    /// no longer be elected) once it has been disconnected, or has left a
+    /// commit unacknowledged, this long.  The last member is never removed
+    /// (docs/failover.md, "The in-sync set").
+    #[arg(long, value_name = "DUR", value_parser = parse_positive_duration, default_value = "1s",
+          requires = "cluster")]
+    pub sync_drop_after: Duration,
+}
+
+/// A duration above zero (0 would drop every member at its first pending
+/// commit).
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err("must be above 0".into()),
+        d => Ok(d),
+    }
 }
 
 /// `rekindle sentinel`: the Sentinel endpoint without a node.

@@ -24,9 +24,12 @@ use std::time::{Duration, Instant};
 
 use super::error::ClusterError;
 use super::etcd::{Cond, Etcd, Op};
-use super::lineage::{self, Lineage};
+use super::insync::{self, InSyncBoard, Verdict};
+use super::lineage;
 use super::receiver::ReceiverFence;
-use super::records::{self, LeaderRecord, NodeRecord, Role, SwitchoverRecord};
+use super::records::{
+    self, Eligibility, InSyncRecord, LeaderRecord, NodeRecord, Role, SwitchoverRecord,
+};
 
 /// Time the supervisor needs, once fenced, to have killed the app: its poll
 /// loop wakes on the fence fd at once; this covers scheduling.
@@ -55,6 +58,9 @@ pub struct AgentConfig {
     pub replication: String,
     pub serve: Vec<String>,
     pub store: PathBuf,
+    /// A member of the in-sync set gone or behind this long is written out
+    /// of it (insync.rs).
+    pub sync_drop_after: Duration,
 }
 
 /// What the node asks of the agent.
@@ -98,11 +104,30 @@ impl FenceReason {
 /// Why a follower does not campaign.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ineligible {
-    /// Its store is of an older term than the newest: it may lack
+    /// Its store is of another term than the newest: it may lack
     /// acknowledged writes.
     StaleStore { store_epoch: u64, newest: u64 },
     /// The lineage file cannot be read.
     Unreadable(String),
+    /// etcd holds no in-sync set, though terms exist.
+    NoInSyncRecord { newest: u64 },
+    /// The in-sync set is of another term.
+    InSyncOfOtherTerm { insync_epoch: u64, newest: u64 },
+    /// The primary of the newest term did not (or no longer) wait for
+    /// this node's acknowledgements: it may lack acknowledged writes.
+    NotInSync { newest: u64 },
+}
+
+impl Ineligible {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Ineligible::StaleStore { .. } => "store_of_other_term",
+            Ineligible::Unreadable(_) => "lineage_unreadable",
+            Ineligible::NoInSyncRecord { .. } => "no_insync_record",
+            Ineligible::InSyncOfOtherTerm { .. } => "insync_of_other_term",
+            Ineligible::NotInSync { .. } => "not_in_sync",
+        }
+    }
 }
 
 /// How a node came to hold its term.
@@ -142,6 +167,13 @@ struct Over {
     from: String,
 }
 
+/// A change of the in-sync set that etcd confirmed (event `insync_changed`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InSyncChanged {
+    pub epoch: u64,
+    pub change: insync::Change,
+}
+
 /// Where an early takeover stands (events: `takeover`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Takeover {
@@ -164,6 +196,9 @@ pub struct View {
     pub our_term: Option<u64>,
     pub fenced: Option<FenceReason>,
     pub ineligible: Option<Ineligible>,
+    /// `ineligible` has been worked out at least once (else the report
+    /// says nothing of eligibility).
+    pub eligibility_known: bool,
     pub last_error: Option<(&'static str, String)>,
     /// A primary: how long its lease is still known valid, in ms.
     pub lease_left_ms: Option<u64>,
@@ -171,6 +206,9 @@ pub struct View {
     pub elected_via: Option<ElectedVia>,
     /// The early takeover's latest decision.
     pub takeover: Option<Takeover>,
+    /// A primary: the in-sync set changes etcd confirmed, oldest first
+    /// (the node drains them into events).
+    pub insync_changes: Vec<InSyncChanged>,
 }
 
 struct Shared {
@@ -180,6 +218,7 @@ struct Shared {
     suspect: Mutex<Option<Suspicion>>,
     stop: AtomicBool,
     fence_efd: std::os::fd::OwnedFd,
+    board: Arc<InSyncBoard>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -206,6 +245,7 @@ impl Agent {
             stop: AtomicBool::new(false),
             // SAFETY: fresh and ours.
             fence_efd: unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) },
+            board: Arc::new(InSyncBoard::default()),
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
@@ -220,6 +260,16 @@ impl Agent {
 
     pub fn view(&self) -> View {
         lock(&self.shared.view).clone()
+    }
+
+    /// The in-sync board a term's sender reports to (insync.rs).
+    pub fn insync_board(&self) -> Arc<InSyncBoard> {
+        self.shared.board.clone()
+    }
+
+    /// The in-sync set changes since the last call.
+    pub fn take_insync_changes(&self) -> Vec<InSyncChanged> {
+        std::mem::take(&mut lock(&self.shared.view).insync_changes)
     }
 
     pub fn want(&self, w: Want) {
@@ -299,6 +349,9 @@ struct Worker {
     /// The leader's own report as last read: (node, epoch, mod_revision,
     /// when this revision was first seen), on this host's clock.
     watched: Option<(String, u64, i64, Instant)>,
+    /// A primary: the in-sync key's mod_revision as we last wrote or read
+    /// it (None: read it again).
+    insync_rev: Option<i64>,
 }
 
 impl Worker {
@@ -310,6 +363,7 @@ impl Worker {
             term: None,
             last_report: None,
             watched: None,
+            insync_rev: None,
         }
     }
 
@@ -370,6 +424,7 @@ impl Worker {
                 return self.resign();
             }
             self.keep_term()?;
+            self.keep_insync()?;
         } else {
             self.follow(want)?;
         }
@@ -513,26 +568,49 @@ impl Worker {
                 return Ok(());
             }
         }
-        if !self.eligible(epoch) {
+        let Some(insync_rev) = self.eligible(epoch)? else {
             return Ok(());
-        }
-        self.campaign(epoch, epoch_rev, None).map(|_| ())
+        };
+        self.campaign(epoch, epoch_rev, insync_rev, None)
+            .map(|_| ())
     }
 
-    /// Records whether this node may take the next term after `epoch`.
-    fn eligible(&mut self, epoch: u64) -> bool {
-        // eligible: no term yet, or our store is of the newest term
+    /// Records whether this node may take the next term after `epoch`:
+    /// no term yet, or named in the in-sync set of `epoch` (or its primary)
+    /// with a store of that term.  Some(the in-sync key's mod_revision, 0: absent), which
+    /// the campaign guards on, if it may.
+    fn eligible(&mut self, epoch: u64) -> Result<Option<i64>, ClusterError> {
+        let ikey = records::insync_key(&self.cfg.cluster);
+        let kv = self.etcd()?.get(&ikey, CALL_TIMEOUT)?;
+        let rec = match &kv {
+            Some(kv) => Some(records::parse::<InSyncRecord>(&ikey, &kv.value)?),
+            None => None,
+        };
         let ineligible = match lineage::read(&self.cfg.store) {
-            Ok(Lineage { epoch: se }) if epoch == 0 || se == epoch => None,
-            Ok(Lineage { epoch: se }) => Some(Ineligible::StaleStore {
-                store_epoch: se,
-                newest: epoch,
-            }),
             Err(e) => Some(Ineligible::Unreadable(e.to_string())),
+            Ok(l) => match insync::verdict(epoch, rec.as_ref(), &self.cfg.node, &l) {
+                Verdict::Eligible => None,
+                Verdict::NoInSyncRecord => Some(Ineligible::NoInSyncRecord { newest: epoch }),
+                Verdict::InSyncOfOtherTerm { insync_epoch } => {
+                    Some(Ineligible::InSyncOfOtherTerm {
+                        insync_epoch,
+                        newest: epoch,
+                    })
+                }
+                Verdict::NotInSync => Some(Ineligible::NotInSync { newest: epoch }),
+                Verdict::StoreOfOtherTerm { store_epoch } => Some(Ineligible::StaleStore {
+                    store_epoch,
+                    newest: epoch,
+                }),
+            },
         };
         let ok = ineligible.is_none();
-        lock(&self.sh.view).ineligible = ineligible;
-        ok
+        {
+            let mut v = lock(&self.sh.view);
+            v.ineligible = ineligible;
+            v.eligibility_known = true;
+        }
+        Ok(ok.then(|| kv.map_or(0, |kv| kv.mod_revision)))
     }
 
     fn set_takeover(&self, t: Takeover) {
@@ -556,16 +634,9 @@ impl Worker {
         let nkey = records::node_key(&self.cfg.cluster, &l.node);
         let report = self.etcd()?.get(&nkey, CALL_TIMEOUT)?;
         let rev = report.as_ref().map_or(0, |kv| kv.mod_revision);
-        // Sync mode fences the primary's writes through us only if we are
-        // its one standby: another one could go on acknowledging to it.
-        let others: Vec<String> = match &report {
-            Some(kv) => records::parse::<NodeRecord>(&nkey, &kv.value)?
-                .standbys
-                .into_iter()
-                .filter(|s| *s != self.cfg.node)
-                .collect(),
-            None => Vec::new(),
-        };
+        // eligibility (and the in-sync key's revision) for the report,
+        // and for a takeover below
+        let eligible = self.eligible(epoch)?;
         let now = Instant::now();
         let prev = self.watched.take();
         let changed = prev
@@ -605,13 +676,6 @@ impl Worker {
             }
             return Ok(());
         }
-        if !others.is_empty() {
-            self.set_takeover(Takeover::Declined {
-                code: "other_standbys",
-                epoch,
-            });
-            return Ok(());
-        }
         let skey = records::switchover_key(&self.cfg.cluster);
         if self.etcd()?.get(&skey, CALL_TIMEOUT)?.is_some() {
             self.set_takeover(Takeover::Declined {
@@ -620,13 +684,17 @@ impl Worker {
             });
             return Ok(());
         }
-        if !self.eligible(epoch) {
-            self.set_takeover(Takeover::Declined {
-                code: "ineligible",
-                epoch,
-            });
+        // Named in the in-sync set: the primary releases no write without
+        // our acknowledgement unless it first writes us out of the set, which
+        // changes the key's revision our transaction guards on.
+        let Some(insync_rev) = eligible else {
+            let code = match lock(&self.sh.view).ineligible {
+                Some(Ineligible::NotInSync { .. }) => "not_in_sync",
+                _ => "ineligible",
+            };
+            self.set_takeover(Takeover::Declined { code, epoch });
             return Ok(());
-        }
+        };
         // From here the old primary gets no acknowledgement from us: in
         // sync mode it can acknowledge no more writes.
         sus.fence.refuse(epoch);
@@ -636,7 +704,7 @@ impl Worker {
             report_rev: rev,
             from: l.node.clone(),
         };
-        let won = self.campaign(epoch, epoch_rev, Some(over));
+        let won = self.campaign(epoch, epoch_rev, insync_rev, Some(over));
         if !matches!(won, Ok(true)) {
             sus.fence.allow();
             self.watched = None;
@@ -648,13 +716,16 @@ impl Worker {
         won.map(|_| ())
     }
 
-    /// Takes term `epoch` + 1: Ok(true) if won.  `over`: the leader key's
-    /// exact value, the old primary's report key and its revision, for an
-    /// early takeover; None: the leader key must be absent.
+    /// Takes term `epoch` + 1: Ok(true) if won.  `insync_rev`: the in-sync
+    /// key's revision when this node found itself in it (the set must not
+    /// have changed since).  `over`: the leader key's exact value, the old
+    /// primary's report key and its revision, for an early takeover; None:
+    /// the leader key must be absent.  The new term's in-sync set is empty.
     fn campaign(
         &mut self,
         epoch: u64,
         epoch_rev: i64,
+        insync_rev: i64,
         over: Option<Over>,
     ) -> Result<bool, ClusterError> {
         let lkey = records::leader_key(&self.cfg.cluster);
@@ -683,7 +754,15 @@ impl Worker {
             ),
             None => (ElectedVia::NoLeader, None),
         };
-        let mut conds = vec![Cond::ModRevision(ekey.clone(), epoch_rev)];
+        let ikey = records::insync_key(&self.cfg.cluster);
+        let empty = InSyncRecord {
+            epoch: next,
+            standbys: Vec::new(),
+        };
+        let mut conds = vec![
+            Cond::ModRevision(ekey.clone(), epoch_rev),
+            Cond::ModRevision(ikey.clone(), insync_rev),
+        ];
         match over {
             Some(o) => {
                 conds.push(Cond::Value(lkey.clone(), o.leader));
@@ -694,9 +773,14 @@ impl Worker {
         let sent = Instant::now();
         let e = self.etcd()?;
         let (lease, granted) = e.grant(ttl, CALL_TIMEOUT)?;
-        let won = e.txn(
+        let won = e.txn_rev(
             conds,
             vec![
+                Op::Put {
+                    key: ikey,
+                    value: serde_json::to_vec(&empty).unwrap_or_default(),
+                    lease: None,
+                },
                 Op::Put {
                     key: ekey,
                     value: next.to_string().into_bytes(),
@@ -719,13 +803,13 @@ impl Worker {
                 return Err(err);
             }
         };
-        if !won {
+        let Some(insync_at) = won else {
             let _ = e.revoke(lease, CALL_TIMEOUT);
             return Ok(false);
-        }
+        };
         let good_for = safe_for(granted, drift);
         // The store now belongs to this term: its next snapshots are ours.
-        if let Err(err) = lineage::write(&store, Lineage { epoch: next }) {
+        if let Err(err) = lineage::begin_term(&store, next) {
             // cannot record it: do not serve (a later election would trust
             // a store of the wrong term)
             let _ = e.revoke(lease, CALL_TIMEOUT);
@@ -739,6 +823,7 @@ impl Worker {
             good_for,
         });
         self.last_report = None; // tell the new role at once
+        self.insync_rev = Some(insync_at);
         let mut v = lock(&self.sh.view);
         v.our_term = Some(next);
         v.epoch = next;
@@ -749,6 +834,92 @@ impl Worker {
         // with our_term, so that the node sees both at once
         v.takeover = took;
         Ok(true)
+    }
+
+    /// A primary: writes the in-sync set's next state (insync::decide) to
+    /// etcd, in a transaction that holds only while `leader` is still our
+    /// record, `epoch` our term and the set what we last wrote or read; the
+    /// board counts a removal only once etcd confirmed it, and an addition
+    /// from before the write.
+    fn keep_insync(&mut self) -> Result<(), ClusterError> {
+        let Some((epoch, record)) = self.term.as_ref().map(|t| (t.epoch, t.record.clone())) else {
+            return Ok(());
+        };
+        let board = self.sh.board.clone();
+        if board.term() != epoch {
+            return Ok(()); // the sender is not running yet
+        }
+        let ikey = records::insync_key(&self.cfg.cluster);
+        let rev = match self.insync_rev {
+            Some(r) => r,
+            None => {
+                let b = self.bound();
+                let Some(kv) = self.etcd()?.get(&ikey, b)? else {
+                    return Ok(()); // gone: only a newer term's campaign rewrites it
+                };
+                let rec: InSyncRecord = records::parse(&ikey, &kv.value)?;
+                if rec.epoch != epoch {
+                    return Ok(()); // a newer term's: we are being deposed
+                }
+                board.seen(epoch, &rec.standbys);
+                self.insync_rev = Some(kv.mod_revision);
+                kv.mod_revision
+            }
+        };
+        let Some(facts) = board.facts() else {
+            return Ok(());
+        };
+        let change = insync::decide(&facts, Instant::now(), self.cfg.sync_drop_after);
+        if change.is_none() && !board.unsettled() {
+            return Ok(());
+        }
+        let set = change
+            .as_ref()
+            .map_or_else(|| facts.confirmed.clone(), |c| c.set.clone());
+        board.begin(&set);
+        let value = serde_json::to_vec(&InSyncRecord {
+            epoch,
+            standbys: set.clone(),
+        })
+        .unwrap_or_default();
+        let lkey = records::leader_key(&self.cfg.cluster);
+        let ekey = records::epoch_key(&self.cfg.cluster);
+        let b = self.bound();
+        let r = self.etcd()?.txn_rev(
+            vec![
+                Cond::Value(lkey, record),
+                Cond::Value(ekey, epoch.to_string().into_bytes()),
+                Cond::ModRevision(ikey.clone(), rev),
+            ],
+            vec![Op::Put {
+                key: ikey,
+                value,
+                lease: None,
+            }],
+            b,
+        );
+        match r {
+            Ok(Some(at)) => {
+                self.insync_rev = Some(at);
+                board.confirm(epoch, &set);
+                if let Some(change) = change {
+                    lock(&self.sh.view)
+                        .insync_changes
+                        .push(InSyncChanged { epoch, change });
+                }
+                Ok(())
+            }
+            Ok(None) => {
+                // the term or the set changed under us: read it again (a
+                // lost term fences us at the next keep-alive check)
+                self.insync_rev = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.insync_rev = None;
+                Err(e)
+            }
+        }
     }
 
     fn publish_report(&mut self) -> Result<(), ClusterError> {
@@ -769,6 +940,12 @@ impl Worker {
         if let Some(t) = &self.term {
             r.role = Role::Primary;
             r.epoch = t.epoch;
+        } else {
+            let v = lock(&self.sh.view);
+            r.eligibility = v.eligibility_known.then(|| Eligibility {
+                eligible: v.ineligible.is_none(),
+                reason: v.ineligible.as_ref().map(|i| i.code().to_string()),
+            });
         }
         let key = records::node_key(&self.cfg.cluster, &self.cfg.node);
         let b = self.bound();

@@ -153,26 +153,23 @@ impl Etcd {
         ops: Vec<Op>,
         timeout: Duration,
     ) -> Result<bool, ClusterError> {
-        let cmp: Vec<Compare> = conds
-            .into_iter()
-            .map(|c| match c {
-                Cond::Absent(k) => Compare::version(k, CompareOp::Equal, 0),
-                Cond::ModRevision(k, r) => Compare::mod_revision(k, CompareOp::Equal, r),
-                Cond::Value(k, v) => Compare::value(k, CompareOp::Equal, v),
-            })
-            .collect();
-        let ops: Vec<TxnOp> = ops
-            .into_iter()
-            .map(|o| match o {
-                Op::Put { key, value, lease } => {
-                    TxnOp::put(key, value, lease.map(|l| PutOptions::new().with_lease(l)))
-                }
-                Op::Delete(k) => TxnOp::delete(k, None),
-            })
-            .collect();
-        let txn = Txn::new().when(cmp).and_then(ops);
+        let txn = Txn::new().when(compares(conds)).and_then(txn_ops(ops));
         let r = self.run("txn", timeout, async move |c: &mut Client| c.txn(txn).await)?;
         Ok(r.succeeded())
+    }
+
+    /// As `txn`; on success, the revision it wrote at (the `mod_revision`
+    /// of every key it put).
+    pub fn txn_rev(
+        &mut self,
+        conds: Vec<Cond>,
+        ops: Vec<Op>,
+        timeout: Duration,
+    ) -> Result<Option<i64>, ClusterError> {
+        let txn = Txn::new().when(compares(conds)).and_then(txn_ops(ops));
+        let r = self.run("txn", timeout, async move |c: &mut Client| c.txn(txn).await)?;
+        Ok(r.succeeded()
+            .then(|| r.header().map_or(0, |h| h.revision())))
     }
 
     /// A new lease of `ttl` seconds; returns its id and the TTL etcd granted.
@@ -237,4 +234,26 @@ impl Etcd {
         })?;
         Ok(())
     }
+}
+
+fn compares(conds: Vec<Cond>) -> Vec<Compare> {
+    conds
+        .into_iter()
+        .map(|c| match c {
+            Cond::Absent(k) => Compare::version(k, CompareOp::Equal, 0),
+            Cond::ModRevision(k, r) => Compare::mod_revision(k, CompareOp::Equal, r),
+            Cond::Value(k, v) => Compare::value(k, CompareOp::Equal, v),
+        })
+        .collect()
+}
+
+fn txn_ops(ops: Vec<Op>) -> Vec<TxnOp> {
+    ops.into_iter()
+        .map(|o| match o {
+            Op::Put { key, value, lease } => {
+                TxnOp::put(key, value, lease.map(|l| PutOptions::new().with_lease(l)))
+            }
+            Op::Delete(k) => TxnOp::delete(k, None),
+        })
+        .collect()
 }

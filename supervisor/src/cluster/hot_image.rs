@@ -276,6 +276,15 @@ impl HotImage {
         })
     }
 
+    /// The store no longer ends at the image's snapshot (a rejoin dropped
+    /// snapshots after an older base, or a full resync began): the image is
+    /// not handed over until the next snapshot rebuilds it.
+    pub fn invalidate(&mut self, code: &'static str, error: String) {
+        self.regions.clear();
+        self.at = None;
+        self.unusable = Unusable::Failed { code, error };
+    }
+
     /// Hands the memfds over for the app's first incarnation (they are no
     /// longer written here); Err says why there is nothing to hand over.
     pub fn take(&mut self) -> Result<Restored, Unusable> {

@@ -3,18 +3,26 @@
 //! reports how far the standbys have acknowledged; with sync replication
 //! the engine releases the app's held replies (rk_durable_epoch) only up to
 //! that point (group commit: every reply held for one snapshot shares its
-//! one round trip to the standby).
+//! one round trip to the standby).  Which standbys count is the in-sync
+//! set's business (insync.rs): it calls `acked` with what every required
+//! standby has.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::store::SnapshotId;
+
+/// How many recent commits keep their time (for `behind_since`).
+const COMMIT_TIMES: usize = 4096;
 
 #[derive(Default)]
 struct State {
     committed: Option<SnapshotId>,
     acked: Option<SnapshotId>,
+    /// Recent commits and when they were made, oldest first.
+    times: VecDeque<(SnapshotId, Instant)>,
 }
 
 pub struct ReplicationLink {
@@ -48,8 +56,30 @@ impl ReplicationLink {
 
     /// The engine: `id` is committed to the local store.
     pub fn committed(&self, id: &SnapshotId) {
-        self.lock().committed = Some(id.clone());
+        {
+            let mut g = self.lock();
+            g.committed = Some(id.clone());
+            g.times.push_back((id.clone(), Instant::now()));
+            if g.times.len() > COMMIT_TIMES {
+                g.times.pop_front();
+            }
+        }
         self.cond.notify_all();
+    }
+
+    /// When the oldest commit newer than `acked` was made: how long a
+    /// standby that has `acked` has kept a commit waiting (None: it has
+    /// them all).
+    pub fn behind_since(&self, acked: Option<&SnapshotId>) -> Option<Instant> {
+        let g = self.lock();
+        let newest = g.committed.as_ref()?;
+        if acked.is_some_and(|a| a >= newest) {
+            return None;
+        }
+        g.times
+            .iter()
+            .find(|(id, _)| acked.is_none_or(|a| id > a))
+            .map(|(_, t)| *t)
     }
 
     /// The sender: the newest committed snapshot if it is not `seen`,
@@ -71,7 +101,7 @@ impl ReplicationLink {
         self.lock().committed.clone()
     }
 
-    /// The sender: every snapshot up to `id` is on the standbys that count.
+    /// Every snapshot up to `id` is on the standbys that count (insync.rs).
     pub fn acked(&self, id: &SnapshotId) {
         {
             let mut g = self.lock();

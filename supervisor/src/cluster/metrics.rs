@@ -245,6 +245,7 @@ mod tests {
             standbys: vec!["n1".into(), "n3".into()],
             sentinel: None,
             updated_unix_ms: 0,
+            eligibility: None,
         });
         let text = m.render();
         // (name, its own labels sorted) -> value; the cluster and node

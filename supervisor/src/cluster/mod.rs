@@ -10,7 +10,9 @@
 //! - `etcd`: the blocking façade over the async etcd client (one thread, a
 //!   small tokio runtime per call site).
 //! - `election`: the agent thread: campaign, lease keep-alive, self-fencing.
-//! - `lineage`: which term a standby's store was received from.
+//! - `lineage`: which term a store, and each of its snapshots, came from.
+//! - `insync`: the in-sync set (in etcd): whose acknowledgements count,
+//!   who may be elected.
 //! - `link`: the snapshot engine's hand-off to the replication sender
 //!   (committed snapshots out, standby acknowledgements back).
 //! - `wire`: the replication connection's control frames.
@@ -26,6 +28,7 @@ pub mod election;
 pub mod error;
 pub mod etcd;
 pub mod hot_image;
+pub mod insync;
 pub mod lineage;
 pub mod link;
 pub mod metrics;

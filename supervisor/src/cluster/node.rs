@@ -8,7 +8,8 @@
 //!
 //! Standby: the receiver follows the primary etcd names and applies its
 //! snapshots into `--snapshot-dir`; the agent campaigns when there is no
-//! leader and this store is of the newest term.  Elected: the receiver is
+//! leader and this node is named in the newest term's in-sync set (with a
+//! store of that term: insync.rs).  Elected: the receiver is
 //! stopped first (nothing more is acknowledged to anyone), then the
 //! supervisor starts the app warm from the newest snapshot (`restored`),
 //! with the replication sender streaming each committed snapshot to the
@@ -16,7 +17,8 @@
 //! (rk_durable_epoch) wait for the standbys' (link.rs).  Fenced (the agent
 //! could not keep the lease, or was deposed): the supervisor kills the app
 //! at once and the node stands by again; its store is of its old term, so
-//! it is resynchronised whole by the next primary.
+//! the next primary resumes it from the newest snapshot both hold with the
+//! same term (its own newer ones go), or resynchronises it whole.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -131,6 +133,7 @@ pub fn run(args: RunArgs) -> i32 {
         replication: addr.clone(),
         serve,
         store: dir.clone(),
+        sync_drop_after: ca.sync_drop_after,
     }) {
         Ok(a) => a,
         Err(e) => {
@@ -360,7 +363,10 @@ fn stand_by(
             if let Some(i) = &v.ineligible {
                 emit(
                     events,
-                    ev("ineligible").s("node", node).s("why", format!("{i:?}")),
+                    ev("ineligible")
+                        .s("node", node)
+                        .s("code", i.code())
+                        .s("why", format!("{i:?}")),
                 );
             }
             shown_ineligible = v.ineligible.clone();
@@ -381,6 +387,7 @@ fn stand_by(
                 standbys: Vec::new(),
                 sentinel: sentinel.clone(),
                 updated_unix_ms: 0,
+                eligibility: None,
             },
         );
         std::thread::sleep(Duration::from_millis(10));
@@ -463,10 +470,21 @@ fn receiver_event(n: ReceiverNote) -> crate::event::Event {
             primary,
             epoch,
             full,
+            across_terms,
         } => ev("following")
             .s("primary", primary)
             .u("epoch", epoch)
-            .s("sync", if full { "full" } else { "incremental" }),
+            .s("sync", sync_code(full, across_terms)),
+        ReceiverNote::TailDropped {
+            primary,
+            epoch,
+            base,
+            count,
+        } => ev("diverged_tail_dropped")
+            .s("primary", primary)
+            .u("epoch", epoch)
+            .s("base", base)
+            .u("count", count as u64),
         ReceiverNote::Applied { id, epoch } => ev("replica_applied").s("id", id).u("epoch", epoch),
         ReceiverNote::Lost {
             primary,
@@ -545,7 +563,8 @@ fn serve_term(
     if let Err(e) = opened {
         return fail("cannot open the store", e.code(), e.to_string());
     }
-    let mut sender = match Sender::start(addr, term, node, dir.to_path_buf(), link.clone()) {
+    let board = agent.insync_board();
+    let mut sender = match Sender::start(addr, term, node, dir.to_path_buf(), link.clone(), board) {
         Ok(s) => s,
         Err(e) => return fail("cannot listen for standbys", e.code(), e.to_string()),
     };
@@ -605,6 +624,9 @@ fn serve_term(
                 for n in sender_ref.notes() {
                     emit(events, sender_event(n));
                 }
+                for c in agent.take_insync_changes() {
+                    emit(events, insync_event(&c));
+                }
                 let newest = link2.newest_committed();
                 let standbys = sender_ref.standbys();
                 let lag = standbys
@@ -627,6 +649,7 @@ fn serve_term(
                         standbys: standbys.iter().map(|s| s.node.clone()).collect(),
                         sentinel: sentinel.clone(),
                         updated_unix_ms: 0,
+                        eligibility: None,
                     },
                 );
                 std::thread::sleep(Duration::from_millis(50));
@@ -660,10 +683,15 @@ fn serve_term(
 
 fn sender_event(n: SenderNote) -> crate::event::Event {
     match n {
-        SenderNote::Joined { node, peer, full } => ev("standby_joined")
+        SenderNote::Joined {
+            node,
+            peer,
+            full,
+            across_terms,
+        } => ev("standby_joined")
             .s("standby", node)
             .s("peer", peer)
-            .s("sync", if full { "full" } else { "incremental" }),
+            .s("sync", sync_code(full, across_terms)),
         SenderNote::Synced { node, id } => ev("standby_synced").s("standby", node).s("id", id),
         SenderNote::Left {
             node,
@@ -676,4 +704,26 @@ fn sender_event(n: SenderNote) -> crate::event::Event {
             .s("code", code)
             .s("error", error),
     }
+}
+
+/// How a standby follows: `full`, `incremental` (within the term), or
+/// `incremental_after_term_change` (from the newest snapshot its line
+/// shares with a primary of a newer term).
+fn sync_code(full: bool, across_terms: bool) -> &'static str {
+    match (full, across_terms) {
+        (true, _) => "full",
+        (false, false) => "incremental",
+        (false, true) => "incremental_after_term_change",
+    }
+}
+
+fn insync_event(c: &super::election::InSyncChanged) -> crate::event::Event {
+    let dropped: Vec<String> = c.change.dropped.iter().map(|d| d.0.clone()).collect();
+    let why: Vec<&str> = c.change.dropped.iter().map(|d| d.1.code()).collect();
+    ev("insync_changed")
+        .u("epoch", c.epoch)
+        .opt("standbys", Some(c.change.set.clone()))
+        .opt("added", Some(c.change.added.clone()))
+        .opt("dropped", Some(dropped))
+        .s("code", why.first().copied().unwrap_or("caught_up"))
 }

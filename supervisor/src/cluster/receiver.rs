@@ -1,5 +1,7 @@
 //! The standby's end of replication: connects to the primary etcd names,
-//! joins with its store's term and newest snapshot, applies each snapshot
+//! joins with its store's term, newest snapshot and newest line (each
+//! snapshot with its term: lineage.rs), drops what a primary of a newer
+//! term does not share (its welcome's `base`), applies each snapshot
 //! into its own store (published only at the stream's valid 'C': a torn or
 //! damaged snapshot publishes nothing; a delta whose parent it lacks is
 //! refused, so no gap is ever applied) and acknowledges it.  A primary of
@@ -31,6 +33,15 @@ pub enum ReceiverNote {
         primary: String,
         epoch: u64,
         full: bool,
+        /// Incremental from a snapshot of an older term's line.
+        across_terms: bool,
+    },
+    /// Snapshots after the common one with a newer term's primary went.
+    TailDropped {
+        primary: String,
+        epoch: u64,
+        base: String,
+        count: usize,
     },
     Applied {
         id: String,
@@ -294,10 +305,11 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord, image: &mut HotImage) -> Result<()
         timed_out: false,
     };
     let lin = lineage::read(&sh.dir)?;
-    let have = match lin.epoch {
-        0 => None,
-        _ => newest(&sh.dir)?,
+    let line = match lin.epoch {
+        0 => Vec::new(),
+        _ => lineage::line_back(&sh.dir, 0, lineage::OFFERED)?,
     };
+    let have = line.first().map(|i| i.0.clone());
     wire::send(
         &mut out,
         wire::JOIN,
@@ -305,6 +317,7 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord, image: &mut HotImage) -> Result<()
             node: sh.me.clone(),
             lineage: lin.epoch,
             have: have.clone(),
+            chain: lineage::labeled(&lin, &line, lineage::OFFERED),
         },
     )?;
     stream::read_header(&mut input)?;
@@ -324,11 +337,54 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord, image: &mut HotImage) -> Result<()
             ours: newest_seen.max(l.epoch),
         });
     }
+    let mut across_terms = false;
+    let mut start = have;
     if w.full {
         lineage::reset(&sh.dir)?;
+    } else if let Some(base) = w.base.as_ref().map(|b| SnapshotId(b.clone())) {
+        if !line.contains(&base) {
+            // never drop anything on the word of a primary that names a
+            // snapshot we did not offer
+            return Err(ClusterError::Peer {
+                peer,
+                detail: format!("welcome names base {base}, which is not on our line"),
+            });
+        }
+        // the primary continues from an older snapshot of our line: what we
+        // hold after it is not on its line (docs/failover.md: it was never
+        // acknowledged to a client); drop it, then label what comes next
+        let count = lineage::drop_after(&sh.dir, &base)?;
+        if count > 0 {
+            lock(&sh.notes).push(ReceiverNote::TailDropped {
+                primary: peer.clone(),
+                epoch: w.epoch,
+                base: base.0.clone(),
+                count,
+            });
+        }
+        across_terms = lin.epoch != w.epoch;
+        if across_terms || count > 0 {
+            lineage::write(&sh.dir, &lin.continue_with(w.epoch, base.seq()))?;
+        }
+        start = Some(base.0);
     }
     let mut store = Store::create_or_open(&sh.dir)?;
-    let mut applied = if w.full { None } else { have };
+    let mut applied = if w.full { None } else { start };
+    // the image holds the store's newest snapshot, or nothing
+    if let Some(at) = image.at().cloned()
+        && applied.as_deref() != Some(at.as_str())
+    {
+        let error = match &applied {
+            Some(base) => format!("the store continues from {base}, the image held {at}"),
+            None => format!("a full resync began; the image held {at}"),
+        };
+        lock(&sh.notes).push(ReceiverNote::ImageFailed {
+            id: at.0.clone(),
+            code: "hot_image_diverged",
+            error: error.clone(),
+        });
+        image.invalidate("hot_image_diverged", error);
+    }
     {
         let mut p = lock(&sh.progress);
         p.epoch = w.epoch;
@@ -339,6 +395,7 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord, image: &mut HotImage) -> Result<()
         primary: peer.clone(),
         epoch: w.epoch,
         full: w.full,
+        across_terms,
     });
     let mut lineage_written = !w.full;
     let mut published: Option<SnapshotId> = None;
@@ -362,7 +419,7 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord, image: &mut HotImage) -> Result<()
                 if let Some(id) = got? {
                     published = Some(id.clone());
                     if !lineage_written {
-                        lineage::write(&sh.dir, Lineage { epoch: w.epoch })?;
+                        lineage::write(&sh.dir, &Lineage::whole(w.epoch))?;
                         lineage_written = true;
                     }
                     applied = Some(id.0.clone());
@@ -439,12 +496,4 @@ fn advance_image(sh: &Shared, store: &Store, image: &mut HotImage, id: &Snapshot
             error: e.to_string(),
         }),
     }
-}
-
-fn newest(dir: &std::path::Path) -> Result<Option<String>, ClusterError> {
-    if !dir.exists() {
-        return Ok(None);
-    }
-    let s = Store::open(dir)?;
-    Ok(s.latest()?.map(|i| i.id.0))
 }

@@ -5,6 +5,8 @@
 //! /rekindle/<cluster>/leader       LeaderRecord, attached to the primary's lease
 //! /rekindle/<cluster>/nodes/<id>   NodeRecord: each node's own report (role, lag)
 //! /rekindle/<cluster>/switchover   SwitchoverRecord: a planned handover asked for
+//! /rekindle/<cluster>/insync       InSyncRecord: the standbys whose acknowledgement
+//!                                  the primary of `epoch` waits for (insync.rs)
 //! ```
 //!
 //! A term begins with one transaction that increments `epoch` and creates
@@ -25,6 +27,9 @@ pub fn leader_key(cluster: &str) -> String {
 }
 pub fn switchover_key(cluster: &str) -> String {
     format!("{}switchover", prefix(cluster))
+}
+pub fn insync_key(cluster: &str) -> String {
+    format!("{}insync", prefix(cluster))
 }
 pub fn nodes_prefix(cluster: &str) -> String {
     format!("{}nodes/", prefix(cluster))
@@ -51,6 +56,25 @@ pub struct SwitchoverRecord {
     pub from: String,
     pub epoch: u64,
     pub to: Option<String>,
+}
+
+/// The in-sync set: written only by the primary of `epoch`, in a
+/// transaction guarded by its own `leader` value and the epoch; a new term
+/// starts with it empty (insync.rs).  Only the nodes it names may take the
+/// next term.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InSyncRecord {
+    pub epoch: u64,
+    pub standbys: Vec<String>,
+}
+
+/// Whether a node may take the next term, as it last found (its report).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Eligibility {
+    pub eligible: bool,
+    /// Why not (a stable code: `not_in_sync`, `store_of_other_term`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// A node's role as it reports it.
@@ -102,6 +126,10 @@ pub struct NodeRecord {
     pub sentinel: Option<String>,
     /// Wall-clock time of this report (for display only: nothing decides on it).
     pub updated_unix_ms: u64,
+    /// A node not serving: whether it may take the next term (the agent
+    /// fills it in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eligibility: Option<Eligibility>,
 }
 
 pub fn parse<T: for<'a> Deserialize<'a>>(key: &str, v: &[u8]) -> Result<T, ClusterError> {
@@ -142,5 +170,12 @@ mod tests {
         assert!(parse_epoch("k", b"x").is_err());
         assert_eq!(leader_key("c"), "/rekindle/c/leader");
         assert_eq!(node_key("c", "n2"), "/rekindle/c/nodes/n2");
+        assert_eq!(insync_key("c"), "/rekindle/c/insync");
+        let i = InSyncRecord {
+            epoch: 3,
+            standbys: vec!["n2".into()],
+        };
+        let v = serde_json::to_vec(&i).unwrap_or_default();
+        assert_eq!(parse::<InSyncRecord>("k", &v).ok(), Some(i));
     }
 }

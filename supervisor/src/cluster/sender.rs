@@ -2,9 +2,12 @@
 //! standby that joins, one thread sends the snapshots the engine commits
 //! (initial sync first: the newest, whole, unless the standby's store is of
 //! this term and we still hold its newest) and heartbeats while idle, and
-//! one thread reads its acknowledgements.  What every connected standby has
-//! acknowledged goes to the engine (link.rs); with sync replication the
-//! app's replies wait for it.
+//! one thread reads its acknowledgements.  A standby of an older term's
+//! line resumes from the newest snapshot both stores hold with the same id
+//! and term (lineage.rs).  Joins, acknowledgements and departures go to the
+//! in-sync board (insync.rs), which tells the engine (link.rs) how far the
+//! standbys that count have acknowledged; with sync replication the app's
+//! replies wait for it.
 
 use std::collections::HashMap;
 use std::io::BufWriter;
@@ -16,6 +19,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::error::ClusterError;
+use super::insync::InSyncBoard;
+use super::lineage;
 use super::link::ReplicationLink;
 use super::wire::{self, Ack, Heartbeat, Join, PeerReader, Welcome};
 use crate::store::stream::{self, SendState};
@@ -39,6 +44,8 @@ pub enum SenderNote {
         node: String,
         peer: String,
         full: bool,
+        /// Incremental from a snapshot of an older term's line (`base`).
+        across_terms: bool,
     },
     /// Its first acknowledgement of this term: it counts for sync replies.
     Synced { node: String, id: String },
@@ -55,6 +62,7 @@ struct Shared {
     me: String,
     dir: PathBuf,
     link: Arc<ReplicationLink>,
+    board: Arc<InSyncBoard>,
     stop: AtomicBool,
     standbys: Mutex<HashMap<u64, StandbyView>>,
     conns: Mutex<HashMap<u64, TcpStream>>,
@@ -64,20 +72,6 @@ struct Shared {
 impl Shared {
     fn note(&self, n: SenderNote) {
         self.notes.lock().unwrap_or_else(|p| p.into_inner()).push(n);
-    }
-
-    /// With sync replication, the engine may release replies up to what
-    /// every standby in sync has acknowledged (none in sync: nothing).
-    fn publish_acks(&self) {
-        let s = self.standbys.lock().unwrap_or_else(|p| p.into_inner());
-        let synced: Vec<&StandbyView> = s.values().filter(|v| v.synced).collect();
-        if synced.is_empty() {
-            return;
-        }
-        let min = synced.iter().map(|v| v.acked.clone()).min().flatten();
-        if let Some(id) = min {
-            self.link.acked(&id);
-        }
     }
 }
 
@@ -93,6 +87,7 @@ impl Sender {
         me: &str,
         dir: PathBuf,
         link: Arc<ReplicationLink>,
+        board: Arc<InSyncBoard>,
     ) -> Result<Sender, ClusterError> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| ClusterError::io(format!("replication: bind {addr}"), e))?;
@@ -103,12 +98,14 @@ impl Sender {
             epoch,
             me: me.to_string(),
             dir,
-            link,
+            link: link.clone(),
+            board: board.clone(),
             stop: AtomicBool::new(false),
             standbys: Mutex::new(HashMap::new()),
             conns: Mutex::new(HashMap::new()),
             notes: Mutex::new(Vec::new()),
         });
+        board.attach(epoch, link);
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("rk-repl-listen".into())
@@ -148,6 +145,7 @@ impl Sender {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.shared.board.detach();
     }
 }
 
@@ -188,6 +186,7 @@ fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .remove(&id);
+                        sh2.board.left(&node, id);
                         if let Err(e) = r {
                             sh2.note(SenderNote::Left {
                                 node,
@@ -237,13 +236,20 @@ fn serve(id: u64, conn: TcpStream, peer: &str, sh: &Arc<Shared>) -> Result<(), C
     }
     let join: Join = wire::parse(peer, &payload)?;
     let mut store = Store::open(&sh.dir)?;
-    // incremental only within this term, from a snapshot we still hold
-    let since = join
+    // incremental within this term from its newest, if we still hold it;
+    // else from the newest snapshot both lines share (same id, same term)
+    let same_term = join
         .have
         .as_ref()
         .map(|h| SnapshotId(h.clone()))
         .filter(|h| join.lineage == sh.epoch && h.is_valid() && store.resolve(h.as_str()).is_ok());
+    let base = match same_term {
+        Some(_) => None,
+        None => common_base(&sh.dir, &join)?,
+    };
+    let since = same_term.or_else(|| base.clone());
     let full = since.is_none();
+    let across_terms = base.is_some() && join.lineage != sh.epoch;
     let mut out = BufWriter::with_capacity(1 << 20, conn.try_clone().map_err(io("clone"))?);
     stream::write_header(&mut out)?;
     wire::send(
@@ -253,6 +259,7 @@ fn serve(id: u64, conn: TcpStream, peer: &str, sh: &Arc<Shared>) -> Result<(), C
             node: sh.me.clone(),
             epoch: sh.epoch,
             full,
+            base: base.map(|b| b.0),
         },
     )?;
     // The same standby again (it lost us and reconnected): its old
@@ -287,10 +294,12 @@ fn serve(id: u64, conn: TcpStream, peer: &str, sh: &Arc<Shared>) -> Result<(), C
                 synced: false,
             },
         );
+    sh.board.joined(&join.node, id, since.clone());
     sh.note(SenderNote::Joined {
         node: join.node.clone(),
         peer: peer.to_string(),
         full,
+        across_terms,
     });
 
     // acknowledgements, on a thread of their own
@@ -378,8 +387,12 @@ fn read_acks(
             });
         }
         let acked = ack.id.map(SnapshotId).filter(|i| i.is_valid());
+        let mut node = None;
         {
             let mut s = sh.standbys.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(v) = s.get_mut(&id) {
+                node = Some(v.node.clone());
+            }
             if let Some(v) = s.get_mut(&id)
                 && acked.is_some()
                 && acked > v.acked
@@ -394,6 +407,26 @@ fn read_acks(
                 }
             }
         }
-        sh.publish_acks();
+        if let (Some(n), Some(a)) = (node, acked.as_ref()) {
+            sh.board.acked(&n, id, a);
+        }
     }
+}
+
+/// The newest snapshot of the joining standby's line that ours holds with
+/// the same id and term (None: nothing in common, a full resync).
+fn common_base(dir: &std::path::Path, join: &Join) -> Result<Option<SnapshotId>, ClusterError> {
+    if join.chain.is_empty() {
+        return Ok(None);
+    }
+    let ours = lineage::read(dir)?;
+    // back to the oldest snapshot the standby offered, no further
+    let oldest = join
+        .chain
+        .iter()
+        .filter_map(|c| SnapshotId(c.id.clone()).seq())
+        .min();
+    let line = lineage::line_back(dir, oldest.unwrap_or(0), usize::MAX)?;
+    let labeled = lineage::labeled(&ours, &line, usize::MAX);
+    Ok(lineage::pick_common(&join.chain, &labeled).map(SnapshotId))
 }

@@ -1,5 +1,6 @@
 //! `rekindle cluster status`: the cluster as etcd holds it (the term, the
-//! primary, each node's own report).  Reads only; exit 1 when etcd cannot
+//! primary, the in-sync set, each node's own report, with whether it may
+//! take the next term).  Reads only; exit 1 when etcd cannot
 //! be reached or a record is malformed.
 
 use std::time::Duration;
@@ -8,11 +9,12 @@ use serde_json::json;
 
 use super::error::ClusterError;
 use super::etcd::Etcd;
-use super::records::{self, LeaderRecord, NodeRecord};
+use super::records::{self, InSyncRecord, LeaderRecord, NodeRecord};
 
 pub struct Status {
     pub epoch: u64,
     pub leader: Option<LeaderRecord>,
+    pub insync: Option<InSyncRecord>,
     pub nodes: Vec<NodeRecord>,
 }
 
@@ -32,6 +34,11 @@ pub fn read(
         Some(kv) => Some(records::parse::<LeaderRecord>(&lkey, &kv.value)?),
         None => None,
     };
+    let ikey = records::insync_key(cluster);
+    let insync = match e.get(&ikey, timeout)? {
+        Some(kv) => Some(records::parse::<InSyncRecord>(&ikey, &kv.value)?),
+        None => None,
+    };
     let mut nodes = Vec::new();
     for kv in e.get_prefix(&records::nodes_prefix(cluster), timeout)? {
         nodes.push(records::parse::<NodeRecord>(&kv.key, &kv.value)?);
@@ -40,6 +47,7 @@ pub fn read(
     Ok(Status {
         epoch,
         leader,
+        insync,
         nodes,
     })
 }
@@ -76,7 +84,8 @@ pub fn command(endpoints: &str, cluster: &str, as_json: bool, timeout: Duration)
             .collect();
         println!(
             "{}",
-            json!({"ok": true, "cluster": cluster, "epoch": s.epoch, "leader": s.leader, "nodes": nodes})
+            json!({"ok": true, "cluster": cluster, "epoch": s.epoch, "leader": s.leader,
+                   "insync": s.insync, "nodes": nodes})
         );
         return 0;
     }
@@ -90,18 +99,36 @@ pub fn command(endpoints: &str, cluster: &str, as_json: bool, timeout: Duration)
         ),
         None => println!("cluster {cluster}: epoch {}, no primary", s.epoch),
     }
+    match &s.insync {
+        Some(i) => println!(
+            "in sync (epoch {}): {}",
+            i.epoch,
+            if i.standbys.is_empty() {
+                "none".to_string()
+            } else {
+                i.standbys.join(" ")
+            }
+        ),
+        None => println!("in sync: no record"),
+    }
     println!(
-        "{:<12} {:<8} {:>6} {:>6} {:>10}  SNAPSHOT",
-        "NODE", "ROLE", "EPOCH", "LAG", "REPORTED"
+        "{:<12} {:<8} {:>6} {:>6} {:>10}  {:<22} SNAPSHOT",
+        "NODE", "ROLE", "EPOCH", "LAG", "REPORTED", "ELIGIBLE"
     );
     for n in &s.nodes {
+        let eligible = match &n.eligibility {
+            Some(e) if e.eligible => "yes".to_string(),
+            Some(e) => format!("no ({})", e.reason.as_deref().unwrap_or("?")),
+            None => "-".to_string(),
+        };
         println!(
-            "{:<12} {:<8} {:>6} {:>6} {:>8}ms  {}",
+            "{:<12} {:<8} {:>6} {:>6} {:>8}ms  {:<22} {}",
             n.node,
             n.role.as_str(),
             n.epoch,
             n.lag_snapshots,
             now_ms.saturating_sub(n.updated_unix_ms),
+            eligible,
             n.snapshot.as_deref().unwrap_or("-")
         );
     }

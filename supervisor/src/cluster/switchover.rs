@@ -79,8 +79,15 @@ pub fn switch(
     if to == Some(from.node.as_str()) {
         return Err(SwitchoverError::AlreadyPrimary(from.node));
     }
+    // a standby of this term, caught up, and named in the in-sync set
+    // (else it could not campaign: election.rs)
+    let named = |node: &str| {
+        st.insync
+            .as_ref()
+            .is_some_and(|i| i.epoch == st.epoch && i.standbys.iter().any(|s| s == node))
+    };
     let in_sync = |n: &&records::NodeRecord| {
-        n.role == Role::Standby && n.epoch == st.epoch && n.lag_snapshots == 0
+        n.role == Role::Standby && n.epoch == st.epoch && n.lag_snapshots == 0 && named(&n.node)
     };
     match to {
         Some(t) => {

@@ -45,6 +45,11 @@ pub struct Join {
     pub lineage: u64,
     /// Its newest snapshot.
     pub have: Option<String>,
+    /// Its newest line's snapshots whose term it knows, newest first, with
+    /// that term (lineage.rs; at most lineage::OFFERED): a primary of a
+    /// newer term resumes it from the newest one both hold.
+    #[serde(default)]
+    pub chain: Vec<super::lineage::Labeled>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,6 +58,11 @@ pub struct Welcome {
     pub epoch: u64,
     /// The standby must start a new store: the first snapshot is whole.
     pub full: bool,
+    /// Not full: the snapshot the stream continues from.  When it is older
+    /// than the standby's newest (a primary of a newer term), the standby
+    /// drops its snapshots after it first.  None: from `have`.
+    #[serde(default)]
+    pub base: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
