@@ -229,6 +229,10 @@ fn run(sh: &Arc<Shared>) {
 }
 
 fn follow_leaders(sh: &Arc<Shared>, image: &mut HotImage) {
+    // the store stays open across reconnections: opening it loads every
+    // pack's index, which at millions of chunks would delay each rejoin
+    // (a new primary's first writes wait for it)
+    let mut store: Option<Store> = None;
     while !sh.stop.load(Ordering::SeqCst) {
         let leader = lock(&sh.leader).clone();
         let Some(l) = leader.filter(|l| {
@@ -239,7 +243,7 @@ fn follow_leaders(sh: &Arc<Shared>, image: &mut HotImage) {
             std::thread::sleep(Duration::from_millis(20));
             continue;
         };
-        let r = follow(sh, &l, image);
+        let r = follow(sh, &l, image, &mut store);
         {
             let mut p = lock(&sh.progress);
             p.epoch = 0;
@@ -254,7 +258,8 @@ fn follow_leaders(sh: &Arc<Shared>, image: &mut HotImage) {
                     error: e.to_string(),
                 });
             }
-            std::thread::sleep(Duration::from_millis(50));
+            // short: a new primary is usually listening within a few ms
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }
@@ -283,7 +288,12 @@ fn connect(addr: &str) -> Result<TcpStream, ClusterError> {
     ))
 }
 
-fn follow(sh: &Arc<Shared>, l: &LeaderRecord, image: &mut HotImage) -> Result<(), ClusterError> {
+fn follow(
+    sh: &Arc<Shared>,
+    l: &LeaderRecord,
+    image: &mut HotImage,
+    cached: &mut Option<Store>,
+) -> Result<(), ClusterError> {
     let peer = format!("{}@{}", l.node, l.replication);
     let io = |what: &'static str| {
         let p = peer.clone();
@@ -368,7 +378,11 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord, image: &mut HotImage) -> Result<()
         }
         start = Some(base.0);
     }
-    let mut store = Store::create_or_open(&sh.dir)?;
+    // a full resync moved the old store aside: it is opened again
+    let store = match cached.take() {
+        Some(s) if !w.full => cached.insert(s),
+        _ => cached.insert(Store::create_or_open(&sh.dir)?),
+    };
     let mut applied = if w.full { None } else { start };
     // the image holds the store's newest snapshot, or nothing
     if let Some(at) = image.at().cloned()
@@ -473,7 +487,7 @@ fn follow(sh: &Arc<Shared>, l: &LeaderRecord, image: &mut HotImage) -> Result<()
         // the newest snapshot of its store, or the app would start from an
         // older one than the store says.
         if let Some(id) = published.take() {
-            advance_image(sh, &store, image, &id);
+            advance_image(sh, store, image, &id);
         }
         if deposed {
             return Ok(());
