@@ -239,13 +239,12 @@ pub fn drop_after(store: &Path, base: &SnapshotId) -> Result<usize, ClusterError
     }
     let s = Store::open_unindexed(store)?;
     let mut n = 0;
-    let dir = store.join("snapshots");
-    for l in s.list_all()? {
-        if l.id
-            .seq()
-            .is_some_and(|q| base.seq().is_some_and(|b| q > b))
-        {
-            crate::store::fsio::unlink(&l.path)?;
+    let dir = store.join(crate::store::format::SNAPSHOTS);
+    // by name (the id): no manifest is read
+    for name in s.names(crate::store::format::SNAPSHOTS, ".json")? {
+        let id = SnapshotId(name.trim_end_matches(".json").to_string());
+        if id.seq().is_some_and(|q| base.seq().is_some_and(|b| q > b)) {
+            crate::store::fsio::unlink(&dir.join(&name))?;
             n += 1;
         }
     }
