@@ -201,7 +201,7 @@ pub fn run(args: RunArgs) -> i32 {
         heartbeat_timeout: ca.heartbeat_timeout,
     };
     loop {
-        let (term, image) =
+        let (term, image, store) =
             match stand_by(&node, &dir, &agent, &events, &sigfd, early, &sentinel_addr) {
                 Some(t) => t,
                 None => {
@@ -217,6 +217,7 @@ pub fn run(args: RunArgs) -> i32 {
             &dir,
             term,
             image,
+            store,
             ca.replication,
             &agent,
             &events,
@@ -282,7 +283,7 @@ fn stand_by(
     sigfd: &SignalFd,
     early: Early,
     sentinel: &Option<String>,
-) -> Option<(u64, Option<HotImage>)> {
+) -> Option<(u64, Option<HotImage>, Option<Store>)> {
     agent.want(Want::Campaign);
     let mut receiver = match Receiver::start(node, dir.to_path_buf()) {
         Ok(r) => r,
@@ -398,7 +399,7 @@ fn stand_by(
     for n in receiver.notes() {
         emit(events, receiver_event(n));
     }
-    Some((term, receiver.take_image()))
+    Some((term, receiver.take_image(), receiver.take_store()))
 }
 
 /// The primary's stream has been silent for --heartbeat-timeout: suspect
@@ -527,6 +528,7 @@ fn serve_term(
     dir: &std::path::Path,
     term: u64,
     image: Option<HotImage>,
+    store: Option<Store>,
     mode: Replication,
     agent: &Agent,
     events: &Events,
@@ -564,7 +566,15 @@ fn serve_term(
         return fail("cannot open the store", e.code(), e.to_string());
     }
     let board = agent.insync_board();
-    let mut sender = match Sender::start(addr, term, node, dir.to_path_buf(), link.clone(), board) {
+    let mut sender = match Sender::start(
+        addr,
+        term,
+        node,
+        dir.to_path_buf(),
+        link.clone(),
+        board,
+        store,
+    ) {
         Ok(s) => s,
         Err(e) => return fail("cannot listen for standbys", e.code(), e.to_string()),
     };

@@ -93,6 +93,9 @@ struct Shared {
     notes: Mutex<Vec<ReceiverNote>>,
     /// The hot image, once the thread is gone (hot_image.rs).
     image: Mutex<Option<HotImage>>,
+    /// The store as the receiver had it open (indexed), once the thread is
+    /// gone: an elected node's replication sender starts from it.
+    store: Mutex<Option<Store>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -117,6 +120,7 @@ impl Receiver {
             progress: Mutex::new(Progress::default()),
             notes: Mutex::new(Vec::new()),
             image: Mutex::new(None),
+            store: Mutex::new(None),
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
@@ -172,6 +176,12 @@ impl Receiver {
         lock(&self.shared.image).take()
     }
 
+    /// The store open with its indexes, after `stop` (None if it was never
+    /// opened).
+    pub fn take_store(&self) -> Option<Store> {
+        lock(&self.shared.store).take()
+    }
+
     /// Stops following: the connection is cut (no more acknowledgements),
     /// and a snapshot in flight is not published.  Returns when the thread
     /// is gone.
@@ -224,15 +234,16 @@ impl Drop for Receiver {
 fn run(sh: &Arc<Shared>) {
     // kept across reconnections: an incremental rejoin goes on from it
     let mut image = HotImage::default();
-    follow_leaders(sh, &mut image);
+    let mut store = None;
+    follow_leaders(sh, &mut image, &mut store);
     *lock(&sh.image) = Some(image);
+    *lock(&sh.store) = store;
 }
 
-fn follow_leaders(sh: &Arc<Shared>, image: &mut HotImage) {
-    // the store stays open across reconnections: opening it loads every
-    // pack's index, which at millions of chunks would delay each rejoin
-    // (a new primary's first writes wait for it)
-    let mut store: Option<Store> = None;
+/// The store stays open across reconnections (`store`): opening it loads
+/// every pack's index, which at millions of chunks would delay each rejoin
+/// (a new primary's first writes wait for it).
+fn follow_leaders(sh: &Arc<Shared>, image: &mut HotImage, store: &mut Option<Store>) {
     while !sh.stop.load(Ordering::SeqCst) {
         let leader = lock(&sh.leader).clone();
         let Some(l) = leader.filter(|l| {
@@ -243,7 +254,7 @@ fn follow_leaders(sh: &Arc<Shared>, image: &mut HotImage) {
             std::thread::sleep(Duration::from_millis(20));
             continue;
         };
-        let r = follow(sh, &l, image, &mut store);
+        let r = follow(sh, &l, image, store);
         {
             let mut p = lock(&sh.progress);
             p.epoch = 0;

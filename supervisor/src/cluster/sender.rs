@@ -67,6 +67,10 @@ struct Shared {
     standbys: Mutex<HashMap<u64, StandbyView>>,
     conns: Mutex<HashMap<u64, TcpStream>>,
     notes: Mutex<Vec<SenderNote>>,
+    /// The store already open with its indexes (an elected standby's, from
+    /// its receiver): the first standby to join sends from it instead of
+    /// loading every pack's index again on the failover path.
+    preopened: Mutex<Option<Store>>,
 }
 
 impl Shared {
@@ -88,6 +92,7 @@ impl Sender {
         dir: PathBuf,
         link: Arc<ReplicationLink>,
         board: Arc<InSyncBoard>,
+        preopened: Option<Store>,
     ) -> Result<Sender, ClusterError> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| ClusterError::io(format!("replication: bind {addr}"), e))?;
@@ -104,6 +109,7 @@ impl Sender {
             standbys: Mutex::new(HashMap::new()),
             conns: Mutex::new(HashMap::new()),
             notes: Mutex::new(Vec::new()),
+            preopened: Mutex::new(preopened),
         });
         board.attach(epoch, link);
         let sh = shared.clone();
@@ -235,7 +241,15 @@ fn serve(id: u64, conn: TcpStream, peer: &str, sh: &Arc<Shared>) -> Result<(), C
         });
     }
     let join: Join = wire::parse(peer, &payload)?;
-    let mut store = Store::open(&sh.dir)?;
+    let pre = sh
+        .preopened
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    let mut store = match pre {
+        Some(s) => s,
+        None => Store::open(&sh.dir)?,
+    };
     // incremental within this term from its newest, if we still hold it;
     // else from the newest snapshot both lines share (same id, same term)
     let same_term = join

@@ -242,6 +242,12 @@ impl Engine {
     }
 
     fn run(mut self) {
+        // The store now, while the app starts, not at the first snapshot:
+        // opening it loads every pack's index (hundreds of ms at millions
+        // of chunks), which a new primary's first acknowledged write would
+        // otherwise wait for.  A failure here is met again, and reported,
+        // at the first snapshot.
+        let _ = self.open_store();
         loop {
             let timeout = self.poll_timeout();
             let mut pfds = vec![libc::pollfd {
