@@ -2,8 +2,9 @@
 `rekindle run --cluster` nodes on loopback, rkv --durability sync.  etcd
 elects n1, which runs rkv; n2 stands by and receives every snapshot.  Every
 write is acknowledged only once n2 has it.  Then n1's supervisor and rkv are
-SIGKILLed (as if its host died): once n1's lease runs out, n2 is elected and
-starts rkv warm from what it received, with every acknowledged key."""
+SIGKILLed (as if its host died): n2 hears nothing more from n1, takes the
+term (etcd shows n1 silent too) and starts rkv warm from the memfds it kept
+of the newest snapshot (its hot image), with every acknowledged key."""
 
 import json
 import os
@@ -140,7 +141,9 @@ def main():
             "heartbeat_timeout": "n1 went silent (stream, etcd); n2 took the term before its lease ran out",
             "no_leader": "n1's lease ran out; etcd elected n2",
         }.get(via, "etcd elected n2")
-        print(f"  {how}, which started rkv {up['kind']} ({up['code']}) "
+        restore = (events(n2["events"], "restore") or [{}])[-1]
+        source = "from its hot image" if restore.get("from") == "hot_image" else "from its store"
+        print(f"  {how}, which started rkv {up['kind']} ({up['code']}, {source}) "
               f"{took:.0f} ms after the kill: {back} of the {keys} acknowledged keys there")  # fmt: skip
     finally:
         for n in nodes:
