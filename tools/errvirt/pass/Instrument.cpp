@@ -240,6 +240,10 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
       C.SkipFresh++;
       continue;
     }
+    if (Skips.Repeat.contains(I)) {
+      C.SkipRepeat++;
+      continue;
+    }
     C.Logged++;
     if (auto *SI = dyn_cast<StoreInst>(I))
       logStore(R, I, SI->getPointerOperand(), DL.getTypeStoreSize(SI->getValueOperand()->getType()),

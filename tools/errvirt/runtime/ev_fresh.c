@@ -38,12 +38,29 @@ void ev_fresh_reset(struct ev_state *s)
  * logged again if it is written again (correct: a rollback applies the
  * log newest first).  Only the first EV_FRESH_PREFILL bytes: a large
  * buffer's few written words are cheaper to skip one by one. */
+typedef uint64_t ev_v2 __attribute__((vector_size(16)));
 static void ev_fresh_prefill(uintptr_t p, uint64_t n)
 {
 	uintptr_t lo = (p + 7) & ~(uintptr_t)7, hi = (p + (n < EV_FRESH_PREFILL ? n : EV_FRESH_PREFILL)) & ~(uintptr_t)7;
-	uint64_t key = __rk_ev_key;
-	for (uintptr_t w = lo; w < hi; w += 8)
-		__rk_ev_filter[(w >> 3) & (RK_EV_FILTER_SLOTS - 1)] = w | key;
+	if (hi <= lo)
+		return;
+	/* consecutive words, consecutive slots: runs up to the table's end */
+	uint64_t tag = lo | __rk_ev_key, left = (hi - lo) >> 3;
+	uint32_t at = (uint32_t)(lo >> 3) & (RK_EV_FILTER_SLOTS - 1);
+	while (left) {
+		uint64_t run = RK_EV_FILTER_SLOTS - at < left ? RK_EV_FILTER_SLOTS - at : left;
+		uint64_t *d = &__rk_ev_filter[at], i = 0;
+		/* two slots a store (SSE2, always there on x86-64); no carry
+		 * into the epoch: addresses are below 2^47 */
+		ev_v2 v = {tag, tag + 8}, step = {16, 16};
+		for (; i + 2 <= run; i += 2, v += step)
+			memcpy(&d[i], &v, sizeof v);
+		if (i < run)
+			d[i] = v[0];
+		tag += 8 * run;
+		left -= run;
+		at = 0;
+	}
 }
 
 /* A full set only means more logging: a block left out is logged. */
