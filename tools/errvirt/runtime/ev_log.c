@@ -12,6 +12,7 @@
 EV_TLS uint64_t __rk_ev_key;
 EV_TLS uint64_t __rk_ev_filter[RK_EV_FILTER_SLOTS];
 EV_TLS uintptr_t __rk_ev_stack_top = UINTPTR_MAX;
+EV_TLS struct ev_undo *__rk_ev_undo_pos, *__rk_ev_undo_end;
 
 /* Holes: large allocas of live frames, newest (lowest) last.  The frame
  * copies leave them out; their stores are logged one by one instead.
@@ -57,9 +58,20 @@ static bool ev_log_stack(struct ev_state *s, uintptr_t lo, uintptr_t hi)
 	return at >= hi || ev_log_bytes(s, (const void *)at, hi - at);
 }
 
+uint32_t ev_log_entries(const struct ev_state *s)
+{
+	return __rk_ev_undo_pos ? (uint32_t)(__rk_ev_undo_pos - s->undo) : 0;
+}
+
+/* Only the owner thread gets here (a commit, a rollback): its log starts
+ * empty again.  The words are counted here, as the inline code appends
+ * them without a call. */
 void ev_log_reset(struct ev_state *s)
 {
-	s->nundo = 0;
+	s->logged_words += ev_log_entries(s) - s->nbulk;
+	s->nbulk = 0;
+	__rk_ev_undo_pos = s->undo;
+	__rk_ev_undo_end = s->undo + EV_UNDO_CAP;
 	s->bulk_used = 0;
 }
 
@@ -79,12 +91,13 @@ bool ev_log_bytes(struct ev_state *s, const void *p, uint64_t n)
 {
 	if (n == 0)
 		return true;
-	if (s->nundo == EV_UNDO_CAP || n > EV_BULK_CAP - s->bulk_used) {
+	if (__rk_ev_undo_pos == __rk_ev_undo_end || n > EV_BULK_CAP - s->bulk_used) {
 		ev_close_window(s, "ev_log_full", -1, 0);
 		return false;
 	}
 	memcpy(s->bulk + s->bulk_used, p, n);
-	s->undo[s->nundo++] = (struct ev_undo){(uintptr_t)p | EV_BULK, s->bulk_used << 32 | n};
+	*__rk_ev_undo_pos++ = (struct ev_undo){(uintptr_t)p | EV_BULK, s->bulk_used << 32 | n};
+	s->nbulk++;
 	s->bulk_used += n;
 	return true;
 }
@@ -120,7 +133,7 @@ void __rk_ev_log_word(uint64_t *w)
 		s->fresh_skips++;
 		return;
 	}
-	if (s->nundo == EV_UNDO_CAP) {
+	if (__rk_ev_undo_pos == __rk_ev_undo_end) {
 		ev_close_window(s, "ev_log_full", -1, (uintptr_t)__builtin_return_address(0));
 		return;
 	}
@@ -132,8 +145,7 @@ void __rk_ev_log_word(uint64_t *w)
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	s->probe = 0;
 	*slot = (uintptr_t)w | __rk_ev_key;
-	s->undo[s->nundo++] = (struct ev_undo){(uintptr_t)w, old};
-	s->logged_words++;
+	*__rk_ev_undo_pos++ = (struct ev_undo){(uintptr_t)w, old};
 }
 
 void __rk_ev_log_range(void *p, uint64_t n)
@@ -176,7 +188,7 @@ void __rk_ev_frame_exit(uintptr_t fp)
 /* Newest first, so each location ends with its oldest logged value. */
 void ev_log_rollback(struct ev_state *s)
 {
-	for (uint32_t i = s->nundo; i-- > 0;) {
+	for (uint32_t i = ev_log_entries(s); i-- > 0;) {
 		const struct ev_undo *u = &s->undo[i];
 		if (u->addr & EV_BULK)
 			memcpy((void *)(u->addr & ~EV_BULK), s->bulk + (u->val >> 32), u->val & 0xffffffffu);
