@@ -13,12 +13,14 @@ baseline/errvirt of requests/s, and of the server's CPU time per request
 (utime+stime from /proc/PID/stat over the run / requests), which is less
 sensitive to the other work on the machine.
 
---compare LABEL=BUILD2 adds BUILD2's errvirt builds (another version of
-the pass, e.g. the one before a change) to the same rounds, as a column of
-its own, so before and after share the machine's load.
+--compare LABEL=BUILD2 (repeatable) adds BUILD2's errvirt builds (another
+version of the pass, e.g. the one before a change, or one built with a
+saving switched off) to the same rounds, as a column of its own, so they
+all share the machine's load.  --page limits the pages.
 
-Usage: bench_http.py BUILD [--rounds N] [--duration S] [--connections N]
-       [--compare LABEL=BUILD2] [--out DIR]
+Usage: bench_http.py BUILD [--servers nginx,lighttpd] [--page static|dynamic]
+       [--rounds N] [--duration S] [--connections N]
+       [--compare LABEL=BUILD2]... [--out DIR]
 Writes DIR/errvirt-http.{json,md} (DIR: bench/results)."""
 
 import argparse
@@ -84,7 +86,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--connections", type=int, default=10)
-    ap.add_argument("--compare", help="LABEL=BUILD2: also BUILD2's errvirt builds, in the same rounds")
+    ap.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        help="LABEL=BUILD2: BUILD2's errvirt builds too",
+    )
+    ap.add_argument("--page", action="append", choices=sorted(TESTS), help="only these pages (repeatable)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     b = args.build.resolve() / "errvirt"
@@ -92,15 +100,17 @@ def main():
         (n, k): b / f"{n}-{k}" / "inst" / "sbin" / n for n in ("nginx", "lighttpd") for k in ("ev", "clang")
     }
     kinds = ["clang", "ev"]
-    label = None
-    if args.compare:
-        label, sep, other = args.compare.partition("=")
+    labels = []
+    for c in args.compare:
+        label, sep, other = c.partition("=")
         if not sep or not label or label in kinds or not other:
-            print(f"bench_http: reason=usage: --compare LABEL=BUILD2, got {args.compare!r}", file=sys.stderr)
+            print(f"bench_http: reason=usage: --compare LABEL=BUILD2, got {c!r}", file=sys.stderr)
             return 2
         kinds.append(label)
+        labels.append(label)
         for n in ("nginx", "lighttpd"):
             exes[(n, label)] = Path(other).resolve() / "errvirt" / f"{n}-ev" / "inst" / "sbin" / n
+    tests = args.page or list(TESTS)
     servers = [x for x in args.servers.split(",") if x]
     for (n, _kind), e in exes.items():
         if n in servers and not e.exists():
@@ -112,7 +122,7 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="ev-http-") as tmp:
         for n in servers:
-            for test in TESTS:
+            for test in tests:
                 runs = {k: [] for k in kinds}
                 for rnd in range(args.rounds):
                     order = kinds if rnd % 2 == 0 else kinds[::-1]
@@ -139,7 +149,7 @@ def main():
                     "p99_ms_ev": statistics.median(r["p99_ms"] for r in runs["ev"]),
                     "runs": runs,
                 }
-                if label:
+                for label in labels:
                     cmp_ratio = [
                         e["cpu_us_per_req"] / c["cpu_us_per_req"]
                         for c, e in zip(runs["clang"], runs[label], strict=True)
@@ -157,7 +167,7 @@ def main():
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load": os.getloadavg(),
         "command": "python3 tools/errvirt/bench_http.py " + " ".join(sys.argv[1:]),
-        "compare": label,
+        "compare": labels,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "errvirt-http.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
@@ -167,15 +177,17 @@ def main():
         "",
         "| server | page | req/s clang | req/s errvirt | throughput overhead "
         "| CPU us/req clang | errvirt | CPU overhead |"
-        + (f" CPU us/req {label} | {label} CPU overhead |" if label else ""),
-        "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if label else ""),
+        + "".join(f" CPU us/req {label} | {label} CPU overhead |" for label in labels),
+        "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(labels),
     ]
     for r in rows:
         md.append(
             f"| {r['server']} | {r['test']} ({r['path']}) | {r['rps_clang']:.0f} | {r['rps_ev']:.0f} | "
             f"{r['throughput_overhead_pct']}% | {r['cpu_us_clang']:.1f} | {r['cpu_us_ev']:.1f} | "
             f"{r['cpu_overhead_pct']}% |"
-            + (f" {r['cpu_us_' + label]:.1f} | {r['cpu_overhead_pct_' + label]}% |" if label else "")
+            + "".join(
+                f" {r['cpu_us_' + label]:.1f} | {r['cpu_overhead_pct_' + label]}% |" for label in labels
+            )
         )
     (args.out / "errvirt-http.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
