@@ -43,6 +43,13 @@ void __rk_ev_hole_pop(void *p)
 		ev_nholes--;
 }
 
+/* One piece of a frame copy (counted for REKINDLE_EV_REPORT). */
+static bool ev_log_frame_bytes(struct ev_state *s, uintptr_t lo, uintptr_t hi)
+{
+	s->frame_bytes += hi - lo;
+	return ev_log_bytes(s, (const void *)lo, hi - lo);
+}
+
 /* [lo, hi) of the stack, without the holes in it. */
 static bool ev_log_stack(struct ev_state *s, uintptr_t lo, uintptr_t hi)
 {
@@ -51,11 +58,11 @@ static bool ev_log_stack(struct ev_state *s, uintptr_t lo, uintptr_t hi)
 		const struct ev_hole *h = &ev_holes[i];
 		if (h->hi <= at || h->lo >= hi)
 			continue;
-		if (h->lo > at && !ev_log_bytes(s, (const void *)at, h->lo - at))
+		if (h->lo > at && !ev_log_frame_bytes(s, at, h->lo))
 			return false;
 		at = h->hi;
 	}
-	return at >= hi || ev_log_bytes(s, (const void *)at, hi - at);
+	return at >= hi || ev_log_frame_bytes(s, at, hi);
 }
 
 uint32_t ev_log_entries(const struct ev_state *s)
@@ -114,7 +121,6 @@ bool ev_log_frame(struct ev_state *s)
 	}
 	ev_holes_drop_below(lo);
 	s->frame_copies++;
-	s->frame_bytes += hi - lo;
 	if (!ev_log_stack(s, lo, hi))
 		return false;
 	__rk_ev_stack_top = hi;
@@ -180,7 +186,6 @@ void __rk_ev_frame_exit(uintptr_t fp)
 		return;
 	}
 	s->frame_copies++;
-	s->frame_bytes += parent - top;
 	if (ev_log_stack(s, top, parent))
 		__rk_ev_stack_top = parent;
 }
