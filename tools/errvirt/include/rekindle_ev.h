@@ -84,12 +84,6 @@ enum rk_ev_fn_index {
 #define RK_EV_FILTER_SLOTS 4096u
 #define RK_EV_EPOCH_SHIFT 48
 
-/* An undo log entry as the pass's inline code appends it on a filter miss:
- * the word's address, then its old value (two 8-byte words), at the
- * thread-local __rk_ev_undo_pos, which then moves on by one entry; when it
- * has reached __rk_ev_undo_end the code calls __rk_ev_log_word instead. */
-#define RK_EV_UNDO_ENTRY_BYTES 16u
-
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -22,7 +22,7 @@ struct Runtime {
   Module &M;
   LLVMContext &Ctx;
   Type *I32, *I64, *Ptr, *Void;
-  GlobalVariable *Key, *Filter, *StackTop, *UndoPos, *UndoEnd;
+  GlobalVariable *Key, *Filter, *StackTop;
   MDNode *Unlikely;
 
   explicit Runtime(Module &Mod)
@@ -31,8 +31,6 @@ struct Runtime {
     Key = tls("__rk_ev_key", I64);
     Filter = tls("__rk_ev_filter", ArrayType::get(I64, RK_EV_FILTER_SLOTS));
     StackTop = tls("__rk_ev_stack_top", I64);
-    UndoPos = tls("__rk_ev_undo_pos", Ptr);
-    UndoEnd = tls("__rk_ev_undo_end", Ptr);
     Unlikely = MDBuilder(Ctx).createUnlikelyBranchWeights();
   }
 
@@ -93,24 +91,7 @@ void logStore(Runtime &R, Instruction *I, Value *Ptr, uint64_t Size, Align A, co
   Value *Miss = B.CreateICmpNE(Seen, Tag, "ev.miss");
   // key 0: no open window on this thread, nothing to log
   Value *Open = B.CreateICmpNE(Key, B.getInt64(0), "ev.open");
-  Instruction *Log = SplitBlockAndInsertIfThen(B.CreateAnd(Miss, Open, "ev.log"), I->getIterator(), false, R.Unlikely);
-  // The entry is appended right here, no call: the word's address and old
-  // value at __rk_ev_undo_pos (rekindle_ev.h).  A full log calls the
-  // run-time, which closes the window.
-  IRBuilder<> LB(Log);
-  Value *PosAt = LB.CreateThreadLocalAddress(R.UndoPos);
-  Value *Pos = LB.CreateLoad(R.Ptr, PosAt, "ev.pos");
-  Value *End = LB.CreateLoad(R.Ptr, LB.CreateThreadLocalAddress(R.UndoEnd), "ev.end");
-  Value *WPtr = LB.CreateIntToPtr(W, R.Ptr);
-  Instruction *Append = nullptr, *Full = nullptr;
-  SplitBlockAndInsertIfThenElse(LB.CreateICmpEQ(Pos, End, "ev.full"), Log->getIterator(), &Full, &Append, R.Unlikely);
-  IRBuilder<>(Full).CreateCall(Slow, {WPtr});
-  IRBuilder<> AB(Append);
-  Value *Old = AB.CreateAlignedLoad(R.I64, WPtr, Align(8), "ev.old");
-  AB.CreateAlignedStore(W, Pos, Align(8));
-  AB.CreateAlignedStore(Old, AB.CreateConstGEP1_64(AB.getInt8Ty(), Pos, 8), Align(8));
-  AB.CreateStore(AB.CreateConstGEP1_64(AB.getInt8Ty(), Pos, RK_EV_UNDO_ENTRY_BYTES, "ev.next"), PosAt);
-  AB.CreateStore(Tag, Slot);
+  slowPath(R, I, B.CreateAnd(Miss, Open, "ev.log"), Slow, {B.CreateIntToPtr(W, R.Ptr)});
 }
 
 Value *errorValue(const ModelFn &M, Type *T) {

@@ -116,7 +116,7 @@ int rk_ev_fault_hook(int sig, siginfo_t *si, void *ucv)
 	s->fault_ns = t0;
 	s->in_recovery = true;
 	s->probe = 0;
-	uint32_t entries = ev_log_entries(s);
+	uint32_t entries = s->nundo;
 	uint64_t bytes = s->bulk_used;
 	ev_log_rollback(s);
 	/* frames from the checkpoint's down may hold holes of frames that are

@@ -23,7 +23,6 @@ struct ev_undo {
 	uint64_t val;   /* the old word, or bulk offset << 32 | length */
 };
 #define EV_BULK (1ull << 63)
-_Static_assert(sizeof(struct ev_undo) == RK_EV_UNDO_ENTRY_BYTES, "the pass appends entries of this size");
 
 enum ev_defer_kind { EV_DEF_FREE = 1, EV_DEF_CLOSE, EV_DEF_MUNMAP, EV_DEF_RK_FREE, EV_DEF_CLOSEDIR };
 
@@ -64,8 +63,7 @@ struct ev_state {
 		uint64_t n;
 	} closers[16];
 	uint64_t last_recovery_gate, recoveries_in_row;
-	uint32_t ndefer, nnote;
-	uint32_t nbulk; /* entries of the log that are byte ranges */
+	uint32_t nundo, ndefer, nnote;
 	uint64_t bulk_used;
 	uint64_t fault_ns; /* CLOCK_MONOTONIC at the recovered fault's signal */
 	struct ev_undo *undo;
@@ -86,9 +84,6 @@ extern EV_TLS struct ev_regs rk_ev_regs;
 extern EV_TLS uint64_t __rk_ev_key;
 extern EV_TLS uint64_t __rk_ev_filter[RK_EV_FILTER_SLOTS];
 extern EV_TLS uintptr_t __rk_ev_stack_top;
-/* the undo log's next free entry and its end (the pass's inline code
- * appends there); the owner thread's, NULL on any other */
-extern EV_TLS struct ev_undo *__rk_ev_undo_pos, *__rk_ev_undo_end;
 extern EV_TLS int ev_role;
 
 /* The entry points the pass calls (include/rekindle_ev.h lists the rest). */
@@ -115,7 +110,6 @@ void __rk_ev_logged(uint64_t *words, uint64_t *range_bytes);
 
 /* ev_log.c */
 void ev_log_reset(struct ev_state *s);
-uint32_t ev_log_entries(const struct ev_state *s);
 void ev_log_new_epoch(struct ev_state *s);
 bool ev_log_bytes(struct ev_state *s, const void *p, uint64_t n);
 bool ev_log_frame(struct ev_state *s);

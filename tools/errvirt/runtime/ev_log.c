@@ -12,7 +12,6 @@
 EV_TLS uint64_t __rk_ev_key;
 EV_TLS uint64_t __rk_ev_filter[RK_EV_FILTER_SLOTS];
 EV_TLS uintptr_t __rk_ev_stack_top = UINTPTR_MAX;
-EV_TLS struct ev_undo *__rk_ev_undo_pos, *__rk_ev_undo_end;
 
 /* Holes: large allocas of live frames, newest (lowest) last.  The frame
  * copies leave them out; their stores are logged one by one instead.
@@ -65,20 +64,9 @@ static bool ev_log_stack(struct ev_state *s, uintptr_t lo, uintptr_t hi)
 	return at >= hi || ev_log_frame_bytes(s, at, hi);
 }
 
-uint32_t ev_log_entries(const struct ev_state *s)
-{
-	return __rk_ev_undo_pos ? (uint32_t)(__rk_ev_undo_pos - s->undo) : 0;
-}
-
-/* Only the owner thread gets here (a commit, a rollback): its log starts
- * empty again.  The words are counted here, as the inline code appends
- * them without a call. */
 void ev_log_reset(struct ev_state *s)
 {
-	s->logged_words += ev_log_entries(s) - s->nbulk;
-	s->nbulk = 0;
-	__rk_ev_undo_pos = s->undo;
-	__rk_ev_undo_end = s->undo + EV_UNDO_CAP;
+	s->nundo = 0;
 	s->bulk_used = 0;
 }
 
@@ -98,13 +86,12 @@ bool ev_log_bytes(struct ev_state *s, const void *p, uint64_t n)
 {
 	if (n == 0)
 		return true;
-	if (__rk_ev_undo_pos == __rk_ev_undo_end || n > EV_BULK_CAP - s->bulk_used) {
+	if (s->nundo == EV_UNDO_CAP || n > EV_BULK_CAP - s->bulk_used) {
 		ev_close_window(s, "ev_log_full", -1, 0);
 		return false;
 	}
 	memcpy(s->bulk + s->bulk_used, p, n);
-	*__rk_ev_undo_pos++ = (struct ev_undo){(uintptr_t)p | EV_BULK, s->bulk_used << 32 | n};
-	s->nbulk++;
+	s->undo[s->nundo++] = (struct ev_undo){(uintptr_t)p | EV_BULK, s->bulk_used << 32 | n};
 	s->bulk_used += n;
 	return true;
 }
@@ -139,7 +126,7 @@ void __rk_ev_log_word(uint64_t *w)
 		s->fresh_skips++;
 		return;
 	}
-	if (__rk_ev_undo_pos == __rk_ev_undo_end) {
+	if (s->nundo == EV_UNDO_CAP) {
 		ev_close_window(s, "ev_log_full", -1, (uintptr_t)__builtin_return_address(0));
 		return;
 	}
@@ -151,7 +138,8 @@ void __rk_ev_log_word(uint64_t *w)
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	s->probe = 0;
 	*slot = (uintptr_t)w | __rk_ev_key;
-	*__rk_ev_undo_pos++ = (struct ev_undo){(uintptr_t)w, old};
+	s->undo[s->nundo++] = (struct ev_undo){(uintptr_t)w, old};
+	s->logged_words++;
 }
 
 void __rk_ev_log_range(void *p, uint64_t n)
@@ -193,7 +181,7 @@ void __rk_ev_frame_exit(uintptr_t fp)
 /* Newest first, so each location ends with its oldest logged value. */
 void ev_log_rollback(struct ev_state *s)
 {
-	for (uint32_t i = ev_log_entries(s); i-- > 0;) {
+	for (uint32_t i = s->nundo; i-- > 0;) {
 		const struct ev_undo *u = &s->undo[i];
 		if (u->addr & EV_BULK)
 			memcpy((void *)(u->addr & ~EV_BULK), s->bulk + (u->val >> 32), u->val & 0xffffffffu);

@@ -31,7 +31,7 @@ void ev_count_closer(struct ev_state *s, uintptr_t pc)
 void __rk_ev_logged(uint64_t *words, uint64_t *range_bytes)
 {
 	const struct ev_state *s = ev;
-	*words = s ? s->logged_words + ev_log_entries(s) - s->nbulk : 0;
+	*words = s ? s->logged_words : 0;
 	*range_bytes = s ? s->logged_range_bytes : 0;
 }
 

@@ -30,22 +30,7 @@ define void @global_store(i64 %v) {
 ; CHECK: %ev.open = icmp ne i64 %ev.key, 0
 ; CHECK: %ev.log = and i1 %ev.miss, %ev.open
 ; CHECK: br i1 %ev.log, label %{{.*}}, label %{{.*}}, !prof
-; A miss appends the entry inline (address, old value), moves the log's
-; position on and marks the slot; only a full log calls the run-time.
-; CHECK: %ev.pos = load ptr, ptr
-; CHECK: %ev.end = load ptr, ptr
-; CHECK: %ev.full = icmp eq ptr %ev.pos, %ev.end
-; CHECK: br i1 %ev.full, label %[[FULL:[0-9]+]], label %[[APPEND:[0-9]+]], !prof
-; CHECK: [[FULL]]:
-; CHECK-NEXT: call void @__rk_ev_log_word(
-; CHECK: [[APPEND]]:
-; CHECK-NEXT: %ev.old = load i64, ptr %{{[0-9]+}}, align 8
-; CHECK-NEXT: store i64 %ev.w, ptr %ev.pos, align 8
-; CHECK-NEXT: %[[OLDAT:[0-9]+]] = getelementptr i8, ptr %ev.pos, i64 8
-; CHECK-NEXT: store i64 %ev.old, ptr %[[OLDAT]], align 8
-; CHECK-NEXT: %ev.next = getelementptr i8, ptr %ev.pos, i64 16
-; CHECK-NEXT: store ptr %ev.next, ptr %{{[0-9]+}}, align 8
-; CHECK-NEXT: store i64 %ev.tag, ptr %ev.slot, align 8
+; CHECK: call void @__rk_ev_log_word(
 ; CHECK: store i64 %v, ptr @g
 ; NOFILTER-LABEL: define void @global_store(
 ; NOFILTER-NOT: %ev.miss
