@@ -87,7 +87,9 @@ void ev_fresh_call(struct ev_state *s, uint32_t fn, uint64_t ret, uint64_t a0, u
 			ev_fresh_add(s, ret, a0 * a1);
 		break;
 	case EV_FN_realloc:
-		ev_fresh_add(s, ret, a1);
+		/* grown in place, the block is the program's old one */
+		if (ret != a0)
+			ev_fresh_add(s, ret, a1);
 		break;
 	case EV_FN_strdup:
 	case EV_FN_strndup:
