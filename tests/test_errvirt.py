@@ -52,9 +52,18 @@ def test_runtime_recovers_and_undoes():
     assert "all checks passed" in p.stdout
     recovered = ev_lines(p.stderr, "recovered")
     injected = ev_lines(p.stderr, "injected")
-    # memory, registers, frame, hole, open, socket, pipe, fopen, read, mmap, defer
-    assert len(recovered) == len(injected) == 11, p.stderr
-    assert {e["gate"] for e in injected} == {"malloc", "open", "socket", "pipe", "fopen", "read", "mmap"}
+    # memory, registers, frame, hole, open, socket, pipe, fopen, read, mmap, fresh, defer
+    assert len(recovered) == len(injected) == 12, p.stderr
+    assert {e["gate"] for e in injected} == {
+        "malloc",
+        "open",
+        "socket",
+        "pipe",
+        "fopen",
+        "read",
+        "mmap",
+        "posix_memalign",
+    }
     assert not ev_lines(p.stderr, "fallback")
     assert all(e["reason"] == "ev_recovered" and e["rollback_ns"] < 1_000_000 for e in recovered)
 

@@ -13,7 +13,14 @@ baseline/errvirt of requests/s, and of the server's CPU time per request
 (utime+stime from /proc/PID/stat over the run / requests), which is less
 sensitive to the other work on the machine.
 
-Usage: bench_http.py BUILD [--rounds N] [--duration S] [--connections N] [--out DIR]
+--compare LABEL=BUILD2 (repeatable) adds BUILD2's errvirt builds (another
+version of the pass, e.g. the one before a change, or one built with a
+saving switched off) to the same rounds, as a column of its own, so they
+all share the machine's load.  --page limits the pages.
+
+Usage: bench_http.py BUILD [--servers nginx,lighttpd] [--page static|dynamic]
+       [--rounds N] [--duration S] [--connections N]
+       [--compare LABEL=BUILD2]... [--out DIR]
 Writes DIR/errvirt-http.{json,md} (DIR: bench/results)."""
 
 import argparse
@@ -79,12 +86,31 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--connections", type=int, default=10)
+    ap.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        help="LABEL=BUILD2: BUILD2's errvirt builds too",
+    )
+    ap.add_argument("--page", action="append", choices=sorted(TESTS), help="only these pages (repeatable)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     b = args.build.resolve() / "errvirt"
     exes = {
         (n, k): b / f"{n}-{k}" / "inst" / "sbin" / n for n in ("nginx", "lighttpd") for k in ("ev", "clang")
     }
+    kinds = ["clang", "ev"]
+    labels = []
+    for c in args.compare:
+        label, sep, other = c.partition("=")
+        if not sep or not label or label in kinds or not other:
+            print(f"bench_http: reason=usage: --compare LABEL=BUILD2, got {c!r}", file=sys.stderr)
+            return 2
+        kinds.append(label)
+        labels.append(label)
+        for n in ("nginx", "lighttpd"):
+            exes[(n, label)] = Path(other).resolve() / "errvirt" / f"{n}-ev" / "inst" / "sbin" / n
+    tests = args.page or list(TESTS)
     servers = [x for x in args.servers.split(",") if x]
     for (n, _kind), e in exes.items():
         if n in servers and not e.exists():
@@ -96,10 +122,10 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="ev-http-") as tmp:
         for n in servers:
-            for test in TESTS:
-                runs = {"ev": [], "clang": []}
+            for test in tests:
+                runs = {k: [] for k in kinds}
                 for rnd in range(args.rounds):
-                    order = ("clang", "ev") if rnd % 2 == 0 else ("ev", "clang")
+                    order = kinds if rnd % 2 == 0 else kinds[::-1]
                     for k in order:
                         runs[k].append(
                             measure(n, exes[(n, k)], Path(tmp) / f"{n}-{test}-{k}-{rnd}", test, args)
@@ -123,6 +149,13 @@ def main():
                     "p99_ms_ev": statistics.median(r["p99_ms"] for r in runs["ev"]),
                     "runs": runs,
                 }
+                for label in labels:
+                    cmp_ratio = [
+                        e["cpu_us_per_req"] / c["cpu_us_per_req"]
+                        for c, e in zip(runs["clang"], runs[label], strict=True)
+                    ]
+                    row["cpu_us_" + label] = statistics.median(r["cpu_us_per_req"] for r in runs[label])
+                    row["cpu_overhead_pct_" + label] = round(100 * (statistics.median(cmp_ratio) - 1), 1)
                 rows.append(row)
                 print(
                     f"{n} {test}: rps {row['rps_clang']:.0f} -> {row['rps_ev']:.0f} "
@@ -134,6 +167,7 @@ def main():
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load": os.getloadavg(),
         "command": "python3 tools/errvirt/bench_http.py " + " ".join(sys.argv[1:]),
+        "compare": labels,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "errvirt-http.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
@@ -142,14 +176,18 @@ def main():
         f"-d{args.duration}s, {args.rounds} rounds, medians:",
         "",
         "| server | page | req/s clang | req/s errvirt | throughput overhead "
-        "| CPU us/req clang | errvirt | CPU overhead |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| CPU us/req clang | errvirt | CPU overhead |"
+        + "".join(f" CPU us/req {label} | {label} CPU overhead |" for label in labels),
+        "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(labels),
     ]
     for r in rows:
         md.append(
             f"| {r['server']} | {r['test']} ({r['path']}) | {r['rps_clang']:.0f} | {r['rps_ev']:.0f} | "
             f"{r['throughput_overhead_pct']}% | {r['cpu_us_clang']:.1f} | {r['cpu_us_ev']:.1f} | "
             f"{r['cpu_overhead_pct']}% |"
+            + "".join(
+                f" {r['cpu_us_' + label]:.1f} | {r['cpu_overhead_pct_' + label]}% |" for label in labels
+            )
         )
     (args.out / "errvirt-http.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

@@ -50,14 +50,18 @@ struct Options {
   bool SkipStack = true;  // no logging of stores to this frame's allocas
   bool SkipFresh = true;  // nor to memory allocated in this transaction
   bool Filter = true;     // log a word once per transaction
+  bool SkipRepeat = true; // no check for a word a store just before checked
 };
 Options options();
 
 // Stores (and memory intrinsics' destinations) that need no log entry:
 // their object is this function's alloca, or memory a gate allocated in
 // the transaction still running (no gate or unknown call in between).
+// Repeat: stores whose word an earlier store of the same block checked,
+// with no call between that may begin a transaction (the word is logged
+// already, or the window is closed): they need no check of their own.
 struct StoreSkips {
-  llvm::SmallPtrSet<const llvm::Instruction *, 32> Stack, Fresh;
+  llvm::SmallPtrSet<const llvm::Instruction *, 32> Stack, Fresh, Repeat;
 };
 // Holes are large allocas (RK_EV_HOLE_MIN bytes or more) left out of the
 // frame copies: their stores are logged like any other memory instead.
@@ -65,7 +69,7 @@ StoreSkips findSkips(llvm::Function &F, const llvm::DenseMap<llvm::CallBase *, C
                      const llvm::SmallPtrSetImpl<const llvm::AllocaInst *> &Holes);
 
 struct Counts {
-  unsigned Holes = 0, Stores = 0, Logged = 0, SkipStack = 0, SkipFresh = 0, Gates = 0, Embedded = 0, Irrecoverable = 0,
+  unsigned Holes = 0, Stores = 0, Logged = 0, SkipStack = 0, SkipFresh = 0, SkipRepeat = 0, Gates = 0, Embedded = 0, Irrecoverable = 0,
            Unknown = 0, Deferred = 0;
 };
 

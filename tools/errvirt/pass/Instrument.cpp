@@ -104,13 +104,20 @@ Value *errorValue(const ModelFn &M, Type *T) {
   return ConstantPointerNull::get(cast<PointerType>(T));
 }
 
+// A gate whose call allocates a block that its compensation frees: the
+// run-time learns the block (ev_fresh.c) and skips its stores' logging.
+bool allocatesBlock(const ModelFn &M) {
+  return M.Comp == EV_COMP_FREE_RET || M.Comp == EV_COMP_FREE_DEREF_A0 || M.Comp == EV_COMP_MUNMAP_RET_A1;
+}
+
 //                                 call @__rk_ev_tx_end(idx)            ; commit: deferred calls run
 // %r = call @lib(...)             %r = call @lib(...)
 // use(%r)                  ==>    %c = call @__rk_ev_checkpoint(idx)   ; returns twice
 //                                 if (%c != 0) __rk_ev_compensate(idx, %r, a0, a1)
+//                                 else __rk_ev_fresh(idx, %r, a0, a1, a2)   ; allocating gates only
 //                                 %r.ev = phi [%r, normal], [error, injected]
 //                                 use(%r.ev)
-void plantGate(Runtime &R, CallInst &CI, const ModelFn &M) {
+void plantGate(Runtime &R, CallInst &CI, const ModelFn &M, const Options &O) {
   SmallVector<Use *, 8> Uses;
   for (Use &U : CI.uses())
     Uses.push_back(&U);
@@ -124,13 +131,25 @@ void plantGate(Runtime &R, CallInst &CI, const ModelFn &M) {
   Value *Ret = toI64(B, &CI);
   Value *A0 = argI64(B, CI, 0), *A1 = argI64(B, CI, 1);
   Value *Inj = B.CreateICmpNE(C, B.getInt64(0), "ev.inject");
-  Instruction *Then = SplitBlockAndInsertIfThen(Inj, Next->getIterator(), false, R.Unlikely);
+  BasicBlock *Normal = C->getParent();
+  Instruction *Then;
+  if (O.SkipFresh && allocatesBlock(M)) {
+    // The block is fresh memory of the transaction just begun: the
+    // run-time skips the undo log for stores into it (ev_fresh.c).
+    Instruction *Else;
+    SplitBlockAndInsertIfThenElse(Inj, Next->getIterator(), &Then, &Else, R.Unlikely);
+    IRBuilder<> EB(Else);
+    EB.CreateCall(R.fn("__rk_ev_fresh", R.Void, {R.I32, R.I64, R.I64, R.I64, R.I64}),
+                  {EB.getInt32(M.Index), Ret, A0, A1, argI64(EB, CI, 2)});
+    Normal = Else->getParent();
+  } else
+    Then = SplitBlockAndInsertIfThen(Inj, Next->getIterator(), false, R.Unlikely);
   IRBuilder<> TB(Then);
   TB.CreateCall(R.fn("__rk_ev_compensate", R.Void, {R.I32, R.I64, R.I64, R.I64}), {TB.getInt32(M.Index), Ret, A0, A1});
-  BasicBlock *Head = C->getParent(), *Inject = Then->getParent(), *Tail = Next->getParent();
+  BasicBlock *Inject = Then->getParent(), *Tail = Next->getParent();
   PHINode *Phi = PHINode::Create(CI.getType(), 2, CI.getName() + ".ev");
   Phi->insertBefore(Tail->getFirstNonPHIIt());
-  Phi->addIncoming(&CI, Head);
+  Phi->addIncoming(&CI, Normal);
   Phi->addIncoming(errorValue(M, CI.getType()), Inject);
   for (Use *U : Uses)
     U->set(Phi);
@@ -221,6 +240,10 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
       C.SkipFresh++;
       continue;
     }
+    if (Skips.Repeat.contains(I)) {
+      C.SkipRepeat++;
+      continue;
+    }
     C.Logged++;
     if (auto *SI = dyn_cast<StoreInst>(I))
       logStore(R, I, SI->getPointerOperand(), DL.getTypeStoreSize(SI->getValueOperand()->getType()),
@@ -280,7 +303,7 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
       C.Gates++;
       if (P.Model->Wrapper)
         redirect(R, *CB, P.Model->Wrapper);
-      plantGate(R, cast<CallInst>(*CB), *P.Model);
+      plantGate(R, cast<CallInst>(*CB), *P.Model, O);
       break;
     }
   }

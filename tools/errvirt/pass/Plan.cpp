@@ -139,12 +139,43 @@ static DenseMap<const BasicBlock *, FreshSet> freshAtEntry(Function &F,
   return In;
 }
 
+// The 8-byte word a plain store writes, as the pass can name it: the
+// pointer itself, and its base and constant offset.  Anchored: the store is
+// 8-aligned, so its word is exactly [Off, Off + 8) from Base.
+struct WordRef {
+  const Value *Ptr, *Base;
+  int64_t Off;
+  bool Anchored;
+};
+
+// A store the inline filter would check one word for (logStore's word path).
+static std::optional<WordRef> wordOf(const StoreInst &SI, const DataLayout &DL) {
+  uint64_t Size = DL.getTypeStoreSize(SI.getValueOperand()->getType());
+  uint64_t A = SI.getAlign().value();
+  if (Size == 0 || Size > 8 || !isPowerOf2_64(Size) || A < Size)
+    return std::nullopt;
+  int64_t Off = 0;
+  const Value *Ptr = SI.getPointerOperand();
+  const Value *Base = GetPointerBaseWithConstantOffset(Ptr, Off, DL);
+  return WordRef{Ptr, Base, Off, A >= 8};
+}
+
+// S lies in the word that Seen checked: the same pointer, or inside an
+// anchored word of the same base.
+static bool sameWord(const WordRef &Seen, const WordRef &S, uint64_t Size) {
+  if (Seen.Ptr == S.Ptr)
+    return true;
+  return Seen.Anchored && Seen.Base == S.Base && S.Off >= Seen.Off && S.Off + int64_t(Size) <= Seen.Off + 8;
+}
+
 StoreSkips findSkips(Function &F, const DenseMap<CallBase *, CallPlan> &Plans, const Options &O,
                      const SmallPtrSetImpl<const AllocaInst *> &Holes) {
   StoreSkips Out;
+  const DataLayout &DL = F.getDataLayout();
   DenseMap<const BasicBlock *, FreshSet> In = freshAtEntry(F, Plans);
   for (BasicBlock &B : F) {
     FreshSet Fresh = In[&B];
+    SmallVector<WordRef, 16> Checked; // words checked since the last boundary
     for (Instruction &I : B) {
       const Value *Ptr = nullptr;
       if (auto *SI = dyn_cast<StoreInst>(&I))
@@ -162,11 +193,21 @@ StoreSkips findSkips(Function &F, const DenseMap<CallBase *, CallPlan> &Plans, c
           Out.Stack.insert(&I);
         else if (O.SkipFresh && Fresh.contains(Obj))
           Out.Fresh.insert(&I);
+        else if (auto *SI = dyn_cast<StoreInst>(&I); SI && O.SkipRepeat && O.Filter) {
+          if (std::optional<WordRef> W = wordOf(*SI, DL)) {
+            uint64_t Size = DL.getTypeStoreSize(SI->getValueOperand()->getType());
+            if (any_of(Checked, [&](const WordRef &C) { return sameWord(C, *W, Size); }))
+              Out.Repeat.insert(&I);
+            else if (Checked.size() < 16)
+              Checked.push_back(*W);
+          }
+        }
       }
       if (auto *CB = dyn_cast<CallBase>(&I)) {
         auto It = Plans.find(CB);
         if (It != Plans.end() && beginsTransaction(It->second)) {
           Fresh.clear();
+          Checked.clear();
           if (allocatesFresh(It->second))
             Fresh.insert(CB);
         }

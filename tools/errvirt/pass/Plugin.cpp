@@ -21,6 +21,8 @@ namespace rekindle_ev {
 static cl::opt<bool> NoStackSkip("rekindle-ev-no-stack-skip", cl::desc("log stores to the frame's own allocas"));
 static cl::opt<bool> NoFreshSkip("rekindle-ev-no-fresh-skip",
                                  cl::desc("log stores to memory allocated in the same transaction"));
+static cl::opt<bool> NoRepeatSkip("rekindle-ev-no-repeat-skip",
+                                  cl::desc("check every store, also a word the block checked just before"));
 static cl::opt<bool> NoFilter("rekindle-ev-no-filter", cl::desc("log every store, not each word once"));
 static cl::opt<bool> Stats("rekindle-ev-stats", cl::desc("print what the pass did, per module"));
 
@@ -34,6 +36,7 @@ Options options() {
   O.SkipStack = !(NoStackSkip || envOn("REKINDLE_EV_NO_STACK_SKIP"));
   O.SkipFresh = !(NoFreshSkip || envOn("REKINDLE_EV_NO_FRESH_SKIP"));
   O.Filter = !(NoFilter || envOn("REKINDLE_EV_NO_FILTER"));
+  O.SkipRepeat = !(NoRepeatSkip || envOn("REKINDLE_EV_NO_REPEAT_SKIP"));
   return O;
 }
 
@@ -57,7 +60,7 @@ PreservedAnalyses ErrVirtPass::run(Module &M, ModuleAnalysisManager &) {
   if (Stats || envOn("REKINDLE_EV_STATS"))
     errs() << "rekindle-errvirt: module=" << M.getSourceFileName() << " functions=" << Fns.size()
            << " stores=" << C.Stores << " logged=" << C.Logged << " skip_stack=" << C.SkipStack
-           << " skip_fresh=" << C.SkipFresh << " holes=" << C.Holes << " gates=" << C.Gates << " embedded=" << C.Embedded
+           << " skip_fresh=" << C.SkipFresh << " skip_repeat=" << C.SkipRepeat << " holes=" << C.Holes << " gates=" << C.Gates << " embedded=" << C.Embedded
            << " deferred=" << C.Deferred << " irrecoverable=" << C.Irrecoverable << " unknown=" << C.Unknown
            << "\n";
   return Fns.empty() ? PreservedAnalyses::all() : PreservedAnalyses::none();

@@ -35,6 +35,8 @@ struct ev_op {
 #define EV_BULK_CAP (4u * 1024u * 1024u)
 #define EV_DEFER_CAP 1024u
 #define EV_NOTE_CAP 256u
+#define EV_FRESH_CAP 16u
+#define EV_FRESH_PREFILL 4096u
 /* a frame larger than this is not copied: the window closes instead */
 #define EV_FRAME_MAX (256u * 1024u)
 
@@ -51,6 +53,10 @@ struct ev_state {
 	uint64_t epoch;
 	uint64_t gates, closes, recoveries, fallbacks, injections;
 	uint64_t closed_irrecoverable, closed_unknown;
+	/* what the undo log took (REKINDLE_EV_REPORT): words one by one, byte
+	 * ranges (library calls, wide stores), and frame copies */
+	uint64_t logged_words, logged_ranges, logged_range_bytes, frame_copies, frame_bytes;
+	uint64_t fresh_blocks, fresh_skips; /* blocks seen, stores not logged */
 	/* the call sites that closed windows most (REKINDLE_EV_REPORT) */
 	struct ev_closer {
 		uintptr_t pc;
@@ -64,6 +70,11 @@ struct ev_state {
 	unsigned char *bulk;
 	struct ev_op defer[EV_DEFER_CAP];
 	struct ev_op note[EV_NOTE_CAP];
+	/* the blocks this transaction allocated (ev_fresh.c) */
+	struct ev_block {
+		uintptr_t lo, hi;
+	} fresh[EV_FRESH_CAP];
+	uint32_t nfresh;
 };
 
 enum ev_role { EV_ROLE_UNKNOWN = 0, EV_ROLE_OWNER, EV_ROLE_FOREIGN };
@@ -94,6 +105,8 @@ void __rk_ev_rk_free(void *arena, void *p);
 void *__rk_ev_realloc(void *p, size_t n);
 void __rk_ev_hole_push(void *p, uint64_t n);
 void __rk_ev_hole_pop(void *p);
+void __rk_ev_fresh(uint32_t fn, uint64_t ret, uint64_t a0, uint64_t a1, uint64_t a2);
+void __rk_ev_logged(uint64_t *words, uint64_t *range_bytes);
 
 /* ev_log.c */
 void ev_log_reset(struct ev_state *s);
@@ -102,6 +115,20 @@ bool ev_log_bytes(struct ev_state *s, const void *p, uint64_t n);
 bool ev_log_frame(struct ev_state *s);
 void ev_log_rollback(struct ev_state *s);
 void ev_holes_drop_below(uintptr_t addr);
+
+/* ev_fresh.c */
+void ev_fresh_reset(struct ev_state *s);
+void ev_fresh_call(struct ev_state *s, uint32_t fn, uint64_t ret, uint64_t a0, uint64_t a1, uint64_t a2);
+
+/* [p, p+n) lies in one block of the running transaction (on every logged
+ * word's slow path: inline) */
+static inline bool ev_fresh_covers(const struct ev_state *s, uintptr_t p, uint64_t n)
+{
+	for (uint32_t i = s->nfresh; i-- > 0;)
+		if (p >= s->fresh[i].lo && p < s->fresh[i].hi && n <= s->fresh[i].hi - p)
+			return true;
+	return false;
+}
 
 /* ev_tx.c */
 void ev_close_window(struct ev_state *s, const char *reason, int32_t fn, uintptr_t pc);

@@ -42,6 +42,13 @@ void __rk_ev_hole_pop(void *p)
 		ev_nholes--;
 }
 
+/* One piece of a frame copy (counted for REKINDLE_EV_REPORT). */
+static bool ev_log_frame_bytes(struct ev_state *s, uintptr_t lo, uintptr_t hi)
+{
+	s->frame_bytes += hi - lo;
+	return ev_log_bytes(s, (const void *)lo, hi - lo);
+}
+
 /* [lo, hi) of the stack, without the holes in it. */
 static bool ev_log_stack(struct ev_state *s, uintptr_t lo, uintptr_t hi)
 {
@@ -50,11 +57,11 @@ static bool ev_log_stack(struct ev_state *s, uintptr_t lo, uintptr_t hi)
 		const struct ev_hole *h = &ev_holes[i];
 		if (h->hi <= at || h->lo >= hi)
 			continue;
-		if (h->lo > at && !ev_log_bytes(s, (const void *)at, h->lo - at))
+		if (h->lo > at && !ev_log_frame_bytes(s, at, h->lo))
 			return false;
 		at = h->hi;
 	}
-	return at >= hi || ev_log_bytes(s, (const void *)at, hi - at);
+	return at >= hi || ev_log_frame_bytes(s, at, hi);
 }
 
 void ev_log_reset(struct ev_state *s)
@@ -72,6 +79,7 @@ void ev_log_new_epoch(struct ev_state *s)
 		s->epoch = 1;
 	}
 	__rk_ev_key = s->epoch << RK_EV_EPOCH_SHIFT;
+	ev_fresh_reset(s);
 }
 
 bool ev_log_bytes(struct ev_state *s, const void *p, uint64_t n)
@@ -99,6 +107,7 @@ bool ev_log_frame(struct ev_state *s)
 		return false;
 	}
 	ev_holes_drop_below(lo);
+	s->frame_copies++;
 	if (!ev_log_stack(s, lo, hi))
 		return false;
 	__rk_ev_stack_top = hi;
@@ -110,6 +119,13 @@ void __rk_ev_log_word(uint64_t *w)
 	if (__rk_ev_key == 0)
 		return; /* no open window on this thread */
 	struct ev_state *s = ev;
+	uint64_t *slot = &__rk_ev_filter[((uintptr_t)w >> 3) & (RK_EV_FILTER_SLOTS - 1)];
+	if (ev_fresh_covers(s, (uintptr_t)w, sizeof *w)) {
+		/* in a block a rollback frees: the filter skips it from now on */
+		*slot = (uintptr_t)w | __rk_ev_key;
+		s->fresh_skips++;
+		return;
+	}
 	if (s->nundo == EV_UNDO_CAP) {
 		ev_close_window(s, "ev_log_full", -1, (uintptr_t)__builtin_return_address(0));
 		return;
@@ -121,14 +137,23 @@ void __rk_ev_log_word(uint64_t *w)
 	uint64_t old = *w;
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	s->probe = 0;
-	__rk_ev_filter[((uintptr_t)w >> 3) & (RK_EV_FILTER_SLOTS - 1)] = (uintptr_t)w | __rk_ev_key;
+	*slot = (uintptr_t)w | __rk_ev_key;
 	s->undo[s->nundo++] = (struct ev_undo){(uintptr_t)w, old};
+	s->logged_words++;
 }
 
 void __rk_ev_log_range(void *p, uint64_t n)
 {
-	if (__rk_ev_key != 0)
-		(void)ev_log_bytes(ev, p, n);
+	if (__rk_ev_key == 0)
+		return;
+	struct ev_state *s = ev;
+	if (ev_fresh_covers(s, (uintptr_t)p, n)) {
+		s->fresh_skips++;
+		return;
+	}
+	s->logged_ranges++;
+	s->logged_range_bytes += n;
+	(void)ev_log_bytes(s, p, n);
 }
 
 /* A function returns while its caller's frame is part of what a rollback
@@ -148,6 +173,7 @@ void __rk_ev_frame_exit(uintptr_t fp)
 		ev_close_window(s, "ev_frame_chain", -1, (uintptr_t)__builtin_return_address(0));
 		return;
 	}
+	s->frame_copies++;
 	if (ev_log_stack(s, top, parent))
 		__rk_ev_stack_top = parent;
 }

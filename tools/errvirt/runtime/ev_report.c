@@ -25,6 +25,16 @@ void ev_count_closer(struct ev_state *s, uintptr_t pc)
 	s->closers[min] = (struct ev_closer){pc, 1}; /* evict the rarest */
 }
 
+/* What the undo log has taken so far: words one by one, and bytes of
+ * ranges (tests/unit: a saving must show).  Named __rk_ev_ so that the
+ * pass lets a call to it stay inside the transaction. */
+void __rk_ev_logged(uint64_t *words, uint64_t *range_bytes)
+{
+	const struct ev_state *s = ev;
+	*words = s ? s->logged_words : 0;
+	*range_bytes = s ? s->logged_range_bytes : 0;
+}
+
 /* Read before main: a server may replace its environment (nginx keeps only
  * the variables its `env` directives name). */
 static bool ev_report_on;
@@ -47,6 +57,13 @@ __attribute__((destructor)) static void ev_report(void)
 	ev_line_u64(&l, "closed_unknown", s->closed_unknown);
 	ev_line_u64(&l, "recoveries", s->recoveries);
 	ev_line_u64(&l, "fallbacks", s->fallbacks);
+	ev_line_u64(&l, "logged_words", s->logged_words);
+	ev_line_u64(&l, "logged_ranges", s->logged_ranges);
+	ev_line_u64(&l, "logged_range_bytes", s->logged_range_bytes);
+	ev_line_u64(&l, "frame_copies", s->frame_copies);
+	ev_line_u64(&l, "frame_bytes", s->frame_bytes);
+	ev_line_u64(&l, "fresh_blocks", s->fresh_blocks);
+	ev_line_u64(&l, "fresh_skips", s->fresh_skips);
 	ev_line_end(&l);
 	for (size_t i = 0; i < sizeof s->closers / sizeof s->closers[0]; i++) {
 		if (!s->closers[i].n)

@@ -160,8 +160,12 @@ static void ev_push(uint32_t kind, uint64_t ret, uint64_t a0, uint64_t a1, bool 
  * result nobody checks): remember how, for a rollback. */
 void __rk_ev_note(uint32_t fn, uint64_t ret, uint64_t a0, uint64_t a1)
 {
-	if (ev_deferring())
-		ev_push(fn, ret, a0, a1, true);
+	if (!ev_deferring())
+		return;
+	ev_push(fn, ret, a0, a1, true);
+	/* a block the note frees on a rollback: fresh (ev_fresh.c) */
+	if (ev->window_open)
+		ev_fresh_call(ev, fn, ret, a0, a1, 0);
 }
 
 /* What a state-restoration call will write, logged before it runs. */
