@@ -337,7 +337,8 @@ fn stand_by(
         if let (Some(l), Some(h)) = (&v.leader, p.last_heard)
             && p.epoch == l.epoch
         {
-            contact = Some((l.epoch, h));
+            // while a frame is being handled here, the primary is not silent
+            contact = Some((l.epoch, if p.busy { Instant::now() } else { h }));
         }
         suspect_primary(
             node,

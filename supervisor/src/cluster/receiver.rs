@@ -75,6 +75,10 @@ pub struct Progress {
     /// The primary's newest committed snapshot, as its last heartbeat said.
     pub primary_newest: Option<String>,
     pub last_heard: Option<Instant>,
+    /// A frame from the primary came and is being handled (a snapshot
+    /// received, published, acknowledged, written into the image): the
+    /// time that takes is this node's, not the primary's silence.
+    pub busy: bool,
 }
 
 struct Shared {
@@ -259,6 +263,7 @@ fn follow_leaders(sh: &Arc<Shared>, image: &mut HotImage, store: &mut Option<Sto
             let mut p = lock(&sh.progress);
             p.epoch = 0;
             p.last_heard = None;
+            p.busy = false;
         }
         *lock(&sh.conn) = None;
         if let Err(e) = r {
@@ -432,6 +437,11 @@ fn follow(
             return Ok(()); // deposed, refused, or we stop: acknowledge nothing more
         }
         let (kind, payload) = wire::next(&peer, &mut input)?;
+        {
+            let mut p = lock(&sh.progress);
+            p.last_heard = Some(Instant::now());
+            p.busy = true;
+        }
         match kind {
             wire::SNAPSHOT => {
                 let got = store.recv_snapshot(&mut input, &payload).map_err(|e| {
@@ -472,11 +482,7 @@ fn follow(
                 });
             }
         }
-        {
-            let mut p = lock(&sh.progress);
-            p.newest = applied.clone();
-            p.last_heard = Some(Instant::now());
-        }
+        lock(&sh.progress).newest = applied.clone();
         let deposed = sh.newest_epoch.load(Ordering::SeqCst) > w.epoch
             || sh.refused.load(Ordering::SeqCst) >= w.epoch;
         let acked = if deposed {
@@ -499,6 +505,12 @@ fn follow(
         // older one than the store says.
         if let Some(id) = published.take() {
             advance_image(sh, store, image, &id);
+        }
+        {
+            // waiting for the next frame: silence counts from now
+            let mut p = lock(&sh.progress);
+            p.last_heard = Some(Instant::now());
+            p.busy = false;
         }
         if deposed {
             return Ok(());
