@@ -10,7 +10,7 @@
 //! standby stops acknowledging a deposed primary at once (in sync mode that
 //! stops its acknowledgements to clients).
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -75,8 +75,7 @@ pub struct Progress {
     /// The primary's newest committed snapshot, as its last heartbeat said.
     pub primary_newest: Option<String>,
     pub last_heard: Option<Instant>,
-    /// A frame from the primary came and is being handled (a snapshot
-    /// received, published, acknowledged, written into the image): the
+    /// Bytes from the primary came and are being handled (`Heard`): the
     /// time that takes is this node's, not the primary's silence.
     pub busy: bool,
 }
@@ -327,7 +326,10 @@ fn follow(
     }
     let mut out = conn.try_clone().map_err(io("clone"))?;
     let mut input = PeerReader {
-        inner: std::io::BufReader::with_capacity(1 << 20, conn),
+        inner: Heard {
+            inner: std::io::BufReader::with_capacity(1 << 20, conn),
+            sh: sh.clone(),
+        },
         timed_out: false,
     };
     let lin = lineage::read(&sh.dir)?;
@@ -437,11 +439,6 @@ fn follow(
             return Ok(()); // deposed, refused, or we stop: acknowledge nothing more
         }
         let (kind, payload) = wire::next(&peer, &mut input)?;
-        {
-            let mut p = lock(&sh.progress);
-            p.last_heard = Some(Instant::now());
-            p.busy = true;
-        }
         match kind {
             wire::SNAPSHOT => {
                 let got = store.recv_snapshot(&mut input, &payload).map_err(|e| {
@@ -506,16 +503,39 @@ fn follow(
         if let Some(id) = published.take() {
             advance_image(sh, store, image, &id);
         }
-        {
-            // waiting for the next frame: silence counts from now
-            let mut p = lock(&sh.progress);
-            p.last_heard = Some(Instant::now());
-            p.busy = false;
-        }
         if deposed {
             return Ok(());
         }
         acked?;
+    }
+}
+
+/// The stream from the primary, timing its silence: the clock runs only
+/// while this thread waits for bytes (from each read's start); from the
+/// moment bytes come until the next read, the thread is busy with them
+/// (receiving the rest of a snapshot, publishing it with its fsyncs,
+/// acknowledging it, writing the image) and that time is not the
+/// primary's silence.  A primary cut off mid-snapshot is silent from the
+/// read that waits for its next frame.
+struct Heard<R: Read> {
+    inner: R,
+    sh: Arc<Shared>,
+}
+
+impl<R: Read> Read for Heard<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        {
+            let mut p = lock(&self.sh.progress);
+            p.last_heard = Some(Instant::now());
+            p.busy = false;
+        }
+        let r = self.inner.read(buf);
+        if matches!(r, Ok(n) if n > 0) {
+            let mut p = lock(&self.sh.progress);
+            p.last_heard = Some(Instant::now());
+            p.busy = true;
+        }
+        r
     }
 }
 
