@@ -156,15 +156,20 @@ impl Metrics {
     }
 
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        if TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
-            .is_err()
-        {
-            return String::new();
-        }
-        String::from_utf8_lossy(&buf).into_owned()
+        render_registry(&self.registry)
     }
+}
+
+/// A registry in Prometheus's text format ("" if it cannot be encoded).
+pub fn render_registry(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    if TextEncoder::new()
+        .encode(&registry.gather(), &mut buf)
+        .is_err()
+    {
+        return String::new();
+    }
+    String::from_utf8_lossy(&buf).into_owned()
 }
 
 struct Conn {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use prometheus::{Encoder, Gauge, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Gauge, IntCounterVec, IntGauge, Opts, Registry};
 
 use super::error::ClusterError;
 use super::records::{NodeRecord, Role};
@@ -146,14 +146,7 @@ impl ClusterMetrics {
     }
 
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        if TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
-            .is_err()
-        {
-            return String::new();
-        }
-        String::from_utf8_lossy(&buf).into_owned()
+        crate::metrics::render_registry(&self.registry)
     }
 }
 

@@ -252,25 +252,32 @@ impl SnapshotWriter<'_> {
         if self.store.index.contains_key(&hash) || self.new_chunks.contains_key(&hash) {
             self.stats.dedup_hits += 1;
         } else {
-            if self.pack.is_none() {
-                let tmp = self.store.sub(TMP).join(format!("{}.pack", self.id));
-                self.pack = Some(PackWriter::create(tmp)?);
-            }
+            // a copy: the compressor's buffer stays borrowed otherwise
             let (bytes, flags) = self.comp.compress(data);
-            let len = bytes.len() as u64;
-            let e = match self.pack.as_mut() {
-                Some(p) => p.add(hash, bytes, flags)?,
-                None => unreachable!("created above"),
-            };
-            self.new_chunks.insert(hash, e);
-            self.stats.new_chunks += 1;
-            self.stats.bytes_compressed += len;
+            let bytes = bytes.to_vec();
+            self.add_new_chunk(hash, &bytes, flags)?;
         }
         self.entries.push(MapEntry {
             region,
             page,
             hash: Some(hash),
         });
+        Ok(())
+    }
+
+    /// Appends a chunk the store does not hold yet to this snapshot's pack.
+    fn add_new_chunk(&mut self, hash: Hash, bytes: &[u8], flags: u32) -> Result<(), StoreError> {
+        if self.pack.is_none() {
+            let tmp = self.store.sub(TMP).join(format!("{}.pack", self.id));
+            self.pack = Some(PackWriter::create(tmp)?);
+        }
+        let e = match self.pack.as_mut() {
+            Some(p) => p.add(hash, bytes, flags)?,
+            None => unreachable!("created above"),
+        };
+        self.new_chunks.insert(hash, e);
+        self.stats.new_chunks += 1;
+        self.stats.bytes_compressed += bytes.len() as u64;
         Ok(())
     }
 
@@ -327,17 +334,7 @@ impl SnapshotWriter<'_> {
         if self.store.index.contains_key(&hash) || self.new_chunks.contains_key(&hash) {
             self.stats.dedup_hits += 1;
         } else {
-            if self.pack.is_none() {
-                let tmp = self.store.sub(TMP).join(format!("{}.pack", self.id));
-                self.pack = Some(PackWriter::create(tmp)?);
-            }
-            let e = match self.pack.as_mut() {
-                Some(p) => p.add(hash, bytes, flags)?,
-                None => unreachable!("created above"),
-            };
-            self.new_chunks.insert(hash, e);
-            self.stats.new_chunks += 1;
-            self.stats.bytes_compressed += bytes.len() as u64;
+            self.add_new_chunk(hash, bytes, flags)?;
         }
         self.entries.push(MapEntry {
             region,
