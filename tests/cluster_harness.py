@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -240,3 +241,47 @@ def cluster_status(etcd, name="rkv"):
     r = sh(REKINDLE, "cluster", "status", "--cluster", etcd.url, name, "--json", check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout)
+
+
+# ---- a sync cluster under load (test_early_takeover.py, test_insync.py)
+
+
+def leader_lease(etcd):
+    """The lease (decimal id) the leader key is attached to."""
+    r = sh("etcdctl", "--endpoints", etcd.url, "get", "/rekindle/rkv/leader", "-w", "json")
+    kvs = json.loads(r.stdout).get("kvs") or []
+    assert kvs, "no leader key"
+    return int(kvs[0]["lease"])
+
+
+def lease_ttl_left(etcd, lease):
+    """etcd's remaining TTL of a lease in seconds; -1 once it is gone."""
+    r = sh("etcdctl", "--endpoints", etcd.url, "lease", "timetolive", format(lease, "x"), "-w", "json")
+    return int(json.loads(r.stdout)["ttl"])
+
+
+def writers(node, hist, stop, n=3, per_writer=3000, seconds=30):
+    """Each writer SETs w<t>:<i> on its own connection to `node` until an
+    error (the connection's server is gone), stop, or its bounds."""
+    addr = f"{node.host.ip}:{node.port}"
+
+    def run(t):
+        c = node.client(timeout=5)
+        deadline = time.monotonic() + seconds
+        for i in range(per_writer):
+            if stop.is_set() or time.monotonic() > deadline:
+                return
+            if not hist.write(f"w{t}", c, f"w{t}:{i}", str(i), addr=addr):
+                return
+
+    threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(n)]
+    for th in threads:
+        th.start()
+    return threads
+
+
+def wait_acks(hist, n, timeout=30):
+    deadline = time.monotonic() + timeout
+    while hist.count() < n:
+        assert time.monotonic() < deadline, f"only {hist.count()} acknowledgements"
+        time.sleep(0.01)

@@ -10,7 +10,6 @@ cut off from its standby (and still writes to etcd) is not taken over.
 The assertions are on facts (events and their order, etcd's lease state,
 the clients' recorded history), not on durations."""
 
-import json
 import os
 import re
 import threading
@@ -19,7 +18,17 @@ import urllib.request
 
 import pytest
 import redis
-from cluster_harness import RKV, Etcd, Net, Node, cluster_status, sh
+from cluster_harness import (
+    RKV,
+    Etcd,
+    Net,
+    Node,
+    cluster_status,
+    leader_lease,
+    lease_ttl_left,
+    wait_acks,
+    writers,
+)
 from history import History, check_no_ack_from_deposed, check_no_acked_write_lost
 
 from conftest import BUILD
@@ -63,47 +72,6 @@ def metric(node, name, **labels):
         if m and m[1] == name and dict(re.findall(r'(\w+)="([^"]*)"', m[2])) == want:
             return float(m[3])
     return 0
-
-
-def leader_lease(etcd):
-    """The lease (decimal id) the leader key is attached to."""
-    r = sh("etcdctl", "--endpoints", etcd.url, "get", "/rekindle/rkv/leader", "-w", "json")
-    kvs = json.loads(r.stdout).get("kvs") or []
-    assert kvs, "no leader key"
-    return int(kvs[0]["lease"])
-
-
-def lease_ttl_left(etcd, lease):
-    """etcd's remaining TTL of a lease in seconds; -1 once it is gone."""
-    r = sh("etcdctl", "--endpoints", etcd.url, "lease", "timetolive", format(lease, "x"), "-w", "json")
-    return int(json.loads(r.stdout)["ttl"])
-
-
-def writers(node, hist, stop, n=3, per_writer=3000, seconds=30):
-    """Each writer SETs w<t>:<i> on its own connection to `node` until an
-    error (the connection's server is gone), stop, or its bounds."""
-    addr = f"{node.host.ip}:{node.port}"
-
-    def run(t):
-        c = node.client(timeout=5)
-        deadline = time.monotonic() + seconds
-        for i in range(per_writer):
-            if stop.is_set() or time.monotonic() > deadline:
-                return
-            if not hist.write(f"w{t}", c, f"w{t}:{i}", str(i), addr=addr):
-                return
-
-    threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(n)]
-    for th in threads:
-        th.start()
-    return threads
-
-
-def wait_acks(hist, n, timeout=30):
-    deadline = time.monotonic() + timeout
-    while hist.count() < n:
-        assert time.monotonic() < deadline, f"only {hist.count()} acknowledgements"
-        time.sleep(0.01)
 
 
 def kinds(node, names):
@@ -180,9 +148,7 @@ def test_async_waits_for_the_lease(net):
     assert suspect["t_ns"] < elected["t_ns"]
     assert not n2.events("takeover"), n2.events("takeover")
     n2.wait_event("up", lambda e: e["t_ns"] > elected["t_ns"])
-    lost = hist.count() - sum(
-        1 for o in hist.acked() if n2.client(timeout=10).get(o.key) == o.value.encode()
-    )
+    lost = hist.count() - sum(1 for o in hist.acked() if n2.client(timeout=10).get(o.key) == o.value.encode())
     print(f"async: {lost} of {hist.count()} acknowledged writes lost (the replication lag)")
 
 

@@ -13,7 +13,19 @@ import threading
 import time
 
 import pytest
-from cluster_harness import REKINDLE, RKV, Etcd, Net, Node, cluster_status, sh
+from cluster_harness import (
+    REKINDLE,
+    RKV,
+    Etcd,
+    Net,
+    Node,
+    cluster_status,
+    leader_lease,
+    lease_ttl_left,
+    sh,
+    wait_acks,
+    writers,
+)
 from history import History, check_no_ack_from_deposed, check_no_acked_write_lost
 
 from conftest import BUILD
@@ -75,43 +87,6 @@ def start_three(net, **kw):
     assert n1.client(timeout=15).set("first", "1") is True
     wait_insync(etcd, lambda s: s["epoch"] == 1 and sorted(s["standbys"]) == ["n2", "n3"])
     return etcd, n1, n2, n3
-
-
-def leader_lease(etcd):
-    r = sh("etcdctl", "--endpoints", etcd.url, "get", "/rekindle/rkv/leader", "-w", "json")
-    kvs = json.loads(r.stdout).get("kvs") or []
-    assert kvs, "no leader key"
-    return int(kvs[0]["lease"])
-
-
-def lease_ttl_left(etcd, lease):
-    r = sh("etcdctl", "--endpoints", etcd.url, "lease", "timetolive", format(lease, "x"), "-w", "json")
-    return int(json.loads(r.stdout)["ttl"])
-
-
-def writers(node, hist, stop, n=3, per_writer=3000, seconds=30):
-    addr = f"{node.host.ip}:{node.port}"
-
-    def run(t):
-        c = node.client(timeout=5)
-        deadline = time.monotonic() + seconds
-        for i in range(per_writer):
-            if stop.is_set() or time.monotonic() > deadline:
-                return
-            if not hist.write(f"w{t}", c, f"w{t}:{i}", str(i), addr=addr):
-                return
-
-    threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(n)]
-    for th in threads:
-        th.start()
-    return threads
-
-
-def wait_acks(hist, n, timeout=30):
-    deadline = time.monotonic() + timeout
-    while hist.count() < n:
-        assert time.monotonic() < deadline, f"only {hist.count()} acknowledgements"
-        time.sleep(0.01)
 
 
 def first_elected(nodes, timeout=30):
