@@ -1171,6 +1171,7 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, 20k keys, short windows")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--name", default="failover")
+    ap.add_argument("--keep", type=Path, help="keep each run's node directories (events, logs, stores) under DIR")
     ap.add_argument("--from-json", type=Path, help="only render NAME.md and NAME.png again from this JSON")
     a = ap.parse_args(argv)
     if a.quick:
@@ -1222,7 +1223,11 @@ def main(argv=None):
         "baseline_runs": [],
     }
     print(machine_line(doc["machine"]), "load", doc["loadavg_before"])
-    with tempfile.TemporaryDirectory(prefix="failbench-") as tmp:
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="failbench-", dir=args.keep) as tmp_dir:
+        # why: with --keep the runs stay for reading, outside the deleted temporary directory
+        tmp = args.keep if args.keep else tmp_dir
         for rnd in range(args.repeat):
             for name in args.baselines:
                 d = Path(tmp) / f"r{rnd}-{name}"

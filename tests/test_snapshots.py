@@ -167,9 +167,12 @@ def test_rollback_restarts_the_running_app_onto_an_earlier_snapshot(tmp_path):
         c = r.wait_serving()
         assert c.get("a") == b"1" and c.get("b") is None
         assert r.app_pid() != pid
-        # it goes on taking snapshots from the rolled-back state
+        # it goes on taking snapshots from the rolled-back state; the first
+        # is full, not a delta of "good", whose delta would fork the line
         again = checkpoint(r)
-        assert again["full"]
+        assert again["full"] and again["base"] == "none", again
+        why = r.supervisor_events("snapshot_baseline")
+        assert [(e["id"], e["code"]) for e in why] == [(first["id"], "baseline_not_newest")], why
     finally:
         r.close()
 
@@ -490,6 +493,56 @@ def test_run_starts_from_the_newest_snapshot_of_its_store(tmp_path):
     )  # fmt: skip
     assert p.returncode == 1
     assert "cannot read the snapshot store" in p.stderr and "refusing to start" in p.stderr
+
+
+def test_the_first_snapshot_after_a_restore_is_a_delta_of_it(tmp_path):
+    """An app started from a snapshot holds that snapshot's pages: its first
+    snapshot reads every page but stores only those that differ from it,
+    as a delta of it, and that delta restores the app's data exactly."""
+    store = tmp_path / "store"
+    r = snapshotting(tmp_path / "a", store)
+    try:
+        c = r.client()
+        for i in range(0, 4000, 500):
+            c.mset({f"k{j}": f"value {j} " + "x" * 200 for j in range(i, i + 500)})
+        base = checkpoint(r)
+    finally:
+        kill_stack(r)
+
+    again = snapshotting(tmp_path / "b", store)
+    try:
+        assert again.wait_log("ready")["start"] == "warm"
+        c = again.client()
+        c.set("k7", "changed after the restore")
+        c.delete("k8")
+        c.set("new", "written after the restore")
+        first = checkpoint(again)
+        assert not first["full"] and first["base"] == "restored", first
+        assert first["parent"] == base["id"], (first, base)
+        ev = [e for e in again.supervisor_events("snapshot") if e["id"] == first["id"]]
+        assert ev and ev[0]["base"] == "restored", ev
+        # most pages were read and found unchanged; a few were stored
+        assert first["unchanged_pages"] > 0, first
+        assert ev[0]["precopy_pages"] + ev[0]["cut_pages"] < first["unchanged_pages"], ev
+        # the next one is an ordinary delta of its parent
+        c.set("k9", "later")
+        second = checkpoint(again)
+        assert second["parent"] == first["id"] and second["base"] == "parent", second
+    finally:
+        kill_stack(again)
+
+    back = restored(tmp_path / "c", store)
+    try:
+        c = back.client()
+        assert c.get("k7") == b"changed after the restore"
+        assert c.get("k8") is None
+        assert c.get("new") == b"written after the restore"
+        assert c.get("k9") == b"later"
+        for j in (0, 1, 1234, 3999):
+            assert c.get(f"k{j}") == f"value {j} ".encode() + b"x" * 200, j
+        assert c.dbsize() == 4000
+    finally:
+        back.close()
 
 
 def test_an_arena_opted_out_of_snapshots_comes_back_empty_from_a_restore(tmp_path):

@@ -324,6 +324,10 @@ pub struct Config {
     /// `restore`'s snapshot already in memfds (an elected standby's hot
     /// image, cluster/hot_image.rs): used instead of reading the store.
     pub restored: Option<crate::snapshot::restore::Restored>,
+    /// The store at `--snapshot-dir`, already open with its indexes (an
+    /// elected standby's, from its receiver): the snapshot engine starts
+    /// from it instead of reading every pack's index again.
+    pub store: Option<crate::store::Store>,
     pub start_from: StartFrom,
     pub restore_pages: crate::snapshot::restore::Pages,
     pub restore_fill_rate: u64,
@@ -405,6 +409,7 @@ impl Config {
             restore: None,
             restore_why: "",
             restored: None,
+            store: None,
             start_from: a.start_from,
             restore_pages: a.restore_pages,
             restore_fill_rate: a.restore_fill_rate,

@@ -318,6 +318,7 @@ impl Supervisor {
                 sc,
                 &cfg.name,
                 cfg.replication.clone(),
+                cfg.store.take(),
             )?),
             None => None,
         };
@@ -466,7 +467,8 @@ impl Supervisor {
             });
             let dropped = self.apply_decision(&d);
             let restored = self.restored.take().filter(|_| mode == Mode::Warm);
-            if let Some(rb) = restored {
+            if let Some(mut rb) = restored {
+                self.snapshot_baseline(rb.baseline.take());
                 self.report.event(
                     ev("restore")
                         .s("snapshot", rb.what.as_str())

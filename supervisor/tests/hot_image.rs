@@ -118,6 +118,36 @@ fn restored(dir: &Path, id: &SnapshotId) -> Image {
     sorted(&r.fds)
 }
 
+/// The page hashes a first snapshot compares with (snapshot/baseline.rs):
+/// the image's must be the restore's, region by region.
+fn same_baseline(what: &str, got: &restore::Restored, dir: &Path, id: &SnapshotId) {
+    let want = restore::materialize(&Source {
+        dir: dir.to_path_buf(),
+        spec: id.as_str().to_string(),
+    })
+    .unwrap_or_else(|e| panic!("restore {id}: {e}"))
+    .baseline
+    .unwrap_or_else(|| panic!("{what}: an eager restore has a baseline"));
+    let got = got
+        .baseline
+        .as_ref()
+        .unwrap_or_else(|| panic!("{what}: the image has no baseline"));
+    assert_eq!(&got.id, id, "{what}: baseline id");
+    assert_eq!(got.dir, dir, "{what}: baseline store");
+    let names: Vec<&str> = got.regions.iter().map(|r| r.meta.name.as_str()).collect();
+    for w in &want.regions {
+        let Some(g) = got.regions.iter().find(|g| g.meta.name == w.meta.name) else {
+            panic!(
+                "{what}: region {} missing from the image's baseline {names:?}",
+                w.meta.name
+            );
+        };
+        assert_eq!(g.meta, w.meta, "{what}: {} meta", w.meta.name);
+        assert_eq!(g.pages, w.pages, "{what}: {} page hashes", w.meta.name);
+    }
+    assert_eq!(got.regions.len(), want.regions.len(), "{what}: {names:?}");
+}
+
 fn same(what: &str, got: &Image, want: &Image) {
     assert_eq!(got.len(), want.len(), "{what}: regions");
     for (g, w) in got.iter().zip(want) {
@@ -194,13 +224,14 @@ fn the_image_follows_every_kind_of_delta_as_a_restore_reads_it() {
             );
             assert_eq!(image.at(), Some(id));
         }
-        let r = image.take().unwrap_or_else(|u| panic!("take: {u:?}"));
+        let r = image.take(&dir).unwrap_or_else(|u| panic!("take: {u:?}"));
         assert_eq!(&r.info.id, &ids[k]);
         same(
             &format!("after snapshot {k}"),
             &sorted(&r.fds),
             &restored(&dir, &ids[k]),
         );
+        same_baseline(&format!("after snapshot {k}"), &r, &dir, &ids[k]);
     }
 }
 
@@ -221,8 +252,9 @@ fn an_image_that_missed_a_snapshot_is_rebuilt_from_the_store() {
     // miss s2's page 5
     let how = image.advance(&s, &s3).unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(how, Advance::Rebuilt { .. }), "{how:?}");
-    let r = image.take().unwrap_or_else(|u| panic!("{u:?}"));
+    let r = image.take(&dir).unwrap_or_else(|u| panic!("{u:?}"));
     same("rebuilt", &sorted(&r.fds), &restored(&dir, &s3));
+    same_baseline("rebuilt", &r, &dir, &s3);
 }
 
 #[test]
@@ -231,13 +263,13 @@ fn an_image_that_failed_is_not_handed_over_and_says_why() {
     let mut s = Store::create_or_open(&dir).unwrap_or_else(|e| panic!("{e}"));
     let regs = vec![arena("a", 8, 8), manifest_region()];
     let mut image = HotImage::default();
-    assert_eq!(image.take().err(), Some(Unusable::NothingReceived));
+    assert_eq!(image.take(&dir).err(), Some(Unusable::NothingReceived));
     let s1 = write(&mut s, None, regs.clone(), &[(0, 0, 1)]);
     assert!(image.advance(&s, &s1).is_ok());
     let missing = SnapshotId("000000000099-20260101T000000Z".into());
     let e = image.advance(&s, &missing).err().map(|e| e.code());
     assert_eq!(e, Some("not_found"));
-    match image.take() {
+    match image.take(&dir) {
         Err(Unusable::Failed { code, .. }) => assert_eq!(code, "not_found"),
         other => panic!(
             "an image that failed was handed over: {:?}",
@@ -250,6 +282,6 @@ fn an_image_that_failed_is_not_handed_over_and_says_why() {
         image.advance(&s, &s2),
         Ok(Advance::Rebuilt { .. })
     ));
-    let r = image.take().unwrap_or_else(|u| panic!("{u:?}"));
+    let r = image.take(&dir).unwrap_or_else(|u| panic!("{u:?}"));
     same("after the failure", &sorted(&r.fds), &restored(&dir, &s2));
 }

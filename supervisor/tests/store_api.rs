@@ -694,6 +694,40 @@ fn send_and_recv_round_trip_full_and_since() {
 }
 
 #[test]
+fn a_full_snapshot_sent_since_a_base_carries_only_what_the_base_lacks() {
+    // 600 pages at the base, then a full snapshot (a new incarnation) with
+    // the same pages but one, and a small delta: what the receiver of the
+    // base holds is folded in, so the full snapshot's unchanged pages go
+    // as references, not chunks
+    let (_t_a, a) = tmp("relist-a");
+    let (_t_b, b) = tmp("relist-b");
+    let mut s = Store::create_or_open(&a).unwrap();
+    let regs = vec![region("a", 0x1000, 1024 * PAGE as u64)];
+    let mut pages: Vec<(u32, u64, u64)> = (0..600).map(|p| (0, p, p + 1)).collect();
+    let base = write(&mut s, snap(None, regs.clone()), &pages);
+    let mut first = Vec::new();
+    s.send(&base, None, false, &mut first, &mut |_| {}).unwrap();
+    let mut r = Store::create_or_open(&b).unwrap();
+    r.recv(&mut &first[..], &mut |_| {}).unwrap();
+    pages[10].2 = 9999;
+    let mut full = snap(Some(&base), regs.clone());
+    full.full = true;
+    let again = write(&mut s, full, &pages);
+    let later = write(&mut s, snap(Some(&again), regs), &[(0, 700, 5000)]);
+    let mut inc = Vec::new();
+    s.send(&later, Some(&base), false, &mut inc, &mut |_| {})
+        .unwrap();
+    assert!(
+        inc.len() < first.len() / 10,
+        "{} bytes for a full snapshot of one changed page (the base: {})",
+        inc.len(),
+        first.len()
+    );
+    r.recv(&mut &inc[..], &mut |_| {}).unwrap();
+    assert_eq!(contents(&r, &later), contents(&s, &later));
+}
+
+#[test]
 fn reads_from_many_threads() {
     let (_t_dir, dir) = tmp("threads");
     let mut s = Store::create_or_open(&dir).unwrap();

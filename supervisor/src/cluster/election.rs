@@ -530,9 +530,11 @@ impl Worker {
     fn follow(&mut self, want: Want) -> Result<(), ClusterError> {
         let lkey = records::leader_key(&self.cfg.cluster);
         let ekey = records::epoch_key(&self.cfg.cluster);
-        let e = self.etcd()?;
-        let leader_kv = e.get(&lkey, CALL_TIMEOUT)?;
-        let epoch_kv = e.get(&ekey, CALL_TIMEOUT)?;
+        // at one revision: a new term writes both in one transaction, and
+        // two reads could see its leader with the old epoch or the reverse
+        let mut both = self.etcd()?.get_at_once(&[&lkey, &ekey], CALL_TIMEOUT)?;
+        let epoch_kv = both.pop().flatten();
+        let leader_kv = both.pop().flatten();
         let (epoch, epoch_rev) = match &epoch_kv {
             Some(kv) => (records::parse_epoch(&ekey, &kv.value)?, kv.mod_revision),
             None => (0, 0),

@@ -125,6 +125,35 @@ impl Etcd {
         Ok(r.kvs().first().map(Self::kv))
     }
 
+    /// Several keys read at one revision (one transaction of gets): what
+    /// a writer puts together in one transaction is seen together.
+    pub fn get_at_once(
+        &mut self,
+        keys: &[&str],
+        timeout: Duration,
+    ) -> Result<Vec<Option<Kv>>, ClusterError> {
+        let ops: Vec<TxnOp> = keys
+            .iter()
+            .map(|k| TxnOp::get(k.to_string(), None))
+            .collect();
+        let txn = Txn::new().and_then(ops);
+        let r = self.run("get", timeout, async move |c: &mut Client| c.txn(txn).await)?;
+        let mut out = Vec::with_capacity(keys.len());
+        for op in r.op_responses() {
+            match op {
+                etcd_client::TxnOpResponse::Get(g) => out.push(g.kvs().first().map(Self::kv)),
+                _ => out.push(None),
+            }
+        }
+        if out.len() != keys.len() {
+            return Err(ClusterError::io(
+                "etcd: a read of several keys",
+                std::io::Error::other(format!("{} answers to {} gets", out.len(), keys.len())),
+            ));
+        }
+        Ok(out)
+    }
+
     pub fn get_prefix(&mut self, prefix: &str, timeout: Duration) -> Result<Vec<Kv>, ClusterError> {
         let p = prefix.to_string();
         let r = self.run("get", timeout, async move |c: &mut Client| {

@@ -13,10 +13,13 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use crate::proto::FdKind;
+use crate::snapshot::baseline::{BaseRegion, Baseline};
 use crate::snapshot::restore::{self, RestoreError, Restored};
 use crate::store::fsio::pwrite_all;
 use crate::store::manifest::SnapshotKind;
-use crate::store::{PAGE, RegionMeta, SnapshotId, SnapshotInfo, Store, StoreError};
+use crate::store::map::MapEntry;
+use crate::store::reader::merge_pages;
+use crate::store::{Hash, PAGE, RegionMeta, SnapshotId, SnapshotInfo, Store, StoreError};
 
 #[derive(Debug, Error)]
 pub enum ImageError {
@@ -72,6 +75,9 @@ struct ImageRegion {
     /// were written past it.
     size: u64,
     fd: OwnedFd,
+    /// Its non-zero pages' hashes, ascending: the baseline the elected
+    /// node's first snapshot is a delta against (snapshot/baseline.rs).
+    pages: Vec<(u64, Hash)>,
 }
 
 /// How `advance` brought the image to a snapshot.
@@ -190,6 +196,7 @@ impl HotImage {
                         reg.size = size;
                     }
                     reg.kind = kind;
+                    reg.meta = r.meta.clone();
                     reg
                 }
                 None => ImageRegion {
@@ -197,6 +204,7 @@ impl HotImage {
                     kind,
                     size,
                     fd: restore::memfd(&r.meta.name, size)?,
+                    pages: Vec::new(),
                 },
             };
             next.push(Some(reg));
@@ -228,6 +236,16 @@ impl HotImage {
                 }
             }
             pages += 1;
+        }
+        // the map is sorted by (region, page): one merge per region
+        let mut rest = &entries[..];
+        for (i, reg) in next.iter_mut().enumerate() {
+            let n = rest.partition_point(|e| e.region as usize == i);
+            let (own, after): (&[MapEntry], _) = rest.split_at(n);
+            rest = after;
+            if let Some(reg) = reg {
+                reg.pages = merge_pages(std::mem::take(&mut reg.pages), own);
+            }
         }
         self.regions = next;
         self.at = Some(m.info());
@@ -261,6 +279,7 @@ impl HotImage {
                 kind,
                 size,
                 fd,
+                pages: reader.page_hashes(i as u32),
             }));
         }
         if !has_manifest {
@@ -287,27 +306,39 @@ impl HotImage {
 
     /// Hands the memfds over for the app's first incarnation (they are no
     /// longer written here); Err says why there is nothing to hand over.
-    pub fn take(&mut self) -> Result<Restored, Unusable> {
+    /// `store_dir`: the store the image follows (the baseline's).
+    pub fn take(&mut self, store_dir: &std::path::Path) -> Result<Restored, Unusable> {
         let t0 = Instant::now();
         let Some(info) = self.at.take() else {
             return Err(self.unusable.clone());
         };
         let mut bytes = 0u64;
+        let mut base = Vec::new();
         let fds = std::mem::take(&mut self.regions)
             .into_iter()
             .flatten()
             .map(|r| {
                 bytes += r.size;
+                base.push(BaseRegion {
+                    meta: r.meta.clone(),
+                    pages: r.pages,
+                });
                 (r.kind, r.meta.name, r.fd)
             })
             .collect();
         self.unusable = Unusable::NothingReceived;
+        let baseline = Baseline {
+            dir: store_dir.to_path_buf(),
+            id: info.id.clone(),
+            regions: base,
+        };
         Ok(Restored {
             info,
             fds,
             bytes,
             lazy: None,
             took: t0.elapsed(),
+            baseline: Some(baseline),
         })
     }
 }

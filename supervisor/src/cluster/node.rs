@@ -567,6 +567,12 @@ fn serve_term(
         return fail("cannot open the store", e.code(), e.to_string());
     }
     let board = agent.insync_board();
+    // the snapshot engine and the sender each need the receiver's indexes:
+    // one gets a copy made in memory
+    let engine_store = store
+        .as_ref()
+        .filter(|s| s.is_indexed())
+        .map(Store::duplicate);
     let mut sender = match Sender::start(
         addr,
         term,
@@ -584,7 +590,8 @@ fn serve_term(
         Err(e) => return fail("bad arguments", "usage", e.to_string()),
     };
     cfg.replication = Some(link.clone());
-    match image.map(|mut i| i.take()) {
+    cfg.store = engine_store;
+    match image.map(|mut i| i.take(dir)) {
         Some(Ok(r)) => {
             cfg.restore_why =
                 "elected: starting from this node's hot image of the newest replicated snapshot";

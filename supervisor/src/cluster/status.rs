@@ -26,16 +26,23 @@ pub fn read(
     let mut e = Etcd::connect(endpoints, timeout)?;
     let ekey = records::epoch_key(cluster);
     let lkey = records::leader_key(cluster);
-    let epoch = match e.get(&ekey, timeout)? {
+    let ikey = records::insync_key(cluster);
+    // one revision: a term change writes these keys together
+    let mut kvs = e.get_at_once(&[&ekey, &lkey, &ikey], timeout)?.into_iter();
+    let (ekv, lkv, ikv) = (
+        kvs.next().flatten(),
+        kvs.next().flatten(),
+        kvs.next().flatten(),
+    );
+    let epoch = match ekv {
         Some(kv) => records::parse_epoch(&ekey, &kv.value)?,
         None => 0,
     };
-    let leader = match e.get(&lkey, timeout)? {
+    let leader = match lkv {
         Some(kv) => Some(records::parse::<LeaderRecord>(&lkey, &kv.value)?),
         None => None,
     };
-    let ikey = records::insync_key(cluster);
-    let insync = match e.get(&ikey, timeout)? {
+    let insync = match ikv {
         Some(kv) => Some(records::parse::<InSyncRecord>(&ikey, &kv.value)?),
         None => None,
     };

@@ -21,9 +21,12 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use super::agent_link::{self, AgentMsg, Region, RegionKind, Report, SnapStatus};
+use super::baseline::{BaseCursor, Baseline};
 use super::staging::{PAGE, Staging};
 use crate::app_link::{self, Recv};
-use crate::store::{self, NewSnapshot, RegionMeta, SnapshotId, SnapshotInfo, Store, StoreError};
+use crate::store::{
+    self, Hash, NewSnapshot, RegionMeta, SnapshotId, SnapshotInfo, Store, StoreError,
+};
 
 /// Why a snapshot did not happen; `code()` is the stable reason code.
 #[derive(Debug)]
@@ -192,6 +195,9 @@ pub struct HeldRegion {
 
 pub struct Plan<'a> {
     pub parent: Option<SnapshotId>,
+    /// With `force_full`: what the memfds held at the incarnation's start
+    /// (its id is `parent`); the snapshot is then a delta of it.
+    pub baseline: Option<&'a Baseline>,
     pub force_full: bool,
     pub epoch: u64,
     pub generation: u64,
@@ -225,6 +231,9 @@ pub struct Done {
     pub bytes_compressed: u64,
     pub staging_peak: usize,
     pub took: Duration,
+    /// A delta of the snapshot the app started from: the pages read whole
+    /// and found as that snapshot has them (not stored again).
+    pub unchanged_pages: Option<u64>,
 }
 
 /// Answer timeouts: an agent that does not answer a report in this time is
@@ -421,6 +430,11 @@ struct Taking<'s, 'h> {
     skip_zero: bool,
     /// Pages copied by reading whole regions (a full snapshot).
     whole_pages: u64,
+    /// Whole regions are read and compared with plan.baseline.
+    against: bool,
+    unchanged: u64,
+    /// Scratch: the baseline's pages a region's data no longer covers.
+    gone: Vec<u64>,
 }
 
 impl<'s, 'h> Taking<'s, 'h> {
@@ -493,6 +507,93 @@ impl<'s, 'h> Taking<'s, 'h> {
         Ok(copied)
     }
 
+    /// Reads region idx whole, as `copy_whole`, but keeps only the pages
+    /// whose content differs from `base` (the baseline's pages of the same
+    /// region): a changed or new page is staged, a page now zero or in a
+    /// hole that `base` holds is staged as zeros, an equal one is skipped.
+    fn copy_changed(&mut self, idx: u32, base: &[(u64, Hash)]) -> Result<u64, Failure> {
+        let (name, fd, len) = {
+            let r = &self.layout.as_ref().ok_or(Failure::LayoutChanged)?.regions[idx as usize];
+            let h = self
+                .held
+                .get(&r.name)
+                .ok_or_else(|| Failure::NoFd(r.name.clone()))?;
+            (r.name.clone(), h.fd.as_raw_fd(), r.len)
+        };
+        let limit = fd_size(fd).min(len);
+        let ext = data_extents(fd, limit).map_err(|err| Failure::Read {
+            region: name.clone(),
+            err,
+        })?;
+        let mut cursor = BaseCursor::new(base);
+        let mut gone = std::mem::take(&mut self.gone);
+        gone.clear();
+        let zero = [0u8; PAGE];
+        let mut n = 0;
+        const BATCH: u64 = 64 * PAGE as u64;
+        for (s, e) in ext {
+            let mut off = s;
+            while off < e {
+                let len = (e - off).min(BATCH) as usize;
+                let mut buf = std::mem::take(&mut self.copy_buf);
+                buf.resize(len, 0);
+                let read = pread_full(fd, &mut buf[..len], off);
+                if let Err(err) = read {
+                    self.copy_buf = buf;
+                    return Err(Failure::Read {
+                        region: name.clone(),
+                        err,
+                    });
+                }
+                for i in 0..len / PAGE {
+                    let page = off / PAGE as u64 + i as u64;
+                    let bytes = &buf[i * PAGE..(i + 1) * PAGE];
+                    let was = cursor.advance_to(page, &mut gone);
+                    let same = if bytes.iter().fold(0u8, |a, &b| a | b) == 0 {
+                        was.is_none()
+                    } else {
+                        was.is_some_and(|h| blake3::hash(bytes).as_bytes() == h)
+                    };
+                    if same {
+                        if was.is_some() {
+                            self.unchanged += 1;
+                        }
+                        continue;
+                    }
+                    if let Err(e) = self.stage(idx, &name, page, bytes) {
+                        self.copy_buf = buf;
+                        return Err(e);
+                    }
+                    n += 1;
+                }
+                self.copy_buf = buf;
+                off += len as u64;
+            }
+        }
+        cursor.rest(&mut gone);
+        for &page in &gone {
+            if page * (PAGE as u64) < len {
+                self.stage(idx, &name, page, &zero)?;
+                n += 1;
+            }
+        }
+        self.gone = gone;
+        Ok(n)
+    }
+
+    /// One page into staging (flushed to the writer first when full).
+    fn stage(&mut self, idx: u32, name: &str, page: u64, bytes: &[u8]) -> Result<(), Failure> {
+        if self.staging.is_full() {
+            self.flush()?;
+        }
+        self.staging.put(idx, page, bytes);
+        self.touched
+            .entry(name.to_string())
+            .or_default()
+            .insert(page);
+        Ok(())
+    }
+
     fn copy_whole(&mut self, idx: u32) -> Result<u64, Failure> {
         let (name, fd, len) = {
             let r = &self.layout.as_ref().ok_or(Failure::LayoutChanged)?.regions[idx as usize];
@@ -534,6 +635,9 @@ pub fn take(
         copy_buf: Vec::new(),
         skip_zero: false,
         whole_pages: 0,
+        against: false,
+        unchanged: 0,
+        gone: Vec::new(),
     };
     let r = run(link, &mut t, &plan, t0);
     if r.is_err() {
@@ -628,6 +732,7 @@ fn run(
         bytes_compressed: stats.bytes_compressed,
         staging_peak: t.staging.peak_bytes,
         took: t0.elapsed(),
+        unchanged_pages: t.against.then_some(t.unchanged),
     })
 }
 
@@ -804,6 +909,16 @@ fn start_report(
             regions: regions.to_vec(),
             manifest_size: manifest_len.div_ceil(PAGE as u64) * PAGE as u64,
         };
+        let metas = layout.metas(t.held);
+        // every page is read, as for a full snapshot, but compared with
+        // what the app started from: the snapshot is a delta of that
+        let against = plan
+            .baseline
+            .filter(|b| t.full && plan.parent.as_ref() == Some(&b.id));
+        if against.is_some() {
+            t.full = false;
+            t.against = true;
+        }
         t.plan_meta = Some(NewSnapshot {
             parent: plan.parent.clone(),
             full: t.full,
@@ -811,10 +926,24 @@ fn start_report(
             generation: plan.generation,
             app: plan.app.to_string(),
             tags: plan.tags.clone(),
-            regions: layout.metas(t.held),
+            regions: metas.clone(),
         });
         t.layout = Some(layout);
-        if t.full {
+        if let Some(b) = against {
+            for (i, meta) in metas.iter().enumerate().take(regions.len()) {
+                let n = match b.region_like(meta) {
+                    Some(base) => t.copy_changed(i as u32, base)?,
+                    None => {
+                        // another shape: inherits nothing, read whole
+                        t.skip_zero = true;
+                        let n = t.copy_whole(i as u32);
+                        t.skip_zero = false;
+                        n?
+                    }
+                };
+                t.whole_pages += n;
+            }
+        } else if t.full {
             t.skip_zero = true;
             for i in 0..regions.len() {
                 t.whole_pages += t.copy_whole(i as u32)?;

@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::agent_link::{self, AgentMsg, RegionKind, SnapStatus};
+use super::baseline::Baseline;
 use super::cut::{self, AgentLink, BufMap, Done, Failure, HeldRegion, Plan};
 use crate::app_link::{self, Recv};
 use crate::proto::FdKind;
@@ -40,6 +41,26 @@ pub struct EngineConfig {
     pub replication: Option<std::sync::Arc<crate::cluster::link::ReplicationLink>>,
 }
 
+/// Why a restored incarnation's first snapshot is full after all (the
+/// `snapshot_baseline` event's code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BaselineUnused {
+    /// The snapshot it started from is in another store than this one.
+    OtherStore,
+    /// It is not this store's newest (a rollback to an older one, or
+    /// snapshots were taken since): its delta would fork the line.
+    NotNewest,
+}
+
+impl BaselineUnused {
+    pub fn code(self) -> &'static str {
+        match self {
+            BaselineUnused::OtherStore => "baseline_other_store",
+            BaselineUnused::NotNewest => "baseline_not_newest",
+        }
+    }
+}
+
 pub enum Cmd {
     /// A new process: the supervisor's end of its snapshot socket pair.
     Incarnation {
@@ -50,6 +71,8 @@ pub enum Cmd {
     Held(Vec<(FdKind, String, OwnedFd)>),
     /// The process is gone.
     Gone,
+    /// The next incarnation starts from this snapshot's memfds.
+    Baseline(Box<Baseline>),
     /// One snapshot now; `client` is answered with a `Note::Checkpoint`.
     Checkpoint {
         client: u64,
@@ -81,6 +104,12 @@ pub enum Note {
     Gc {
         removed: usize,
         freed_bytes: u64,
+    },
+    /// A restored incarnation's first snapshot could not be a delta of
+    /// the snapshot it started from, and is full.
+    BaselineUnused {
+        id: String,
+        why: BaselineUnused,
     },
 }
 
@@ -116,7 +145,14 @@ fn drain(fd: &OwnedFd) {
 }
 
 impl Handle {
-    pub fn start(cfg: EngineConfig) -> std::io::Result<Handle> {
+    /// `store`: the store at `cfg.dir` already open with its indexes, if
+    /// the caller has one (used instead of opening it again).
+    pub fn start(cfg: EngineConfig, store: Option<Store>) -> std::io::Result<Handle> {
+        let same_dir = |s: &Store| match (s.dir().canonicalize(), cfg.dir.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+        let store = store.filter(|s| s.is_indexed() && same_dir(s));
         let (tx, rx) = channel();
         let (ntx, notes) = channel();
         let wake = eventfd()?;
@@ -128,10 +164,13 @@ impl Handle {
             notes: ntx,
             notify: notify.try_clone()?,
             store: None,
+            preopened: store,
             sock: None,
             agent: None,
             held: HashMap::new(),
             last: None,
+            newest: None,
+            baseline: None,
             epoch: 0,
             carry: HashMap::new(),
             force_full: true,
@@ -190,12 +229,19 @@ struct Engine {
     notes: Sender<Note>,
     notify: OwnedFd,
     store: Option<Store>,
+    /// Handed over at the start: becomes `store` when the engine opens it.
+    preopened: Option<Store>,
     /// The current process's snapshot socket (before its agent's HELLO).
     sock: Option<(i32, OwnedFd)>,
     agent: Option<AgentLink>,
     held: HashMap<String, HeldRegion>,
     /// The last snapshot this engine committed: the parent of the next.
     last: Option<SnapshotId>,
+    /// The store's newest snapshot when the engine opened it.
+    newest: Option<SnapshotId>,
+    /// What the memfds held when the current incarnations began, until
+    /// the first snapshot after them is committed.
+    baseline: Option<Box<Baseline>>,
     epoch: u64,
     /// Pages reported for a snapshot that was abandoned.
     carry: HashMap<String, BTreeSet<u64>>,
@@ -378,6 +424,7 @@ impl Engine {
                     self.waiting.push((client, tags));
                 }
             }
+            Cmd::Baseline(b) => self.baseline = Some(b),
             Cmd::Shutdown => {}
         }
     }
@@ -486,8 +533,13 @@ impl Engine {
 
     fn open_store(&mut self) -> Result<&mut Store, Failure> {
         if self.store.is_none() {
-            let s = Store::create_or_open(&self.cfg.dir)?;
-            self.epoch = s.latest()?.map_or(0, |i| i.epoch);
+            let s = match self.preopened.take() {
+                Some(s) => s,
+                None => Store::create_or_open(&self.cfg.dir)?,
+            };
+            let latest = s.latest()?;
+            self.epoch = latest.as_ref().map_or(0, |i| i.epoch);
+            self.newest = latest.map(|i| i.id);
             self.store = Some(s);
         }
         self.store.as_mut().ok_or(Failure::LayoutChanged)
@@ -598,8 +650,13 @@ impl Engine {
             .ok_or(Failure::AgentLost("no agent".into()))?;
         let carry = std::mem::take(&mut self.carry);
         let mut touched = HashMap::new();
+        let baseline = self.usable_baseline();
         let plan = Plan {
-            parent: self.last.clone(),
+            parent: match &baseline {
+                Some(b) => Some(b.id.clone()),
+                None => self.last.clone(),
+            },
+            baseline: baseline.as_deref(),
             force_full: self.force_full,
             epoch,
             generation: link.generation as u64,
@@ -613,11 +670,15 @@ impl Engine {
         let store = self.store.as_mut().ok_or(Failure::LayoutChanged)?;
         let r = cut::take(&mut link, &self.held, store, plan, &mut touched);
         self.agent = Some(link);
+        if r.is_err() {
+            self.baseline = baseline; // the next attempt compares with it again
+        }
         match &r {
             Ok(d) => {
                 self.last = Some(d.info.id.clone());
                 self.epoch = epoch;
                 self.force_full = false;
+                self.baseline = None;
                 // tell the app: rk_durable_epoch(), rk_durable_fd(); with
                 // sync replication once the standbys have it too
                 match &self.cfg.replication {
@@ -642,6 +703,38 @@ impl Engine {
             }
         }
         r
+    }
+
+    /// The baseline, taken, if this snapshot can be a delta of it: a full
+    /// one is due (a new incarnation), and the snapshot the memfds came
+    /// from is this store's newest.  Otherwise it is dropped, and said.
+    fn usable_baseline(&mut self) -> Option<Box<Baseline>> {
+        if !self.force_full {
+            return None;
+        }
+        let b = self.baseline.take()?;
+        let same_store = match (b.dir.canonicalize(), self.cfg.dir.canonicalize()) {
+            (Ok(a), Ok(c)) => a == c,
+            _ => false,
+        };
+        let newest = self.last.as_ref().or(self.newest.as_ref());
+        let why = if !same_store {
+            Some(BaselineUnused::OtherStore)
+        } else if newest != Some(&b.id) {
+            Some(BaselineUnused::NotNewest)
+        } else {
+            None
+        };
+        match why {
+            None => Some(b),
+            Some(why) => {
+                self.note(Note::BaselineUnused {
+                    id: b.id.as_str().to_string(),
+                    why,
+                });
+                None
+            }
+        }
     }
 
     fn retention(&mut self) {
@@ -677,6 +770,12 @@ fn checkpoint_reply(d: &Done) -> serde_json::Value {
         "parent": d.info.parent.as_ref().map(|p| p.as_str().to_string()),
         "epoch": d.info.epoch,
         "full": d.full,
+        "base": match d.unchanged_pages {
+            Some(_) => "restored",
+            None if d.full => "none",
+            None => "parent",
+        },
+        "unchanged_pages": d.unchanged_pages.unwrap_or(0),
         "tags": d.info.tags,
         "pages": d.info.pages,
         "stop_us": d.stop_ns / 1000,

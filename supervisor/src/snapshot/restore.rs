@@ -78,6 +78,9 @@ pub struct Restored {
     pub lazy: Option<super::lazy::Source>,
     /// From the store's open to the memfds made.
     pub took: std::time::Duration,
+    /// The pages' hashes, for the first snapshot after the start (a delta
+    /// of this one); None where the memfds are not filled yet (lazy).
+    pub baseline: Option<super::baseline::Baseline>,
 }
 
 /// How a restore reads the arenas back (`--restore-pages`).
@@ -213,6 +216,19 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
     if !has_manifest {
         return Err(RestoreError::NoManifest { id: sid });
     }
+    let baseline = (pages == Pages::Eager).then(|| super::baseline::Baseline {
+        dir: src.dir.clone(),
+        id: info.id.clone(),
+        regions: reader
+            .regions()
+            .iter()
+            .enumerate()
+            .map(|(i, r)| super::baseline::BaseRegion {
+                meta: r.clone(),
+                pages: reader.page_hashes(i as u32),
+            })
+            .collect(),
+    });
     let lazy = (pages == Pages::Lazy).then(|| super::lazy::Source {
         reader,
         arenas: lazy_arenas,
@@ -223,6 +239,7 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
         bytes,
         lazy,
         took: t0.elapsed(),
+        baseline,
     })
 }
 

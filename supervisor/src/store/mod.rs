@@ -190,6 +190,36 @@ impl Store {
         })
     }
 
+    /// A second handle on the same open store, its pack files shared and
+    /// its chunk index copied: what a thread that needs the indexes gets
+    /// from one that has loaded them, in a copy of memory rather than a
+    /// read of every pack (an elected standby's sender and snapshot engine
+    /// both start from its receiver's store).
+    pub fn duplicate(&self) -> Store {
+        Store {
+            dir: self.dir.clone(),
+            packs: self
+                .packs
+                .iter()
+                .map(|p| PackSlot {
+                    name: p.name.clone(),
+                    path: p.path.clone(),
+                    state: p.state.clone(),
+                    chunks: p.chunks,
+                })
+                .collect(),
+            by_name: self.by_name.clone(),
+            index: self.index.clone(),
+            indexed: self.indexed,
+        }
+    }
+
+    /// The store is open with every pack's index loaded (`open`,
+    /// `create_or_open`), not `open_unindexed`.
+    pub fn is_indexed(&self) -> bool {
+        self.indexed
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -313,7 +313,9 @@ fn prefix(h: &Hash) -> [u8; 8] {
 /// A delta's entries for one region (sorted by page) applied to what the
 /// region inherits (sorted by page): a page of the delta replaces the
 /// inherited one, a zero entry removes it.
-fn merge_pages(base: Vec<(u64, Hash)>, delta: &[MapEntry]) -> Vec<(u64, Hash)> {
+/// A region's (page, hash) list, sorted by page, with a delta's entries
+/// (sorted by page; a zero entry removes the page) merged in.
+pub(crate) fn merge_pages(base: Vec<(u64, Hash)>, delta: &[MapEntry]) -> Vec<(u64, Hash)> {
     if delta.is_empty() {
         return base;
     }
@@ -353,6 +355,15 @@ impl SnapshotReader {
             .get(region as usize)
             .into_iter()
             .flat_map(|v| v.iter().map(|s| s.page))
+    }
+
+    /// The non-zero pages of a region with their chunks' hashes, ascending
+    /// (none for a bad index): what a later snapshot compares pages with
+    /// (snapshot/baseline.rs).
+    pub fn page_hashes(&self, region: u32) -> Vec<(u64, Hash)> {
+        self.pages.get(region as usize).map_or_else(Vec::new, |v| {
+            v.iter().map(|s| (s.page, s.entry.hash)).collect()
+        })
     }
 
     /// Count of non-zero pages in a region.

@@ -76,6 +76,25 @@ fn frame(out: &mut dyn Write, kind: u8, payload: &[u8]) -> Result<(), StoreError
 struct Sent {
     have: HashSet<Hash>,
     last: Option<SnapshotId>,
+    /// `have` holds every chunk of `last` (its chain was folded in, or it
+    /// was sent folded), not only the chunks sent since.
+    folded: bool,
+}
+
+/// A snapshot that lists more pages than this without changing them (see
+/// `relisted_pages`) is sent after folding what the receiver holds.
+const RELIST_FOLD_MIN: u64 = 256;
+
+/// The pages of `m` that a delta would not list: all of a full snapshot's,
+/// those of its regions stored whole.
+fn relisted_pages(m: &Manifest, entries: &[MapEntry]) -> u64 {
+    if m.kind == SnapshotKind::Full {
+        return entries.len() as u64;
+    }
+    entries
+        .iter()
+        .filter(|e| m.regions.get(e.region as usize).is_some_and(|r| r.whole))
+        .count() as u64
 }
 
 impl Store {
@@ -99,6 +118,7 @@ impl Store {
         let mut sent = Sent {
             have: HashSet::new(),
             last: None,
+            folded: false,
         };
         self.send_to(id, since, &mut sent, out, progress)?;
         out.flush().map_err(write_io)?;
@@ -152,7 +172,9 @@ impl Store {
                 for r in &mut m.regions {
                     r.whole = false;
                 }
-                self.send_one(&m, &entries, sent, out, progress)
+                self.send_one(&m, &entries, sent, out, progress)?;
+                sent.folded = true; // every chunk of it is in `have` now
+                Ok(())
             }
             Some(s) => {
                 // the snapshots after `s` on `id`'s line, oldest first
@@ -172,16 +194,27 @@ impl Store {
                         }
                     }
                 }
+                // What the receiver of `s` holds matters to a snapshot that
+                // lists many pages it did not change (a full one, a big
+                // region whole): folding `s`'s chain finds them, but reads
+                // every map back to its full snapshot, hundreds after a
+                // day of small deltas.  A delta's pages are mostly new, a
+                // small whole region (the runtime's manifest) is a few
+                // pages, and a chunk sent that the receiver had is only
+                // bytes: for those the chain is not folded.
                 if sent.last.as_ref() != Some(s) {
-                    // what the receiver of `s` holds
-                    let chain = self.chain(s)?;
-                    for pages in self.fold(&chain)? {
-                        sent.have.extend(pages.into_iter().map(|(_, h)| h));
-                    }
+                    sent.folded = false;
                 }
                 for m in line.iter().rev() {
                     let entries = self.load_map(m)?;
                     self.check_packs(m)?;
+                    if !sent.folded && relisted_pages(m, &entries) > RELIST_FOLD_MIN {
+                        let chain = self.chain(s)?;
+                        for pages in self.fold(&chain)? {
+                            sent.have.extend(pages.into_iter().map(|(_, h)| h));
+                        }
+                        sent.folded = true;
+                    }
                     self.send_one(m, &entries, sent, out, progress)?;
                 }
                 Ok(())
@@ -523,6 +556,7 @@ impl Default for SendState {
         SendState(Sent {
             have: HashSet::new(),
             last: None,
+            folded: false,
         })
     }
 }

@@ -19,6 +19,7 @@ use crate::failure::FailureKind;
 use crate::lifecycle::RestartPath;
 use crate::proto::StartKind;
 use crate::reason::Reason;
+use crate::snapshot::baseline::Baseline;
 use crate::snapshot::engine::{Cmd, EngineConfig, Handle, Note};
 use crate::snapshot::restore::{self, Source};
 
@@ -36,6 +37,8 @@ pub(super) struct Rollback {
     /// The memfds came made (an elected standby's hot image), not read
     /// from the store.
     pub(super) premade: bool,
+    /// What the memfds hold, for the first snapshot after the start.
+    pub(super) baseline: Option<Baseline>,
 }
 
 impl Rollback {
@@ -51,6 +54,7 @@ impl Rollback {
                 .map(|(kind, name, fd)| Held { kind, name, fd })
                 .collect(),
             premade: false,
+            baseline: r.baseline,
         }
     }
 }
@@ -63,17 +67,21 @@ pub(super) fn start_engine(
     sc: &SnapshotConfig,
     app: &str,
     replication: Option<std::sync::Arc<crate::cluster::link::ReplicationLink>>,
+    store: Option<crate::store::Store>,
 ) -> Result<Handle> {
-    Handle::start(EngineConfig {
-        dir: sc.dir.clone(),
-        interval: sc.interval,
-        app: app.to_string(),
-        keep: sc.keep,
-        staging_bytes: sc.memory,
-        freeze_timeout: Duration::from_millis(50),
-        precopy_rounds: 1,
-        replication,
-    })
+    Handle::start(
+        EngineConfig {
+            dir: sc.dir.clone(),
+            interval: sc.interval,
+            app: app.to_string(),
+            keep: sc.keep,
+            staging_bytes: sc.memory,
+            freeze_timeout: Duration::from_millis(50),
+            precopy_rounds: 1,
+            replication,
+        },
+        store,
+    )
     .context("cannot start the snapshot thread")
 }
 
@@ -187,6 +195,7 @@ impl Supervisor {
         self.held = std::mem::take(&mut rb.fds);
         self.sort_held();
         self.snapshot_held();
+        self.snapshot_baseline(rb.baseline.take());
         self.restored_plan(rb.id, decision, signal, now, 0)
     }
 
@@ -242,6 +251,16 @@ impl Supervisor {
     pub(super) fn snapshot_gone(&mut self) {
         if let Some(h) = &self.snapshots {
             h.send(Cmd::Gone);
+        }
+    }
+
+    /// The next incarnation starts from a snapshot's memfds: the engine's
+    /// first snapshot of it is a delta of that snapshot where it can be
+    /// (snapshot/baseline.rs).  Sent before the spawn, so the engine has it
+    /// before the incarnation's agent says HELLO.
+    pub(super) fn snapshot_baseline(&mut self, b: Option<Baseline>) {
+        if let (Some(h), Some(b)) = (&self.snapshots, b) {
+            h.send(Cmd::Baseline(Box::new(b)));
         }
     }
 
@@ -365,7 +384,7 @@ impl Supervisor {
                     .is_some_and(|c| c.events == crate::cli::SnapshotEvents::Every);
                 let due = every
                     || now.saturating_sub(self.snapshot_event_ns) >= EVENT_EVERY.as_nanos() as u64;
-                if due || d.full || !d.info.tags.is_empty() {
+                if due || d.full || d.unchanged_pages.is_some() || !d.info.tags.is_empty() {
                     self.snapshot_event_ns = now;
                     let count = std::mem::take(&mut self.snapshots_since_event);
                     self.report.event(
@@ -374,6 +393,15 @@ impl Supervisor {
                             .s("parent", d.info.parent.as_ref().map_or("", |p| p.as_str()))
                             .u("epoch", d.info.epoch)
                             .s("kind", if d.full { "full" } else { "delta" })
+                            .s(
+                                "base",
+                                match d.unchanged_pages {
+                                    Some(_) => "restored",
+                                    None if d.full => "none",
+                                    None => "parent",
+                                },
+                            )
+                            .u("unchanged_pages", d.unchanged_pages.unwrap_or(0))
                             .v("tags", d.info.tags.clone())
                             .u("stop_us", d.stop_ns / 1000)
                             .u("freeze_us", d.freeze_ns / 1000)
@@ -406,6 +434,16 @@ impl Supervisor {
                     c.flush();
                 }
             }
+            Note::BaselineUnused { id, why } => self.report.event(
+                ev("snapshot_baseline")
+                    .s("state", "not_used")
+                    .s("id", id)
+                    .s("code", why.code())
+                    .s(
+                        "why",
+                        "the first snapshot of the restored app is full: its snapshot is not this store's newest",
+                    ),
+            ),
             Note::Gc {
                 removed,
                 freed_bytes,
