@@ -1171,7 +1171,9 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, 20k keys, short windows")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--name", default="failover")
-    ap.add_argument("--keep", type=Path, help="keep each run's node directories (events, logs, stores) under DIR")
+    ap.add_argument(
+        "--keep", type=Path, metavar="DIR", help="keep each run's node directories (events, logs, stores) under DIR"
+    )
     ap.add_argument("--from-json", type=Path, help="only render NAME.md and NAME.png again from this JSON")
     a = ap.parse_args(argv)
     if a.quick:
