@@ -1172,7 +1172,7 @@ def parse_args(argv):
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--name", default="failover")
     ap.add_argument(
-        "--keep", type=Path, metavar="DIR", help="keep each run's node directories (events, logs, stores) under DIR"
+        "--keep", type=Path, metavar="DIR", help="keep each run's node directories (events, logs, stores)"
     )
     ap.add_argument("--from-json", type=Path, help="only render NAME.md and NAME.png again from this JSON")
     a = ap.parse_args(argv)
