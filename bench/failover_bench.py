@@ -232,9 +232,15 @@ class Load:
     (t_start_ns, t_end_ns, client, op, seq, ok, server); SET values are
     str(seq) of key w<client>:<seq>."""
 
-    def __init__(self, discover, clients, keys, seconds, max_ops, timeout_s):
+    def __init__(self, discover, clients, keys, seconds, max_ops, timeout_s, abandon=True):
         self.discover, self.clients, self.keys = discover, clients, keys
         self.seconds, self.max_ops, self.timeout_s = seconds, max_ops, timeout_s
+        # abandon: when the discovered primary changes, the requests in
+        # flight to the old one fail at once (their sockets are shut), as a
+        # client that acts on Sentinel's +switch-master or on etcd's leader
+        # does, instead of waiting for their socket timeout
+        self.abandon = abandon
+        self.conns = [None] * clients  # (server, redis.Redis) in use by each client
         self.records = [[] for _ in range(clients)]
         self.stop = threading.Event()
         self.threads = []
@@ -254,10 +260,24 @@ class Load:
             p = quiet(self.discover)
             if p is not None:
                 with self._lock:
-                    if p != self._primary:
+                    changed = p != self._primary
+                    if changed:
                         self._primary = p
                         self.changes.append((time.monotonic_ns(), f"{p[0]}:{p[1]}"))
+                if changed and self.abandon:
+                    self._abandon_all_but(p)
             self.stop.wait(POLL_S)
+
+    def _abandon_all_but(self, p):
+        """Shuts the sockets of the clients' connections to any other server:
+        a request waiting on one fails now with a connection error."""
+        for held in list(self.conns):
+            if held is None or held[0] == p:
+                continue
+            sock = getattr(held[1].connection, "_sock", None) if held[1].connection else None
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     def _client(self, k):
         import redis
@@ -275,21 +295,26 @@ class Load:
             if p is None:
                 time.sleep(POLL_S)
                 continue
-            if conn is None or at != p:
-                if conn is not None:
-                    conn.close()
-                conn = redis.Redis(
-                    host=p[0],
-                    port=p[1],
-                    socket_timeout=self.timeout_s,
-                    socket_connect_timeout=self.timeout_s,
-                    retry=Retry(NoBackoff(), 0),
-                )
-                at = p
+            if conn is not None and at != p:
+                conn.close()
+                conn = None
             server = f"{p[0]}:{p[1]}"
             write = n % 2 == 0
             t0 = time.monotonic_ns()
             try:
+                if conn is None:
+                    # one connection of its own (connected here, so a refusal
+                    # is this op's error), which the discoverer can shut
+                    conn = redis.Redis(
+                        host=p[0],
+                        port=p[1],
+                        socket_timeout=self.timeout_s,
+                        socket_connect_timeout=self.timeout_s,
+                        retry=Retry(NoBackoff(), 0),
+                        single_connection_client=True,
+                    )
+                    at = p
+                    self.conns[k] = (p, conn)
                 if write:
                     ok = conn.set(f"w{k}:{seq}", str(seq)) is True
                 else:
@@ -302,7 +327,8 @@ class Load:
             if write:
                 seq += 1
             if not ok:
-                conn.close()
+                if conn is not None:
+                    conn.close()
                 conn = None
                 # an error: the next op goes to whatever is primary by then,
                 # after one discovery period (no busy loop on a dead address)
@@ -821,6 +847,7 @@ def run_failover(h, cfg, fault, args, tmp):
             args.pre_s + args.fault_timeout + args.post_s,
             args.max_ops,
             args.client_timeout,
+            abandon=not args.no_abandon,
         )
         sampler = LagSampler(topo.lag).start()
         t_load = time.monotonic_ns()
@@ -1031,8 +1058,15 @@ def markdown(doc):
         "",
         f"`{doc['command']}`: {a['keys']:,} keys of {a['value_size']} bytes preloaded, "
         f"{a['clients']} redis-py clients in a closed loop (SET of a new key, GET of a preloaded key, "
-        f"alternately), {a['pre_s']} s of load before the fault, {a['repeat']} round(s). "
-        "Each cell: median (p99 / max) over the rounds.",
+        f"alternately), {a['pre_s']} s of load before the fault, {a['repeat']} round(s), "
+        f"socket timeout {a['client_timeout']} s; "
+        + (
+            "a request in flight to the old primary waits for its timeout. "
+            if a.get("no_abandon")
+            else "a request in flight to the old primary fails as soon as a new one is discovered "
+            f"(etcd's leader key or Sentinel, polled every {POLL_S * 1000:.0f} ms). "
+        )
+        + "Each cell: median (p99 / max) over the rounds.",
         "",
         "| config | fault | runs where a client got a reply from the new primary "
         "| failover ms (last old reply → first new reply) "
@@ -1164,6 +1198,12 @@ def parse_args(argv):
     ap.add_argument("--fault-timeout", type=float, default=12.0, help="s to wait for the new primary")
     ap.add_argument("--max-ops", type=int, default=2_000_000, help="ops per client at most")
     ap.add_argument("--client-timeout", type=float, default=0.5, help="redis-py socket timeout (s)")
+    ap.add_argument(
+        "--no-abandon",
+        action="store_true",
+        help="clients keep waiting (up to --client-timeout) on a request in flight to the old primary after "
+        "a new one is discovered (default: its socket is shut at once)",
+    )
     ap.add_argument("--lease-ttl", type=int, default=1, help="rkv-sync/-async's lease without -ttlN")
     ap.add_argument("--async-interval", default="20ms", help="rkv-async's --snapshot-interval")
     ap.add_argument("--failover-timeout", type=int, default=1000, help="sentinel failover-timeout (ms)")
