@@ -257,7 +257,10 @@ class Load:
 
         deadline = time.monotonic() + self.seconds + 5
         while not self.stop.is_set() and time.monotonic() < deadline:
+            t = time.monotonic_ns()
             p = quiet(self.discover)
+            if os.environ.get("FB_DEBUG"):
+                print(f"discover {t / 1e6:.1f} +{(time.monotonic_ns() - t) / 1e6:.1f} ms -> {p}", file=sys.stderr)
             if p is not None:
                 with self._lock:
                     changed = p != self._primary
@@ -419,9 +422,15 @@ class LagSampler:
 # ---------------------------------------------------------------- Rekindle
 
 
-def etcd_get(url, key, timeout=0.2):
-    """One key through etcd's JSON gateway (v3 API over HTTP); bytes or None."""
-    body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+def etcd_get(url, key, timeout=0.2, serializable=False):
+    """One key through etcd's JSON gateway (v3 API over HTTP); bytes or None.
+    serializable: answered from the member's state at once, not after a
+    read-index round that waits behind pending writes (a client that follows
+    the leader key cares for news, not for linearizability)."""
+    q = {"key": base64.b64encode(key.encode()).decode()}
+    if serializable:
+        q["serializable"] = True
+    body = json.dumps(q).encode()
     req = urllib.request.Request(f"{url}/v3/kv/range", data=body, method="POST")
     with urllib.request.urlopen(req, timeout=timeout) as r:
         kvs = json.loads(r.read()).get("kvs", [])
@@ -466,7 +475,7 @@ class RekindleTopology:
         return f"{node.host.ip}:{node.port}"
 
     def discover(self):
-        v = etcd_get(self.etcd.url, self.leader_key)
+        v = etcd_get(self.etcd.url, self.leader_key, serializable=True)
         if v is None:
             return None
         ip, _, port = json.loads(v)["serve"][0].rpartition(":")
@@ -859,6 +868,8 @@ def run_failover(h, cfg, fault, args, tmp):
         out["lag"] = lag_summary(lag)
         out["loadavg_at_fault"] = loadavg()
         t_fault = time.monotonic_ns()
+        if os.environ.get("FB_DEBUG"):
+            print(f"fault {t_fault / 1e6:.1f}", file=sys.stderr)
         topo.fault(fault)
         out["fault_call_ms"] = round((time.monotonic_ns() - t_fault) / 1e6, 1)
 

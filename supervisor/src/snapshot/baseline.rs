@@ -73,6 +73,14 @@ impl<'a> BaseCursor<'a> {
         }
     }
 
+    /// Passes the baseline pages below `page` without reporting them (the
+    /// caller has looked at them another way).
+    pub fn skip_below(&mut self, page: u64) {
+        while self.at < self.pages.len() && self.pages[self.at].0 < page {
+            self.at += 1;
+        }
+    }
+
     /// The baseline pages not yet passed (after the region's last data).
     pub fn rest(&mut self, skipped: &mut Vec<u64>) {
         skipped.extend(self.pages[self.at..].iter().map(|(p, _)| *p));
@@ -99,5 +107,12 @@ mod tests {
         assert_eq!(gone, vec![1, 4, 9]);
         c.rest(&mut gone);
         assert_eq!(gone, vec![1, 4, 9]);
+        // an extent [1, 5) looked at another way: only 0 and 9 are outside
+        let mut c = BaseCursor::new(&pages);
+        let mut out = Vec::new();
+        c.advance_to(1, &mut out);
+        c.skip_below(5);
+        c.rest(&mut out);
+        assert_eq!(out, vec![9]);
     }
 }

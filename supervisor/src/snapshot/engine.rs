@@ -560,13 +560,15 @@ impl Engine {
         match r {
             Ok(done) => {
                 self.failing_since = None;
+                let reply = checkpoint_reply(&done);
+                // the event first: a client that has its reply finds it logged
+                self.note(Note::Snapshot(Box::new(done)));
                 for (client, _) in &waiting {
                     self.note(Note::Checkpoint {
                         client: *client,
-                        reply: checkpoint_reply(&done),
+                        reply: reply.clone(),
                     });
                 }
-                self.note(Note::Snapshot(Box::new(done)));
                 self.retention();
             }
             Err(Failure::NoFd(_))
