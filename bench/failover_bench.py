@@ -260,7 +260,8 @@ class Load:
             t = time.monotonic_ns()
             p = quiet(self.discover)
             if os.environ.get("FB_DEBUG"):
-                print(f"discover {t / 1e6:.1f} +{(time.monotonic_ns() - t) / 1e6:.1f} ms -> {p}", file=sys.stderr)
+                took = (time.monotonic_ns() - t) / 1e6
+                print(f"discover {t / 1e6:.1f} +{took:.1f} ms -> {p}", file=sys.stderr)
             if p is not None:
                 with self._lock:
                     changed = p != self._primary
