@@ -432,3 +432,19 @@ def test_cli_errors(base, args, status, code):
     else:
         assert p.stderr.startswith(b"error: "), p.stderr.decode()
     assert ids(base["store"]) == base["ids"], "a bad command changes nothing"
+
+
+def test_a_listing_into_a_closed_pipe_ends_quietly(base):
+    """`rekindle snapshots DIR | head -1`: the listing's reader goes away
+    first; the command ends as other tools do (SIGPIPE), without a panic."""
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first line
+    try:
+        p = subprocess.run(
+            [str(REKINDLE), "snapshots", str(base["store"]), "--json"],
+            stdout=w, stderr=subprocess.PIPE, timeout=30, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(w)
+    assert b"panicked" not in p.stderr, p.stderr.decode()
+    assert p.returncode == -signal.SIGPIPE, (p.returncode, p.stderr.decode())

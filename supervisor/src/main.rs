@@ -62,6 +62,25 @@ fn start_from_store(cfg: &mut cli::Config) -> Option<rekindle::snapshot::restore
     }
 }
 
+/// Commands whose only output is a listing, read by a person or piped
+/// into `head`: a reader that closes early ends them quietly.
+fn prints_a_listing(cmd: &Command) -> bool {
+    matches!(
+        cmd,
+        Command::Status { .. }
+            | Command::Ps { .. }
+            | Command::Inspect { .. }
+            | Command::Store(rekindle::store_cli::StoreCommand::Snapshots { .. })
+    )
+}
+
+/// Rust ignores SIGPIPE, so a listing written to a closed pipe panicked in
+/// `println!`; the default action ends the process as other tools end.
+fn quiet_on_closed_stdout() {
+    // SAFETY: restoring the default disposition of one signal at start.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 fn main() {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -73,6 +92,9 @@ fn main() {
             None => e.exit(), // usage errors exit 2, --help and --version 0
         },
     };
+    if prints_a_listing(&cli.cmd) {
+        quiet_on_closed_stdout();
+    }
     let r = match cli.cmd {
         Command::Run(args) if args.cluster.cluster.is_some() => {
             std::process::exit(rekindle::cluster::node::run(*args))
