@@ -157,6 +157,41 @@ def test_async_waits_for_the_lease(net):
     print(f"async: {lost} of {hist.count()} acknowledged writes lost (the replication lag)")
 
 
+def test_async_max_lag_holds_replies_while_the_standby_is_behind(net):
+    """async with --max-lag: while the standby receives, replies go at
+    local durability; cut off from it, the primary holds them once its
+    oldest unacknowledged commit is older than the bound (the loss window
+    stays bounded), and releases them when the standby catches up."""
+    etcd, n1, n2 = start_pair(net, replication="async", extra=("--max-lag", "200ms"))
+    hist, stop = History(), threading.Event()
+    ths = writers(n1, hist, stop, seconds=60)
+    wait_acks(hist, 200)
+    assert not n1.events("replication_lag_bound")
+    n1.host.block(n2.host)
+    held = n1.wait_event("replication_lag_bound", lambda e: e["state"] == "held")
+    assert held["code"] == "standbys_behind_max_lag" and held["max_lag_ms"] == 200, held
+    assert held["behind_ms"] > 200, held
+    # replies released before the hold may still be on their way: then none
+    time.sleep(0.5)
+    before = hist.count()
+    time.sleep(1.0)
+    assert hist.count() == before, f"{hist.count() - before} writes acknowledged past the bound"
+    n1.host.unblock(n2.host)
+    n1.wait_event("replication_lag_bound", lambda e: e["state"] == "released", timeout=30)
+    wait_acks(hist, before + 100)
+    stop.set()
+    for t in ths:
+        t.join(timeout=30)
+    assert check_no_acked_write_lost(hist, n1.client(timeout=10)) == hist.count()
+
+
+def test_max_lag_is_refused_with_sync_replication(net):
+    etcd = Etcd(net, net.host("e1"))
+    n1 = Node(net, net.host("n1"), etcd, "n1", extra=("--max-lag", "1s"))
+    assert n1.proc.wait(timeout=30) == 2
+    assert "--max-lag" in n1.log.read_text()
+
+
 def test_partition_from_the_standby_only_is_not_taken_over(net):
     """sync, a 10 s lease: the primary and its standby lose each other but
     both reach etcd.  The standby suspects the primary, sees it still

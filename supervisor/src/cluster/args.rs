@@ -96,6 +96,16 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_positive_duration, default_value = "1s",
           requires = "cluster")]
     pub sync_drop_after: Duration,
+
+    /// With --replication async: bound the writes a failover can lose.  A
+    /// reply is released at once only while every snapshot committed more
+    /// than DUR ago has been acknowledged by the in-sync standbys; beyond
+    /// that, replies wait for the standbys as in sync mode until they catch
+    /// up (Redis's min-replicas-max-lag, as back-pressure rather than an
+    /// error).  Without it the loss window is unbounded and only reported
+    /// (docs/failover.md, "Bounded loss in async mode").
+    #[arg(long, value_name = "DUR", value_parser = parse_positive_duration, requires = "cluster")]
+    pub max_lag: Option<Duration>,
 }
 
 /// A duration above zero (0 would drop every member at its first pending

@@ -536,7 +536,7 @@ mod tests {
 
     #[test]
     fn acknowledgements_are_released_only_with_every_required_member() {
-        let link = Arc::new(ReplicationLink::new(true).unwrap_or_else(|e| panic!("{e}")));
+        let link = Arc::new(ReplicationLink::new(true, None).unwrap_or_else(|e| panic!("{e}")));
         let b = InSyncBoard::default();
         b.attach(2, link.clone());
         b.joined("a", 1, None);

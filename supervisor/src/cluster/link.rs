@@ -28,6 +28,9 @@ struct State {
 pub struct ReplicationLink {
     /// The app's durable acknowledgements wait for a standby.
     pub sync: bool,
+    /// Async: replies wait for the standbys once a commit older than this
+    /// is unacknowledged (`--max-lag`).
+    pub max_lag: Option<Duration>,
     state: Mutex<State>,
     cond: Condvar,
     /// Readable when `acked` advanced (the engine polls it).
@@ -35,7 +38,7 @@ pub struct ReplicationLink {
 }
 
 impl ReplicationLink {
-    pub fn new(sync: bool) -> std::io::Result<ReplicationLink> {
+    pub fn new(sync: bool, max_lag: Option<Duration>) -> std::io::Result<ReplicationLink> {
         // SAFETY: eventfd returns a fresh fd or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -43,6 +46,7 @@ impl ReplicationLink {
         }
         Ok(ReplicationLink {
             sync,
+            max_lag,
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
             // SAFETY: fresh and ours.
@@ -121,6 +125,16 @@ impl ReplicationLink {
         // SAFETY: an 8-byte read from an eventfd.
         unsafe { libc::read(self.acked_efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
         self.lock().acked.clone()
+    }
+
+    /// How far the standbys have acknowledged (the fd is left as it is).
+    pub fn acked_now(&self) -> Option<SnapshotId> {
+        self.lock().acked.clone()
+    }
+
+    /// The engine waits for acknowledgements (sync, or async with a bound).
+    pub fn waits_for_acks(&self) -> bool {
+        self.sync || self.max_lag.is_some()
     }
 
     pub fn acked_fd(&self) -> i32 {

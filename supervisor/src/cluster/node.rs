@@ -85,6 +85,13 @@ pub fn run(args: RunArgs) -> i32 {
             return 2;
         }
     };
+    if ca.max_lag.is_some() && ca.replication == Replication::Sync {
+        eprintln!(
+            "rekindle: --max-lag bounds async replication's loss window; with --replication sync \
+             nothing is acknowledged before a standby has it"
+        );
+        return 2;
+    }
     let cluster = ca.cluster_name.clone().unwrap_or(probe.name.clone());
     // Signals are blocked before any thread starts (threads inherit the
     // mask), and read from a signalfd while standing by; the supervisor
@@ -550,7 +557,8 @@ fn serve_term(
         agent.want(Want::Resign);
         1
     };
-    let link = match ReplicationLink::new(mode == Replication::Sync) {
+    let max_lag = args.cluster.max_lag.filter(|_| mode == Replication::Async);
+    let link = match ReplicationLink::new(mode == Replication::Sync, max_lag) {
         Ok(l) => Arc::new(l),
         Err(e) => return fail("replication link", "io", e.to_string()),
     };

@@ -105,6 +105,13 @@ pub enum Note {
         removed: usize,
         freed_bytes: u64,
     },
+    /// Async with `--max-lag`: replies began (held) or stopped waiting for
+    /// the standbys.
+    LagBound {
+        held: bool,
+        behind_ms: u64,
+        max_ms: u64,
+    },
     /// A restored incarnation's first snapshot could not be a delta of
     /// the snapshot it started from, and is full.
     BaselineUnused {
@@ -183,6 +190,9 @@ impl Handle {
             requested: false,
             refused: 0,
             unacked: std::collections::VecDeque::new(),
+            lagging: std::collections::VecDeque::new(),
+            published: 0,
+            lag_held: false,
         };
         let thread = std::thread::Builder::new()
             .name("rk-snapshots".into())
@@ -265,6 +275,14 @@ struct Engine {
     /// Sync replication: committed snapshots (id, the app's epoch of the
     /// cut) whose durable epoch waits for the standbys' ack, oldest first.
     unacked: std::collections::VecDeque<(SnapshotId, u64)>,
+    /// Async with `--max-lag`: committed snapshots not yet acknowledged by
+    /// the standbys (id, the app's epoch of the cut, when committed),
+    /// oldest first; replies wait once the oldest is older than the bound.
+    lagging: std::collections::VecDeque<(SnapshotId, u64, Instant)>,
+    /// The newest epoch published to the app (it only grows).
+    published: u64,
+    /// Replies are held for the lag bound now (said once per change).
+    lag_held: bool,
 }
 
 /// Right after an agent's HELLO the poll loop may not have handed over the
@@ -322,7 +340,7 @@ impl Engine {
                 .cfg
                 .replication
                 .as_ref()
-                .filter(|l| l.sync)
+                .filter(|l| l.waits_for_acks())
                 .map(|l| l.acked_fd());
             let acked_at = pfds.len();
             if let Some(fd) = acked_fd {
@@ -464,6 +482,10 @@ impl Engine {
         let Some(acked) = self.cfg.replication.as_ref().and_then(|l| l.take_acked()) else {
             return;
         };
+        if self.cfg.replication.as_ref().is_some_and(|l| !l.sync) {
+            self.release_within_lag(Some(&acked));
+            return;
+        }
         let mut release = None;
         while self.unacked.front().is_some_and(|(id, _)| id <= &acked) {
             release = self.unacked.pop_front().map(|(_, e)| e);
@@ -473,9 +495,48 @@ impl Engine {
         }
     }
 
+    /// Async with `--max-lag`: releases the replies of every commit while
+    /// the oldest unacknowledged one is younger than the bound; past it,
+    /// only those the standbys have acknowledged (as in sync mode) until
+    /// they catch up.  A write acknowledged at time t is therefore lost in
+    /// a failover only if its snapshot was committed after t - max_lag.
+    fn release_within_lag(&mut self, acked: Option<&SnapshotId>) {
+        let Some(max) = self.cfg.replication.as_ref().and_then(|l| l.max_lag) else {
+            return;
+        };
+        let mut release = None;
+        while let Some((id, e, _)) = self.lagging.front() {
+            if acked.is_none_or(|a| id > a) {
+                break;
+            }
+            release = Some(*e);
+            self.lagging.pop_front();
+        }
+        let oldest = self.lagging.front().map(|(_, _, t)| t.elapsed());
+        let held = oldest.is_some_and(|age| age > max);
+        if !held {
+            release = self.lagging.back().map(|(_, e, _)| *e).or(release);
+        }
+        if held != self.lag_held {
+            self.lag_held = held;
+            self.note(Note::LagBound {
+                held,
+                behind_ms: oldest.map_or(0, |a| a.as_millis() as u64),
+                max_ms: max.as_millis() as u64,
+            });
+        }
+        if let Some(e) = release {
+            self.publish_durable(e);
+        }
+    }
+
     /// rk_durable_epoch(), rk_durable_fd(): the app's cut `app_epoch` is
     /// durable (locally, or with sync replication on the standbys too).
-    fn publish_durable(&self, app_epoch: u64) {
+    fn publish_durable(&mut self, app_epoch: u64) {
+        if app_epoch <= self.published && self.published != 0 {
+            return; // older than what the app has: it only grows
+        }
+        self.published = app_epoch;
         if let Some(a) = &self.agent {
             a.buf
                 .set_epoch(agent_link::OFF_BUF_DURABLE_EPOCH, app_epoch);
@@ -488,6 +549,8 @@ impl Engine {
     fn on_hello(&mut self, h: agent_link::Hello, mut fds: Vec<OwnedFd>, sock: &OwnedFd) {
         // a new process's epochs: the old one's held replies died with it
         self.unacked.clear();
+        self.lagging.clear();
+        self.published = 0;
         self.force_full = true; // a new address space: what was written before is unknown
         self.carry.clear();
         if h.status != SnapStatus::Ok || fds.len() != agent_link::HELLO_FDS {
@@ -687,6 +750,13 @@ impl Engine {
                     Some(l) if l.sync => {
                         self.unacked.push_back((d.info.id.clone(), d.app_epoch));
                         l.committed(&d.info.id);
+                    }
+                    Some(l) if l.max_lag.is_some() => {
+                        self.lagging
+                            .push_back((d.info.id.clone(), d.app_epoch, Instant::now()));
+                        l.committed(&d.info.id);
+                        let acked = l.acked_now();
+                        self.release_within_lag(acked.as_ref());
                     }
                     Some(l) => {
                         l.committed(&d.info.id);

@@ -434,6 +434,24 @@ impl Supervisor {
                     c.flush();
                 }
             }
+            Note::LagBound {
+                held,
+                behind_ms,
+                max_ms,
+            } => self.report.event(
+                ev("replication_lag_bound")
+                    .s("state", if held { "held" } else { "released" })
+                    .s(
+                        "code",
+                        if held {
+                            "standbys_behind_max_lag"
+                        } else {
+                            "standbys_within_max_lag"
+                        },
+                    )
+                    .u("behind_ms", behind_ms)
+                    .u("max_lag_ms", max_ms),
+            ),
             Note::BaselineUnused { id, why } => self.report.event(
                 ev("snapshot_baseline")
                     .s("state", "not_used")
