@@ -13,6 +13,9 @@ Configs (--configs; each name is parsed):
                      (default --lease-ttl)
   rkv-async[-ttlN]   --replication async, rkv --durability async,
                      --snapshot-interval --async-interval
+  rkv-async-maxlagMS --replication async --max-lag MSms, rkv --durability
+                     sync (replies wait for the local commit, and for the
+                     standby once it lags more than MS)
   redis-MS[-minrep]  redis-server 7 primary + replica (replicaof), three
                      sentinels (quorum 2) with down-after-milliseconds MS and
                      failover-timeout --failover-timeout; -minrep adds
@@ -119,20 +122,22 @@ def parse_config(spec, args):
 
 
 def _parse_name(name, args):
-    m = re.fullmatch(r"rkv-(sync|async)(?:-ttl(\d+))?(-3n)?", name)
-    if m:
+    m = re.fullmatch(r"rkv-(sync|async)(?:-ttl(\d+))?(?:-maxlag(\d+))?(-3n)?", name)
+    if m and not (m.group(3) and m.group(1) == "sync"):
         return {
             "name": name,
             "system": "rekindle",
             "replication": m.group(1),
             "lease_ttl": int(m.group(2) or args.lease_ttl),
-            "nodes": 3 if m.group(3) else 2,
+            "max_lag_ms": int(m.group(3)) if m.group(3) else None,
+            "nodes": 3 if m.group(4) else 2,
         }
     m = re.fullmatch(r"redis-(\d+)(-minrep)?", name)
     if m:
         return {"name": name, "system": "redis", "down_after_ms": int(m.group(1)), "minrep": bool(m.group(2))}
     raise SystemExit(
-        f"failover_bench: unknown config {name!r} (rkv-sync[-ttlN], rkv-async[-ttlN], redis-MS[-minrep])"
+        f"failover_bench: unknown config {name!r} (rkv-sync[-ttlN][-3n], rkv-async[-ttlN][-maxlagMS][-3n], "
+        "redis-MS[-minrep])"
     )
 
 
@@ -446,11 +451,15 @@ class RekindleTopology:
         self.h, self.net, self.cfg = h, net, cfg
         sync = cfg["replication"] == "sync"
         self.etcd = h.Etcd(net, net.host("e1"))
+        bounded = cfg.get("max_lag_ms") is not None
         kw = {
             "replication": cfg["replication"],
-            "durability": cfg["replication"],
+            # with --max-lag the app's replies wait for the durable epoch,
+            # which the bound holds back when the standby lags
+            "durability": "sync" if bounded else cfg["replication"],
             "lease_ttl": cfg["lease_ttl"],
             "snapshot_interval": "0" if sync else args.async_interval,
+            "extra": ("--max-lag", f"{cfg['max_lag_ms']}ms") if bounded else (),
         }
         self.n1 = h.Node(net, net.host("n1"), self.etcd, "n1", **kw)
         self.n1.wait_event("role", lambda e: e.get("role") == "primary" and e.get("epoch") == 1)
