@@ -343,6 +343,7 @@ class Run:
         self.target, self.config, self.workload = target, config, workload
         self.site, self.after, self.seed, self.vanilla = site, after, seed, vanilla
         self.records = []  # ycsb: the records' keys, in insert order
+        self.missing_only = False  # every wrong key of the final check is a missing one
         self.zipf = Zipfian(ZIPF_THETA)
         self.workdir = Path(workdir)
         self.rng = random.Random(seed)
