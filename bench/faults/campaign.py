@@ -738,7 +738,7 @@ class Run:
         s = self.server
         err = s.stderr()
         res["fired"] = "rekindle-fault: fired" in err
-        res["fired_sites"] = sorted(set(FIRED.findall(err)))
+        res["fired_sites"] = list(dict.fromkeys(FIRED.findall(err)))  # in the order they fired
         res["workload"] = self.workload
         res["failures"] = [{k: e.get(k) for k in ("kind", "reason", "signal", "exit_code", "generation")}
                            for e in s.events("failure")]  # fmt: skip
