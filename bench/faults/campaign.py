@@ -87,18 +87,27 @@ WORKLOADS = ("mixed", "ycsb")
 class Method:
     """How a campaign draws its faults and drives its workload."""
 
-    def __init__(self, name, workload, faults, pool, deterministic):
+    def __init__(self, name, workload, faults, pool, deterministic, arm):
         self.name, self.workload, self.faults = name, workload, faults
         self.pool = pool  # "sites": the sites the workload executes; "functions": every site of its functions
         self.deterministic = deterministic  # the profile's workload in every run (PHOENIX), or one per run
+        # "count": each site from its count at the midpoint (REKINDLE_FAULT_AFTER);
+        # "signal": every site from the moment the harness signals the app at the midpoint
+        self.arm = arm
 
 
 METHODS = {
-    "ours": Method("ours", "mixed", 1, "sites", False),
+    "ours": Method("ours", "mixed", 1, "sites", False, "count"),
     # PHOENIX §4.4: deterministic workloads, 10 LLVM IR instructions a run
     # from the functions a vanilla workload activates, switched on halfway
-    "phoenix": Method("phoenix", "ycsb", 10, "functions", True),
+    # by a signal
+    "phoenix": Method("phoenix", "ycsb", 10, "functions", True, "signal"),
+    # the same, each site armed by its count at the profile's midpoint: the
+    # counts of sites that run by time (cron, rehash steps) vary between
+    # runs, so such a fault can act before the midpoint, even before the SAVE
+    "phoenix-count": Method("phoenix-count", "ycsb", 10, "functions", True, "count"),
 }
+ARM_SIGNAL = signal.SIGUSR2  # neither Redis nor rkv nor librekindle uses it
 
 # One run stays near a second: small data, a short workload, short timeouts.
 LOAD_KEYS = 200
@@ -339,12 +348,14 @@ class Server:
 class Run:
     """One run: see the module's docstring.  The result is a dict."""
 
-    def __init__(self, target, config, workdir, site=None, after=0, seed=0, vanilla=False, workload="mixed"):
+    def __init__(self, target, config, workdir, site=None, after=0, seed=0, vanilla=False, workload="mixed",
+                 arm_signal=False):  # fmt: skip
         """site: one site id or several, comma-separated; after: one count,
         or one per site, comma-separated (REKINDLE_FAULT_AFTER)."""
         if workload not in WORKLOADS:
             raise ValueError(f"unknown workload {workload!r} (one of {', '.join(WORKLOADS)})")
         self.target, self.config, self.workload = target, config, workload
+        self.arm_signal = arm_signal and bool(site)  # the fault acts once the app got ARM_SIGNAL
         self.site, self.after, self.seed, self.vanilla = site, after, seed, vanilla
         self.records = []  # ycsb: the records' keys, in insert order
         self.missing_only = False  # every wrong key of the final check is a missing one
@@ -368,6 +379,8 @@ class Run:
         if self.site:
             env.update(REKINDLE_FAULT=self.site, REKINDLE_FAULT_AFTER=str(self.after),
                        REKINDLE_FI_ONCE=str(self.workdir / "armed-once"))  # fmt: skip
+        if self.site and self.arm_signal:
+            env["REKINDLE_FAULT_ARM_SIGNAL"] = str(int(ARM_SIGNAL))
         if self.vanilla:
             env["REKINDLE_FI_VANILLA"] = "1"
         if trace:
@@ -710,8 +723,10 @@ class Run:
                 if on_phase:
                     on_phase("load")
                 for i in range(WORKLOAD_OPS):
-                    if on_phase and i == WORKLOAD_OPS // 2:
-                        on_phase("half")
+                    if i == WORKLOAD_OPS // 2:
+                        if on_phase:
+                            on_phase("half")
+                        self.arm()
                     self.check_time()
                     self.op()
                 if on_phase:
@@ -740,6 +755,8 @@ class Run:
         res["fired"] = "rekindle-fault: fired" in err
         res["fired_sites"] = list(dict.fromkeys(FIRED.findall(err)))  # in the order they fired
         res["workload"] = self.workload
+        if self.arm_signal:
+            res["armed_by_signal"] = getattr(self, "armed_at_midpoint", False)
         res["failures"] = [{k: e.get(k) for k in ("kind", "reason", "signal", "exit_code", "generation")}
                            for e in s.events("failure")]  # fmt: skip
         res["ups"] = [{k: e.get(k) for k in ("generation", "kind", "code", "reason")} for e in s.events("up")]
@@ -749,6 +766,19 @@ class Run:
                    seconds=round(time.monotonic() - t0, 3))  # fmt: skip
         res["observed"] = observed(res)
         return res
+
+    def arm(self):
+        """PHOENIX's switch to the faulty versions: ARM_SIGNAL to the app,
+        if it is still the first incarnation (a restarted one runs the fixed
+        code, and ARM_SIGNAL's default action would kill it)."""
+        s = self.server
+        if not self.arm_signal or len(s.events("up")) != 1:
+            return
+        pid = s.app_pid()
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, ARM_SIGNAL)
+        self.armed_at_midpoint = True
 
     def start(self):
         s = self.server
@@ -931,17 +961,18 @@ def profile_full(target, workdir, seed=1, workload="mixed"):
     return out, pool, marks["half"]
 
 
-def one_run(target, config, site, after, seed, workdir, keep=False, workload="mixed"):
+def one_run(target, config, site, after, seed, workdir, keep=False, workload="mixed", arm_signal=False):
     """A run, and its vanilla twin when it ended corrupt after a failure;
     returns the result with its class."""
     Path(workdir).mkdir(parents=True, exist_ok=True)
     wd = Path(tempfile.mkdtemp(prefix=f"{target.name}-{config}-", dir=workdir))
     try:
-        res = Run(target, config, wd / "rk", site=site, after=after, seed=seed, workload=workload).execute()
+        res = Run(target, config, wd / "rk", site=site, after=after, seed=seed, workload=workload,
+                  arm_signal=arm_signal).execute()  # fmt: skip
         restarted = any((u.get("generation") or 0) > 0 for u in res.get("ups", []))
         if res.get("corrupt_keys") and restarted:
             v = Run(target, config, wd / "vanilla", site=site, after=after, seed=seed, vanilla=True,
-                    workload=workload).execute()  # fmt: skip
+                    workload=workload, arm_signal=arm_signal).execute()  # fmt: skip
             fields = (
                 "corrupt_keys",
                 "corrupt_sample",
@@ -1000,7 +1031,10 @@ def campaign(target, config, sites, runs, seed, workdir, jobs=1, log=None, parti
         chosen, afters, run_seed, i = p
         ids = ",".join(s["id"] for s in chosen)
         after = afters[0] if len(afters) == 1 else ",".join(map(str, afters))
-        res = one_run(target, config, ids, after, run_seed, workdir, workload=method.workload)
+        if method.arm == "signal":
+            after = 0
+        res = one_run(target, config, ids, after, run_seed, workdir, workload=method.workload,
+                      arm_signal=method.arm == "signal")  # fmt: skip
         # the site that fired first names the run (the first drawn, if none did)
         by_id = {s["id"]: s for s in chosen}
         s = next((by_id[f] for f in res.get("fired_sites", []) if f in by_id), chosen[0])
@@ -1174,6 +1208,8 @@ def main():
         "--methods", default="ours", help="ours, phoenix, or both (comma-separated): see the docstring"
     )
     ap.add_argument("--workload", default="mixed", choices=WORKLOADS, help="the workload (--one)")
+    ap.add_argument("--arm-signal", action="store_true",
+                    help="(--one) the faults act once the harness signals the midpoint")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--build", default=str(ROOT / "build"))
@@ -1201,7 +1237,8 @@ def main():
     try:
         if a.one:
             t = TARGETS[a.target](a.build)
-            res = one_run(t, a.config, a.site, a.after, a.seed, work, keep=a.keep, workload=a.workload)
+            res = one_run(t, a.config, a.site, a.after, a.seed, work, keep=a.keep, workload=a.workload,
+                          arm_signal=a.arm_signal)  # fmt: skip
             print(json.dumps(res, indent=1))
             return 0
         methods = a.methods.split(",")

@@ -5,6 +5,10 @@
  *                                   PHOENIX arms ten instructions a run)
  *   REKINDLE_FAULT_AFTER=<n>[,<n>...]  let each site run clean n times first
  *                                   (one count for all, or one per site)
+ *   REKINDLE_FAULT_ARM_SIGNAL=<signo>  the sites stay off (and their
+ *                                   executions uncounted) until the process
+ *                                   gets this signal: PHOENIX's "signal the
+ *                                   application to switch" (§4.4)
  *   REKINDLE_FAULT_MODE=persistent|transient  act every time from then on
  *                                   (default) or only once
  *   REKINDLE_FAULT_TRACE=<path>     count every site's executions ("%p" in
@@ -21,6 +25,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +63,8 @@ static struct {
 	int armed;            /* how many sites REKINDLE_FAULT names */
 	struct armed_site sites[RK_FI_MAX_ARMED];
 	enum mode mode;
+	int arm_signal;       /* 0: live from the start */
+	int live;             /* the sites act (set by the arming signal) */
 	int log_fd;
 	const char *trace;    /* REKINDLE_FAULT_TRACE, %p expanded */
 	char trace_path[4096];
@@ -179,6 +186,26 @@ static void open_trace(void)
 		die("trace_open_failed", "cannot open '%s': %s", counts, strerror(errno));
 }
 
+static void on_arm_signal(int sig)
+{
+	(void)sig;
+	__atomic_store_n(&st.live, 1, __ATOMIC_RELAXED);
+}
+
+static void parse_arm_signal(const char *v)
+{
+	uint64_t n;
+	if (!st.armed)
+		die("arm_signal_without_fault", "REKINDLE_FAULT_ARM_SIGNAL is set but REKINDLE_FAULT is not");
+	if (parse_u64(v, 10, &n) || n == 0 || n > (uint64_t)SIGRTMAX || n == SIGKILL || n == SIGSTOP)
+		die("bad_arm_signal", "REKINDLE_FAULT_ARM_SIGNAL='%s' is not a signal number that can be caught", v);
+	struct sigaction sa = {.sa_handler = on_arm_signal, .sa_flags = SA_RESTART};
+	sigemptyset(&sa.sa_mask);
+	if (sigaction((int)n, &sa, NULL) < 0)
+		die("bad_arm_signal", "REKINDLE_FAULT_ARM_SIGNAL=%s: sigaction: %s", v, strerror(errno));
+	st.arm_signal = (int)n;
+}
+
 static void parse_env(void)
 {
 	const char *v;
@@ -197,6 +224,9 @@ static void parse_env(void)
 			die("bad_after", "REKINDLE_FAULT_AFTER has %d counts for %d sites (give one, or one per site)",
 			    n, st.armed);
 	}
+	if ((v = getenv("REKINDLE_FAULT_ARM_SIGNAL")))
+		parse_arm_signal(v);
+	st.live = st.arm_signal == 0;
 	if ((v = getenv("REKINDLE_FAULT_MODE"))) {
 		if (!st.armed)
 			die("mode_without_fault", "REKINDLE_FAULT_MODE is set but REKINDLE_FAULT is not");
@@ -285,6 +315,8 @@ int __rk_fi_hit(struct rk_fi_module *m, uint32_t site)
 		struct armed_site *a = &st.sites[i];
 		if (m != a->target || site != a->index)
 			continue;
+		if (!__atomic_load_n(&st.live, __ATOMIC_RELAXED))
+			return 0;
 		uint64_t n = __atomic_add_fetch(&a->executions, 1, __ATOMIC_RELAXED);
 		if (n <= a->after || (st.mode == MODE_TRANSIENT && n != a->after + 1))
 			return 0;
