@@ -244,13 +244,25 @@ def test_phoenix_method_draws_ten_faults_armed_at_the_midpoint(target, tmp_path)
         check(res)
         ids = res["site"].split(",")
         assert len(ids) == 10 == len(set(ids)) and set(ids) <= set(pool), res["site"]
-        assert [int(a) for a in str(res["after"]).split(",")] == [half.get(i, 0) for i in ids]
         assert res["seed"] == 1 and res["workload"] == "ycsb" and res["method"] == "phoenix"
         assert set(res["fired_sites"]) <= set(ids)
     assert [r["site"] for r in results[:4]] == [r["site"] for r in results[4:]]
+    # PHOENIX's switch: every run's app got the signal at the midpoint, and
+    # faults acted after it (a run of ten faults rarely has none that fires)
+    assert all(r["armed_by_signal"] and r["after"] == 0 for r in results), [
+        r.get("armed_by_signal") for r in results
+    ]
+    assert sum(bool(r["fired_sites"]) for r in results) >= 4, [r["fired_sites"] for r in results]
     # the table keeps the methods apart
     summary = C.summarize(results)
     assert set(summary) == {("rkv", "regions, phoenix"), ("rkv", "noregions, phoenix")}
+    # phoenix-count arms each site by its count at the profile's midpoint
+    m = C.METHODS["phoenix-count"]
+    for res in C.campaign(target, "regions", executed, 2, 5, tmp_path, method=m, pool=pool, half=half):
+        check(res)
+        ids = res["site"].split(",")
+        assert [int(a) for a in str(res["after"]).split(",")] == [half.get(i, 0) for i in ids]
+        assert "armed_by_signal" not in res
 
 
 def test_ycsb_workload_keeps_its_model_without_faults(target, tmp_path):

@@ -198,6 +198,22 @@ def test_several_sites_armed_at_once(faults, sites):
     assert (got["is_big"], got["offset"]) == ("1", "19")
 
 
+def test_arm_signal_keeps_sites_off_until_it_comes(faults, sites):
+    # REKINDLE_FAULT_ARM_SIGNAL: PHOENIX's switch; never sent, nothing
+    # acts (the campaign's test sends it: test_fault_campaign.py)
+    big = site(sites, "fi_is_big", "comparison-inversion")
+    r = run(faults, 12, "loop", 20, env={"REKINDLE_FAULT": big, "REKINDLE_FAULT_ARM_SIGNAL": "12"})
+    assert r.returncode == 0 and r.stdout == run(faults, 12, "loop", 20).stdout
+    assert FIRED.findall(r.stderr) == []
+    for env, reason in (
+        ({"REKINDLE_FAULT_ARM_SIGNAL": "12"}, "arm_signal_without_fault"),
+        ({"REKINDLE_FAULT": big, "REKINDLE_FAULT_ARM_SIGNAL": "9"}, "bad_arm_signal"),
+        ({"REKINDLE_FAULT": big, "REKINDLE_FAULT_ARM_SIGNAL": "usr2"}, "bad_arm_signal"),
+    ):
+        r = run(faults, 12, env=env)
+        assert r.returncode == 2 and f"rekindle-fault: error reason={reason}:" in r.stderr, (env, r.stderr)
+
+
 @pytest.mark.parametrize(
     ("fault", "after", "reason"),
     [
