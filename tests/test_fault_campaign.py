@@ -308,7 +308,7 @@ def _ae_line(n):
 
 def test_redis_keyspace_check_turns_misplaced_keys_into_a_cold_start(tmp_path):
     # Two faults, as a PHOENIX run has several: from the YCSB workload's
-    # start siphash computes wrong hashes (`v2 ^= k0` gets 1 for k0), so
+    # midpoint siphash computes wrong hashes (`v2 ^= k0` gets 1 for k0), so
     # the records inserted from then on sit in buckets where no correct
     # hash finds them; 60 event-loop rounds after the midpoint aeMain's loop ends
     # (a failure outside any region: exit 70).  A warm start keeps the
@@ -318,7 +318,7 @@ def test_redis_keyspace_check_turns_misplaced_keys_into_a_cold_start(tmp_path):
     if not REDIS_FI.exists():
         pytest.fail(f"{REDIS_FI} missing: run `bash bench/faults/build.sh redis` first")
     t = C.RedisPort(BUILD)
-    executed, _, half = C.profile_full(t, tmp_path / "p", workload="ycsb")
+    executed, _, _ = C.profile_full(t, tmp_path / "p", workload="ycsb")
     sip = [
         s for s in executed.values()
         if s["function"] == "siphash" and s["type"] == "wrong-operand"
@@ -331,15 +331,17 @@ def test_redis_keyspace_check_turns_misplaced_keys_into_a_cold_start(tmp_path):
     ]  # fmt: skip
     assert len(sip) == 1 and len(loop) == 1, (sip, loop)
     ids = f"{sip[0]['id']},{loop[0]['id']}"
-    # siphash from the workload's start (the counts of the loop and of
-    # hashing vary a little with the cron's timing: wide apart, they stay
-    # in order), the loop's end after its midpoint
-    after = f"{sip[0]['load_count']},{half[loop[0]['id']] + 60}"
-    res = C.Run(t, "regions", tmp_path / "warm", site=ids, after=after, seed=1, workload="ycsb").execute()
+    # both switched on by the signal at the midpoint (counted from there:
+    # armed by the profile's counts, a hashing fault that runs early can
+    # reach the SAVE, and then no cold start can load the RDB)
+    after = "0,60"
+    res = C.Run(
+        t, "regions", tmp_path / "warm", site=ids, after=after, seed=1, workload="ycsb", arm_signal=True
+    ).execute()
     assert res["fired_sites"] == ids.split(","), json.dumps(res, indent=1)
     assert [u["kind"] for u in res["ups"]] == ["fresh", "warm"], json.dumps(res, indent=1)
     assert res["corrupt_keys"] > 0, json.dumps(res, indent=1)  # misplaced records, and _indices' duplicates
-    res = C.one_run(t, "regions-check", ids, after, 1, tmp_path / "check", workload="ycsb")
+    res = C.one_run(t, "regions-check", ids, after, 1, tmp_path / "check", workload="ycsb", arm_signal=True)
     check(res)
     cold = [u for u in res["ups"] if u["kind"] == "cold"]
     assert cold and cold[0]["code"] == "cold_requested", json.dumps(res, indent=1)
