@@ -7,7 +7,12 @@ whose outcome is known: a crash outside any region recovers warm with every
 key intact, a crash inside a region goes cold for that reason (and, without
 regions, does not), and the vanilla switch makes the same crash restart
 cold.  Every run must land in exactly one class, agree with its evidence,
-and no run may be a harness error."""
+and no run may be a harness error.  PHOENIX's method (--methods phoenix:
+the YCSB workload, ten faults a run from the executed functions, switched
+on by a signal at the midpoint) on rkv; and on the instrumented Redis port
+(bench/faults/build.sh redis): an event loop that returns is restarted
+(patch 0004), and the keyspace check turns a warm start that kept
+misplaced keys into a cold one (patch 0005)."""
 
 import json
 import random
