@@ -175,6 +175,69 @@ def test_after_and_mode(faults, sites, env, is_big, big):
     assert len(FIRED.findall(r.stderr)) == (0 if env.get("REKINDLE_FAULT_AFTER") == "21" else 1)
 
 
+def test_several_sites_armed_at_once(faults, sites):
+    # PHOENIX arms ten instructions a run: REKINDLE_FAULT takes a list, and
+    # every site in it acts (each reported once), with one AFTER for all or
+    # one per site
+    big = site(sites, "fi_is_big", "comparison-inversion")
+    off = site(sites, "fi_offset", "wrong-operand")
+    never = next(s["id"] for s in sites if s["function"] == "fi_never")
+    r = run(faults, 12, "loop", 20, env={"REKINDLE_FAULT": f"{big},{off},{never}"})
+    assert r.returncode == 0, r.stderr
+    got = values(r.stdout)
+    assert (got["is_big"], got["big"], got["offset"]) == ("0", "11", "13")
+    assert sorted(FIRED.findall(r.stderr)) == sorted([(big, "comparison-inversion"), (off, "wrong-operand")])
+    # one count per site: fi_is_big's first 5 runs clean, fi_offset never reached
+    r = run(faults, 12, "loop", 20, env={"REKINDLE_FAULT": f"{big},{off}", "REKINDLE_FAULT_AFTER": "5,1"})
+    got = values(r.stdout)
+    assert (got["is_big"], got["big"], got["offset"]) == ("1", "7", "19")
+    assert FIRED.findall(r.stderr) == [(big, "comparison-inversion")]
+    # one count for all
+    r = run(faults, 12, "loop", 20, env={"REKINDLE_FAULT": f"{big},{off}", "REKINDLE_FAULT_AFTER": "1"})
+    got = values(r.stdout)
+    assert (got["is_big"], got["offset"]) == ("1", "19")
+
+
+def test_arm_signal_keeps_sites_off_until_it_comes(faults, sites):
+    # REKINDLE_FAULT_ARM_SIGNAL: PHOENIX's switch; never sent, nothing
+    # acts (the campaign's test sends it: test_fault_campaign.py)
+    big = site(sites, "fi_is_big", "comparison-inversion")
+    r = run(faults, 12, "loop", 20, env={"REKINDLE_FAULT": big, "REKINDLE_FAULT_ARM_SIGNAL": "12"})
+    assert r.returncode == 0 and r.stdout == run(faults, 12, "loop", 20).stdout
+    assert FIRED.findall(r.stderr) == []
+    for env, reason in (
+        ({"REKINDLE_FAULT_ARM_SIGNAL": "12"}, "arm_signal_without_fault"),
+        ({"REKINDLE_FAULT": big, "REKINDLE_FAULT_ARM_SIGNAL": "9"}, "bad_arm_signal"),
+        ({"REKINDLE_FAULT": big, "REKINDLE_FAULT_ARM_SIGNAL": "usr2"}, "bad_arm_signal"),
+    ):
+        r = run(faults, 12, env=env)
+        assert r.returncode == 2 and f"rekindle-fault: error reason={reason}:" in r.stderr, (env, r.stderr)
+
+
+@pytest.mark.parametrize(
+    ("fault", "after", "reason"),
+    [
+        ("{a},{a}", None, "bad_site_id"),  # the same site twice
+        ("{a},", None, "bad_site_id"),  # an empty item
+        ("{many}", None, "bad_site_id"),  # 17 different sites: more than 16
+        ("{a},{b}", "1,2,3", "bad_after"),  # neither one count nor one per site
+        ("{a},{b}", "1,x", "bad_after"),
+    ],
+    ids=["twice", "empty", "too-many", "after-count", "after-bad"],
+)
+def test_bad_site_lists_stop_with_reason(faults, sites, fault, after, reason):
+    a = site(sites, "fi_is_big", "comparison-inversion")
+    b = site(sites, "fi_offset", "wrong-operand")
+    many = ",".join(s["id"] for s in sites[:17])
+    assert len(set(many.split(","))) == 17
+    env = {"REKINDLE_FAULT": fault.format(a=a, b=b, many=many)}
+    if after is not None:
+        env["REKINDLE_FAULT_AFTER"] = after
+    r = run(faults, 12, env=env)
+    assert r.returncode == 2 and r.stdout == ""
+    assert f"rekindle-fault: error reason={reason}:" in r.stderr
+
+
 def test_fired_line_goes_to_log_fd(faults, sites, tmp_path):
     sid = site(sites, "fi_offset", "wrong-operand")
     log = tmp_path / "log"

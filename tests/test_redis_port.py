@@ -28,9 +28,25 @@ def free_port():
 
 
 def server_args(port, workdir):
-    return [str(PORT_SERVER), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", str(workdir), "--enable-debug-command", "yes",
-            "--daemonize", "no", "--logfile", ""]
+    return [
+        str(PORT_SERVER),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(workdir),
+        "--enable-debug-command",
+        "yes",
+        "--daemonize",
+        "no",
+        "--logfile",
+        "",
+    ]
 
 
 def client(port, timeout=10.0):
@@ -143,6 +159,37 @@ def test_every_type_survives_debug_segfault_in_place(standalone):
     assert "Rekindle: warm start (generation 2)" in standalone.text()
 
 
+def test_keyspace_check_passes_a_sound_keyspace(tmp_path, monkeypatch):
+    # REDIS_REKINDLE_VERIFY_KEYSPACE=1 (patch 0005) walks every db dict and
+    # every hash/set/zset dict at a warm start and goes cold on a misplaced
+    # key or a wrong count: a sound keyspace of every type, with the db dict
+    # in the middle of a rehash, must stay warm (the check that finds bad
+    # state: test_fault_campaign.py)
+    monkeypatch.setenv("REDIS_REKINDLE_VERIFY_KEYSPACE", "1")
+    s = Standalone(tmp_path)
+    try:
+        c = client(s.port)
+        fill_every_type(c)
+        before = snapshot(c)
+        # then 1,100 keys in one command: the dict grows at 1,024 and each
+        # later add moves one bucket, so the crash finds it rehashing (the
+        # snapshot's lookups, each a rehash step, come before)
+        many = {f"k{i}".encode(): b"%d" % i for i in range(1100)}
+        c.mset(many)
+        assert b"Hash table 1 stats (rehashing target)" in c.execute_command("DEBUG", "HTSTATS", "0")
+        crash(c, "DEBUG", "SEGFAULT")
+        c = client(s.port)
+        after = snapshot(c)
+        assert {k: v for k, v in after.items() if k[1] not in many} == before
+        assert c.mget(list(many)) == list(many.values())
+        log = s.text()
+        assert "Rekindle: warm start (generation 1)" in log, log[-2000:]
+        assert "keyspace check failed" not in log
+        assert f"Rekindle: {len(before) + len(many)} keys kept" in log
+    finally:
+        s.close()
+
+
 def test_memory_accounting_adopts_the_warm_keyspace(standalone):
     c = client(standalone.port)
     c.execute_command("DEBUG", "POPULATE", 20000, "k", 100)
@@ -249,7 +296,13 @@ def test_redis_own_suite_subset_passes_on_the_port():
     if not PORT_SERVER.exists():
         pytest.fail(f"{PORT_SERVER} missing: run `make redis` first")
     script = ROOT / "examples" / "redis" / "runtest.sh"
-    p = subprocess.run(["bash", str(script), "rekindle", "--subset"], capture_output=True, text=True,
-                       env={**os.environ, "BUILD": str(BUILD)}, timeout=1500, check=False)
+    p = subprocess.run(
+        ["bash", str(script), "rekindle", "--subset"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "BUILD": str(BUILD)},
+        timeout=1500,
+        check=False,
+    )
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     assert "All tests passed" in (BUILD / "redis" / "results" / "rekindle-runtest.log").read_text()

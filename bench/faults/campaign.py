@@ -17,8 +17,20 @@ vanilla restart (REKINDLE_FI_VANILLA: every restart cold), to tell
 corruption Rekindle added from corruption both have.
 
     campaign.py --runs N [--targets rkv,redis] [--configs regions,noregions]
-                [--seed S] [--jobs J] [--out bench/results] [--build build]
-    campaign.py --one --target rkv --config regions --site ID --after N [--seed S]
+                [--methods ours,phoenix] [--seed S] [--jobs J] [--out bench/results]
+                [--build build]
+    campaign.py --one --target rkv --config regions --site ID[,ID...] --after N[,N...]
+                [--seed S] [--workload mixed|ycsb]
+
+Two methods (docs/faultinject.md, "PHOENIX's method and ours"): "ours" (the
+default) is the method above: the mixed workload (300 requests, mostly
+writes, on 200 keys), one fault a run at a site the workload executes, a
+workload drawn anew for every run.  "phoenix" follows PHOENIX §4.4: a
+deterministic YCSB workload (90% reads, 10% inserts, Zipfian; the same one
+in every run), ten faulty instructions a run drawn uniformly from every
+site of the functions the workload executes, each armed from the middle
+of the workload (its count at the profile's midpoint).  The classes and
+what counts as corruption are the same in both.
 
 Classes (exactly one per run): see CLASSES.  Writes faults.json, faults.md
 and faults.png to --out.
@@ -29,6 +41,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -64,6 +77,37 @@ CLASSES = (
     "harness error",
 )
 CONFIGS = {"regions": {}, "noregions": {"REKINDLE_FI_NO_REGIONS": "1"}}
+# Not in a campaign unless --configs names it: regions, and the Redis port's
+# keyspace check at a warm start (patch 0005; rkv ignores the variable)
+EXTRA_CONFIGS = {"regions-check": {"REDIS_REKINDLE_VERIFY_KEYSPACE": "1"}}
+ALL_CONFIGS = {**CONFIGS, **EXTRA_CONFIGS}
+WORKLOADS = ("mixed", "ycsb")
+
+
+class Method:
+    """How a campaign draws its faults and drives its workload."""
+
+    def __init__(self, name, workload, faults, pool, deterministic, arm):
+        self.name, self.workload, self.faults = name, workload, faults
+        self.pool = pool  # "sites": the sites the workload executes; "functions": every site of its functions
+        self.deterministic = deterministic  # the profile's workload in every run (PHOENIX), or one per run
+        # "count": each site from its count at the midpoint (REKINDLE_FAULT_AFTER);
+        # "signal": every site from the moment the harness signals the app at the midpoint
+        self.arm = arm
+
+
+METHODS = {
+    "ours": Method("ours", "mixed", 1, "sites", False, "count"),
+    # PHOENIX §4.4: deterministic workloads, 10 LLVM IR instructions a run
+    # from the functions a vanilla workload activates, switched on halfway
+    # by a signal
+    "phoenix": Method("phoenix", "ycsb", 10, "functions", True, "signal"),
+    # the same, each site armed by its count at the profile's midpoint: the
+    # counts of sites that run by time (cron, rehash steps) vary between
+    # runs, so such a fault can act before the midpoint, even before the SAVE
+    "phoenix-count": Method("phoenix-count", "ycsb", 10, "functions", True, "count"),
+}
+ARM_SIGNAL = signal.SIGUSR2  # neither Redis nor rkv nor librekindle uses it
 
 # One run stays near a second: small data, a short workload, short timeouts.
 LOAD_KEYS = 200
@@ -73,6 +117,18 @@ HANG_TIMEOUT = "400ms"  # rekindle run --hang-timeout (heartbeats come every 100
 SERVE_TIMEOUT = 6.0  # from a failure to serving again (the harness kills a wedged app at half)
 RUN_DEADLINE = 30.0  # a whole run, whatever happens
 OP_WALL = 3.0  # one request, however its reply trickles in (an endless reply is a hang too)
+# The YCSB workload (PHOENIX §4.3/§4.4: Redis under YCSB, 90% reads and 10%
+# inserts, Zipfian): YCSB's Redis binding stores a record as a hash of
+# fieldcount fields (HSET; default 10 fields of 100 bytes), adds its key to
+# the sorted set "_indices" on insert (ZADD, scored by the key's hash), and
+# reads a record with HGETALL.  rkv, which has strings only, keeps a record
+# as one string of the same size and no index.
+YCSB_RECORDS = LOAD_KEYS
+YCSB_FIELDS = 10
+YCSB_FIELD_LEN = 100
+YCSB_READ = 0.9
+ZIPF_THETA = 0.99  # YCSB's ZipfianGenerator.ZIPFIAN_CONSTANT
+YCSB_INDEX = b"_indices"
 SUPERVISOR_OPTS = [
     "--hang-timeout", HANG_TIMEOUT, "--check-interval", "100ms", "--kill-timeout", "300ms",
     "--backoff-initial", "10ms", "--backoff-max", "200ms", "--max-restarts", "5",
@@ -292,9 +348,18 @@ class Server:
 class Run:
     """One run: see the module's docstring.  The result is a dict."""
 
-    def __init__(self, target, config, workdir, site=None, after=0, seed=0, vanilla=False):
-        self.target, self.config = target, config
+    def __init__(self, target, config, workdir, site=None, after=0, seed=0, vanilla=False, workload="mixed",
+                 arm_signal=False):  # fmt: skip
+        """site: one site id or several, comma-separated; after: one count,
+        or one per site, comma-separated (REKINDLE_FAULT_AFTER)."""
+        if workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {workload!r} (one of {', '.join(WORKLOADS)})")
+        self.target, self.config, self.workload = target, config, workload
+        self.arm_signal = arm_signal and bool(site)  # the fault acts once the app got ARM_SIGNAL
         self.site, self.after, self.seed, self.vanilla = site, after, seed, vanilla
+        self.records = []  # ycsb: the records' keys, in insert order
+        self.missing_only = False  # every wrong key of the final check is a missing one
+        self.zipf = Zipfian(ZIPF_THETA)
         self.workdir = Path(workdir)
         self.rng = random.Random(seed)
         self.model = Model()
@@ -310,10 +375,12 @@ class Run:
         self.deadline = time.monotonic() + RUN_DEADLINE
 
     def env(self, trace=None):
-        env = dict(CONFIGS[self.config])
+        env = dict(ALL_CONFIGS[self.config])
         if self.site:
             env.update(REKINDLE_FAULT=self.site, REKINDLE_FAULT_AFTER=str(self.after),
                        REKINDLE_FI_ONCE=str(self.workdir / "armed-once"))  # fmt: skip
+        if self.site and self.arm_signal:
+            env["REKINDLE_FAULT_ARM_SIGNAL"] = str(int(ARM_SIGNAL))
         if self.vanilla:
             env["REKINDLE_FI_VANILLA"] = "1"
         if trace:
@@ -458,7 +525,60 @@ class Run:
     def value(self):
         return self.rng.randbytes(self.rng.randint(1, 48)).hex().encode()
 
+    # ---- the YCSB workload ------------------------------------------------------------
+    def ycsb_record(self):
+        return {f"field{i}".encode(): self.rng.randbytes(YCSB_FIELD_LEN // 2).hex().encode()
+                for i in range(YCSB_FIELDS)}  # fmt: skip
+
+    def ycsb_insert(self):
+        """YCSB's insert: the next key in insert order (hashed, as YCSB's
+        default insertorder=hashed), a new record, and its index entry."""
+        m = self.model
+        key = b"user%d" % fnv64(len(self.records))
+        self.records.append(key)
+        if "hash" not in self.target.kinds:
+            v = b"".join(self.ycsb_record().values())
+            self.do([key], lambda c: c.set(key, v), lambda: m.kv.__setitem__(key, v))
+            return
+        rec = self.ycsb_record()
+        score = float(fnv64(key) % (1 << 31))  # YCSB scores by the key's hashCode
+        if YCSB_INDEX in m.frozen:  # a failed insert left the index uncertain: not touched again
+            self.do([key], lambda c: c.hset(key, mapping=rec), lambda: m.kv.__setitem__(key, dict(rec)))
+            return
+
+        def send(c):
+            c.hset(key, mapping=rec)
+            return c.zadd(YCSB_INDEX, {key: score})
+
+        def apply():
+            m.kv[key] = dict(rec)
+            m.kv.setdefault(YCSB_INDEX, {})[key] = score
+
+        self.do([key, YCSB_INDEX], send, apply)
+
+    def ycsb_read(self):
+        m = self.model
+        for _ in range(20):
+            key = self.records[fnv64(self.zipf.next(self.rng, len(self.records))) % len(self.records)]
+            if key not in m.frozen:
+                break
+        else:
+            return
+        if "hash" in self.target.kinds:
+            ok, got = self.do([], lambda c: c.hgetall(key), lambda: None)
+            got = None if got == {} else got  # HGETALL of a missing key (a record is never empty)
+        else:
+            ok, got = self.do([], lambda c: c.get(key), lambda: None)
+        if ok and not m.ok(key, got):
+            self.read_mismatches += 1
+
     def op(self):
+        if self.workload == "ycsb":
+            if self.rng.random() < YCSB_READ and self.records:
+                self.ycsb_read()
+            else:
+                self.ycsb_insert()
+            return
         m, r = self.model, self.rng
         kinds = self.target.kinds
         x = r.random()
@@ -509,7 +629,10 @@ class Run:
 
     def load(self):
         m = self.model
-        for start in range(0, LOAD_KEYS, 50):
+        if self.workload == "ycsb":  # YCSB's load phase: one insert per record
+            for _ in range(YCSB_RECORDS):
+                self.ycsb_insert()
+        for start in range(0, LOAD_KEYS if self.workload == "mixed" else 0, 50):
             batch = {f"k:{i}".encode(): self.value() for i in range(start, min(start + 50, LOAD_KEYS))}
             self.do(list(batch), lambda c, b=batch: c.mset(b), lambda b=batch: m.kv.update(b))
         old, old_alt = _copy(m.snap), {k: list(v) for k, v in m.snap_alt.items()}
@@ -541,6 +664,8 @@ class Run:
                 out[k] = c.lrange(k, 0, -1)
             elif t == b"hash":
                 out[k] = c.hgetall(k)
+            elif t == b"zset":
+                out[k] = dict(c.zrange(k, 0, -1, withscores=True))
             elif t == b"none":
                 continue  # gone between KEYS and TYPE (expiry cannot: no TTLs)
             else:
@@ -572,10 +697,12 @@ class Run:
         if got is None:
             return ["the final check got an error reply"]
         bad = []
+        self.missing_only = True
         for k in sorted(m.keys() | set(got)):
             v = got.get(k, ABSENT)
             if not m.ok(k, v):
                 bad.append(k.decode(errors="replace"))
+                self.missing_only &= v is ABSENT
         return bad
 
     # ---- the whole run ---------------------------------------------------------------
@@ -595,7 +722,11 @@ class Run:
                 self.load()
                 if on_phase:
                     on_phase("load")
-                for _ in range(WORKLOAD_OPS):
+                for i in range(WORKLOAD_OPS):
+                    if i == WORKLOAD_OPS // 2:
+                        if on_phase:
+                            on_phase("half")
+                        self.arm()
                     self.check_time()
                     self.op()
                 if on_phase:
@@ -603,6 +734,9 @@ class Run:
                 bad = self.verify()
                 res["corrupt_keys"] = len(bad)
                 res["corrupt_sample"] = bad[:5]
+                # PHOENIX's validation accepts a partial dataset (every key
+                # present right, some missing): reported, not a class
+                res["corrupt_missing_only"] = bool(bad) and self.missing_only
             except Unrecovered as e:
                 res["unrecovered"] = str(e)
             except HarnessError as e:
@@ -617,7 +751,12 @@ class Run:
             dog.join()
             self.server.stop()
         s = self.server
-        res["fired"] = "rekindle-fault: fired" in s.stderr()
+        err = s.stderr()
+        res["fired"] = "rekindle-fault: fired" in err
+        res["fired_sites"] = list(dict.fromkeys(FIRED.findall(err)))  # in the order they fired
+        res["workload"] = self.workload
+        if self.arm_signal:
+            res["armed_by_signal"] = getattr(self, "armed_at_midpoint", False)
         res["failures"] = [{k: e.get(k) for k in ("kind", "reason", "signal", "exit_code", "generation")}
                            for e in s.events("failure")]  # fmt: skip
         res["ups"] = [{k: e.get(k) for k in ("generation", "kind", "code", "reason")} for e in s.events("up")]
@@ -627,6 +766,19 @@ class Run:
                    seconds=round(time.monotonic() - t0, 3))  # fmt: skip
         res["observed"] = observed(res)
         return res
+
+    def arm(self):
+        """PHOENIX's switch to the faulty versions: ARM_SIGNAL to the app,
+        if it is still the first incarnation (a restarted one runs the fixed
+        code, and ARM_SIGNAL's default action would kill it)."""
+        s = self.server
+        if not self.arm_signal or len(s.events("up")) != 1:
+            return
+        pid = s.app_pid()
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, ARM_SIGNAL)
+        self.armed_at_midpoint = True
 
     def start(self):
         s = self.server
@@ -644,6 +796,45 @@ class Run:
             if time.monotonic() > deadline:
                 raise HarnessError(f"the server never came up: {s.stderr()[-1500:]}")
             time.sleep(0.01)
+
+
+FIRED = re.compile(r"rekindle-fault: fired site=([0-9a-f]{16}:\d+)")
+
+
+def fnv64(x):
+    """FNV-1a, 64 bits, of an int's decimal digits or of bytes: YCSB hashes
+    key numbers with it (Utils.fnvhash64), and scrambles its Zipfian ranks."""
+    h = 0xCBF29CE484222325
+    for b in x if isinstance(x, bytes) else str(x).encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+class Zipfian:
+    """YCSB's ZipfianGenerator (Gray et al., "Quickly generating
+    billion-record synthetic databases"): ranks 0..n-1, rank 0 the most
+    popular, for an n that grows as records are inserted."""
+
+    def __init__(self, theta):
+        self.theta, self.n, self.zetan = theta, 0, 0.0
+        self.zeta2 = 1 + 0.5**theta
+
+    def next(self, rng, n):
+        while self.n < n:
+            self.n += 1
+            self.zetan += 1 / self.n**self.theta
+        if n <= 1:
+            return 0
+        t = self.theta
+        alpha = 1 / (1 - t)
+        eta = (1 - (2 / n) ** (1 - t)) / (1 - self.zeta2 / self.zetan)
+        u = rng.random()
+        uz = u * self.zetan
+        if uz < 1:
+            return 0
+        if uz < 1 + 0.5**t:
+            return 1
+        return min(n - 1, int(n * (eta * u - eta + 1) ** alpha))
 
 
 def identity(c):
@@ -736,16 +927,25 @@ def inconsistencies(res):
 # ---- profiling and campaigns ------------------------------------------------------------
 
 
-def profile(target, workdir, seed=1):
+def profile(target, workdir, seed=1, workload="mixed"):
     """The traced vanilla workload: {site: (load count, workload count)} for
     every site the workload executes, with the sites' descriptions."""
+    return profile_full(target, workdir, seed, workload)[0]
+
+
+def profile_full(target, workdir, seed=1, workload="mixed"):
+    """The traced vanilla workload: (executed, pool, half) where executed is
+    profile()'s dict; pool: every site of the functions that have an
+    executed site (PHOENIX's gcov function list), as {id: site}; half:
+    {id: count} of every site at the workload's midpoint (the count a fault
+    armed "halfway" must let pass)."""
     trace = Path(workdir) / "trace"
     marks = {}
 
     def on_phase(name):
         marks[name] = read_counts(f"{trace}.counts")
 
-    r = Run(target, "regions", Path(workdir) / "run", seed=seed)
+    r = Run(target, "regions", Path(workdir) / "run", seed=seed, workload=workload)
     res = r.execute(trace=trace, on_phase=on_phase)
     clean = res.get("corrupt_keys") == 0 and not res.get("error_replies") and not res.get("read_mismatches")
     if "workload" not in marks or res.get("ups", [{}])[-1].get("generation") != 0 or not clean:
@@ -756,19 +956,23 @@ def profile(target, workdir, seed=1):
         loaded = marks["load"].get(sid, 0)
         if total > loaded and sid in sites:
             out[sid] = dict(sites[sid], load_count=loaded, workload_count=total - loaded)
-    return out
+    fns = {s["function"] for s in out.values()}
+    pool = {sid: s for sid, s in sites.items() if s["function"] in fns}
+    return out, pool, marks["half"]
 
 
-def one_run(target, config, site, after, seed, workdir, keep=False):
+def one_run(target, config, site, after, seed, workdir, keep=False, workload="mixed", arm_signal=False):
     """A run, and its vanilla twin when it ended corrupt after a failure;
     returns the result with its class."""
     Path(workdir).mkdir(parents=True, exist_ok=True)
     wd = Path(tempfile.mkdtemp(prefix=f"{target.name}-{config}-", dir=workdir))
     try:
-        res = Run(target, config, wd / "rk", site=site, after=after, seed=seed).execute()
+        res = Run(target, config, wd / "rk", site=site, after=after, seed=seed, workload=workload,
+                  arm_signal=arm_signal).execute()  # fmt: skip
         restarted = any((u.get("generation") or 0) > 0 for u in res.get("ups", []))
         if res.get("corrupt_keys") and restarted:
-            v = Run(target, config, wd / "vanilla", site=site, after=after, seed=seed, vanilla=True).execute()
+            v = Run(target, config, wd / "vanilla", site=site, after=after, seed=seed, vanilla=True,
+                    workload=workload, arm_signal=arm_signal).execute()  # fmt: skip
             fields = (
                 "corrupt_keys",
                 "corrupt_sample",
@@ -797,20 +1001,47 @@ def pick(sites, rng):
     return s, s["load_count"] + s["workload_count"] // 2
 
 
-def campaign(target, config, sites, runs, seed, workdir, jobs=1, log=None, partial=None):
-    rng = random.Random(f"{seed}-{target.name}")  # the same faults in every configuration
-    plan = []
+def pick_many(pool, half, k, rng):
+    """k distinct sites drawn uniformly from pool (PHOENIX: bugs evenly
+    spread over the instructions of the activated functions), each armed
+    from the midpoint: AFTER = its count there."""
+    chosen = rng.sample(sorted(pool), min(k, len(pool)))
+    return [pool[sid] for sid in chosen], [half.get(sid, 0) for sid in chosen]
+
+
+def campaign(target, config, sites, runs, seed, workdir, jobs=1, log=None, partial=None,
+             method=METHODS["ours"], pool=None, half=None, workload_seed=1):  # fmt: skip
+    """runs runs of one configuration.  method "ours": one site of sites a
+    run; "phoenix": method.faults sites of pool, armed at their half
+    counts, and the profile's workload (workload_seed) in every run."""
+    rng = random.Random(f"{seed}-{target.name}" + ("" if method.name == "ours" else f"-{method.name}"))
+    plan = []  # the same faults in every configuration
     for i in range(runs):
-        s, after = pick(sites, rng)
-        plan.append((s, after, rng.randrange(1 << 30), i))
+        if method.faults == 1 and method.pool == "sites":
+            s, after = pick(sites, rng)
+            chosen, afters = [s], [after]
+        else:
+            chosen, afters = pick_many(
+                pool if method.pool == "functions" else sites, half or {}, method.faults, rng
+            )
+        run_seed = rng.randrange(1 << 30)
+        plan.append((chosen, afters, workload_seed if method.deterministic else run_seed, i))
 
     def go(p):
-        s, after, run_seed, i = p
-        res = one_run(target, config, s["id"], after, run_seed, workdir)
-        res.update(type=s["type"], function=s["function"], loc=s.get("loc"))
+        chosen, afters, run_seed, i = p
+        ids = ",".join(s["id"] for s in chosen)
+        after = afters[0] if len(afters) == 1 else ",".join(map(str, afters))
+        if method.arm == "signal":
+            after = 0
+        res = one_run(target, config, ids, after, run_seed, workdir, workload=method.workload,
+                      arm_signal=method.arm == "signal")  # fmt: skip
+        # the site that fired first names the run (the first drawn, if none did)
+        by_id = {s["id"]: s for s in chosen}
+        s = next((by_id[f] for f in res.get("fired_sites", []) if f in by_id), chosen[0])
+        res.update(type=s["type"], function=s["function"], loc=s.get("loc"), method=method.name)
         if log:
-            log(f"{target.name}/{config} {i + 1}/{runs} {s['type']} {s['function']} -> {res['class']}"
-                f" ({res['observed']}, {res['seconds']}s)")  # fmt: skip
+            log(f"{target.name}/{config}/{method.name} {i + 1}/{runs} {s['type']} {s['function']} -> "
+                f"{res['class']} ({res['observed']}, {res['seconds']}s)")  # fmt: skip
         if partial:  # every finished run, so a campaign cut short still has its results
             with open(partial, "a") as f:
                 f.write(json.dumps(res) + "\n")
@@ -825,11 +1056,18 @@ def campaign(target, config, sites, runs, seed, workdir, jobs=1, log=None, parti
 # ---- output -------------------------------------------------------------------------------
 
 
+def row(r):
+    """A result's row in the tables: (target, configuration), the method
+    named after the configuration when it is not ours."""
+    m = r.get("method", "ours")
+    return r["target"], r["config"] if m == "ours" else f"{r['config']}, {m}"
+
+
 def summarize(results):
     """{(target, config): {class: count}} and the runs' total."""
     out = {}
     for r in results:
-        d = out.setdefault((r["target"], r["config"]), dict.fromkeys(CLASSES, 0))
+        d = out.setdefault(row(r), dict.fromkeys(CLASSES, 0))
         d[r["class"]] += 1
     return out
 
@@ -841,7 +1079,7 @@ def cold_codes(results):
     for r in results:
         if r["class"].startswith("fallback"):
             code = next((u.get("code") for u in r.get("ups", []) if u.get("kind") == "cold"), None)
-            d = out.setdefault((r["target"], r["config"]), {})
+            d = out.setdefault(row(r), {})
             d[code] = d.get(code, 0) + 1
     return out
 
@@ -849,7 +1087,7 @@ def cold_codes(results):
 def count(results, target, config, field):
     out = {}
     for r in results:
-        if (r["target"], r["config"]) == (target, config):
+        if row(r) == (target, config):
             out[str(r.get(field))] = out.get(str(r.get(field)), 0) + 1
     return out
 
@@ -881,13 +1119,19 @@ def corruption_notes(results):
     out = {}
     for r in results:
         if r["class"] in ("additional corruption", "shared corruption"):
-            d = out.setdefault((r["target"], r["config"], r["class"]), {})
+            d = out.setdefault((*row(r), r["class"]), {})
             w = f"{r.get('function')} ({r.get('type')})"
             d[w] = d.get(w, 0) + 1
+            if r.get("corrupt_missing_only"):
+                d[None] = d.get(None, 0) + 1
     lines = []
     for (t, c, cls), d in sorted(out.items()):
+        missing = d.pop(None, 0)
         where = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(d.items()))
-        lines.append(f"- {t} / {c}, {cls}: {sum(d.values())}: {where}")
+        lines.append(
+            f"- {t} / {c}, {cls}: {sum(d.values())}: {where}"
+            + (f" ({missing} with only missing keys, which PHOENIX's validation accepts)" if missing else "")
+        )
     return lines
 
 
@@ -960,6 +1204,12 @@ def main():
     ap.add_argument("--runs", type=int, default=20, help="runs per target and configuration")
     ap.add_argument("--targets", default="rkv,redis")
     ap.add_argument("--configs", default="regions,noregions")
+    ap.add_argument(
+        "--methods", default="ours", help="ours, phoenix, or both (comma-separated): see the docstring"
+    )
+    ap.add_argument("--workload", default="mixed", choices=WORKLOADS, help="the workload (--one)")
+    ap.add_argument("--arm-signal", action="store_true",
+                    help="(--one) the faults act once the harness signals the midpoint")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--build", default=str(ROOT / "build"))
@@ -969,7 +1219,7 @@ def main():
     ap.add_argument("--target", default="rkv")
     ap.add_argument("--config", default="regions")
     ap.add_argument("--site")
-    ap.add_argument("--after", type=int, default=0)
+    ap.add_argument("--after", default="0", help="one count, or one per site (comma-separated)")
     ap.add_argument("--keep", action="store_true", help="keep the run's directory (--one)")
     ap.add_argument("--redraw", metavar="JSON", help="write the .md and .png again from a campaign's JSON")
     a = ap.parse_args()
@@ -987,9 +1237,26 @@ def main():
     try:
         if a.one:
             t = TARGETS[a.target](a.build)
-            res = one_run(t, a.config, a.site, a.after, a.seed, work, keep=a.keep)
+            res = one_run(t, a.config, a.site, a.after, a.seed, work, keep=a.keep, workload=a.workload,
+                          arm_signal=a.arm_signal)  # fmt: skip
             print(json.dumps(res, indent=1))
             return 0
+        methods = a.methods.split(",")
+        unknown = [m for m in methods if m not in METHODS]
+        if unknown:
+            print(
+                f"campaign: unknown method(s) {', '.join(unknown)} (one of {', '.join(METHODS)})",
+                file=sys.stderr,
+            )
+            return 2
+        bad_configs = [c for c in a.configs.split(",") if c not in ALL_CONFIGS]
+        if bad_configs:
+            known = ", ".join(ALL_CONFIGS)
+            print(
+                f"campaign: unknown configuration(s) {', '.join(bad_configs)} (one of {known})",
+                file=sys.stderr,
+            )
+            return 2
         results, profiles = [], {}
         Path(a.out).mkdir(parents=True, exist_ok=True)
         partial = Path(a.out) / f"{a.name}.partial.jsonl"
@@ -1000,25 +1267,34 @@ def main():
             if not t.exe.exists():
                 print(f"campaign: {t.exe} missing: run bench/faults/build.sh", file=sys.stderr)
                 return 2
-            sites = profile(t, work / f"profile-{tn}")
-            profiles[tn] = {"executed_sites": len(sites), "all_sites": len(read_sites(t.exe))}
-            print(f"campaign: {tn}: {len(sites)} sites executed by the workload "
-                  f"(of {profiles[tn]['all_sites']})", file=sys.stderr)  # fmt: skip
-            for cfg in a.configs.split(","):
-                results += campaign(t, cfg, sites, a.runs, a.seed, work, a.jobs,
-                                    log=lambda m: print(m, file=sys.stderr, flush=True),
-                                    partial=partial)  # fmt: skip
+            for mn in methods:
+                method = METHODS[mn]
+                sites, pool, half = profile_full(t, work / f"profile-{tn}-{mn}", workload=method.workload)
+                key = tn if mn == "ours" else f"{tn}, {mn}"
+                profiles[key] = {"executed_sites": len(sites), "all_sites": len(read_sites(t.exe)),
+                                 "pool_sites": len(pool) if method.pool == "functions" else len(sites),
+                                 "functions": len({s["function"] for s in sites.values()})}  # fmt: skip
+                print(f"campaign: {key}: {len(sites)} sites executed by the {method.workload} workload "
+                      f"(of {profiles[key]['all_sites']}), in {profiles[key]['functions']} functions with "
+                      f"{len(pool)} sites", file=sys.stderr)  # fmt: skip
+                for cfg in a.configs.split(","):
+                    results += campaign(t, cfg, sites, a.runs, a.seed, work, a.jobs,
+                                        log=lambda m: print(m, file=sys.stderr, flush=True),
+                                        partial=partial, method=method, pool=pool, half=half)  # fmt: skip
         elapsed = time.monotonic() - t_start
         summary = summarize(results)
         meta = {
             "date": time.strftime("%Y-%m-%d"),
             "runs_per_config": a.runs,
+            "methods": methods,
             "seed": a.seed,
             "jobs": a.jobs,
             "elapsed_s": round(elapsed, 1),
             "profiles": profiles,
             "workload": {"load_keys": LOAD_KEYS, "ops": WORKLOAD_OPS, "op_timeout_s": OP_TIMEOUT,
-                         "hang_timeout": HANG_TIMEOUT},  # fmt: skip
+                         "hang_timeout": HANG_TIMEOUT, "ycsb_records": YCSB_RECORDS,
+                         "ycsb_read": YCSB_READ,
+                         "faults_per_run": {m: METHODS[m].faults for m in methods}},  # fmt: skip
             "note": (f"{a.runs} runs per target and configuration, seed {a.seed}, {elapsed:.0f} s "
                      f"({elapsed / max(1, len(results)):.2f} s a run, {a.jobs} job(s))"),
         }  # fmt: skip

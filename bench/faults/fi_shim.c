@@ -53,6 +53,7 @@ __attribute__((constructor(100))) static void fi_shim_init(void)
 			unsetenv("REKINDLE_FAULT");
 			unsetenv("REKINDLE_FAULT_AFTER");
 			unsetenv("REKINDLE_FAULT_MODE");
+			unsetenv("REKINDLE_FAULT_ARM_SIGNAL"); /* SIGUSR2 keeps its default */
 		}
 	}
 	no_regions = env_on("REKINDLE_FI_NO_REGIONS");

@@ -1,7 +1,14 @@
 /* The fault injector's run-time side, linked into every instrumented
  * program.  At startup it reads the environment once:
- *   REKINDLE_FAULT=<hash>:<index>   the site to arm (one per run)
- *   REKINDLE_FAULT_AFTER=<n>        let the site run clean n times first
+ *   REKINDLE_FAULT=<hash>:<index>[,<hash>:<index>...]
+ *                                   the site(s) to arm (up to RK_FI_MAX_ARMED;
+ *                                   PHOENIX arms ten instructions a run)
+ *   REKINDLE_FAULT_AFTER=<n>[,<n>...]  let each site run clean n times first
+ *                                   (one count for all, or one per site)
+ *   REKINDLE_FAULT_ARM_SIGNAL=<signo>  the sites stay off (and their
+ *                                   executions uncounted) until the process
+ *                                   gets this signal: PHOENIX's "signal the
+ *                                   application to switch" (§4.4)
  *   REKINDLE_FAULT_MODE=persistent|transient  act every time from then on
  *                                   (default) or only once
  *   REKINDLE_FAULT_TRACE=<path>     count every site's executions ("%p" in
@@ -18,6 +25,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,17 +46,26 @@ struct trace_record {
 
 enum mode { MODE_PERSISTENT, MODE_TRANSIENT };
 
-static struct {
-	int parsed;
-	int armed;            /* REKINDLE_FAULT given */
+#define RK_FI_MAX_ARMED 16
+
+/* One site REKINDLE_FAULT names. */
+struct armed_site {
 	uint64_t hash;
 	uint64_t index;
 	uint64_t after;
-	enum mode mode;
-	int log_fd;
-	struct rk_fi_module *target; /* the module holding the armed site */
-	uint64_t executions;  /* of the armed site */
+	struct rk_fi_module *target; /* the module holding it */
+	uint64_t executions;
 	int fired;
+};
+
+static struct {
+	int parsed;
+	int armed;            /* how many sites REKINDLE_FAULT names */
+	struct armed_site sites[RK_FI_MAX_ARMED];
+	enum mode mode;
+	int arm_signal;       /* 0: live from the start */
+	int live;             /* the sites act (set by the arming signal) */
+	int log_fd;
 	const char *trace;    /* REKINDLE_FAULT_TRACE, %p expanded */
 	char trace_path[4096];
 	int trace_fd;
@@ -89,20 +106,57 @@ static int parse_u64(const char *s, int base, uint64_t *out)
 }
 
 /* "<16 hex digits>:<decimal index>", as the sites list prints ids. */
-static void parse_site(const char *v)
+static void parse_site(const char *v, struct armed_site *a)
 {
 	const char *colon = strchr(v, ':');
 	char hex[17];
 	if (!colon || colon - v != 16)
-		die("bad_site_id", "REKINDLE_FAULT='%s' is not <16 hex digits>:<index>", v);
+		die("bad_site_id", "REKINDLE_FAULT: '%s' is not <16 hex digits>:<index>", v);
 	memcpy(hex, v, 16);
 	hex[16] = '\0';
 	for (int i = 0; i < 16; i++)
 		if (!strchr("0123456789abcdef", hex[i]))
-			die("bad_site_id", "REKINDLE_FAULT='%s' is not <16 hex digits>:<index>", v);
-	if (parse_u64(hex, 16, &st.hash) || parse_u64(colon + 1, 10, &st.index))
-		die("bad_site_id", "REKINDLE_FAULT='%s' is not <16 hex digits>:<index>", v);
-	st.armed = 1;
+			die("bad_site_id", "REKINDLE_FAULT: '%s' is not <16 hex digits>:<index>", v);
+	if (parse_u64(hex, 16, &a->hash) || parse_u64(colon + 1, 10, &a->index))
+		die("bad_site_id", "REKINDLE_FAULT: '%s' is not <16 hex digits>:<index>", v);
+}
+
+/* Splits a comma-separated list into its items (at most max, each shorter
+ * than 64 bytes), calling item(text, i) for each; returns how many.  An
+ * empty item, too many, or too long: die(reason). */
+static int split_list(const char *var, const char *v, int max, const char *reason,
+		      void (*item)(const char *text, int i))
+{
+	int n = 0;
+	for (const char *p = v;; n++) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		char buf[64];
+		if (n >= max)
+			die(reason, "%s='%s' has more than %d items", var, v, max);
+		if (len == 0 || len >= sizeof buf)
+			die(reason, "%s='%s' has an empty or overlong item", var, v);
+		memcpy(buf, p, len);
+		buf[len] = '\0';
+		item(buf, n);
+		if (!end)
+			return n + 1;
+		p = end + 1;
+	}
+}
+
+static void fault_item(const char *text, int i)
+{
+	parse_site(text, &st.sites[i]);
+	for (int j = 0; j < i; j++)
+		if (st.sites[j].hash == st.sites[i].hash && st.sites[j].index == st.sites[i].index)
+			die("bad_site_id", "REKINDLE_FAULT names %s twice", text);
+}
+
+static void after_item(const char *text, int i)
+{
+	if (parse_u64(text, 10, &st.sites[i].after))
+		die("bad_after", "REKINDLE_FAULT_AFTER: '%s' is not a count", text);
 }
 
 static void expand_trace_path(const char *v)
@@ -132,19 +186,47 @@ static void open_trace(void)
 		die("trace_open_failed", "cannot open '%s': %s", counts, strerror(errno));
 }
 
+static void on_arm_signal(int sig)
+{
+	(void)sig;
+	__atomic_store_n(&st.live, 1, __ATOMIC_RELAXED);
+}
+
+static void parse_arm_signal(const char *v)
+{
+	uint64_t n;
+	if (!st.armed)
+		die("arm_signal_without_fault", "REKINDLE_FAULT_ARM_SIGNAL is set but REKINDLE_FAULT is not");
+	if (parse_u64(v, 10, &n) || n == 0 || n > (uint64_t)SIGRTMAX || n == SIGKILL || n == SIGSTOP)
+		die("bad_arm_signal", "REKINDLE_FAULT_ARM_SIGNAL='%s' is not a signal number that can be caught", v);
+	struct sigaction sa = {.sa_handler = on_arm_signal, .sa_flags = SA_RESTART};
+	sigemptyset(&sa.sa_mask);
+	if (sigaction((int)n, &sa, NULL) < 0)
+		die("bad_arm_signal", "REKINDLE_FAULT_ARM_SIGNAL=%s: sigaction: %s", v, strerror(errno));
+	st.arm_signal = (int)n;
+}
+
 static void parse_env(void)
 {
 	const char *v;
 	uint64_t n;
 	st.parsed = 1;
 	if ((v = getenv("REKINDLE_FAULT")) && *v)
-		parse_site(v);
+		st.armed = split_list("REKINDLE_FAULT", v, RK_FI_MAX_ARMED, "bad_site_id", fault_item);
 	if ((v = getenv("REKINDLE_FAULT_AFTER"))) {
 		if (!st.armed)
 			die("after_without_fault", "REKINDLE_FAULT_AFTER is set but REKINDLE_FAULT is not");
-		if (parse_u64(v, 10, &st.after))
-			die("bad_after", "REKINDLE_FAULT_AFTER='%s' is not a count", v);
+		int n = split_list("REKINDLE_FAULT_AFTER", v, RK_FI_MAX_ARMED, "bad_after", after_item);
+		if (n == 1)
+			for (int i = 1; i < st.armed; i++)
+				st.sites[i].after = st.sites[0].after;
+		else if (n != st.armed)
+			die("bad_after", "REKINDLE_FAULT_AFTER has %d counts for %d sites (give one, or one per site)",
+			    n, st.armed);
 	}
+	if ((v = getenv("REKINDLE_FAULT_ARM_SIGNAL")))
+		parse_arm_signal(v);
+	st.live = st.arm_signal == 0;
 	if ((v = getenv("REKINDLE_FAULT_MODE"))) {
 		if (!st.armed)
 			die("mode_without_fault", "REKINDLE_FAULT_MODE is set but REKINDLE_FAULT is not");
@@ -201,13 +283,16 @@ void __rk_fi_register(struct rk_fi_module *m)
 	st.modules = m;
 	if (st.trace_fd >= 0)
 		trace_module(m);
-	if (st.armed && m->hash == st.hash) {
-		if (st.index >= m->nsites)
-			die("unknown_site", "REKINDLE_FAULT=%016llx:%llu: module %s has %u sites",
-			    (unsigned long long)st.hash, (unsigned long long)st.index, m->source, (unsigned)m->nsites);
-		st.target = m;
-		m->site_on[st.index] = 1;
-		m->fn_on[m->site_fn[st.index]] = 1;
+	for (int i = 0; i < st.armed; i++) {
+		struct armed_site *a = &st.sites[i];
+		if (m->hash != a->hash)
+			continue;
+		if (a->index >= m->nsites)
+			die("unknown_site", "REKINDLE_FAULT: %016llx:%llu: module %s has %u sites",
+			    (unsigned long long)a->hash, (unsigned long long)a->index, m->source, (unsigned)m->nsites);
+		a->target = m;
+		m->site_on[a->index] = 1;
+		m->fn_on[m->site_fn[a->index]] = 1;
 	}
 }
 
@@ -226,14 +311,20 @@ int __rk_fi_hit(struct rk_fi_module *m, uint32_t site)
 {
 	if (m->counts)
 		__atomic_fetch_add(&m->counts[site], 1, __ATOMIC_RELAXED);
-	if (m != st.target || site != st.index)
-		return 0;
-	uint64_t n = __atomic_add_fetch(&st.executions, 1, __ATOMIC_RELAXED);
-	if (n <= st.after || (st.mode == MODE_TRANSIENT && n != st.after + 1))
-		return 0;
-	if (!__atomic_exchange_n(&st.fired, 1, __ATOMIC_RELAXED))
-		report_fired(m, site);
-	return 1;
+	for (int i = 0; i < st.armed; i++) {
+		struct armed_site *a = &st.sites[i];
+		if (m != a->target || site != a->index)
+			continue;
+		if (!__atomic_load_n(&st.live, __ATOMIC_RELAXED))
+			return 0;
+		uint64_t n = __atomic_add_fetch(&a->executions, 1, __ATOMIC_RELAXED);
+		if (n <= a->after || (st.mode == MODE_TRANSIENT && n != a->after + 1))
+			return 0;
+		if (!__atomic_exchange_n(&a->fired, 1, __ATOMIC_RELAXED))
+			report_fired(m, site);
+		return 1;
+	}
+	return 0;
 }
 
 /* At a normal exit: "<id> <count>" per executed site, written to a
@@ -264,9 +355,11 @@ __attribute__((constructor(102))) static void rk_fi_check(void)
 {
 	if (!st.parsed)
 		parse_env();
-	if (st.armed && !st.target)
-		die("unknown_site", "REKINDLE_FAULT=%016llx:%llu: no instrumented module has hash %016llx",
-		    (unsigned long long)st.hash, (unsigned long long)st.index, (unsigned long long)st.hash);
+	for (int i = 0; i < st.armed; i++)
+		if (!st.sites[i].target)
+			die("unknown_site", "REKINDLE_FAULT: %016llx:%llu: no instrumented module has hash %016llx",
+			    (unsigned long long)st.sites[i].hash, (unsigned long long)st.sites[i].index,
+			    (unsigned long long)st.sites[i].hash);
 	if (st.trace_fd >= 0 && atexit(write_trace) != 0)
 		die("trace_write_failed", "atexit failed");
 }
