@@ -15,6 +15,7 @@ on by a signal at the midpoint) on rkv; and on the instrumented Redis port
 misplaced keys into a cold one (patch 0005)."""
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -281,13 +282,22 @@ def test_ycsb_workload_keeps_its_model_without_faults(target, tmp_path):
 REDIS_FI = BUILD / "faults" / "redis" / "rekindle" / "src" / "redis-server"
 
 
+def redis_fi_or_skip():
+    """The instrumented Redis port takes about 4 min to build on 2 cores:
+    its tests run by `make test-faults-redis`, not by `make test` (CI's
+    time); there a missing build is an error."""
+    if os.environ.get("REKINDLE_FAULTS_REDIS") != "1":
+        pytest.skip("the instrumented Redis port: make test-faults-redis runs this")
+    if not REDIS_FI.exists():
+        pytest.fail(f"{REDIS_FI} missing: run `make faults-redis` first")
+
+
 def test_redis_event_loop_that_returns_is_restarted(tmp_path):
     # aeMain's `while (!eventLoop->stop)` inverted: the loop ends at once.
     # Before patch 0004 main() returned 0, `rekindle run` took it for a
     # clean exit and did not restart (3 unrecovered runs in the 1,000-run
     # campaign); now the port exits 70 and comes back warm with every key.
-    if not REDIS_FI.exists():
-        pytest.fail(f"{REDIS_FI} missing: run `bash bench/faults/build.sh redis` first")
+    redis_fi_or_skip()
     t = C.RedisPort(BUILD)
     found = [
         s
@@ -320,8 +330,7 @@ def test_redis_keyspace_check_turns_misplaced_keys_into_a_cold_start(tmp_path):
     # misplaced keys (the final check misses them, and ZADD adds their
     # index entries twice); with the keyspace
     # check (patch 0005) the warm start finds them and goes cold.
-    if not REDIS_FI.exists():
-        pytest.fail(f"{REDIS_FI} missing: run `bash bench/faults/build.sh redis` first")
+    redis_fi_or_skip()
     t = C.RedisPort(BUILD)
     executed, _, _ = C.profile_full(t, tmp_path / "p", workload="ycsb")
     sip = [
