@@ -51,6 +51,7 @@ enum rk_ev_logspec {
 	EV_LOG_A0_STRCAT,    /* a0[strlen(a0) .. + strlen(a1) + 1) */
 	EV_LOG_A1_WORD,      /* *(void **)a1, when a1 is not NULL */
 	EV_LOG_A1_TM,        /* *(struct tm *)a1 (localtime_r, gmtime_r) */
+	EV_LOG_A1_LEN_A2,    /* a1[0 .. a2) (strerror_r) */
 };
 
 /* One row of the library model (libmodel.def). */

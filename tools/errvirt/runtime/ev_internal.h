@@ -49,6 +49,7 @@ struct ev_state {
 	const char *closed_reason;
 	int32_t closed_by_fn; /* model index, or -1 */
 	uintptr_t closed_by_pc;
+	uintptr_t closed_callee; /* the unknown callee that closed it, or 0 */
 	uintptr_t probe; /* the word __rk_ev_log_word is reading, or 0 */
 	uint64_t epoch;
 	uint64_t gates, closes, recoveries, fallbacks, injections;

@@ -81,6 +81,7 @@ static void ev_end_window(struct ev_state *s, const char *reason, int32_t fn, ui
 	s->closed_reason = reason;
 	s->closed_by_fn = fn;
 	s->closed_by_pc = pc;
+	s->closed_callee = 0;
 	__rk_ev_key = 0;
 	__rk_ev_stack_top = UINTPTR_MAX;
 	ev_commit(s);
@@ -140,6 +141,7 @@ void __rk_ev_unknown_call(void *callee)
 	ev->closed_unknown++;
 	ev_count_closer(ev, (uintptr_t)callee);
 	ev_close_window(ev, "ev_unknown_call", -1, (uintptr_t)__builtin_return_address(0));
+	ev->closed_callee = (uintptr_t)callee; /* named in a fallback line */
 }
 
 static void ev_push(uint32_t kind, uint64_t ret, uint64_t a0, uint64_t a1, bool note)
@@ -197,6 +199,9 @@ void __rk_ev_log_call(uint32_t fn, uint64_t a0, uint64_t a1, uint64_t a2)
 	case EV_LOG_A1_TM:
 		if (a1)
 			__rk_ev_log_range((void *)a1, sizeof(struct tm));
+		break;
+	case EV_LOG_A1_LEN_A2:
+		__rk_ev_log_range((void *)a1, a2);
 		break;
 	}
 }
