@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -202,6 +204,20 @@ void __rk_ev_log_call(uint32_t fn, uint64_t a0, uint64_t a1, uint64_t a2)
 		break;
 	case EV_LOG_A1_LEN_A2:
 		__rk_ev_log_range((void *)a1, a2);
+		break;
+	case EV_LOG_A1_STAT:
+		__rk_ev_log_range((void *)a1, sizeof(struct stat));
+		break;
+	case EV_LOG_A2_STAT:
+		__rk_ev_log_range((void *)a2, sizeof(struct stat));
+		break;
+	case EV_LOG_A1_TIMESPEC:
+		__rk_ev_log_range((void *)a1, sizeof(struct timespec));
+		break;
+	case EV_LOG_A0_TIMEVAL:
+		__rk_ev_log_range((void *)a0, sizeof(struct timeval));
+		if (a1)
+			__rk_ev_log_range((void *)a1, sizeof(struct timezone));
 		break;
 	}
 }
