@@ -56,6 +56,7 @@ enum rk_ev_logspec {
 	EV_LOG_A2_STAT,      /* *(struct stat *)a2 (an unchecked fstatat) */
 	EV_LOG_A1_TIMESPEC,  /* *(struct timespec *)a1 (clock_gettime) */
 	EV_LOG_A0_TIMEVAL,   /* *(struct timeval *)a0 and *(struct timezone *)a1 (gettimeofday) */
+	EV_LOG_A0_DOUBLES_A1, /* a0[0 .. a1) doubles (getloadavg) */
 };
 
 /* One row of the library model (libmodel.def). */

@@ -8,6 +8,7 @@
 #include "ev_internal.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdlib.h>
@@ -55,6 +56,9 @@ static void ev_run_deferred(const struct ev_op *op)
 		break;
 	case EV_DEF_CLOSEDIR:
 		(void)closedir((DIR *)op->a0);
+		break;
+	case EV_DEF_DLCLOSE:
+		(void)dlclose((void *)op->a0);
 		break;
 	case EV_DEF_RK_FREE:
 		if (rk_free && rk_unsafe_begin && rk_unsafe_end) {
@@ -214,6 +218,9 @@ void __rk_ev_log_call(uint32_t fn, uint64_t a0, uint64_t a1, uint64_t a2)
 	case EV_LOG_A1_TIMESPEC:
 		__rk_ev_log_range((void *)a1, sizeof(struct timespec));
 		break;
+	case EV_LOG_A0_DOUBLES_A1:
+		__rk_ev_log_range((void *)a0, a1 * sizeof(double));
+		break;
 	case EV_LOG_A0_TIMEVAL:
 		__rk_ev_log_range((void *)a0, sizeof(struct timeval));
 		if (a1)
@@ -247,6 +254,14 @@ int __rk_ev_closedir(void *dir)
 	if (!ev_deferring())
 		return closedir(dir);
 	ev_push(EV_DEF_CLOSEDIR, 0, (uint64_t)dir, 0, false);
+	return 0;
+}
+
+int __rk_ev_dlclose(void *handle)
+{
+	if (!ev_deferring())
+		return dlclose(handle);
+	ev_push(EV_DEF_DLCLOSE, 0, (uint64_t)handle, 0, false);
 	return 0;
 }
 

@@ -56,3 +56,24 @@ define i32 @nonblock(i32 %fd) {
 ; CHECK: %r = call i32 (i32, i32, ...) @fcntl64(
 ; CHECK-NEXT: %ev.ck = call i64 @__rk_ev_checkpoint(
 ; CHECK: %r.ev = phi i32 [ %r, %{{.*}} ], [ -1, %{{.*}} ]
+
+; lighttpd's timer reads the load average (logged: a1 doubles at a0), and its
+; shutdown unloads modules (deferred to the commit, like close).
+declare i32 @getloadavg(ptr, i32)
+declare i32 @dlclose(ptr)
+declare ptr @dlsym(ptr, ptr)
+
+define ptr @timer_and_modules(ptr %la, ptr %lib, ptr %name) {
+  %n = call i32 @getloadavg(ptr %la, i32 3)
+  %f = call ptr @dlsym(ptr %lib, ptr %name)
+  %r = call i32 @dlclose(ptr %lib)
+  ret ptr %f
+}
+; CHECK-LABEL: define ptr @timer_and_modules(
+; CHECK-NOT: __rk_ev_unknown_call
+; CHECK: call void @__rk_ev_log_call(i32 {{[0-9]+}}, i64 %{{.*}}, i64 3, i64 0)
+; CHECK-NEXT: %n = call i32 @getloadavg(ptr %la, i32 3)
+; CHECK-NEXT: %f = call ptr @dlsym(ptr %lib, ptr %name)
+; CHECK-NEXT: %r = call i32 @__rk_ev_dlclose(ptr %lib)
+; CHECK-NOT: __rk_ev_unknown_call
+; CHECK: ret ptr %f

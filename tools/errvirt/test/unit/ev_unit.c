@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <dirent.h>
+#include <dlfcn.h>
 
 static int failures;
 #define CHECK(cond)                                                                                    \
@@ -408,6 +409,37 @@ static void check_clock(void)
 	close(fd);
 }
 
+/* lighttpd's once-a-second timer reads the load average, and its shutdown
+ * unloads its modules: getloadavg's doubles are logged, and dlclose waits
+ * for the commit (a rollback keeps the module loaded). */
+static double loads[3] = {-1, -2, -3};
+
+__attribute__((noinline)) static int module_case(void *lib)
+{
+	char *p = malloc(16); /* the gate */
+	if (!p)
+		return -errno;
+	sink = p;
+	(void)getloadavg(loads, 3);
+	if (dlclose(lib) != 0)
+		return -1;
+	crash();
+	free(p);
+	return 0;
+}
+
+static void check_module(void)
+{
+	void *lib = dlopen("libm.so.6", RTLD_NOW | RTLD_LOCAL);
+	CHECK(lib);
+	if (!lib)
+		return;
+	CHECK(module_case(lib) == -ENOMEM);
+	CHECK(loads[0] == -1 && loads[1] == -2 && loads[2] == -3);
+	CHECK(dlsym(lib, "cos") != NULL); /* the handle is still open */
+	CHECK(dlclose(lib) == 0);
+}
+
 /* ---- cases that must not be recovered (run one per process) ------------- */
 __attribute__((noinline)) static int second_fault(void)
 {
@@ -454,6 +486,7 @@ int main(int argc, char **argv)
 	check_commit_before_gate();
 	check_formatting();
 	check_clock();
+	check_module();
 	if (failures) {
 		fprintf(stderr, "ev_unit: %d checks failed\n", failures);
 		return 1;
