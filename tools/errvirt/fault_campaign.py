@@ -387,6 +387,9 @@ def campaign(target, tmp, args, log):
             outcome = "alive, not answering"
         elif not r["started"]:
             outcome = "did not start"
+        elif fb and r["alive_at_end"]:
+            # every request served, then the crash on the way out (SIGTERM)
+            outcome = "at shutdown, fallback: " + fb[0]["reason"]
         elif fb:
             outcome = "fallback: " + fb[0]["reason"]
         elif hang:
@@ -403,6 +406,8 @@ def campaign(target, tmp, args, log):
             "description": meta.get("description"),
             "after": after,
             "vanilla_rc": van["rc"],
+            # errvirt off, the server crashed only once stopped
+            "vanilla_at_shutdown": van["alive_at_end"],
             "outcome": outcome,
             "survived": survived,
             "recoveries": len(rec),
@@ -485,9 +490,10 @@ def write_md(results, meta, path):
         for f in r["faults"]:
             if not f["survived"]:
                 none = False
+                note = " (errvirt off, it crashed only at shutdown)" if f.get("vanilla_at_shutdown") else ""
                 lines.append(
                     f"- {r['server']} `{f['site']}` {f['type']} in `{f['function']}` ({f['loc']}): "
-                    f"{f['outcome']}"
+                    f"{f['outcome']}{note}"
                 )
     if none:
         lines.append("- none")
