@@ -242,6 +242,11 @@ def run(target, d, env, seed, do_workload=True):
         c.close()
     alive = s.proc.poll() is None
     restarted = target.restarted(s)
+    if isinstance(s, hs.Server):
+        # SIGTERM, and wake nginx's single process if it sleeps through it
+        # (http_servers.Server.terminate): no SIGKILL, so its exit-time
+        # report line is written
+        s.terminate()
     rc = s.stop()
     return {
         "started": True,
