@@ -206,23 +206,32 @@ void __rk_ev_log_call(uint32_t fn, uint64_t a0, uint64_t a1, uint64_t a2)
 		if (a1)
 			__rk_ev_log_range((void *)a1, sizeof(struct tm));
 		break;
+	/* a NULL pointer: the call fails (EFAULT) or crashes itself; nothing
+	 * of ours to log */
 	case EV_LOG_A1_LEN_A2:
-		__rk_ev_log_range((void *)a1, a2);
+		if (a1)
+			__rk_ev_log_range((void *)a1, a2);
 		break;
 	case EV_LOG_A1_STAT:
-		__rk_ev_log_range((void *)a1, sizeof(struct stat));
+		if (a1)
+			__rk_ev_log_range((void *)a1, sizeof(struct stat));
 		break;
 	case EV_LOG_A2_STAT:
-		__rk_ev_log_range((void *)a2, sizeof(struct stat));
+		if (a2)
+			__rk_ev_log_range((void *)a2, sizeof(struct stat));
 		break;
 	case EV_LOG_A1_TIMESPEC:
-		__rk_ev_log_range((void *)a1, sizeof(struct timespec));
+		if (a1)
+			__rk_ev_log_range((void *)a1, sizeof(struct timespec));
 		break;
 	case EV_LOG_A0_DOUBLES_A1:
-		__rk_ev_log_range((void *)a0, a1 * sizeof(double));
+		/* getloadavg fills at most 3; a1 is an int, widened unsigned */
+		if (a0 && (int32_t)a1 > 0)
+			__rk_ev_log_range((void *)a0, (a1 < 3 ? a1 : 3) * sizeof(double));
 		break;
 	case EV_LOG_A0_TIMEVAL:
-		__rk_ev_log_range((void *)a0, sizeof(struct timeval));
+		if (a0)
+			__rk_ev_log_range((void *)a0, sizeof(struct timeval));
 		if (a1)
 			__rk_ev_log_range((void *)a1, sizeof(struct timezone));
 		break;
