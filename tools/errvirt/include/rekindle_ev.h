@@ -51,6 +51,12 @@ enum rk_ev_logspec {
 	EV_LOG_A0_STRCAT,    /* a0[strlen(a0) .. + strlen(a1) + 1) */
 	EV_LOG_A1_WORD,      /* *(void **)a1, when a1 is not NULL */
 	EV_LOG_A1_TM,        /* *(struct tm *)a1 (localtime_r, gmtime_r) */
+	EV_LOG_A1_LEN_A2,    /* a1[0 .. a2) (strerror_r, an unchecked read) */
+	EV_LOG_A1_STAT,      /* *(struct stat *)a1 (an unchecked stat, fstat) */
+	EV_LOG_A2_STAT,      /* *(struct stat *)a2 (an unchecked fstatat) */
+	EV_LOG_A1_TIMESPEC,  /* *(struct timespec *)a1 (clock_gettime) */
+	EV_LOG_A0_TIMEVAL,   /* *(struct timeval *)a0 and *(struct timezone *)a1 (gettimeofday) */
+	EV_LOG_A0_DOUBLES_A1, /* a0[0 .. a1) doubles (getloadavg) */
 };
 
 /* One row of the library model (libmodel.def). */

@@ -27,6 +27,9 @@ extern const char __start_rk_ev_text[] __attribute__((weak));
 extern const char __stop_rk_ev_text[] __attribute__((weak));
 extern const char __start_rk_text[] __attribute__((weak));
 extern const char __stop_rk_text[] __attribute__((weak));
+/* where the executable is mapped (the linker's): a fallback line gives it,
+ * so its pcs can be named with addr2line (pc - exe_base) */
+extern const char __executable_start[] __attribute__((weak));
 
 int ev_gettid(void)
 {
@@ -94,7 +97,10 @@ static int ev_decline(struct ev_state *s, int sig, const char *why, uintptr_t pc
 		if (s->closed_by_fn >= 0 && s->closed_by_fn < EV_FN_COUNT)
 			ev_line_str(&l, "closed_by_call", rk_ev_model[s->closed_by_fn].name);
 		ev_line_hex(&l, "closed_at_pc", s->closed_by_pc);
+		if (s->closed_callee)
+			ev_line_hex(&l, "closed_callee", s->closed_callee);
 	}
+	ev_line_hex(&l, "exe_base", (uint64_t)(uintptr_t)__executable_start);
 	ev_line_end(&l);
 	return 0;
 }

@@ -24,7 +24,7 @@ struct ev_undo {
 };
 #define EV_BULK (1ull << 63)
 
-enum ev_defer_kind { EV_DEF_FREE = 1, EV_DEF_CLOSE, EV_DEF_MUNMAP, EV_DEF_RK_FREE, EV_DEF_CLOSEDIR };
+enum ev_defer_kind { EV_DEF_FREE = 1, EV_DEF_CLOSE, EV_DEF_MUNMAP, EV_DEF_RK_FREE, EV_DEF_CLOSEDIR, EV_DEF_DLCLOSE };
 
 struct ev_op {
 	uint32_t kind; /* enum ev_defer_kind, or the model index of a note */
@@ -49,6 +49,7 @@ struct ev_state {
 	const char *closed_reason;
 	int32_t closed_by_fn; /* model index, or -1 */
 	uintptr_t closed_by_pc;
+	uintptr_t closed_callee; /* the unknown callee that closed it, or 0 */
 	uintptr_t probe; /* the word __rk_ev_log_word is reading, or 0 */
 	uint64_t epoch;
 	uint64_t gates, closes, recoveries, fallbacks, injections;
@@ -101,6 +102,7 @@ void __rk_ev_free(void *p);
 int __rk_ev_close(int fd);
 int __rk_ev_closedir(void *dir);
 int __rk_ev_munmap(void *p, size_t n);
+int __rk_ev_dlclose(void *handle);
 void __rk_ev_rk_free(void *arena, void *p);
 void *__rk_ev_realloc(void *p, size_t n);
 void __rk_ev_hole_push(void *p, uint64_t n);

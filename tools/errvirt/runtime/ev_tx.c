@@ -8,11 +8,14 @@
 #include "ev_internal.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -54,6 +57,9 @@ static void ev_run_deferred(const struct ev_op *op)
 	case EV_DEF_CLOSEDIR:
 		(void)closedir((DIR *)op->a0);
 		break;
+	case EV_DEF_DLCLOSE:
+		(void)dlclose((void *)op->a0);
+		break;
 	case EV_DEF_RK_FREE:
 		if (rk_free && rk_unsafe_begin && rk_unsafe_end) {
 			/* the free is one whole change of the arena on its own */
@@ -81,6 +87,7 @@ static void ev_end_window(struct ev_state *s, const char *reason, int32_t fn, ui
 	s->closed_reason = reason;
 	s->closed_by_fn = fn;
 	s->closed_by_pc = pc;
+	s->closed_callee = 0;
 	__rk_ev_key = 0;
 	__rk_ev_stack_top = UINTPTR_MAX;
 	ev_commit(s);
@@ -140,6 +147,7 @@ void __rk_ev_unknown_call(void *callee)
 	ev->closed_unknown++;
 	ev_count_closer(ev, (uintptr_t)callee);
 	ev_close_window(ev, "ev_unknown_call", -1, (uintptr_t)__builtin_return_address(0));
+	ev->closed_callee = (uintptr_t)callee; /* named in a fallback line */
 }
 
 static void ev_push(uint32_t kind, uint64_t ret, uint64_t a0, uint64_t a1, bool note)
@@ -198,6 +206,35 @@ void __rk_ev_log_call(uint32_t fn, uint64_t a0, uint64_t a1, uint64_t a2)
 		if (a1)
 			__rk_ev_log_range((void *)a1, sizeof(struct tm));
 		break;
+	/* a NULL pointer: the call fails (EFAULT) or crashes itself; nothing
+	 * of ours to log */
+	case EV_LOG_A1_LEN_A2:
+		if (a1)
+			__rk_ev_log_range((void *)a1, a2);
+		break;
+	case EV_LOG_A1_STAT:
+		if (a1)
+			__rk_ev_log_range((void *)a1, sizeof(struct stat));
+		break;
+	case EV_LOG_A2_STAT:
+		if (a2)
+			__rk_ev_log_range((void *)a2, sizeof(struct stat));
+		break;
+	case EV_LOG_A1_TIMESPEC:
+		if (a1)
+			__rk_ev_log_range((void *)a1, sizeof(struct timespec));
+		break;
+	case EV_LOG_A0_DOUBLES_A1:
+		/* getloadavg fills at most 3; a1 is an int, widened unsigned */
+		if (a0 && (int32_t)a1 > 0)
+			__rk_ev_log_range((void *)a0, (a1 < 3 ? a1 : 3) * sizeof(double));
+		break;
+	case EV_LOG_A0_TIMEVAL:
+		if (a0)
+			__rk_ev_log_range((void *)a0, sizeof(struct timeval));
+		if (a1)
+			__rk_ev_log_range((void *)a1, sizeof(struct timezone));
+		break;
 	}
 }
 
@@ -226,6 +263,14 @@ int __rk_ev_closedir(void *dir)
 	if (!ev_deferring())
 		return closedir(dir);
 	ev_push(EV_DEF_CLOSEDIR, 0, (uint64_t)dir, 0, false);
+	return 0;
+}
+
+int __rk_ev_dlclose(void *handle)
+{
+	if (!ev_deferring())
+		return dlclose(handle);
+	ev_push(EV_DEF_DLCLOSE, 0, (uint64_t)handle, 0, false);
 	return 0;
 }
 

@@ -35,9 +35,16 @@ class ServerError(Exception):
         self.reason = reason
 
 
-def free_port(lo=56000, hi=57999):
-    """A free loopback port in this worktree's range, starting at a
-    pid-dependent offset so concurrent runs rarely collide."""
+# The loopback ports free_port picks from; a caller may set another range
+# (fault_campaign.py --ports).
+PORT_RANGE = (56000, 57999)
+
+
+def free_port(lo=None, hi=None):
+    """A free loopback port in PORT_RANGE, starting at a pid-dependent
+    offset so concurrent runs rarely collide."""
+    lo = PORT_RANGE[0] if lo is None else lo
+    hi = PORT_RANGE[1] if hi is None else hi
     span = hi - lo + 1
     start = (os.getpid() * 7919 + time.monotonic_ns() // 1000) % span
     for i in range(span):
