@@ -1,0 +1,254 @@
+"""Review of the first snapshot after a restore being a delta of the
+restored snapshot (snapshot/baseline.rs, cut.rs copy_changed): in each
+case below the delta must restore to the app's arena byte for byte (read
+live through /proc right after the cut, the app idle), and name the right
+parent.  rkv under `rekindle run --snapshot-dir` (a run from its store
+restores its newest snapshot), through unmodified redis-py."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import redis
+from rkv_harness import Rkv
+from supervisor_harness import REKINDLE
+
+DEBUG_ON = ("--enable-debug", "yes")  # DEBUG SEGFAULT, for a crash in place
+BIG = b"PUNCHME-" * (4 << 17)  # 4 MiB: freeing it punches pages out of the memfd
+
+
+def rekindle(*args, env=None, timeout=60):
+    return subprocess.run(
+        [str(REKINDLE), *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env=env, check=False,
+    )  # fmt: skip
+
+
+def snapshotting(tmp_path, store, *extra, interval="0"):
+    return Rkv(
+        tmp_path, *DEBUG_ON, supervised=True,
+        sup=("run", "--snapshot-dir", str(store), "--snapshot-interval", interval, *extra),
+    )  # fmt: skip
+
+
+def checkpoint(r, *tags):
+    args = ["checkpoint", "rkv", "--wait", "--json"]
+    for t in tags:
+        args += ["--tag", t]
+    p = rekindle(*args, env=r.env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    reply = json.loads(p.stdout)
+    assert reply["ok"] and reply["durable"], reply
+    return reply
+
+
+def kill_stack(r):
+    """SIGKILL the supervisor and the app: nothing runs that holds a memfd."""
+    app = r.app_pid()
+    os.kill(r.proc.pid, signal.SIGKILL)
+    os.kill(app, signal.SIGKILL)
+    r.proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(app, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.01)
+    r.close()
+
+
+def sparse_read(path, length):
+    """The first `length` bytes of a sparse file, reading its data extents."""
+    out = bytearray(length)
+    with open(path, "rb") as f:
+        fd, at = f.fileno(), 0
+        while at < length:
+            try:
+                start = os.lseek(fd, at, os.SEEK_DATA)
+            except OSError:
+                break
+            if start >= length:
+                break
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), length)
+            out[start:end] = os.pread(fd, end - start, start)
+            at = end
+    return bytes(out)
+
+
+def live_keyspace(r):
+    """The app's keyspace arena now: (its memfd's size, its bytes)."""
+    pid = r.app_pid()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:rekindle:keyspace "):
+            path = f"/proc/{pid}/fd/{fd}"
+            size = os.path.getsize(path)
+            return size, sparse_read(path, size)
+    raise AssertionError(f"no keyspace memfd in pid {pid}")
+
+
+def exported_keyspace(tmp_path, store, snap_id, size):
+    out = tmp_path / f"{snap_id}.bin"
+    p = rekindle("store-export", f"{store}@{snap_id}", "--region", f"keyspace={out}")
+    assert p.returncode == 0, p.stderr
+    data = sparse_read(out, size)
+    out.unlink()
+    return data
+
+
+def same_bytes(what, got, want):
+    if got == want:
+        return
+    pages = [i // 4096 for i in range(0, len(want), 4096) if got[i : i + 4096] != want[i : i + 4096]]
+    pytest.fail(f"{what}: {len(pages)} pages differ from the live arena, first {pages[:10]}")
+
+
+def fill(c, n=600):
+    c.set("big", BIG)
+    for i in range(0, n, 200):
+        c.mset({f"k{j}": f"value {j} " + "x" * 300 for j in range(i, i + 200)})
+
+
+def change_after_restore(c):
+    """Frees the big value (its pages punched), zeroes nothing by hand but
+    overwrites, deletes and adds keys."""
+    c.delete("big")
+    for j in range(0, 600, 7):
+        c.set(f"k{j}", "changed")
+    for j in range(1, 600, 11):
+        c.delete(f"k{j}")
+    for j in range(50):
+        c.set(f"new{j}", "n" * 500)
+
+
+def base_store(tmp_path):
+    """A store whose newest snapshot holds `fill`'s keys; nothing runs."""
+    store = tmp_path / "store"
+    r = snapshotting(tmp_path / "a", store)
+    try:
+        fill(r.client())
+        base = checkpoint(r)
+    finally:
+        kill_stack(r)
+    return store, base
+
+
+def test_the_first_delta_after_a_restore_is_the_arena_byte_for_byte(tmp_path):
+    """Pages punched (a 4 MiB value freed), overwritten, and new after a
+    restore: the delta of the restored snapshot holds the live arena."""
+    store, base = base_store(tmp_path)
+    again = snapshotting(tmp_path / "b", store)
+    try:
+        assert again.wait_log("ready")["start"] == "warm"
+        c = again.client()
+        # (not GET: rkv stops answering a connection after a 4 MiB reply)
+        assert c.strlen("big") == len(BIG)
+        change_after_restore(c)
+        first = checkpoint(again)
+        size, live = live_keyspace(again)
+    finally:
+        kill_stack(again)
+    assert first["base"] == "restored" and first["parent"] == base["id"], first
+    assert live.count(b"PUNCHME-PUNCHME-") < BIG.count(b"PUNCHME-PUNCHME-")  # punched
+    same_bytes("the first delta", exported_keyspace(tmp_path, store, first["id"], size), live)
+
+
+def test_a_restored_app_that_crashes_before_its_first_snapshot(tmp_path):
+    """The restored app changes its arena, dies in place and restarts warm
+    before any snapshot: the baseline (what the memfds held at the restore)
+    is still the parent's content, and the next incarnation's first
+    snapshot, a delta of it, holds the arena as the new incarnation left it."""
+    store, base = base_store(tmp_path)
+    again = snapshotting(tmp_path / "b", store, "--crashloop-window", "0")
+    try:
+        assert again.wait_log("ready")["start"] == "warm"
+        c = again.client()
+        c.delete("big")
+        for j in range(0, 600, 5):
+            c.set(f"k{j}", "before the crash")
+        with pytest.raises(redis.ConnectionError):  # the server died mid-reply
+            c.execute_command("DEBUG", "SEGFAULT")
+        c = again.wait_serving()
+        assert c.get("k5") == b"before the crash" and c.get("big") is None
+        for j in range(3, 600, 13):
+            c.set(f"k{j}", "after the crash")
+        first = checkpoint(again)
+        size, live = live_keyspace(again)
+    finally:
+        kill_stack(again)
+    assert first["parent"] == base["id"], first
+    assert first["base"] == "restored", first
+    same_bytes("after a crash", exported_keyspace(tmp_path, store, first["id"], size), live)
+
+
+def test_rollback_to_the_newest_then_to_an_older_snapshot(tmp_path):
+    """A rollback to the newest snapshot: the next snapshot is a delta of
+    it; a rollback to an older one: full (a delta would fork the line).
+    Both hold the live arena."""
+    store = tmp_path / "store"
+    r = snapshotting(tmp_path / "a", store)
+    try:
+        c = r.client()
+        fill(c)
+        old = checkpoint(r, "old")
+        c.delete("big")
+        c.set("after-old", "1")
+        newest = checkpoint(r)
+        for what, spec, want_base, parent in (
+            ("to the newest", newest["id"], "restored", newest["id"]),
+            ("to an older one", "old", "none", None),
+        ):
+            pid = r.app_pid()
+            p = rekindle("rollback", "rkv", spec, "--json", env=r.env)
+            assert p.returncode == 0, p.stdout + p.stderr
+            deadline = time.monotonic() + 15
+            while r.app_pid() in (pid, None):
+                assert time.monotonic() < deadline, "no restored incarnation"
+                time.sleep(0.02)
+            c = r.wait_serving()
+            change_after_restore(c)
+            snap = checkpoint(r)
+            size, live = live_keyspace(r)
+            assert snap["base"] == want_base, (what, snap)
+            if parent:
+                assert snap["parent"] == parent, (what, snap)
+            same_bytes(what, exported_keyspace(tmp_path, store, snap["id"], size), live)
+        why = r.supervisor_events("snapshot_baseline")
+        assert [(e["id"], e["code"]) for e in why] == [(old["id"], "baseline_not_newest")], why
+    finally:
+        r.close()
+
+
+def test_retention_keeping_one_drops_the_restored_parent(tmp_path):
+    """--snapshot-keep 1: once the first delta after a restore commits, its
+    parent goes and the delta is rewritten full; it still holds the arena,
+    and a restore of it gives the app's keys back."""
+    store, base = base_store(tmp_path)
+    again = snapshotting(tmp_path / "b", store, "--snapshot-keep", "1")
+    try:
+        c = again.client()
+        change_after_restore(c)
+        first = checkpoint(again)
+        size, live = live_keyspace(again)
+        deadline = time.monotonic() + 15
+        while (store / "snapshots" / f"{base['id']}.json").exists():
+            assert time.monotonic() < deadline, "retention kept the parent"
+            time.sleep(0.05)
+    finally:
+        kill_stack(again)
+    assert first["base"] == "restored" and first["parent"] == base["id"], first
+    same_bytes("after retention", exported_keyspace(tmp_path, store, first["id"], size), live)
+    back = Rkv(tmp_path / "c", supervised=True, sup=("restore", "--from", str(store)))
+    try:
+        c = back.client()
+        assert c.get("big") is None and c.get("k7") == b"changed" and c.get("k1") is None
+        assert c.get("k2") == b"value 2 " + b"x" * 300 and c.get("new3") == b"n" * 500
+    finally:
+        back.close()
