@@ -1157,7 +1157,10 @@ mod tests {
         unsafe {
             let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
             assert_eq!(libc::fallocate(raw, punch, 3 * PAGE as i64, PAGE as i64), 0);
-            assert_eq!(libc::fallocate(raw, punch, 20 * PAGE as i64, PAGE as i64), 0);
+            assert_eq!(
+                libc::fallocate(raw, punch, 20 * PAGE as i64, PAGE as i64),
+                0
+            );
             assert_eq!(libc::ftruncate(raw, 36 * PAGE as i64), 0);
         }
         write_page(raw, 33, 0x33); // new
