@@ -5,6 +5,7 @@ live through /proc right after the cut, the app idle), and name the right
 parent.  rkv under `rekindle run --snapshot-dir` (a run from its store
 restores its newest snapshot), through unmodified redis-py."""
 
+import contextlib
 import json
 import os
 import signal
@@ -312,3 +313,97 @@ def test_the_first_delta_under_writes_is_a_consistent_cut(tmp_path):
         assert m == n or vals[m] == f"old {m} ".encode() + b"o" * 300
     finally:
         back.close()
+
+
+DURABLE = REKINDLE.parent.parent / "apps" / "durable"
+
+
+def durable_stack(store, events, env, *app_args):
+    """durable.c under `rekindle run` (snapshots on its rk_checkpoint
+    requests; a run starts from its store's newest snapshot)."""
+    return subprocess.Popen(
+        [str(REKINDLE), "run", "--name", "durable", "--events", str(events),
+         "--snapshot-dir", str(store), "--snapshot-interval", "0",
+         "--", str(DURABLE), *app_args],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+
+
+def kill_durable_stack(sup, events):
+    sup.kill()
+    sup.wait(timeout=10)
+    for e in [json.loads(x) for x in events.read_text().splitlines() if '"spawn"' in x]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(e["pid"], signal.SIGKILL)
+
+
+def lines_until(proc, prefix, seconds):
+    """The app's lines up to the first that starts with prefix (read by a
+    thread, so a stalled app does not block the test past `seconds`)."""
+    got, done = [], threading.Event()
+
+    def pump():
+        for line in proc.stdout:
+            got.append(line)
+            if line.startswith(prefix):
+                break
+        done.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    done.wait(seconds)
+    return list(got)
+
+
+def durable_check(store, spec, env, tmp_path):
+    """durable --check restored from `spec` (the newest if empty)."""
+    back = subprocess.Popen(
+        [str(REKINDLE), "restore", "--from", f"{store}@{spec}" if spec else str(store),
+         "--name", "durable", "--events", str(tmp_path / "check.jsonl"), "--", str(DURABLE), "--check"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    try:
+        lines = lines_until(back, '{"app":"check"', 30)
+    finally:
+        back.send_signal(signal.SIGTERM)
+        back.wait(timeout=20)
+    checks = [json.loads(x) for x in lines if x.startswith('{"app":"check"')]
+    assert checks, lines
+    return checks[0]
+
+
+def test_a_refused_first_snapshot_after_a_restore_is_retried_as_a_delta(tmp_path):
+    """The restored app's first snapshots are refused (an unsafe region held
+    open 1.5 s, region_open) while it writes: the baseline is kept for the
+    retry, which is a delta of the restored snapshot holding both what the
+    snapshot had and what was written since."""
+    store = tmp_path / "store"
+    env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
+    ev1 = tmp_path / "ev1.jsonl"
+    sup = durable_stack(store, ev1, env, "--writes", "300", "--threads", "1")
+    try:
+        lines = lines_until(sup, '{"app":"done"', 60)
+        assert any(x.startswith('{"app":"done"') for x in lines), lines[-3:]
+    finally:
+        kill_durable_stack(sup, ev1)
+    base = durable_check(store, "", env, tmp_path)
+    assert base["set"] == 300 and base["wrong"] == 0, base
+
+    ev2 = tmp_path / "ev2.jsonl"
+    sup = durable_stack(store, ev2, env, "--writes", "400", "--threads", "2", "--slow-region-ms", "1500")
+    try:
+        lines = lines_until(sup, '{"app":"done"', 60)
+        assert any(x.startswith('{"app":"done"') for x in lines), lines[-3:]
+    finally:
+        kill_durable_stack(sup, ev2)
+    events = [json.loads(x) for x in ev2.read_text().splitlines()]
+    kinds = [e.get("supervisor") for e in events]
+    assert "restore" in kinds, kinds
+    failed = [i for i, e in enumerate(events) if e.get("supervisor") == "snapshot_failed"]
+    snaps = [i for i, e in enumerate(events) if e.get("supervisor") == "snapshot"]
+    assert failed and snaps and failed[0] < snaps[0], "the first snapshot was not refused first"
+    assert {events[i]["code"] for i in failed} == {"region_open"}, [events[i] for i in failed]
+    first = events[snaps[0]]
+    assert first["base"] == "restored" and first["parent"] == base["restored"], first
+    got = durable_check(store, first["id"], env, tmp_path)
+    assert got["wrong"] == 0 and got["set"] >= 300, got
+    assert durable_check(store, "", env, tmp_path)["set"] == 400
