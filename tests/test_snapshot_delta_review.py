@@ -407,3 +407,36 @@ def test_a_refused_first_snapshot_after_a_restore_is_retried_as_a_delta(tmp_path
     got = durable_check(store, first["id"], env, tmp_path)
     assert got["wrong"] == 0 and got["set"] >= 300, got
     assert durable_check(store, "", env, tmp_path)["set"] == 400
+
+
+def test_gc_between_the_restore_and_the_first_snapshot(tmp_path):
+    """`rekindle gc --keep 1` on the store after the restore and before the
+    first snapshot: the restored snapshot (the newest) stays, rewritten full
+    as its parent goes; the first snapshot is still a delta of it and holds
+    the live arena."""
+    store = tmp_path / "store"
+    r = snapshotting(tmp_path / "a", store)
+    try:
+        c = r.client()
+        fill(c)
+        checkpoint(r)
+        c.set("k3", "in the second")
+        second = checkpoint(r)
+        assert not second["full"], second
+    finally:
+        kill_stack(r)
+    again = snapshotting(tmp_path / "b", store)
+    try:
+        c = again.client()
+        assert c.get("k3") == b"in the second"
+        p = rekindle("gc", store, "--keep", "1", "--json")
+        assert p.returncode == 0, p.stdout + p.stderr
+        rep = json.loads(p.stdout)
+        assert rep["kept"] == [second["id"]] and rep["rewritten"] == [second["id"]], rep
+        change_after_restore(c)
+        first = checkpoint(again)
+        size, live = live_keyspace(again)
+    finally:
+        kill_stack(again)
+    assert first["base"] == "restored" and first["parent"] == second["id"], first
+    same_bytes("after gc", exported_keyspace(tmp_path, store, first["id"], size), live)
