@@ -332,9 +332,18 @@ def durable_stack(store, events, env, *app_args):
 def kill_durable_stack(sup, events):
     sup.kill()
     sup.wait(timeout=10)
-    for e in [json.loads(x) for x in events.read_text().splitlines() if '"spawn"' in x]:
+    pids = [json.loads(x)["pid"] for x in events.read_text().splitlines() if '"spawn"' in x]
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(e["pid"], signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    for pid in pids:  # gone, not only signalled: the next run reuses the name
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.01)
 
 
 def lines_until(proc, prefix, seconds):
@@ -356,18 +365,20 @@ def lines_until(proc, prefix, seconds):
 
 def durable_check(store, spec, env, tmp_path):
     """durable --check restored from `spec` (the newest if empty)."""
-    back = subprocess.Popen(
-        [str(REKINDLE), "restore", "--from", f"{store}@{spec}" if spec else str(store),
-         "--name", "durable", "--events", str(tmp_path / "check.jsonl"), "--", str(DURABLE), "--check"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )  # fmt: skip
+    err = tmp_path / "check.err"
+    with open(err, "w") as e:
+        back = subprocess.Popen(
+            [str(REKINDLE), "restore", "--from", f"{store}@{spec}" if spec else str(store),
+             "--name", "durable", "--events", str(tmp_path / "check.jsonl"), "--", str(DURABLE), "--check"],
+            stdout=subprocess.PIPE, stderr=e, text=True, env=env,
+        )  # fmt: skip
     try:
         lines = lines_until(back, '{"app":"check"', 30)
     finally:
         back.send_signal(signal.SIGTERM)
         back.wait(timeout=20)
     checks = [json.loads(x) for x in lines if x.startswith('{"app":"check"')]
-    assert checks, lines
+    assert checks, (lines, err.read_text()[-2000:])
     return checks[0]
 
 
