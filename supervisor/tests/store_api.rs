@@ -769,3 +769,70 @@ fn the_newest_snapshot_is_the_newest_whose_manifest_loads() {
     assert_eq!(newest, Some(s2));
     assert_eq!(newest, s.list().unwrap().pop().map(|i| i.id));
 }
+
+/// Review of `Store::duplicate` (an elected node's snapshot engine writes
+/// through a copy of its receiver's store; the sender keeps the original):
+/// the original sends what the copy wrote, new packs included, and after
+/// the copy's retention removed packs and rewrote the chain, byte for byte.
+#[test]
+fn a_duplicate_writes_what_the_original_then_sends_intact() {
+    use rekindle::store::stream::{self, SendState};
+    let (_t_a, a) = tmp("dup-a");
+    let (_t_b, b) = tmp("dup-b");
+    let mut s = Store::create_or_open(&a).unwrap();
+    let regs = vec![region("a", 0x1000, 64 * PAGE as u64)];
+    let base = write(
+        &mut s,
+        snap(None, regs.clone()),
+        &(0..40).map(|p| (0, p, p + 1)).collect::<Vec<_>>(),
+    );
+    let mut r = Store::create_or_open(&b).unwrap();
+    let mut first = Vec::new();
+    s.send(&base, None, false, &mut first, &mut |_| {}).unwrap();
+    r.recv(&mut &first[..], &mut |_| {}).unwrap();
+
+    let mut engine = s.duplicate();
+    // new chunks, a chunk the base has at another page, a page zeroed
+    let d1 = write(
+        &mut engine,
+        snap(Some(&base), regs.clone()),
+        &[(0, 1, 1000), (0, 2, 5), (0, 3, 0), (0, 50, 1001)],
+    );
+    let d2 = write(
+        &mut engine,
+        snap(Some(&d1), regs.clone()),
+        &[(0, 4, 1002), (0, 50, 0)],
+    );
+    let mut state = SendState::default();
+    let send = |s: &mut Store, id: &SnapshotId, since: Option<&SnapshotId>, st: &mut SendState| {
+        let mut out = Vec::new();
+        stream::write_header(&mut out).unwrap();
+        s.send_snapshot(id, since, st, &mut out)
+            .unwrap_or_else(|e| panic!("send {id}: {e}"));
+        stream::write_frame(&mut out, b'E', &[]).unwrap();
+        out
+    };
+    let out = send(&mut s, &d1, Some(&base), &mut state);
+    r.recv(&mut &out[..], &mut |_| {}).unwrap();
+    assert_eq!(contents(&r, &d1), contents(&engine, &d1), "d1");
+    let out = send(&mut s, &d2, Some(&d1), &mut state);
+    r.recv(&mut &out[..], &mut |_| {}).unwrap();
+    assert_eq!(contents(&r, &d2), contents(&engine, &d2), "d2");
+
+    // the copy's retention: d2 alone stays (rewritten full), packs go
+    let d3 = write(&mut engine, snap(Some(&d2), regs), &[(0, 5, 1003)]);
+    let keep = Retention {
+        keep_last: Some(1),
+        ..Retention::default()
+    };
+    let rep = engine.gc(&keep, &mut |_| {}).unwrap();
+    assert!(rep.deleted.contains(&base), "{rep:?}");
+    let out = send(&mut s, &d3, Some(&d2), &mut state);
+    r.recv(&mut &out[..], &mut |_| {}).unwrap();
+    assert_eq!(contents(&r, &d3), contents(&engine, &d3), "d3 after gc");
+    assert_eq!(
+        contents(&s, &d3),
+        contents(&engine, &d3),
+        "the original reads d3"
+    );
+}

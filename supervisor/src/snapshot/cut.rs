@@ -1071,4 +1071,175 @@ mod tests {
         // SAFETY: our fd.
         unsafe { libc::close(fd) };
     }
+
+    /// The app's memfd as the store would give it back: `len` bytes, past
+    /// its end as zeros.
+    fn memfd_bytes(fd: i32, len: u64) -> Vec<u8> {
+        let mut b = vec![0u8; len as usize];
+        pread_full(fd, &mut b, 0).unwrap_or_else(|e| panic!("{e}"));
+        b
+    }
+
+    fn write_page(fd: i32, page: u64, byte: u8) {
+        let p = [byte; PAGE];
+        // SAFETY: our fd, a page-sized buffer.
+        let n = unsafe { libc::pwrite(fd, p.as_ptr().cast(), PAGE, (page * PAGE as u64) as i64) };
+        assert_eq!(n, PAGE as isize);
+    }
+
+    /// Review of `copy_changed` (the first snapshot after a restore): the
+    /// restored memfd changed every way an app can change it (a page
+    /// rewritten, one zeroed by a write, two punched, a new one, the memfd
+    /// cut short below a page the snapshot had past its recorded size):
+    /// the delta of the restored snapshot restores to the memfd's bytes.
+    #[test]
+    fn a_delta_against_the_restored_snapshot_restores_the_memfd_byte_for_byte() {
+        use crate::snapshot::restore::{self, Source};
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tmp.path().join("store");
+        let mut store = Store::create_or_open(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let pages = 64u64;
+        let len = pages * PAGE as u64;
+        let arena = |memfd_pages: u64| RegionMeta {
+            kind: store::RegionKind::Arena,
+            name: "a".into(),
+            addr: 0x4000_0000,
+            size: len,
+            layout: serde_json::json!({"memfd_bytes": memfd_pages * PAGE as u64}),
+        };
+        let manifest = RegionMeta {
+            kind: store::RegionKind::Static,
+            name: MANIFEST_REGION.into(),
+            addr: 0,
+            size: PAGE as u64,
+            layout: serde_json::json!({}),
+        };
+        // S: pages 0..10, 20, and 40 (past its recorded memfd size, 32)
+        let s = {
+            let mut w = store
+                .begin(NewSnapshot {
+                    parent: None,
+                    full: true,
+                    epoch: 1,
+                    generation: 1,
+                    app: "t".into(),
+                    tags: Vec::new(),
+                    regions: vec![arena(32), manifest.clone()],
+                })
+                .unwrap_or_else(|e| panic!("{e}"));
+            for p in (0..10).chain([20, 40]) {
+                w.put_page(0, p, &[p as u8 + 1; PAGE])
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+            w.put_bytes(1, b"manifest one")
+                .unwrap_or_else(|e| panic!("{e}"));
+            w.commit().unwrap_or_else(|e| panic!("{e}")).id
+        };
+        let src = |id: &SnapshotId| Source {
+            dir: dir.clone(),
+            spec: id.as_str().to_string(),
+        };
+        let r = restore::materialize(&src(&s)).unwrap_or_else(|e| panic!("{e}"));
+        let baseline = r.baseline.clone().unwrap_or_else(|| panic!("no baseline"));
+        let fd = r
+            .fds
+            .into_iter()
+            .find(|(_, n, _)| n == "a")
+            .map(|(_, _, fd)| fd)
+            .unwrap_or_else(|| panic!("no memfd for a"));
+        let raw = fd.as_raw_fd();
+        assert_eq!(fd_size(raw), 41 * PAGE as u64, "the restore wrote page 40");
+        // what the restored app does to it
+        write_page(raw, 1, 0xee); // rewritten
+        write_page(raw, 2, 0); // zeroed by a write: data, all zero
+        // SAFETY: our memfd; pages 3 and 20 freed, then the file cut to 36
+        // pages (page 40, which S has, is past its end now)
+        unsafe {
+            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            assert_eq!(libc::fallocate(raw, punch, 3 * PAGE as i64, PAGE as i64), 0);
+            assert_eq!(
+                libc::fallocate(raw, punch, 20 * PAGE as i64, PAGE as i64),
+                0
+            );
+            assert_eq!(libc::ftruncate(raw, 36 * PAGE as i64), 0);
+        }
+        write_page(raw, 33, 0x33); // new
+        let want = memfd_bytes(raw, len);
+
+        let mut held = HashMap::new();
+        held.insert(
+            "a".to_string(),
+            HeldRegion {
+                kind: RegionKind::Arena,
+                fd,
+            },
+        );
+        let layout = Layout {
+            regions: vec![Region {
+                kind: RegionKind::Arena,
+                new: true,
+                name: "a".into(),
+                addr: 0x4000_0000,
+                len,
+                first: 0,
+                count: 0,
+            }],
+            manifest_size: PAGE as u64,
+        };
+        let metas = layout.metas(&held);
+        let base = baseline
+            .region_like(&metas[0])
+            .unwrap_or_else(|| panic!("the arena has a baseline region"))
+            .to_vec();
+        let mut t = Taking {
+            writer: None,
+            store: Some(&mut store),
+            held: &held,
+            layout: Some(layout),
+            staging: Staging::new(1 << 20),
+            full: false,
+            plan_meta: Some(NewSnapshot {
+                parent: Some(s.clone()),
+                full: false,
+                epoch: 2,
+                generation: 2,
+                app: "t".into(),
+                tags: Vec::new(),
+                regions: metas,
+            }),
+            touched: HashMap::new(),
+            copy_buf: Vec::new(),
+            skip_zero: false,
+            whole_pages: 0,
+            against: true,
+            unchanged: 0,
+            gone: Vec::new(),
+        };
+        let staged = t.copy_changed(0, &base).unwrap_or_else(|e| panic!("{e}"));
+        // changed: 1, 33; zero now: 2, 3, 20, 40
+        assert_eq!(staged, 6);
+        assert_eq!(t.unchanged, 7, "pages 0 and 4..10 are as S has them");
+        t.flush().unwrap_or_else(|e| panic!("{e}"));
+        let w = t.writer().unwrap_or_else(|e| panic!("{e}"));
+        w.put_bytes(1, b"manifest two")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let d = t
+            .writer
+            .take()
+            .unwrap_or_else(|| panic!("no writer"))
+            .commit()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.parent.as_ref(), Some(&s));
+        let back = restore::materialize(&src(&d.id)).unwrap_or_else(|e| panic!("{e}"));
+        let got = back
+            .fds
+            .iter()
+            .find(|(_, n, _)| n == "a")
+            .map(|(_, _, fd)| memfd_bytes(fd.as_raw_fd(), len))
+            .unwrap_or_else(|| panic!("no memfd for a"));
+        let differ: Vec<usize> = (0..pages as usize)
+            .filter(|&p| got[p * PAGE..(p + 1) * PAGE] != want[p * PAGE..(p + 1) * PAGE])
+            .collect();
+        assert!(differ.is_empty(), "pages differ from the memfd: {differ:?}");
+    }
 }
