@@ -122,7 +122,7 @@ def parse_config(spec, args):
 
 
 def _parse_name(name, args):
-    m = re.fullmatch(r"rkv-(sync|async)(?:-ttl(\d+))?(?:-maxlag(\d+))?(-3n)?", name)
+    m = re.fullmatch(r"rkv-(sync|async)(?:-ttl(\d+))?(?:-maxlag(\d+))?(?:-hb(\d+))?(-3n)?", name)
     if m and not (m.group(3) and m.group(1) == "sync"):
         return {
             "name": name,
@@ -130,13 +130,17 @@ def _parse_name(name, args):
             "replication": m.group(1),
             "lease_ttl": int(m.group(2) or args.lease_ttl),
             "max_lag_ms": int(m.group(3)) if m.group(3) else None,
-            "nodes": 3 if m.group(4) else 2,
+            # -hbMS: --heartbeat-timeout MS and --etcd-silence 2 x MS (the
+            # defaults are 100 and 200)
+            "heartbeat_ms": int(m.group(4)) if m.group(4) else None,
+            "nodes": 3 if m.group(5) else 2,
         }
     m = re.fullmatch(r"redis-(\d+)(-minrep)?", name)
     if m:
         return {"name": name, "system": "redis", "down_after_ms": int(m.group(1)), "minrep": bool(m.group(2))}
     raise SystemExit(
-        f"failover_bench: unknown config {name!r} (rkv-sync[-ttlN][-3n], rkv-async[-ttlN][-maxlagMS][-3n], "
+        f"failover_bench: unknown config {name!r} (rkv-sync[-ttlN][-hbMS][-3n], "
+        "rkv-async[-ttlN][-maxlagMS][-hbMS][-3n], "
         "redis-MS[-minrep])"
     )
 
@@ -428,6 +432,14 @@ class LagSampler:
 # ---------------------------------------------------------------- Rekindle
 
 
+def detection(heartbeat_ms):
+    """A node's failure-detection options for a -hbMS config (none: the
+    defaults)."""
+    if heartbeat_ms is None:
+        return ()
+    return ("--heartbeat-timeout", f"{heartbeat_ms}ms", "--etcd-silence", f"{2 * heartbeat_ms}ms")
+
+
 def etcd_get(url, key, timeout=0.2, serializable=False):
     """One key through etcd's JSON gateway (v3 API over HTTP); bytes or None.
     serializable: answered from the member's state at once, not after a
@@ -459,7 +471,10 @@ class RekindleTopology:
             "durability": "sync" if bounded else cfg["replication"],
             "lease_ttl": cfg["lease_ttl"],
             "snapshot_interval": "0" if sync else args.async_interval,
-            "extra": ("--max-lag", f"{cfg['max_lag_ms']}ms") if bounded else (),
+            "extra": (
+                *(("--max-lag", f"{cfg['max_lag_ms']}ms") if bounded else ()),
+                *detection(cfg.get("heartbeat_ms")),
+            ),
         }
         self.n1 = h.Node(net, net.host("n1"), self.etcd, "n1", **kw)
         self.n1.wait_event("role", lambda e: e.get("role") == "primary" and e.get("epoch") == 1)

@@ -218,3 +218,37 @@ def test_partition_from_the_standby_only_is_not_taken_over(net):
         assert n1.client(timeout=15).set("after", "1") is True
     except redis.TimeoutError:
         pytest.fail("the primary did not acknowledge once its standby was back")
+
+
+def test_a_standby_set_shorter_than_its_primary_waits_for_four_of_its_reports(net):
+    """--etcd-silence is per node: the primary (default 200 ms) writes its
+    report every 50 ms and says so in it; a standby set to 40 ms would see
+    it unchanged for 40 ms between two writes and take a live primary's
+    term.  It waits four of the primary's intervals instead: cut off from
+    the standby only, the primary is not taken over."""
+    etcd = Etcd(net, net.host("e1"))
+    n1 = Node(net, net.host("n1"), etcd, "n1", lease_ttl=10)
+    n1.wait_event("up")
+    n2 = Node(
+        net, net.host("n2"), etcd, "n2", lease_ttl=10,
+        extra=("--etcd-silence", "40ms", "--heartbeat-timeout", "50ms"),
+    )  # fmt: skip
+    n2.wait_event("following", lambda e: e["epoch"] == 1)
+    report = next(n for n in cluster_status(etcd)["nodes"] if n["node"] == "n1")
+    assert report["report_every_ms"] == 50
+    assert n1.client(timeout=15).set("before", "1") is True
+    n1.host.block(n2.host)
+    n2.wait_event("primary_suspect", lambda e: e["path"] == "early_takeover")
+    n2.wait_event("takeover", lambda e: e["code"] == "primary_alive_in_etcd")
+    time.sleep(3)
+    assert not [e for e in n2.events("takeover") if e["code"] == "took_over"]
+    assert not n2.events("elected")
+    st = cluster_status(etcd)
+    assert st["epoch"] == 1 and st["leader"]["node"] == "n1"
+
+
+def test_etcd_silence_below_its_floor_is_refused(net):
+    etcd = Etcd(net, net.host("e1"))
+    n1 = Node(net, net.host("n1"), etcd, "n1", extra=("--etcd-silence", "10ms"))
+    assert n1.proc.wait(timeout=30) == 2
+    assert "at least 40ms" in n1.log.read_text()

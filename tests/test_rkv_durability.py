@@ -4,6 +4,8 @@ async it may be (the control that shows the first test can fail); SAVE and
 BGSAVE are checkpoints; the modes that need snapshots refuse to run without."""
 
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -184,5 +186,96 @@ def test_a_crash_inside_a_mutation_restores_the_newest_snapshot_not_cold(tmp_pat
         c = r.wait_serving()
         assert [c.get(f"k{i}") for i in (0, 150, 299)] == [b"0", b"150", b"299"]
         assert c.get("half-linked") is None and c.dbsize() == 300
+    finally:
+        r.close()
+
+
+class Call:
+    """fn() on a thread of its own; .done after it returned, .value then."""
+
+    def __init__(self, fn):
+        self.value = self.error = None
+        self.t = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.t.start()
+
+    def _run(self, fn):
+        try:
+            self.value = fn()
+        except redis.RedisError as e:
+            self.error = e
+
+    def answered_within(self, seconds):
+        self.t.join(seconds)
+        return not self.t.is_alive()
+
+
+def test_sync_holds_a_read_only_behind_writes_of_the_keys_it_reads(tmp_path):
+    """With the snapshot engine stopped (the supervisor SIGSTOPped) a SET's
+    reply waits for a snapshot that cannot come.  Meanwhile a GET of another
+    key is answered, while a GET of the SET's key, an MGET naming it, and a
+    command of no key (DBSIZE) wait like the SET.  Resumed, every one of
+    them is answered, the held ones with the SET's value."""
+    store = tmp_path / "store"
+    r = durable_rkv(tmp_path / "a", store, "sync")
+
+    def client():
+        return r.client()  # a 20 s timeout: longer than the engine is stopped
+
+    try:
+        c = r.client()
+        assert c.set("other", "1") is True and c.set("k", "old") is True
+        os.kill(r.proc.pid, signal.SIGSTOP)
+        try:
+            setter = Call(lambda: client().set("k", "new"))
+            assert not setter.answered_within(1.0), "a SET was acknowledged with no snapshot engine running"
+            free = Call(lambda: client().get("other"))
+            assert free.answered_within(10.0), "a GET of a key nobody writes waited for another key's write"
+            assert free.value == b"1", free.error
+            held = {
+                "get k": Call(lambda: client().get("k")),
+                "mget": Call(lambda: client().mget("other", "k")),
+                "dbsize": Call(lambda: client().dbsize()),
+            }
+            for name, call in held.items():
+                assert not call.answered_within(1.0), f"{name} was answered before the write it may read was durable"
+        finally:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        assert setter.answered_within(30) and setter.value is True, setter.error
+        for name, call in held.items():
+            assert call.answered_within(30) and call.error is None, (name, call.error)
+        assert held["get k"].value == b"new"
+        assert held["mget"].value == [b"1", b"new"]
+        assert held["dbsize"].value == 2
+    finally:
+        r.close()
+
+
+def test_sync_after_a_warm_restart_holds_reads_until_the_inherited_state_is_durable(tmp_path):
+    """A SET whose snapshot never came (the engine stopped) is in the arena
+    when rkv is killed: the warm restart keeps it, but it is not durable, and
+    its client had no reply.  Until this incarnation's first snapshot, a GET
+    of that key, which would show the undurable value, waits."""
+    store = tmp_path / "store"
+    r = durable_rkv(tmp_path / "a", store, "sync")
+    try:
+        c = r.client()
+        assert c.set("k", "old") is True
+        app = r.app_pid()
+        os.kill(r.proc.pid, signal.SIGSTOP)
+        try:
+            setter = Call(lambda: r.client().set("k", "new"))
+            assert not setter.answered_within(1.0)
+            os.kill(app, signal.SIGKILL)
+        finally:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        assert setter.answered_within(30) and setter.error is not None  # never acknowledged
+        assert r.wait_log("ready", count=2)["start"] == "warm"
+        os.kill(r.proc.pid, signal.SIGSTOP)
+        try:
+            get = Call(lambda: r.client().get("k"))
+            assert not get.answered_within(1.0), "a warm restart's undurable state was read before a snapshot"
+        finally:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        assert get.answered_within(30) and get.value == b"new", get.error
     finally:
         r.close()

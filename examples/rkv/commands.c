@@ -19,12 +19,17 @@
 
 #define CMD_DENYOOM 0x1u /* refused when used memory > maxmemory */
 #define CMD_LOADING 0x2u /* allowed while loading (unused: loading is synchronous) */
+#define CMD_NO_DATA 0x4u /* reads and writes no key, and says nothing of the keyspace */
 
 struct command {
 	const char *name;
 	void (*fn)(struct conn *c);
 	int arity; /* Redis convention: N exactly, -N at least */
 	unsigned flags;
+	/* Its keys, Redis's convention: argv[first], then every step-th up to
+	 * argv[last] (-1: the last argument); first 0: no key, the command may
+	 * read or write anything (durability.c holds on it as on everything). */
+	int first, last, step;
 };
 
 static const char *const ERR_INT = "ERR value is not an integer or out of range";
@@ -1029,52 +1034,52 @@ static void cmd_debug(struct conn *c)
 /* ---- table and dispatch ------------------------------------------------- */
 
 static const struct command commands[] = {
-	{"get", cmd_get, 2, 0},
-	{"set", cmd_set, -3, CMD_DENYOOM},
-	{"setnx", cmd_setnx, 3, CMD_DENYOOM},
-	{"setex", cmd_setex, 4, CMD_DENYOOM},
-	{"psetex", cmd_psetex, 4, CMD_DENYOOM},
-	{"getset", cmd_getset, 3, CMD_DENYOOM},
-	{"getdel", cmd_getdel, 2, 0},
-	{"mget", cmd_mget, -2, 0},
-	{"mset", cmd_mset, -3, CMD_DENYOOM},
-	{"incr", cmd_incr, 2, CMD_DENYOOM},
-	{"decr", cmd_decr, 2, CMD_DENYOOM},
-	{"incrby", cmd_incrby, 3, CMD_DENYOOM},
-	{"decrby", cmd_decrby, 3, CMD_DENYOOM},
-	{"append", cmd_append, 3, CMD_DENYOOM},
-	{"strlen", cmd_strlen, 2, 0},
-	{"type", cmd_type, 2, 0},
-	{"del", cmd_del, -2, 0},
-	{"unlink", cmd_del, -2, 0},
-	{"exists", cmd_exists, -2, 0},
-	{"expire", cmd_expire, -3, 0},
-	{"pexpire", cmd_pexpire, -3, 0},
-	{"expireat", cmd_expireat, -3, 0},
-	{"pexpireat", cmd_pexpireat, -3, 0},
-	{"ttl", cmd_ttl, 2, 0},
-	{"pttl", cmd_pttl, 2, 0},
-	{"persist", cmd_persist, 2, 0},
-	{"keys", cmd_keys, 2, 0},
-	{"scan", cmd_scan, -2, 0},
-	{"dbsize", cmd_dbsize, 1, 0},
-	{"flushall", cmd_flushall, -1, 0},
-	{"flushdb", cmd_flushall, -1, 0},
-	{"ping", cmd_ping, -1, CMD_LOADING},
-	{"echo", cmd_echo, 2, 0},
-	{"select", cmd_select, 2, CMD_LOADING},
-	{"quit", cmd_quit, -1, CMD_LOADING},
-	{"info", cmd_info, -1, CMD_LOADING},
-	{"config", cmd_config, -2, CMD_LOADING},
-	{"command", cmd_command, -1, CMD_LOADING},
-	{"client", cmd_client, -2, CMD_LOADING},
-	{"hello", cmd_hello, -1, CMD_LOADING},
-	{"save", cmd_save, 1, 0},
-	{"bgsave", cmd_bgsave, -1, 0},
-	{"lastsave", cmd_lastsave, 1, CMD_LOADING},
-	{"shutdown", cmd_shutdown, -1, CMD_LOADING},
-	{"time", cmd_time, 1, CMD_LOADING},
-	{"debug", cmd_debug, -2, 0},
+	{"get", cmd_get, 2, 0, 1, 1, 1},
+	{"set", cmd_set, -3, CMD_DENYOOM, 1, 1, 1},
+	{"setnx", cmd_setnx, 3, CMD_DENYOOM, 1, 1, 1},
+	{"setex", cmd_setex, 4, CMD_DENYOOM, 1, 1, 1},
+	{"psetex", cmd_psetex, 4, CMD_DENYOOM, 1, 1, 1},
+	{"getset", cmd_getset, 3, CMD_DENYOOM, 1, 1, 1},
+	{"getdel", cmd_getdel, 2, 0, 1, 1, 1},
+	{"mget", cmd_mget, -2, 0, 1, -1, 1},
+	{"mset", cmd_mset, -3, CMD_DENYOOM, 1, -1, 2},
+	{"incr", cmd_incr, 2, CMD_DENYOOM, 1, 1, 1},
+	{"decr", cmd_decr, 2, CMD_DENYOOM, 1, 1, 1},
+	{"incrby", cmd_incrby, 3, CMD_DENYOOM, 1, 1, 1},
+	{"decrby", cmd_decrby, 3, CMD_DENYOOM, 1, 1, 1},
+	{"append", cmd_append, 3, CMD_DENYOOM, 1, 1, 1},
+	{"strlen", cmd_strlen, 2, 0, 1, 1, 1},
+	{"type", cmd_type, 2, 0, 1, 1, 1},
+	{"del", cmd_del, -2, 0, 1, -1, 1},
+	{"unlink", cmd_del, -2, 0, 1, -1, 1},
+	{"exists", cmd_exists, -2, 0, 1, -1, 1},
+	{"expire", cmd_expire, -3, 0, 1, 1, 1},
+	{"pexpire", cmd_pexpire, -3, 0, 1, 1, 1},
+	{"expireat", cmd_expireat, -3, 0, 1, 1, 1},
+	{"pexpireat", cmd_pexpireat, -3, 0, 1, 1, 1},
+	{"ttl", cmd_ttl, 2, 0, 1, 1, 1},
+	{"pttl", cmd_pttl, 2, 0, 1, 1, 1},
+	{"persist", cmd_persist, 2, 0, 1, 1, 1},
+	{"keys", cmd_keys, 2, 0, 0, 0, 0},
+	{"scan", cmd_scan, -2, 0, 0, 0, 0},
+	{"dbsize", cmd_dbsize, 1, 0, 0, 0, 0},
+	{"flushall", cmd_flushall, -1, 0, 0, 0, 0},
+	{"flushdb", cmd_flushall, -1, 0, 0, 0, 0},
+	{"ping", cmd_ping, -1, CMD_LOADING | CMD_NO_DATA, 0, 0, 0},
+	{"echo", cmd_echo, 2, CMD_NO_DATA, 0, 0, 0},
+	{"select", cmd_select, 2, CMD_LOADING | CMD_NO_DATA, 0, 0, 0},
+	{"quit", cmd_quit, -1, CMD_LOADING | CMD_NO_DATA, 0, 0, 0},
+	{"info", cmd_info, -1, CMD_LOADING, 0, 0, 0},
+	{"config", cmd_config, -2, CMD_LOADING | CMD_NO_DATA, 0, 0, 0},
+	{"command", cmd_command, -1, CMD_LOADING | CMD_NO_DATA, 0, 0, 0},
+	{"client", cmd_client, -2, CMD_LOADING | CMD_NO_DATA, 0, 0, 0},
+	{"hello", cmd_hello, -1, CMD_LOADING | CMD_NO_DATA, 0, 0, 0},
+	{"save", cmd_save, 1, 0, 0, 0, 0},
+	{"bgsave", cmd_bgsave, -1, 0, 0, 0, 0},
+	{"lastsave", cmd_lastsave, 1, CMD_LOADING, 0, 0, 0},
+	{"shutdown", cmd_shutdown, -1, CMD_LOADING, 0, 0, 0},
+	{"time", cmd_time, 1, CMD_LOADING | CMD_NO_DATA, 0, 0, 0},
+	{"debug", cmd_debug, -2, 0, 0, 0, 0},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
@@ -1124,7 +1129,19 @@ static void cmd_command(struct conn *c)
 		reply_array(c, 0);
 }
 
-void command_exec(struct conn *c)
+bool command_reads_no_data(const struct command *cmd) { return cmd && (cmd->flags & CMD_NO_DATA); }
+
+bool command_keys(const struct command *cmd, int argc, struct key_range *r)
+{
+	if (!cmd || !cmd->first || argc <= cmd->first)
+		return false;
+	r->first = cmd->first;
+	r->last = cmd->last < 0 ? argc + cmd->last : cmd->last;
+	r->step = cmd->step;
+	return r->last >= r->first && r->last < argc;
+}
+
+const struct command *command_exec(struct conn *c)
 {
 	const struct command *cmd = find_command(A(0));
 	srv.db->st.commands++;
@@ -1137,15 +1154,16 @@ void command_exec(struct conn *c)
 						(int)(A(i).n < 128 - len ? A(i).n : 128 - len), A(i).p);
 		reply_errorf(c, "ERR unknown command '%.*s', with args beginning with: %s",
 			     (int)(A(0).n > 128 ? 128 : A(0).n), A(0).p, args);
-		return;
+		return NULL;
 	}
 	if ((cmd->arity > 0 && ARGC != cmd->arity) || ARGC < -cmd->arity) {
 		reply_errorf(c, "ERR wrong number of arguments for '%s' command", cmd->name);
-		return;
+		return NULL;
 	}
 	if ((cmd->flags & CMD_DENYOOM) && srv.cfg.maxmemory && srv.db->mem > srv.cfg.maxmemory) {
 		reply_over_maxmemory(c);
-		return;
+		return NULL;
 	}
 	cmd->fn(c);
+	return cmd;
 }

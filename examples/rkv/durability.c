@@ -16,7 +16,20 @@
  * How a reply is held: a connection that holds keeps its reply bytes from
  * held_from on (everything after the first held reply, so replies stay in
  * order) until rk_durable_epoch() reaches hold_epoch; the event loop polls
- * rk_durable_fd() and releases them (conn_release in main.c). */
+ * rk_durable_fd() and releases them (conn_release in main.c).
+ *
+ * What a reply depends on, under sync: a write's reply on that write's
+ * epoch; a command that names its keys and writes nothing (GET, EXISTS, a
+ * SET NX that found the key) on the newest pending write of those keys
+ * only, so a read of a key nobody is writing is not held behind other
+ * keys' writes (after a failover, reads are answered while the new term's
+ * first snapshot is still being taken).  Pending writes are noted by key
+ * hash in a small table; a hash collision only holds a reply that did not
+ * need it.  PING, HELLO, CLIENT and the like depend on nothing.  A command
+ * of no key that reads data (KEYS, DBSIZE, FLUSHALL, INFO, ...), a full
+ * table, and the state a warm restart inherited (not durable until the
+ * first snapshot of this incarnation) hold every reply, as without the
+ * table. */
 #include "rkv.h"
 
 #include <errno.h>
@@ -30,6 +43,20 @@ static struct conn *held_head;    /* connections holding replies */
 static uint64_t write_epoch;      /* epoch of the newest write (glue_epoch after it) */
 static uint64_t requested_epoch;  /* glue_epoch() when a checkpoint was last asked for */
 static uint64_t checkpoint_errors;
+
+/* Keys written since the durable epoch: open addressing on the key's hash,
+ * epoch 0 marks a free slot.  Cleared once everything in it is durable;
+ * compacted when half full; past that, every reply waits (all_epoch). */
+#define PENDING_SLOTS 4096u
+#define PENDING_MAX (PENDING_SLOTS / 2)
+struct pending_key {
+	uint64_t hash;
+	uint64_t epoch;
+};
+static struct pending_key pending[PENDING_SLOTS];
+static unsigned pending_n;
+static uint64_t pending_newest; /* the newest epoch in the table */
+static uint64_t all_epoch;      /* every reply depends on this epoch */
 
 const char *durability_name(enum durability d)
 {
@@ -50,6 +77,11 @@ void durability_init(void)
 			durability_name(srv.cfg.durability));
 		exit(1);
 	}
+	/* a warm restart keeps what the last incarnation wrote, which may not
+	 * be in a durable snapshot yet (its replies were held, then lost): a
+	 * reply may depend on any of it until this incarnation's first */
+	if (glue_inherited_undurable_state())
+		all_epoch = glue_epoch();
 	rkv_log("durability",
 		"\"mode\":\"%s\",\"epoch\":%llu,\"durable_epoch\":%llu,\"what\":\"SAVE, BGSAVE and shutdown are Rekindle "
 		"checkpoints; rkv.snap is not written%s\"",
@@ -92,14 +124,112 @@ void durability_hold(struct conn *c, uint64_t epoch, size_t reply_start)
 		c->hold_epoch = epoch;
 }
 
-void durability_after_command(struct conn *c, uint64_t dirty_before, size_t reply_start)
+static uint64_t key_hash(struct arg k) { return ks_hash(srv.db, k.p, k.n); }
+
+static struct pending_key *pending_slot(uint64_t h)
+{
+	for (uint64_t i = h;; i++) {
+		struct pending_key *p = &pending[i & (PENDING_SLOTS - 1)];
+		if (!p->epoch || p->hash == h)
+			return p; /* never full: at most PENDING_MAX are used */
+	}
+}
+
+static void pending_clear(void)
+{
+	memset(pending, 0, sizeof pending);
+	pending_n = 0;
+	pending_newest = 0;
+}
+
+/* Keeps the entries not yet durable (rehashed into a fresh table). */
+static void pending_compact(void)
+{
+	static struct pending_key keep[PENDING_MAX];
+	uint64_t d = glue_durable_epoch();
+	unsigned n = 0;
+	for (unsigned i = 0; i < PENDING_SLOTS; i++)
+		if (pending[i].epoch > d)
+			keep[n++] = pending[i];
+	uint64_t newest = pending_newest;
+	pending_clear();
+	for (unsigned i = 0; i < n; i++)
+		*pending_slot(keep[i].hash) = keep[i];
+	pending_n = n;
+	pending_newest = n ? newest : 0;
+}
+
+static void pending_note(uint64_t h, uint64_t epoch)
+{
+	if (pending_n >= PENDING_MAX)
+		pending_compact();
+	if (pending_n >= PENDING_MAX) {
+		all_epoch = epoch > all_epoch ? epoch : all_epoch;
+		return;
+	}
+	struct pending_key *p = pending_slot(h);
+	if (!p->epoch) {
+		p->hash = h;
+		pending_n++;
+	}
+	p->epoch = epoch > p->epoch ? epoch : p->epoch;
+	pending_newest = epoch > pending_newest ? epoch : pending_newest;
+}
+
+static uint64_t pending_epoch(uint64_t h)
+{
+	struct pending_key *p = pending_slot(h);
+	return p->epoch;
+}
+
+/* A write of epoch e ran: the keys it names are pending until e is durable
+ * (a command of no key: everything is). */
+static void note_write(const struct conn *c, const struct command *cmd, uint64_t e)
+{
+	struct key_range r;
+	if (!command_keys(cmd, (int)c->argc, &r)) {
+		all_epoch = e > all_epoch ? e : all_epoch;
+		return;
+	}
+	for (int i = r.first; i <= r.last; i += r.step)
+		pending_note(key_hash(c->argv[i]), e);
+}
+
+/* The newest epoch a command that wrote nothing may have read. */
+static uint64_t read_depends_on(const struct conn *c, const struct command *cmd)
+{
+	struct key_range r;
+	if (command_reads_no_data(cmd))
+		return 0; /* PING, HELLO, CLIENT SETINFO (every redis-py connection's first) */
+	if (!command_keys(cmd, (int)c->argc, &r))
+		return write_epoch > all_epoch ? write_epoch : all_epoch;
+	uint64_t need = all_epoch;
+	for (int i = r.first; i <= r.last; i += r.step) {
+		uint64_t e = pending_epoch(key_hash(c->argv[i]));
+		need = e > need ? e : need;
+	}
+	return need;
+}
+
+void durability_after_command(struct conn *c, const struct command *cmd, uint64_t dirty_before,
+			      size_t reply_start)
 {
 	if (srv.cfg.durability == DUR_NONE)
 		return;
-	if (srv.db->dirty != dirty_before)
+	bool wrote = srv.db->dirty != dirty_before;
+	if (wrote)
 		write_epoch = glue_epoch(); /* read after the write's unsafe region */
-	if (srv.cfg.durability == DUR_SYNC && (c->hold_epoch || write_epoch > glue_durable_epoch()))
-		durability_hold(c, write_epoch, reply_start);
+	if (srv.cfg.durability != DUR_SYNC)
+		return;
+	uint64_t need;
+	if (wrote) {
+		note_write(c, cmd, write_epoch);
+		need = write_epoch;
+	} else {
+		need = read_depends_on(c, cmd);
+	}
+	if (c->hold_epoch || need > glue_durable_epoch())
+		durability_hold(c, need, reply_start);
 }
 
 void durability_forget(struct conn *c)
@@ -140,6 +270,8 @@ void durability_advanced(void)
 	if (fd >= 0 && read(fd, &n, sizeof n) < 0 && errno != EAGAIN)
 		rkv_log("error", "\"what\":\"read the durable fd\",\"error\":%s", js(strerror(errno)));
 	uint64_t d = glue_durable_epoch();
+	if (pending_n && d >= pending_newest)
+		pending_clear();
 	if (d >= write_epoch && srv.db->dirty) {
 		srv.db->dirty = 0; /* LASTSAVE and INFO: everything written is on disk */
 		srv.db->last_save_s = srv.now_ms / 1000;

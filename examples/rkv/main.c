@@ -677,8 +677,8 @@ static void conn_process(struct conn *c)
 			break;
 		uint64_t dirty = srv.db->dirty;
 		size_t reply_start = c->olen;
-		command_exec(c);
-		durability_after_command(c, dirty, reply_start);
+		const struct command *cmd = command_exec(c);
+		durability_after_command(c, cmd, dirty, reply_start);
 		resp_done(c);
 	}
 	/* A big request's buffer is not kept for the connection's life (Redis

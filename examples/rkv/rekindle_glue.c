@@ -362,6 +362,14 @@ uint64_t glue_arena_bytes(void)
 const char *glue_oom_reply(void) { return "OOM out of memory: the keyspace arena is full (--arena-size)"; }
 int glue_durable_fd(void) { return rk_durable_fd(); }
 uint64_t glue_epoch(void) { return rk_epoch(); }
+
+bool glue_inherited_undurable_state(void)
+{
+	/* a restore starts from a durable snapshot; a warm restart in place
+	 * from whatever the last incarnation wrote */
+	const struct rk_restart_info *i = rk_restart_info();
+	return i->kind == RK_START_WARM && !i->snapshot[0];
+}
 uint64_t glue_durable_epoch(void) { return rk_durable_epoch(); }
 int glue_checkpoint(void) { return rk_checkpoint(); }
 
@@ -464,6 +472,7 @@ uint64_t glue_arena_bytes(void) { return 0; }
 const char *glue_oom_reply(void) { return "OOM out of memory: malloc failed"; }
 int glue_durable_fd(void) { return -1; }
 uint64_t glue_epoch(void) { return 0; }
+bool glue_inherited_undurable_state(void) { return false; }
 uint64_t glue_durable_epoch(void) { return 0; }
 int glue_checkpoint(void) { return -ENOTSUP; }
 bool glue_hugepages_step(void) { return false; }

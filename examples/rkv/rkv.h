@@ -217,8 +217,20 @@ void rkv_log(const char *event, const char *fmt, ...) __attribute__((format(prin
 const char *js(const char *s);
 
 /* commands.c */
+struct command;
 void commands_init(void);
-void command_exec(struct conn *c);
+/* Runs the request in c->argv; the command run, or NULL (unknown, wrong
+ * arity, refused: nothing read or written). */
+const struct command *command_exec(struct conn *c);
+/* A command's keys in argv: argv[first], argv[first + step], ... up to
+ * argv[last]. */
+struct key_range {
+	int first, last, step;
+};
+/* PING, HELLO, CLIENT, CONFIG, ...: its reply depends on no key. */
+bool command_reads_no_data(const struct command *cmd);
+/* false: the command names no key (it may read or write anything). */
+bool command_keys(const struct command *cmd, int argc, struct key_range *r);
 
 /* snapshot.c */
 int snapshot_save(struct db *db);     /* foreground; 0 or -errno */
@@ -257,9 +269,11 @@ const char *durability_name(enum durability d);
 /* Exits with a clear error when the mode needs snapshots and has none. */
 void durability_init(void);
 int durability_fd(void);         /* to poll, or -1 */
-/* After each command: notes a write's epoch; under sync holds the reply
- * that begins at reply_start. */
-void durability_after_command(struct conn *c, uint64_t dirty_before, size_t reply_start);
+/* After each command (cmd: what command_exec returned): notes a write's
+ * epoch and the keys it wrote; under sync holds the reply that begins at
+ * reply_start while a state it may depend on is not durable. */
+void durability_after_command(struct conn *c, const struct command *cmd, uint64_t dirty_before,
+			      size_t reply_start);
 /* Holds c's replies from reply_start on until epoch is durable. */
 void durability_hold(struct conn *c, uint64_t epoch, size_t reply_start);
 void durability_forget(struct conn *c);  /* the connection goes */
@@ -317,6 +331,9 @@ uint64_t glue_hugepage_bytes(void);
 /* The durability API (rk_epoch, ...); -1/0/-ENOTSUP without snapshots. */
 int glue_durable_fd(void);
 uint64_t glue_epoch(void);
+/* A warm restart in place: the state may hold writes of the last
+ * incarnation that no durable snapshot has yet. */
+bool glue_inherited_undurable_state(void);
 uint64_t glue_durable_epoch(void);
 int glue_checkpoint(void);
 /* The error reply when the keyspace cannot allocate (not maxmemory's). */

@@ -82,6 +82,18 @@ pub struct ClusterArgs {
           requires = "cluster")]
     pub heartbeat_timeout: Duration,
 
+    /// With --cluster and --replication sync: the early takeover also
+    /// needs etcd to show the suspected primary's own report unchanged this
+    /// long (a primary rewrites it every quarter of its own setting, at
+    /// most every 50 ms; a standby never waits fewer than four of the
+    /// primary's intervals).  Shorter fails over sooner; a primary stalled
+    /// this long on a loaded host loses its term (no acknowledged write:
+    /// docs/failover.md, "Failure detection faster than the lease").
+    /// Give every node the same value.
+    #[arg(long, value_name = "DUR", value_parser = parse_etcd_silence, default_value = "200ms",
+          requires = "cluster")]
+    pub etcd_silence: Duration,
+
     /// With --cluster: serve this node's Prometheus metrics (role, term,
     /// lag, failovers, fences, takeover decisions, replication errors) on
     /// HOST:PORT, GET /metrics, whatever its role (docs/failover.md).
@@ -113,6 +125,16 @@ pub struct ClusterArgs {
 fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     match parse_duration(s)? {
         d if d.is_zero() => Err("must be above 0".into()),
+        d => Ok(d),
+    }
+}
+
+/// The early takeover's etcd silence: a primary writes its report every
+/// quarter of it, so under 40 ms etcd would take a write every few ms.
+fn parse_etcd_silence(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d < Duration::from_millis(40) => Err("must be at least 40ms".into()),
+        d if d > Duration::from_secs(60) => Err("must be at most 60s".into()),
         d => Ok(d),
     }
 }

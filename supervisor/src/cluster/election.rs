@@ -34,19 +34,41 @@ use super::records::{
 /// Time the supervisor needs, once fenced, to have killed the app: its poll
 /// loop wakes on the fence fd at once; this covers scheduling.
 pub const FENCE_MARGIN: Duration = Duration::from_millis(200);
+/// The agent's tick, at most: a primary's report comes every
+/// `primary_report_every` (a quarter of `--etcd-silence`), which is shorter
+/// when the silence asked for is under 200 ms.
 const TICK: Duration = Duration::from_millis(50);
 /// The tick while the node suspects the primary: the early takeover's
 /// watch of etcd is this fine.
 const SUSPECT_TICK: Duration = Duration::from_millis(10);
 const CALL_TIMEOUT: Duration = Duration::from_millis(400);
-/// A standby's report; a primary rewrites its own at every TICK, which is
-/// what the early takeover watches.
+/// A standby's report; a primary rewrites its own every
+/// `primary_report_every`, which is what the early takeover watches.
 const REPORT_EVERY: Duration = Duration::from_millis(250);
 /// Early takeover: how long etcd must show the suspected primary's own
-/// report (`nodes/<id>`, written every TICK while it holds its term and
-/// reaches etcd: four writes missed) unchanged, on top of the silent
-/// replication stream.
+/// report unchanged, on top of the silent replication stream, by default
+/// (`--etcd-silence`): four of its reports missed.
 pub const ETCD_SILENT_FOR: Duration = Duration::from_millis(200);
+/// How many of a primary's reports etcd must have missed before a standby
+/// believes it silent there, whatever `--etcd-silence` says.
+pub const REPORTS_MISSED: u32 = 4;
+/// The report interval of a primary whose report does not say (a node of
+/// an older version, which wrote every 50 ms).
+const REPORT_EVERY_UNSAID: Duration = Duration::from_millis(50);
+
+/// How often a primary rewrites its report in etcd: a quarter of the
+/// silence it asks its standbys to wait for, never less often than TICK.
+pub fn primary_report_every(etcd_silence: Duration) -> Duration {
+    (etcd_silence / REPORTS_MISSED).min(TICK)
+}
+
+/// How long a standby configured with `etcd_silence` must see the
+/// primary's report unchanged: its own setting, but never fewer than
+/// REPORTS_MISSED of the intervals that primary says it writes at (so a
+/// standby set shorter than its primary cannot take a live one's term).
+pub fn required_silence(etcd_silence: Duration, primary_every: Option<Duration>) -> Duration {
+    etcd_silence.max(primary_every.unwrap_or(REPORT_EVERY_UNSAID) * REPORTS_MISSED)
+}
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -61,6 +83,9 @@ pub struct AgentConfig {
     /// A member of the in-sync set gone or behind this long is written out
     /// of it (insync.rs).
     pub sync_drop_after: Duration,
+    /// Early takeover: how long etcd must show the primary's report
+    /// unchanged (`--etcd-silence`); a primary reports every quarter of it.
+    pub etcd_silence: Duration,
 }
 
 /// What the node asks of the agent.
@@ -177,7 +202,7 @@ pub struct InSyncChanged {
 /// Where an early takeover stands (events: `takeover`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Takeover {
-    /// Waiting for etcd to show the primary silent for ETCD_SILENT_FOR.
+    /// Waiting for etcd to show the primary silent for `--etcd-silence`.
     Watching { primary: String, epoch: u64 },
     /// Not now, with the reason.
     Declined { code: &'static str, epoch: u64 },
@@ -381,7 +406,9 @@ impl Worker {
             let tick = if lock(&self.sh.suspect).is_some() {
                 SUSPECT_TICK
             } else {
-                TICK
+                // a standby sees each of the primary's reports within one
+                // of their intervals, a primary writes one each
+                primary_report_every(self.cfg.etcd_silence)
             };
             let spent = t0.elapsed();
             if spent < tick {
@@ -621,7 +648,7 @@ impl Worker {
 
     /// Another node holds the term: tracks its own report in etcd and, when
     /// the node suspects it (sync replication, silent stream) and etcd has
-    /// shown the report unchanged for ETCD_SILENT_FOR, takes the next term
+    /// shown the report unchanged for `required_silence`, takes the next term
     /// at once: our acknowledgements to it stop first, then one transaction
     /// replaces the leader key, guarded by its exact value, by the report's
     /// revision (the primary has written nothing since) and by the epoch's.
@@ -636,6 +663,13 @@ impl Worker {
         let nkey = records::node_key(&self.cfg.cluster, &l.node);
         let report = self.etcd()?.get(&nkey, CALL_TIMEOUT)?;
         let rev = report.as_ref().map_or(0, |kv| kv.mod_revision);
+        // a report we cannot read says no interval: the older, longer one
+        let primary_every = report
+            .as_ref()
+            .and_then(|kv| records::parse::<NodeRecord>(&nkey, &kv.value).ok())
+            .and_then(|r| r.report_every_ms)
+            .map(Duration::from_millis);
+        let silence = required_silence(self.cfg.etcd_silence, primary_every);
         // eligibility (and the in-sync key's revision) for the report,
         // and for a takeover below
         let eligible = self.eligible(epoch)?;
@@ -662,7 +696,7 @@ impl Worker {
             });
             return Ok(());
         }
-        if now.duration_since(since) < ETCD_SILENT_FOR {
+        if now.duration_since(since) < silence {
             let mut v = lock(&self.sh.view);
             if changed {
                 // it wrote to etcd since: alive; only our link to it is down
@@ -926,7 +960,9 @@ impl Worker {
 
     fn publish_report(&mut self) -> Result<(), ClusterError> {
         let every = if self.term.is_some() {
-            TICK
+            // written at every tick of that length: a tick that comes a
+            // little early must not skip one
+            primary_report_every(self.cfg.etcd_silence) * 3 / 4
         } else {
             REPORT_EVERY
         };
@@ -942,6 +978,8 @@ impl Worker {
         if let Some(t) = &self.term {
             r.role = Role::Primary;
             r.epoch = t.epoch;
+            r.report_every_ms =
+                Some(primary_report_every(self.cfg.etcd_silence).as_millis() as u64);
         } else {
             let v = lock(&self.sh.view);
             r.eligibility = v.eligibility_known.then(|| Eligibility {
@@ -984,5 +1022,28 @@ mod tests {
                 assert!(worst < Duration::from_secs(ttl as u64), "{ttl} {ppm}");
             }
         }
+    }
+
+    #[test]
+    fn a_primary_reports_four_times_per_silence_and_at_least_every_tick() {
+        let ms = Duration::from_millis;
+        assert_eq!(primary_report_every(ms(200)), ms(50));
+        assert_eq!(primary_report_every(ms(100)), ms(25));
+        assert_eq!(primary_report_every(ms(40)), ms(10));
+        // a long silence does not make the primary report less often
+        assert_eq!(primary_report_every(ms(2000)), TICK);
+    }
+
+    #[test]
+    fn a_standby_never_waits_fewer_than_four_of_the_primarys_intervals() {
+        let ms = Duration::from_millis;
+        // both set alike
+        assert_eq!(required_silence(ms(100), Some(ms(25))), ms(100));
+        // the standby set shorter than its primary: the primary's count
+        assert_eq!(required_silence(ms(100), Some(ms(50))), ms(200));
+        // the standby set longer: its own
+        assert_eq!(required_silence(ms(400), Some(ms(25))), ms(400));
+        // a primary that does not say: the old 50 ms interval
+        assert_eq!(required_silence(ms(100), None), ms(200));
     }
 }

@@ -239,6 +239,7 @@ mod tests {
             sentinel: None,
             updated_unix_ms: 0,
             eligibility: None,
+            report_every_ms: None,
         });
         let text = m.render();
         // (name, its own labels sorted) -> value; the cluster and node

@@ -141,6 +141,7 @@ pub fn run(args: RunArgs) -> i32 {
         serve,
         store: dir.clone(),
         sync_drop_after: ca.sync_drop_after,
+        etcd_silence: ca.etcd_silence,
     }) {
         Ok(a) => a,
         Err(e) => {
@@ -397,6 +398,7 @@ fn stand_by(
                 sentinel: sentinel.clone(),
                 updated_unix_ms: 0,
                 eligibility: None,
+                report_every_ms: None,
             },
         );
         std::thread::sleep(Duration::from_millis(10));
@@ -676,6 +678,7 @@ fn serve_term(
                         sentinel: sentinel.clone(),
                         updated_unix_ms: 0,
                         eligibility: None,
+                        report_every_ms: None,
                     },
                 );
                 std::thread::sleep(Duration::from_millis(50));

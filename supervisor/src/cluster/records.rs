@@ -130,6 +130,10 @@ pub struct NodeRecord {
     /// fills it in).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eligibility: Option<Eligibility>,
+    /// A primary: how often it rewrites this report (ms), which standbys'
+    /// early takeover counts missed reports by (`--etcd-silence`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_every_ms: Option<u64>,
 }
 
 pub fn parse<T: for<'a> Deserialize<'a>>(key: &str, v: &[u8]) -> Result<T, ClusterError> {
