@@ -551,6 +551,14 @@ fn serve_term(
             .s("role", Role::Primary.as_str())
             .u("epoch", term),
     );
+    // where the time between the election and the app's start goes
+    let t_role = Instant::now();
+    let mut steps: Vec<(&str, f64)> = Vec::new();
+    let mut step = |name: &'static str, since: &mut Instant| {
+        steps.push((name, since.elapsed().as_secs_f64() * 1e3));
+        *since = Instant::now();
+    };
+    let mut since = t_role;
     let fail = |what: &str, code: &str, err: String| {
         emit(
             events,
@@ -576,6 +584,7 @@ fn serve_term(
     if let Err(e) = opened {
         return fail("cannot open the store", e.code(), e.to_string());
     }
+    step("store_open_ms", &mut since);
     let board = agent.insync_board();
     // the snapshot engine and the sender each need the receiver's indexes:
     // one gets a copy made in memory
@@ -583,6 +592,7 @@ fn serve_term(
         .as_ref()
         .filter(|s| s.is_indexed())
         .map(Store::duplicate);
+    step("store_copy_ms", &mut since);
     let mut sender = match Sender::start(
         addr,
         term,
@@ -595,6 +605,7 @@ fn serve_term(
         Ok(s) => s,
         Err(e) => return fail("cannot listen for standbys", e.code(), e.to_string()),
     };
+    step("sender_ms", &mut since);
     let mut cfg = match Config::from_args(args.clone()) {
         Ok(c) => c,
         Err(e) => return fail("bad arguments", "usage", e.to_string()),
@@ -637,6 +648,12 @@ fn serve_term(
             }
         }
     }
+    step("image_ms", &mut since);
+    let mut start = ev("primary_start").u("epoch", term);
+    for (name, ms) in steps {
+        start = start.v(name, (ms * 10.0).round() / 10.0);
+    }
+    emit(events, start);
     // reports what the sender sees while the supervisor's loop runs
     let done = Arc::new(AtomicBool::new(false));
     let fence = match agent.fence_fd() {
