@@ -86,6 +86,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import urllib.request
 from pathlib import Path
 
@@ -241,8 +242,11 @@ class Load:
     (t_start_ns, t_end_ns, client, op, seq, ok, server); SET values are
     str(seq) of key w<client>:<seq>."""
 
-    def __init__(self, discover, clients, keys, seconds, max_ops, timeout_s, abandon=True):
+    def __init__(self, discover, clients, keys, seconds, max_ops, timeout_s, abandon=True, watch=None):
         self.discover, self.clients, self.keys = discover, clients, keys
+        # watch(stop) -> an iterator of primaries as they change, or None
+        self.watch = watch
+        self.learned_by = []  # "poll" or "watch", for each of self.changes
         self.seconds, self.max_ops, self.timeout_s = seconds, max_ops, timeout_s
         # abandon: when the discovered primary changes, the requests in
         # flight to the old one fail at once (their sockets are shut), as a
@@ -272,14 +276,29 @@ class Load:
                 took = (time.monotonic_ns() - t) / 1e6
                 print(f"discover {t / 1e6:.1f} +{took:.1f} ms -> {p}", file=sys.stderr)
             if p is not None:
-                with self._lock:
-                    changed = p != self._primary
-                    if changed:
-                        self._primary = p
-                        self.changes.append((time.monotonic_ns(), f"{p[0]}:{p[1]}"))
-                if changed and self.abandon:
-                    self._abandon_all_but(p)
+                self._learned(p, "poll")
             self.stop.wait(POLL_S)
+
+    def _learned(self, p, how):
+        """The discoverer (polling) or the watcher saw p as the primary."""
+        with self._lock:
+            changed = p != self._primary
+            if changed:
+                self._primary = p
+                self.changes.append((time.monotonic_ns(), f"{p[0]}:{p[1]}"))
+                self.learned_by.append(how)
+        if changed and self.abandon:
+            self._abandon_all_but(p)
+
+    def _watcher(self):
+        """Follows the topology's push notifications (etcd's watch) next to
+        the polling: whichever learns of a new primary first."""
+        deadline = time.monotonic() + self.seconds + 5
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                for p in self.watch(self.stop):
+                    self._learned(p, "watch")
+            self.stop.wait(POLL_S)  # the stream broke: open another
 
     def _abandon_all_but(self, p):
         """Shuts the sockets of the clients' connections to any other server:
@@ -353,6 +372,10 @@ class Load:
         d = threading.Thread(target=self._discoverer, daemon=True)
         d.start()
         self.threads.append(d)
+        if self.watch is not None:
+            w = threading.Thread(target=self._watcher, daemon=True)
+            w.start()
+            self.threads.append(w)
         wait_for("a primary discovered", self.primary, timeout=10, period=0.01)
         for k in range(self.clients):
             t = threading.Thread(target=self._client, args=(k,), daemon=True)
@@ -501,10 +524,29 @@ class RekindleTopology:
 
     def discover(self):
         v = etcd_get(self.etcd.url, self.leader_key, serializable=True)
-        if v is None:
-            return None
-        ip, _, port = json.loads(v)["serve"][0].rpartition(":")
+        return None if v is None else self.serve_addr(v)
+
+    @staticmethod
+    def serve_addr(leader_value):
+        ip, _, port = json.loads(leader_value)["serve"][0].rpartition(":")
         return (ip, int(port))
+
+    def watch(self, stop):
+        """etcd's watch of the leader key through its JSON gateway: a
+        stream of JSON objects, one per batch of events; yields each new
+        leader's address as etcd pushes it (no polling delay)."""
+        key = base64.b64encode(self.leader_key.encode()).decode()
+        body = json.dumps({"create_request": {"key": key}}).encode()
+        req = urllib.request.Request(f"{self.etcd.url}/v3/watch", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=2) as r:
+            while not stop.is_set():
+                line = r.readline()
+                if not line:
+                    return
+                for e in json.loads(line).get("result", {}).get("events", []):
+                    v = e.get("kv", {}).get("value")
+                    if e.get("type", "PUT") == "PUT" and v:
+                        yield self.serve_addr(base64.b64decode(v))
 
     def wait_synced(self, timeout):
         """Every standby has applied the primary's newest snapshot."""
@@ -882,6 +924,7 @@ def run_failover(h, cfg, fault, args, tmp):
             args.max_ops,
             args.client_timeout,
             abandon=not args.no_abandon,
+            watch=None if args.no_watch else getattr(topo, "watch", None),
         )
         sampler = LagSampler(topo.lag).start()
         t_load = time.monotonic_ns()
@@ -905,6 +948,7 @@ def run_failover(h, cfg, fault, args, tmp):
             wait_for("the new primary answering", new_answered, args.fault_timeout, period=0.01)
         time.sleep(args.post_s)
         records = load.finish()
+        discovered = list(zip(load.changes, load.learned_by, strict=True))
         load = None
         out["ops"] = len(records)
         out["errors"] = sum(1 for r in records if not r[5])
@@ -944,6 +988,8 @@ def run_failover(h, cfg, fault, args, tmp):
         out["primary_changes"] = [
             [round((t - t_fault) / 1e6, 1), s] for t, s in load_changes(records, old, new)
         ]
+        # when the client learned of each primary, and how (poll or watch)
+        out["discovered"] = [[round((t - t_fault) / 1e6, 1), srv, how] for (t, srv), how in discovered][:10]
         ev = topo.events(new)
         for k in ("fence_ns", "elected_ns", "up_ns"):  # relative to the fault
             if k in ev:
@@ -954,6 +1000,8 @@ def run_failover(h, cfg, fault, args, tmp):
     except Exception as e:  # noqa: BLE001 - one failed run is reported, the others go on
         out["ok"] = False
         out["error"] = f"{type(e).__name__}: {e}"
+        if os.environ.get("FB_DEBUG"):
+            traceback.print_exc()
         if isinstance(topo, RekindleTopology):  # why: the nodes' failure events
             out["node_failures"] = [
                 {"node": n.id, **e}
@@ -1100,7 +1148,9 @@ def markdown(doc):
             "a request in flight to the old primary waits for its timeout. "
             if a.get("no_abandon")
             else "a request in flight to the old primary fails as soon as a new one is discovered "
-            f"(etcd's leader key or Sentinel, polled every {POLL_S * 1000:.0f} ms). "
+            f"(etcd's leader key or Sentinel, polled every {POLL_S * 1000:.0f} ms"
+            + ("" if a.get("no_watch") else "; Rekindle's also watched through etcd's JSON gateway")
+            + "). "
         )
         + "Each cell: median (p99 / max) over the rounds.",
         "",
@@ -1239,6 +1289,12 @@ def parse_args(argv):
         action="store_true",
         help="clients keep waiting (up to --client-timeout) on a request in flight to the old primary after "
         "a new one is discovered (default: its socket is shut at once)",
+    )
+    ap.add_argument(
+        "--no-watch",
+        action="store_true",
+        help="Rekindle's client only polls etcd's leader key (default: it also watches it, and acts on "
+        "whichever news comes first)",
     )
     ap.add_argument("--lease-ttl", type=int, default=1, help="rkv-sync/-async's lease without -ttlN")
     ap.add_argument("--async-interval", default="20ms", help="rkv-async's --snapshot-interval")

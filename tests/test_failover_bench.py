@@ -61,6 +61,9 @@ def test_quick_bench_writes_sane_results(tmp_path):
     assert 0 < ev["elected_ms"] <= ev["up_ms"]
     # the other standby had the new term before the check
     assert sync["standby_back_s"] is not None
+    # the client learned of the new primary by polling or by etcd's watch
+    assert [d[1] for d in sync["discovered"]][-1] == sync["new_primary"], sync["discovered"]
+    assert {d[2] for d in sync["discovered"]} <= {"poll", "watch"}
     redis = runs["redis-500"]
     assert redis["lost_acked"] >= 0 and redis["events"]["switch_master_lines"] >= 1
     rows = {(s["config"], s["fault"]): s for s in doc["summary"]}

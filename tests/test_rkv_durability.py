@@ -237,7 +237,8 @@ def test_sync_holds_a_read_only_behind_writes_of_the_keys_it_reads(tmp_path):
                 "dbsize": Call(lambda: client().dbsize()),
             }
             for name, call in held.items():
-                assert not call.answered_within(1.0), f"{name} was answered before the write it may read was durable"
+                early = f"{name} was answered before the write it may read was durable"
+                assert not call.answered_within(1.0), early
         finally:
             os.kill(r.proc.pid, signal.SIGCONT)
         assert setter.answered_within(30) and setter.value is True, setter.error
