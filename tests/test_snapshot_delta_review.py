@@ -433,6 +433,9 @@ def test_a_refused_first_snapshot_after_a_restore_is_retried_as_a_delta(tmp_path
     assert {events[i]["code"] for i in failed} == {"region_open"}, [events[i] for i in failed]
     first = events[snaps[0]]
     assert first["base"] == "restored" and first["parent"] == base["restored"], first
+    # the refused attempt's first report used the tracking from the restore's
+    # mapping: the retry cannot claim it again, so it reads and compares
+    assert first["tracked_from_map"] == 0 and first["unchanged_pages"] > 0, first
     got = durable_check(store, first["id"], env, tmp_path)
     assert got["wrong"] == 0 and got["set"] >= 300, got
     assert durable_check(store, "", env, tmp_path)["set"] == 400

@@ -112,6 +112,10 @@ static int attach_arenas(const struct rk_manifest *m, char *why, size_t wl)
 			rk_g.info.decision_code = RK_REASON_ADDRESS_TAKEN;
 			return -err;
 		}
+		/* a restore: the memfd holds the snapshot exactly; tracking its
+		 * writes from here on spares its first snapshot a read of it all */
+		if (rk_g.info.snapshot[0] && !rk_g.lazy_restore && !(d->flags & RK_ARENA_NO_SNAPSHOT))
+			rk_snapshot_track_from_map(d->base, d->max, d->fd, d->ino);
 		memset(a, 0, sizeof *a);
 		a->hdr = p;
 		a->hdr_max = d->max;

@@ -726,6 +726,11 @@ int rk_ev_fault_hook(int sig, siginfo_t *si, void *uc) __attribute__((weak));
 
 enum rk_snap_region_kind { RK_SNAP_ARENA = 1, RK_SNAP_RANGE = 2 };
 #define RK_SNAP_REGION_NEW 0x1u /* registered by this report: its pages were never reported */
+/* With NEW, on the first report of a restored incarnation: registered when
+ * rk_init mapped it, before anything wrote to it, so the written pages this
+ * report lists (and the holes punched since) are every change since the
+ * snapshot it was restored from. */
+#define RK_SNAP_REGION_TRACKED_FROM_MAP 0x2u
 
 struct rk_snap_region {
 	uint32_t kind;  /* enum rk_snap_region_kind (the FDS kind of its memfd) */
@@ -837,6 +842,12 @@ static inline bool rk_reason_restorable(enum rk_reason r)
 }
 /* Starts the agent if $REKINDLE_SNAPSHOT_FD is set (end of rk_init). */
 void rk_snapshot_agent_start(void) RK_HIDDEN;
+/* A restore (eager): rk_init has just mapped a restored arena (its memfd
+ * fd, inode ino) at [addr, addr + len) and nothing has touched it; if the
+ * agent will run, its tracking of that mapping begins now
+ * (RK_SNAP_REGION_TRACKED_FROM_MAP).  Failing, nothing changes: the first
+ * snapshot reads every page, as without it. */
+void rk_snapshot_track_from_map(uint64_t addr, uint64_t len, int fd, uint64_t ino) RK_HIDDEN;
 /* The allocator punched [addr, addr + pages * RK_PAGE) out of an arena. */
 void rk_snapshot_note_punch(uint64_t addr, uint64_t pages) RK_HIDDEN;
 

@@ -54,9 +54,11 @@ struct msg_hdr {
 };
 
 
-/* A mapping registered with our userfaultfd, and what it was. */
+/* A mapping registered with our userfaultfd, and what it was.  from_map:
+ * registered when rk_init mapped it (a restore) and not reported yet. */
 struct tracked {
 	uint64_t addr, len, ino;
+	bool from_map;
 };
 
 /* How much of a region's mapping to scan: the pages below its memfd's
@@ -86,6 +88,17 @@ static struct {
 
 /* Published once the buffer is mapped: the allocator's punches look here. */
 static struct rk_snap_buf *_Atomic punch_buf;
+
+/* Tracking from the mapping on (rk_snapshot_track_from_map): the holes
+ * punched before the buffer exists, handed to it at the start; too many,
+ * and the first report does not claim TRACKED_FROM_MAP. */
+#define EARLY_PUNCH_CAP 256u
+static struct {
+	bool on, failed;
+	bool overflow;
+	unsigned n;
+	struct rk_snap_punch punch[EARLY_PUNCH_CAP];
+} early;
 
 static struct rk_snap_region *buf_regions(void)
 {
@@ -244,12 +257,12 @@ static enum rk_snap_status manifest_copy(void)
 	return RK_SNAP_LAYOUT_CHANGING;
 }
 
-static bool is_tracked(uint64_t addr, uint64_t len, uint64_t ino)
+static const struct tracked *find_tracked(uint64_t addr, uint64_t len, uint64_t ino)
 {
 	for (unsigned i = 0; i < ag.ntracked; i++)
 		if (ag.tracked[i].addr == addr && ag.tracked[i].len == len && ag.tracked[i].ino == ino)
-			return true;
-	return false;
+			return &ag.tracked[i];
+	return NULL;
 }
 
 /* A write to a 2 MiB range mapped by one huge page (rk_arena_hugepages
@@ -347,7 +360,7 @@ static enum rk_snap_status regions_build(int *err)
 		if (a->flags & RK_ARENA_NO_SNAPSHOT)
 			continue; /* opted out: not registered, not scanned, not in the snapshot */
 		region_set(&r[n], RK_SNAP_ARENA, a->name, a->base, a->max);
-		now[n] = (struct tracked){a->base, a->max, a->ino};
+		now[n] = (struct tracked){a->base, a->max, a->ino, false};
 		scan_len[n] = used_len(a->fd, a->max);
 		n++;
 	}
@@ -356,11 +369,18 @@ static enum rk_snap_status regions_build(int *err)
 		char name[48];
 		snprintf(name, sizeof name, "range:%llx", (unsigned long long)g->addr);
 		region_set(&r[n], RK_SNAP_RANGE, name, g->addr, g->len);
-		now[n] = (struct tracked){g->addr, g->len, g->ino};
+		now[n] = (struct tracked){g->addr, g->len, g->ino, false};
 		scan_len[n] = g->len;
 	}
 	for (unsigned i = 0; i < n; i++) {
-		if (is_tracked(now[i].addr, now[i].len, now[i].ino))
+		const struct tracked *t = find_tracked(now[i].addr, now[i].len, now[i].ino);
+		if (t && t->from_map && !early.overflow) {
+			/* its first report: never reported, every change since the
+			 * restored snapshot is in it (the flag is not claimed again) */
+			r[i].flags |= RK_SNAP_REGION_NEW | RK_SNAP_REGION_TRACKED_FROM_MAP;
+			continue;
+		}
+		if (t)
 			continue;
 		int e = r[i].kind == RK_SNAP_ARENA ? arena_small_pages(&r[i], scan_len[i]) : 0;
 		if (e == 0)
@@ -608,6 +628,8 @@ static void agent_stop_with(uint32_t status, int err, const char *what)
 	hello(status, err);
 }
 
+static void early_punches_to(struct rk_snap_buf *b);
+
 void rk_snapshot_agent_start(void)
 {
 	const char *v = getenv("REKINDLE_SNAPSHOT_FD");
@@ -636,11 +658,11 @@ void rk_snapshot_agent_start(void)
 		agent_stop_with(RK_SNAP_UNAVAILABLE, errno, "snapshots: cannot create the eventfds");
 		return;
 	}
-	if ((ag.pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC)) < 0) {
+	if (ag.pagemap < 0 && (ag.pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC)) < 0) {
 		agent_stop_with(RK_SNAP_UNAVAILABLE, errno, "snapshots: cannot open /proc/self/pagemap");
 		return;
 	}
-	if ((ag.uffd = uffd_open()) < 0) {
+	if (ag.uffd < 0 && (ag.uffd = uffd_open()) < 0) {
 		agent_stop_with(RK_SNAP_UNAVAILABLE, -ag.uffd,
 				"snapshots: no userfaultfd with async write-protect (Linux 6.7+)");
 		return;
@@ -662,13 +684,70 @@ void rk_snapshot_agent_start(void)
 		return;
 	}
 	(void)pthread_setname_np(t, "rk-snapshot");
+	early_punches_to(ag.buf);
 	atomic_store(&punch_buf, ag.buf);
 	hello(RK_SNAP_OK, 0);
+}
+
+/* The holes punched while tracking from the mapping, before the buffer
+ * existed, go first in its log (the app's threads do not punch yet: no
+ * other thread of ours runs before rk_init returns). */
+static void early_punches_to(struct rk_snap_buf *b)
+{
+	if (!early.on)
+		return;
+	for (unsigned i = 0; i < early.n && i < b->punch_cap; i++)
+		buf_punches(b)[i] = early.punch[i];
+	atomic_store(&b->punch_head, early.n);
+	early.on = false;
+}
+
+/* Tracking from the mapping failed half-way: closing the userfaultfd
+ * unregisters what it had; the agent starts over as without it. */
+static void early_give_up(void)
+{
+	close(ag.uffd);
+	ag.uffd = -1;
+	ag.ntracked = 0;
+	early.on = false;
+	early.failed = true;
+}
+
+void rk_snapshot_track_from_map(uint64_t addr, uint64_t len, int fd, uint64_t ino)
+{
+	if (early.failed || rk_g.validator || ag.ntracked == RK_SNAP_MAX_REGIONS)
+		return;
+	if (!early.on) {
+		const char *v = getenv("REKINDLE_SNAPSHOT_FD");
+		if (!v || !*v)
+			return; /* no agent will run */
+		if (ag.pagemap < 0)
+			ag.pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+		if (ag.pagemap < 0 || (ag.uffd = uffd_open()) < 0) {
+			ag.uffd = -1;
+			early.failed = true; /* the agent's start says why, as it would have */
+			return;
+		}
+		early.on = true;
+	}
+	uint64_t used = used_len(fd, len);
+	if (arena_split_huge(addr, len, used) < 0 || track(addr, len, used) < 0) {
+		early_give_up();
+		return;
+	}
+	ag.tracked[ag.ntracked++] = (struct tracked){addr, len, ino, true};
 }
 
 void rk_snapshot_note_punch(uint64_t addr, uint64_t pages)
 {
 	struct rk_snap_buf *b = atomic_load_explicit(&punch_buf, memory_order_acquire);
+	if (!b && early.on) {
+		if (early.n < EARLY_PUNCH_CAP)
+			early.punch[early.n++] = (struct rk_snap_punch){addr, pages};
+		else
+			early.overflow = true;
+		return;
+	}
 	if (!b || getpid() != rk_g.pid)
 		return;
 	uint32_t i = atomic_fetch_add(&b->punch_head, 1);

@@ -279,6 +279,10 @@ fn the_snapshot_agents_messages_and_buffer_match_the_c_header() {
     same("SNAP_REGION_OFF_ADDR", 56);
     same("SNAP_REGION_OFF_FIRST", 72);
     same("SNAP_REGION_NEW", al::REGION_NEW as u64);
+    same(
+        "SNAP_REGION_TRACKED_FROM_MAP",
+        al::REGION_TRACKED_FROM_MAP as u64,
+    );
     same("SNAP_REGION_ARENA", 1);
     same("SNAP_REGION_RANGE", 2);
     same("SNAP_RUN_LEN", al::RUN_LEN as u64);

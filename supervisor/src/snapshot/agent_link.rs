@@ -45,6 +45,9 @@ pub const OFF_BUF_NPUNCH: usize = 76;
 /// `struct rk_snap_region`.
 pub const REGION_LEN: usize = 80;
 pub const REGION_NEW: u32 = 0x1;
+/// With NEW on a restored incarnation's first report: tracked since rk_init
+/// mapped it, so the report lists every change since the restored snapshot.
+pub const REGION_TRACKED_FROM_MAP: u32 = 0x2;
 /// The kernel's `struct page_region` and `struct rk_snap_punch`.
 pub const RUN_LEN: usize = 24;
 pub const PUNCH_LEN: usize = 16;
@@ -296,6 +299,8 @@ pub fn encode_agent(m: &AgentMsg) -> Vec<u8> {
 pub struct Region {
     pub kind: RegionKind,
     pub new: bool,
+    /// REGION_TRACKED_FROM_MAP.
+    pub tracked_from_map: bool,
     pub name: String,
     pub addr: u64,
     pub len: u64,
@@ -446,6 +451,8 @@ impl<'a> Report<'a> {
                 Ok(Region {
                     kind,
                     new: u32_at(r, 4) & REGION_NEW != 0,
+                    tracked_from_map: u32_at(r, 4) & (REGION_NEW | REGION_TRACKED_FROM_MAP)
+                        == REGION_NEW | REGION_TRACKED_FROM_MAP,
                     name,
                     addr,
                     len,

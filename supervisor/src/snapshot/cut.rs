@@ -234,6 +234,9 @@ pub struct Done {
     /// A delta of the snapshot the app started from: the pages read whole
     /// and found as that snapshot has them (not stored again).
     pub unchanged_pages: Option<u64>,
+    /// Of such a delta: the regions that needed no read, tracked since the
+    /// restore mapped them.
+    pub from_map_regions: u32,
 }
 
 /// Answer timeouts: an agent that does not answer a report in this time is
@@ -432,6 +435,9 @@ struct Taking<'s, 'h> {
     whole_pages: u64,
     /// Whole regions are read and compared with plan.baseline.
     against: bool,
+    /// Regions of such a snapshot that needed no read (tracked since the
+    /// restore mapped them).
+    from_map_regions: u32,
     unchanged: u64,
     /// Scratch: the baseline's pages a region's data no longer covers.
     gone: Vec<u64>,
@@ -703,6 +709,7 @@ pub fn take(
         skip_zero: false,
         whole_pages: 0,
         against: false,
+        from_map_regions: 0,
         unchanged: 0,
         gone: Vec::new(),
     };
@@ -800,6 +807,7 @@ fn run(
         staging_peak: t.staging.peak_bytes,
         took: t0.elapsed(),
         unchanged_pages: t.against.then_some(t.unchanged),
+        from_map_regions: t.from_map_regions,
     })
 }
 
@@ -999,6 +1007,13 @@ fn start_report(
         if let Some(b) = against {
             for (i, meta) in metas.iter().enumerate().take(regions.len()) {
                 let n = match b.region_like(meta) {
+                    // tracked since the restore mapped it: this report's
+                    // written pages and the holes punched are every change
+                    // since the baseline, copied as any delta's are
+                    Some(_) if regions[i].tracked_from_map => {
+                        t.from_map_regions += 1;
+                        0
+                    }
                     Some(base) => t.copy_changed(i as u32, base)?,
                     None => {
                         // another shape: inherits nothing, read whole
@@ -1178,6 +1193,7 @@ mod tests {
             regions: vec![Region {
                 kind: RegionKind::Arena,
                 new: true,
+                tracked_from_map: false,
                 name: "a".into(),
                 addr: 0x4000_0000,
                 len,
@@ -1212,6 +1228,7 @@ mod tests {
             skip_zero: false,
             whole_pages: 0,
             against: true,
+            from_map_regions: 0,
             unchanged: 0,
             gone: Vec::new(),
         };

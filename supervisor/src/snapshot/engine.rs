@@ -848,6 +848,7 @@ fn checkpoint_reply(d: &Done) -> serde_json::Value {
             None => "parent",
         },
         "unchanged_pages": d.unchanged_pages.unwrap_or(0),
+        "tracked_from_map": d.from_map_regions,
         "tags": d.info.tags,
         "pages": d.info.pages,
         "stop_us": d.stop_ns / 1000,

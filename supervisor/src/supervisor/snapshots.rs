@@ -402,6 +402,7 @@ impl Supervisor {
                                 },
                             )
                             .u("unchanged_pages", d.unchanged_pages.unwrap_or(0))
+                            .u("tracked_from_map", d.from_map_regions as u64)
                             .v("tags", d.info.tags.clone())
                             .u("stop_us", d.stop_ns / 1000)
                             .u("freeze_us", d.freeze_ns / 1000)

@@ -152,6 +152,7 @@ int main(void)
 	P("SNAP_REGION_OFF_ADDR", offsetof(struct rk_snap_region, addr));
 	P("SNAP_REGION_OFF_FIRST", offsetof(struct rk_snap_region, first));
 	P("SNAP_REGION_NEW", RK_SNAP_REGION_NEW);
+	P("SNAP_REGION_TRACKED_FROM_MAP", RK_SNAP_REGION_TRACKED_FROM_MAP);
 	P("SNAP_REGION_ARENA", RK_SNAP_ARENA);
 	P("SNAP_REGION_RANGE", RK_SNAP_RANGE);
 	P("SNAP_RUN_LEN", 3 * sizeof(uint64_t)); /* struct page_region */
