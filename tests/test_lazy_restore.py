@@ -183,9 +183,14 @@ def test_a_child_forked_during_a_lazy_restore_reads_the_real_pages(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and w.stdout.readline().strip() != '{"app":"done"}':
-            pass
+        # every write made before the checkpoint (a loaded machine may take
+        # long: the check below counts all 1,500)
+        deadline, done = time.monotonic() + 180, False
+        while not done and time.monotonic() < deadline:
+            line = w.stdout.readline()
+            assert line, "the writer's output ended before it was done"
+            done = line.strip() == '{"app":"done"}'
+        assert done, "the writer did not finish its 1,500 writes in 180 s"
         p = subprocess.run([str(REKINDLE), "checkpoint", "durable", "--wait", "--json"],
                            capture_output=True, text=True, env=env, timeout=30, check=False)  # fmt: skip
         assert p.returncode == 0, p.stdout + p.stderr
