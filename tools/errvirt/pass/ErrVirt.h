@@ -51,6 +51,8 @@ struct Options {
   bool SkipFresh = true;  // nor to memory allocated in this transaction
   bool Filter = true;     // log a word once per transaction
   bool SkipRepeat = true; // no check for a word a store just before checked
+  bool PreserveMost = true; // the filter's slow path keeps the caller's registers
+  bool LocalExec = true;    // the filter's thread-locals as local-exec in a PIE
 };
 Options options();
 
