@@ -48,10 +48,21 @@ void __rk_ev_hole_push(void *p, uint64_t n)
 		ev_holes[ev_nholes++] = (struct ev_hole){(uintptr_t)p, (uintptr_t)p + n};
 }
 
+/* A frame that was alive at the gate returns while the window is open: the
+ * frame copies left its hole out, and the frames called next may lay their
+ * own allocas over those bytes, whose stores are never logged.  A rollback
+ * resumes a frame that expects the hole as it was, so its bytes are logged
+ * now (the words changed since the gate are logged already, older: the log
+ * is undone newest first). */
 void __rk_ev_hole_pop(void *p)
 {
-	if (ev_nholes && ev_holes[ev_nholes - 1].lo == (uintptr_t)p)
-		ev_nholes--;
+	if (!ev_nholes || ev_holes[ev_nholes - 1].lo != (uintptr_t)p)
+		return;
+	const struct ev_hole *h = &ev_holes[--ev_nholes];
+	if (__rk_ev_key != 0 && ev && h->lo >= rk_ev_regs.rsp) {
+		ev->frame_bytes += h->hi - h->lo;
+		(void)ev_log_bytes(ev, (const void *)h->lo, h->hi - h->lo);
+	}
 }
 
 /* The owner thread's stack, and the parts of it that the frame copies of

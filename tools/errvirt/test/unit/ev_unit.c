@@ -237,6 +237,45 @@ static void check_stack(void)
 	CHECK(skips >= 12);
 }
 
+/* ---- a gate's frame with a hole returns, and the next frames reuse it ---- */
+__attribute__((noinline)) static long popped_gate(void)
+{
+	long big[128]; /* 1 KiB: a hole */
+	for (int i = 0; i < 128; i++)
+		big[i] = opaque(i);
+	char *p = malloc(16);
+	if (!p)
+		return lsum(big, 128); /* as at the gate */
+	sink = p;
+	big[3] = opaque(-3);
+	sink = (void *)lsum(big, 128);
+	return 0; /* the hole is dropped, the frame's bytes free */
+}
+
+/* 480 bytes of the frame's own: no hole, its stores never logged */
+__attribute__((noinline)) static void reuse_stack(void)
+{
+	volatile long a[60];
+	for (int i = 0; i < 60; i++)
+		a[i] = -7;
+}
+
+__attribute__((noinline)) static long popped_case(void)
+{
+	long r = popped_gate();
+	if (r != 0)
+		return r; /* the rollback resumed popped_gate, whose malloc failed */
+	reuse_stack();
+	crash();
+	return -1;
+}
+
+static void check_popped_hole(void)
+{
+	CHECK(popped_case() == 127 * 128 / 2);
+	CHECK(errno == ENOMEM);
+}
+
 /* ---- every gate class injects its error, and compensation undoes -------- */
 static int count_fds(void)
 {
@@ -550,6 +589,7 @@ int main(int argc, char **argv)
 	check_frame();
 	check_hole();
 	check_stack();
+	check_popped_hole();
 	check_gates();
 	check_fresh();
 	check_defer();
