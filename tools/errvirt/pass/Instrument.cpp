@@ -227,7 +227,7 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
   for (BasicBlock &BB : F)
     for (Instruction &I : BB) {
       if (auto *CB = dyn_cast<CallBase>(&I)) {
-        Plans[CB] = planCall(*CB);
+        Plans[CB] = planCall(*CB, O);
         Calls.push_back(CB);
       }
       else if (isa<StoreInst>(I) || isa<AtomicRMWInst>(I) || isa<AtomicCmpXchgInst>(I))
@@ -301,7 +301,7 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
       C.Unknown++;
       checkUnknown(R, *CB);
       break;
-    case CallKind::Embedded:
+    case CallKind::Embedded: {
       C.Embedded++;
       if (P.Model->Cls == EV_DEFER) {
         C.Deferred++;
@@ -312,9 +312,19 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
         redirect(R, *CB, P.Model->Wrapper);
       if (P.Model->Log != EV_LOG_NONE)
         logCallArgs(R, *CB, *P.Model);
+      Instruction *After = CB->getNextNode();
       if (P.Model->Comp != EV_COMP_NONE)
         noteCall(R, *CB, *P.Model);
+      // The note's block is fresh (the run-time takes it from the note),
+      // except posix_memalign's, whose size is its third argument.
+      if (O.SkipFresh && P.Model->Comp == EV_COMP_FREE_DEREF_A0 && isa<CallInst>(CB) && After) {
+        IRBuilder<> B(After);
+        B.CreateCall(R.fn("__rk_ev_fresh", R.Void, {R.I32, R.I64, R.I64, R.I64, R.I64}),
+                     {B.getInt32(P.Model->Index), toI64(B, CB), argI64(B, *CB, 0), argI64(B, *CB, 1),
+                      argI64(B, *CB, 2)});
+      }
       break;
+    }
     case CallKind::Gate:
       C.Gates++;
       if (P.Model->Wrapper)
