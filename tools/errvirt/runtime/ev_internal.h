@@ -59,6 +59,7 @@ struct ev_state {
 	uint64_t logged_words, logged_ranges, logged_range_bytes, frame_copies, frame_bytes;
 	uint64_t fresh_blocks, fresh_skips; /* blocks seen, stores not logged */
 	uint64_t stack_skips; /* stack stores not logged: dead, or in a frame copy */
+	uint64_t holes_uncopied; /* holes popped in a window, too large to copy */
 	/* the call sites that closed windows most (REKINDLE_EV_REPORT) */
 	struct ev_closer {
 		uintptr_t pc;

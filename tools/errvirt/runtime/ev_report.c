@@ -71,6 +71,7 @@ __attribute__((destructor)) static void ev_report(void)
 	ev_line_u64(&l, "fresh_blocks", s->fresh_blocks);
 	ev_line_u64(&l, "fresh_skips", s->fresh_skips);
 	ev_line_u64(&l, "stack_skips", s->stack_skips);
+	ev_line_u64(&l, "holes_uncopied", s->holes_uncopied);
 	ev_line_end(&l);
 	for (size_t i = 0; i < sizeof s->closers / sizeof s->closers[0]; i++) {
 		if (!s->closers[i].n)
