@@ -50,3 +50,24 @@ define i32 @opens(ptr %path) {
 }
 ; CHECK-LABEL: define i32 @opens(
 ; CHECK: call i64 @__rk_ev_checkpoint(
+
+; Without the switch too: a posix_memalign whose failure only aborts is no
+; gate (errorPathAborts); its note frees the block on a rollback, and the
+; run-time learns the block with its size, so stores into it are fresh.
+declare void @abort() noreturn
+define ptr @pool_or_abort(ptr %out) {
+  %e = call i32 @posix_memalign(ptr %out, i64 16, i64 2048)
+  %bad = icmp ne i32 %e, 0
+  br i1 %bad, label %die, label %ok
+die:
+  call void @abort()
+  unreachable
+ok:
+  %p = load ptr, ptr %out
+  ret ptr %p
+}
+; GATE-LABEL: define ptr @pool_or_abort(
+; GATE-NOT: __rk_ev_checkpoint
+; GATE: %e = call i32 @posix_memalign(ptr %out, i64 16, i64 2048)
+; GATE: call void @__rk_ev_note(
+; GATE: call void @__rk_ev_fresh(i32 {{[0-9]+}}, i64 %{{.*}}, i64 %{{.*}}, i64 16, i64 2048)
