@@ -52,9 +52,10 @@ def test_runtime_recovers_and_undoes():
     assert "all checks passed" in p.stdout
     recovered = ev_lines(p.stderr, "recovered")
     injected = ev_lines(p.stderr, "injected")
-    # memory, registers, frame, hole, open, socket, pipe, fopen, read, mmap, fresh, defer,
-    # formatting (strftime, strerror_r), clock (no gate: back to malloc), module (getloadavg, dlclose)
-    assert len(recovered) == len(injected) == 15, p.stderr
+    # memory, registers, frame, hole, stack words, popped hole, open, socket, pipe, fopen, read,
+    # mmap, fresh, defer, formatting (strftime, strerror_r), clock (no gate: back to malloc),
+    # module (getloadavg, dlclose)
+    assert len(recovered) == len(injected) == 17, p.stderr
     assert {e["gate"] for e in injected} == {
         "malloc",
         "open",

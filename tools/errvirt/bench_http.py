@@ -20,7 +20,7 @@ all share the machine's load.  --page limits the pages.
 
 Usage: bench_http.py BUILD [--servers nginx,lighttpd] [--page static|dynamic]
        [--rounds N] [--duration S] [--connections N]
-       [--compare LABEL=BUILD2]... [--out DIR]
+       [--compare LABEL=BUILD2]... [--ports LO-HI] [--out DIR]
 Writes DIR/errvirt-http.{json,md} (DIR: bench/results)."""
 
 import argparse
@@ -79,6 +79,13 @@ def measure(kind, exe, d, test, args):
         s.stop()
 
 
+def ports_arg(text):
+    lo, _, hi = text.partition("-")
+    if not (lo.isdigit() and hi.isdigit() and 1024 <= int(lo) <= int(hi) <= 65535):
+        raise argparse.ArgumentTypeError(f"reason=usage: {text!r} is not LO-HI (1024..65535)")
+    return int(lo), int(hi)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("build", type=Path)
@@ -93,8 +100,11 @@ def main():
         help="LABEL=BUILD2: BUILD2's errvirt builds too",
     )
     ap.add_argument("--page", action="append", choices=sorted(TESTS), help="only these pages (repeatable)")
+    ap.add_argument("--ports", type=ports_arg, default=None, help="LO-HI: the servers' loopback ports")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
+    if args.ports:
+        hs.PORT_RANGE = args.ports
     b = args.build.resolve() / "errvirt"
     exes = {
         (n, k): b / f"{n}-{k}" / "inst" / "sbin" / n for n in ("nginx", "lighttpd") for k in ("ev", "clang")

@@ -7,7 +7,9 @@ EV_PASS_SRCS := $(wildcard tools/errvirt/pass/*.cpp)
 EV_PASS_OBJS := $(patsubst tools/errvirt/pass/%.cpp,$(BUILD)/errvirt/%.o,$(EV_PASS_SRCS))
 EV_HDRS := $(wildcard tools/errvirt/include/*) tools/errvirt/pass/ErrVirt.h tools/errvirt/runtime/ev_internal.h
 EV_RT_SRCS := $(wildcard tools/errvirt/runtime/*.c)
-EV_RT_OBJS := $(patsubst tools/errvirt/runtime/%.c,$(BUILD)/errvirt/rt/%.o,$(EV_RT_SRCS)) $(BUILD)/errvirt/rt/ev_checkpoint.o
+EV_RT_ASM := $(wildcard tools/errvirt/runtime/*.S)
+EV_RT_OBJS := $(patsubst tools/errvirt/runtime/%.c,$(BUILD)/errvirt/rt/%.o,$(EV_RT_SRCS)) \
+	$(patsubst tools/errvirt/runtime/%.S,$(BUILD)/errvirt/rt/%.o,$(EV_RT_ASM))
 
 .PHONY: errvirt errvirt-lit errvirt-unit rkv-ev
 errvirt: $(EV_PLUGIN) $(EV_RT) $(EV_CC)
@@ -27,7 +29,8 @@ $(BUILD)/errvirt/rt/%.o: tools/errvirt/runtime/%.c $(EV_HDRS)
 	objcopy --rename-section .text=rk_ev_text,alloc,load,readonly,code,contents $@.tmp.o $@
 	@rm -f $@.tmp.o
 	@if objdump -h $@ | grep -q ' \.text\.'; then echo "$@: code outside rk_ev_text" >&2; exit 1; fi
-$(BUILD)/errvirt/rt/ev_checkpoint.o: tools/errvirt/runtime/ev_checkpoint.S
+# the assembly files place their code in rk_ev_text themselves
+$(BUILD)/errvirt/rt/%.o: tools/errvirt/runtime/%.S
 	@mkdir -p $(dir $@)
 	$(CC) -c $< -o $@
 $(EV_RT): $(EV_RT_OBJS)

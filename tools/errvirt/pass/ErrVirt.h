@@ -43,7 +43,8 @@ struct CallPlan {
   CallKind Kind;
   std::optional<ModelFn> Model;
 };
-CallPlan planCall(llvm::CallBase &CB);
+struct Options;
+CallPlan planCall(llvm::CallBase &CB, const Options &O);
 
 // Which pass options are off (to measure each one's share).
 struct Options {
@@ -51,6 +52,9 @@ struct Options {
   bool SkipFresh = true;  // nor to memory allocated in this transaction
   bool Filter = true;     // log a word once per transaction
   bool SkipRepeat = true; // no check for a word a store just before checked
+  bool PreserveMost = true; // the filter's slow path keeps the caller's registers
+  bool LocalExec = true;    // the filter's thread-locals as local-exec in a PIE
+  bool AllocGates = true;   // allocating calls begin transactions (off: embedded, with a note)
 };
 Options options();
 

@@ -25,20 +25,27 @@ struct Runtime {
   GlobalVariable *Key, *Filter, *StackTop;
   MDNode *Unlikely;
 
-  explicit Runtime(Module &Mod)
+  explicit Runtime(Module &Mod, const Options &O)
       : M(Mod), Ctx(Mod.getContext()), I32(Type::getInt32Ty(Ctx)), I64(Type::getInt64Ty(Ctx)),
         Ptr(PointerType::getUnqual(Ctx)), Void(Type::getVoidTy(Ctx)) {
-    Key = tls("__rk_ev_key", I64);
-    Filter = tls("__rk_ev_filter", ArrayType::get(I64, RK_EV_FILTER_SLOTS));
-    StackTop = tls("__rk_ev_stack_top", I64);
+    // A position-independent executable holds the run-time itself (the
+    // wrapper links it in whole), so its thread-locals are at a fixed
+    // offset from %fs: one instruction per access, no GOT load and no
+    // register kept for the offset.  A shared object (-fPIC, lighttpd's
+    // modules) reaches them through the GOT (initial-exec).
+    GlobalValue::ThreadLocalMode TLS = O.LocalExec && M.getPIELevel() != PIELevel::Default
+                                           ? GlobalValue::LocalExecTLSModel
+                                           : GlobalValue::InitialExecTLSModel;
+    Key = tls("__rk_ev_key", I64, TLS);
+    Filter = tls("__rk_ev_filter", ArrayType::get(I64, RK_EV_FILTER_SLOTS), TLS);
+    StackTop = tls("__rk_ev_stack_top", I64, TLS);
     Unlikely = MDBuilder(Ctx).createUnlikelyBranchWeights();
   }
 
-  GlobalVariable *tls(StringRef Name, Type *T) {
+  GlobalVariable *tls(StringRef Name, Type *T, GlobalValue::ThreadLocalMode TLS) {
     if (GlobalVariable *G = M.getGlobalVariable(Name))
       return G;
-    return new GlobalVariable(M, T, false, GlobalValue::ExternalLinkage, nullptr, Name, nullptr,
-                              GlobalValue::InitialExecTLSModel);
+    return new GlobalVariable(M, T, false, GlobalValue::ExternalLinkage, nullptr, Name, nullptr, TLS);
   }
 
   FunctionCallee fn(StringRef Name, Type *Ret, ArrayRef<Type *> Args) {
@@ -66,7 +73,9 @@ Value *argI64(IRBuilder<> &B, CallBase &CB, unsigned N) {
 void slowPath(Runtime &R, Instruction *I, Value *Cond, FunctionCallee Slow, ArrayRef<Value *> Args) {
   Instruction *Then = SplitBlockAndInsertIfThen(Cond, I->getIterator(), false, R.Unlikely);
   IRBuilder<> B(Then);
-  B.CreateCall(Slow, Args);
+  CallInst *C = B.CreateCall(Slow, Args);
+  if (auto *F = dyn_cast<Function>(Slow.getCallee()))
+    C->setCallingConv(F->getCallingConv());
 }
 
 void logStore(Runtime &R, Instruction *I, Value *Ptr, uint64_t Size, Align A, const Options &O) {
@@ -79,6 +88,13 @@ void logStore(Runtime &R, Instruction *I, Value *Ptr, uint64_t Size, Align A, co
   }
   Value *W = B.CreateAnd(B.CreatePtrToInt(Ptr, R.I64), ~uint64_t(7), "ev.w");
   FunctionCallee Slow = R.fn("__rk_ev_log_word", R.Void, {R.Ptr});
+  if (O.Filter && O.PreserveMost) {
+    // The slow path through a trampoline (ev_log_word.S) that keeps every
+    // general register but r11: the values live across the store need not
+    // sit in callee-saved registers or be spilled around the cold call.
+    Slow = R.fn("__rk_ev_log_word_pm", R.Void, {R.Ptr});
+    cast<Function>(Slow.getCallee())->setCallingConv(CallingConv::PreserveMost);
+  }
   if (!O.Filter) {
     B.CreateCall(Slow, {B.CreateIntToPtr(W, R.Ptr)});
     return;
@@ -202,7 +218,7 @@ void checkExit(Runtime &R, Instruction *Before) {
 } // namespace
 
 void instrumentFunction(Function &F, const Options &O, Counts &C) {
-  Runtime R(*F.getParent());
+  Runtime R(*F.getParent(), O);
   const DataLayout &DL = F.getDataLayout();
   DenseMap<CallBase *, CallPlan> Plans;
   SmallVector<CallBase *, 32> Calls; // in program order: stable output
@@ -211,7 +227,7 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
   for (BasicBlock &BB : F)
     for (Instruction &I : BB) {
       if (auto *CB = dyn_cast<CallBase>(&I)) {
-        Plans[CB] = planCall(*CB);
+        Plans[CB] = planCall(*CB, O);
         Calls.push_back(CB);
       }
       else if (isa<StoreInst>(I) || isa<AtomicRMWInst>(I) || isa<AtomicCmpXchgInst>(I))
@@ -285,7 +301,7 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
       C.Unknown++;
       checkUnknown(R, *CB);
       break;
-    case CallKind::Embedded:
+    case CallKind::Embedded: {
       C.Embedded++;
       if (P.Model->Cls == EV_DEFER) {
         C.Deferred++;
@@ -296,9 +312,19 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
         redirect(R, *CB, P.Model->Wrapper);
       if (P.Model->Log != EV_LOG_NONE)
         logCallArgs(R, *CB, *P.Model);
+      Instruction *After = CB->getNextNode();
       if (P.Model->Comp != EV_COMP_NONE)
         noteCall(R, *CB, *P.Model);
+      // The note's block is fresh (the run-time takes it from the note),
+      // except posix_memalign's, whose size is its third argument.
+      if (O.SkipFresh && P.Model->Comp == EV_COMP_FREE_DEREF_A0 && isa<CallInst>(CB) && After) {
+        IRBuilder<> B(After);
+        B.CreateCall(R.fn("__rk_ev_fresh", R.Void, {R.I32, R.I64, R.I64, R.I64, R.I64}),
+                     {B.getInt32(P.Model->Index), toI64(B, CB), argI64(B, *CB, 0), argI64(B, *CB, 1),
+                      argI64(B, *CB, 2)});
+      }
       break;
+    }
     case CallKind::Gate:
       C.Gates++;
       if (P.Model->Wrapper)

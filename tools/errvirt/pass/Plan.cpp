@@ -47,7 +47,12 @@ static bool errorPathAborts(const CallBase &CB) {
   return false;
 }
 
-CallPlan planCall(CallBase &CB) {
+// The calls that allocate a block their compensation frees.
+static bool allocates(const ModelFn &M) {
+  return M.Comp == EV_COMP_FREE_RET || M.Comp == EV_COMP_FREE_DEREF_A0 || M.Comp == EV_COMP_MUNMAP_RET_A1;
+}
+
+CallPlan planCall(CallBase &CB, const Options &O) {
   if (CB.isInlineAsm())
     return {&CB, CallKind::Ignored, std::nullopt};
   if (isa<MemIntrinsic>(CB))
@@ -68,7 +73,7 @@ CallPlan planCall(CallBase &CB) {
   // an error path to take), and the result can carry the error.
   bool CanGate = (M->Cls == EV_REVERSIBLE || M->Cls == EV_NOREVERT) && M->Err != EV_ERR_NONE &&
                  isa<CallInst>(CB) && !cast<CallInst>(CB).isMustTailCall() && !CB.use_empty() &&
-                 errorFits(*M, CB.getType()) && !errorPathAborts(CB);
+                 errorFits(*M, CB.getType()) && !errorPathAborts(CB) && (O.AllocGates || !allocates(*M));
   return {&CB, CanGate ? CallKind::Gate : CallKind::Embedded, M};
 }
 

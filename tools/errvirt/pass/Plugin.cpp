@@ -24,6 +24,13 @@ static cl::opt<bool> NoFreshSkip("rekindle-ev-no-fresh-skip",
 static cl::opt<bool> NoRepeatSkip("rekindle-ev-no-repeat-skip",
                                   cl::desc("check every store, also a word the block checked just before"));
 static cl::opt<bool> NoFilter("rekindle-ev-no-filter", cl::desc("log every store, not each word once"));
+static cl::opt<bool> NoPreserveMost("rekindle-ev-no-preserve-most",
+                                    cl::desc("call the filter's slow path with the C calling convention"));
+static cl::opt<bool> NoLocalExec("rekindle-ev-no-local-exec",
+                                 cl::desc("reach the run-time's thread-locals through the GOT in a PIE too"));
+static cl::opt<bool> NoAllocGates("rekindle-ev-no-alloc-gates",
+                                  cl::desc("allocating calls stay inside the transaction (a note frees the block "
+                                           "on a rollback) instead of beginning one"));
 static cl::opt<bool> Stats("rekindle-ev-stats", cl::desc("print what the pass did, per module"));
 
 static bool envOn(const char *Name) {
@@ -37,6 +44,9 @@ Options options() {
   O.SkipFresh = !(NoFreshSkip || envOn("REKINDLE_EV_NO_FRESH_SKIP"));
   O.Filter = !(NoFilter || envOn("REKINDLE_EV_NO_FILTER"));
   O.SkipRepeat = !(NoRepeatSkip || envOn("REKINDLE_EV_NO_REPEAT_SKIP"));
+  O.PreserveMost = !(NoPreserveMost || envOn("REKINDLE_EV_NO_PRESERVE_MOST"));
+  O.LocalExec = !(NoLocalExec || envOn("REKINDLE_EV_NO_LOCAL_EXEC"));
+  O.AllocGates = !(NoAllocGates || envOn("REKINDLE_EV_NO_ALLOC_GATES"));
   return O;
 }
 

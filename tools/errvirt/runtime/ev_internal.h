@@ -58,6 +58,8 @@ struct ev_state {
 	 * ranges (library calls, wide stores), and frame copies */
 	uint64_t logged_words, logged_ranges, logged_range_bytes, frame_copies, frame_bytes;
 	uint64_t fresh_blocks, fresh_skips; /* blocks seen, stores not logged */
+	uint64_t stack_skips; /* stack stores not logged: dead, or in a frame copy */
+	uint64_t holes_uncopied; /* holes popped in a window, too large to copy */
 	/* the call sites that closed windows most (REKINDLE_EV_REPORT) */
 	struct ev_closer {
 		uintptr_t pc;
@@ -91,6 +93,8 @@ extern EV_TLS int ev_role;
 uint64_t __rk_ev_checkpoint(uint32_t fn);
 void __rk_ev_tx_end(uint32_t fn);
 void __rk_ev_log_word(uint64_t *w);
+void __rk_ev_log_word_pm(uint64_t *w); /* ev_log_word.S: preserve_most */
+void rk_ev_log_word_at(uint64_t *w, uintptr_t pc);
 void __rk_ev_log_range(void *p, uint64_t n);
 void __rk_ev_frame_exit(uintptr_t fp);
 void __rk_ev_log_call(uint32_t fn, uint64_t a0, uint64_t a1, uint64_t a2);
@@ -109,6 +113,7 @@ void __rk_ev_hole_push(void *p, uint64_t n);
 void __rk_ev_hole_pop(void *p);
 void __rk_ev_fresh(uint32_t fn, uint64_t ret, uint64_t a0, uint64_t a1, uint64_t a2);
 void __rk_ev_logged(uint64_t *words, uint64_t *range_bytes);
+uint64_t __rk_ev_stack_skips(void);
 
 /* ev_log.c */
 void ev_log_reset(struct ev_state *s);
@@ -117,6 +122,7 @@ bool ev_log_bytes(struct ev_state *s, const void *p, uint64_t n);
 bool ev_log_frame(struct ev_state *s);
 void ev_log_rollback(struct ev_state *s);
 void ev_holes_drop_below(uintptr_t addr);
+void ev_stack_init(void);
 
 /* ev_fresh.c */
 void ev_fresh_reset(struct ev_state *s);

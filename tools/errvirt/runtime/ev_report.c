@@ -35,6 +35,12 @@ void __rk_ev_logged(uint64_t *words, uint64_t *range_bytes)
 	*range_bytes = s ? s->logged_range_bytes : 0;
 }
 
+/* Stack stores the log skipped (dead, or inside a frame copy). */
+uint64_t __rk_ev_stack_skips(void)
+{
+	return ev ? ev->stack_skips : 0;
+}
+
 /* Read before main: a server may replace its environment (nginx keeps only
  * the variables its `env` directives name). */
 static bool ev_report_on;
@@ -64,6 +70,8 @@ __attribute__((destructor)) static void ev_report(void)
 	ev_line_u64(&l, "frame_bytes", s->frame_bytes);
 	ev_line_u64(&l, "fresh_blocks", s->fresh_blocks);
 	ev_line_u64(&l, "fresh_skips", s->fresh_skips);
+	ev_line_u64(&l, "stack_skips", s->stack_skips);
+	ev_line_u64(&l, "holes_uncopied", s->holes_uncopied);
 	ev_line_end(&l);
 	for (size_t i = 0; i < sizeof s->closers / sizeof s->closers[0]; i++) {
 		if (!s->closers[i].n)

@@ -36,6 +36,7 @@ static bool ev_owner(void)
 	int expected = 0, me = ev_gettid();
 	if (__atomic_compare_exchange_n(&ev->owner_tid, &expected, me, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
 		ev_role = EV_ROLE_OWNER;
+		ev_stack_init();
 		return true;
 	}
 	ev_role = EV_ROLE_FOREIGN;

@@ -17,13 +17,13 @@ define void @same_ptr(ptr %p, i64 %a, i64 %b) {
   ret void
 }
 ; CHECK-LABEL: define void @same_ptr(
-; CHECK: call void @__rk_ev_log_word(
+; CHECK: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; CHECK: store i64 %a, ptr %p
 ; CHECK-NOT: __rk_ev_log_word
 ; CHECK: store i64 %b, ptr %p
 ; NOREPEAT-LABEL: define void @same_ptr(
-; NOREPEAT: call void @__rk_ev_log_word(
-; NOREPEAT: call void @__rk_ev_log_word(
+; NOREPEAT: call preserve_mostcc void @__rk_ev_log_word_pm(
+; NOREPEAT: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; NOREPEAT: store i64 %b, ptr %p
 
 define void @fields(ptr %p, i32 %a, i32 %b, i64 %c) {
@@ -35,11 +35,11 @@ define void @fields(ptr %p, i32 %a, i32 %b, i64 %c) {
   ret void
 }
 ; CHECK-LABEL: define void @fields(
-; CHECK: call void @__rk_ev_log_word(
+; CHECK: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; CHECK: store i32 %a, ptr %p
 ; CHECK-NOT: __rk_ev_log_word
 ; CHECK: store i32 %b, ptr %f
-; CHECK: call void @__rk_ev_log_word(
+; CHECK: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; CHECK: store i64 %c, ptr %g
 
 define void @unanchored(ptr %p, i32 %a, i32 %b) {
@@ -50,9 +50,9 @@ define void @unanchored(ptr %p, i32 %a, i32 %b) {
 }
 ; %p may be 4 mod 8: the second field can be the next word.
 ; CHECK-LABEL: define void @unanchored(
-; CHECK: call void @__rk_ev_log_word(
+; CHECK: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; CHECK: store i32 %a, ptr %p
-; CHECK: call void @__rk_ev_log_word(
+; CHECK: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; CHECK: store i32 %b, ptr %f
 
 define void @call_between(ptr %p, i64 %a, i64 %b) {
@@ -62,8 +62,8 @@ define void @call_between(ptr %p, i64 %a, i64 %b) {
   ret void
 }
 ; CHECK-LABEL: define void @call_between(
-; CHECK: call void @__rk_ev_log_word(
+; CHECK: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; CHECK: store i64 %a, ptr %p
 ; CHECK: call void @other()
-; CHECK: call void @__rk_ev_log_word(
+; CHECK: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; CHECK: store i64 %b, ptr %p

@@ -30,7 +30,7 @@ define void @global_store(i64 %v) {
 ; CHECK: %ev.open = icmp ne i64 %ev.key, 0
 ; CHECK: %ev.log = and i1 %ev.miss, %ev.open
 ; CHECK: br i1 %ev.log, label %{{.*}}, label %{{.*}}, !prof
-; CHECK: call void @__rk_ev_log_word(
+; CHECK: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; CHECK: store i64 %v, ptr @g
 ; NOFILTER-LABEL: define void @global_store(
 ; NOFILTER-NOT: %ev.miss
@@ -47,7 +47,7 @@ define i32 @local_store(i32 %v) {
 ; CHECK-NOT: __rk_ev_log
 ; CHECK: store i32 %v, ptr %a
 ; NOSTACK-LABEL: define i32 @local_store(
-; NOSTACK: call void @__rk_ev_log_word(
+; NOSTACK: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; NOSTACK: store i32 %v, ptr %a
 
 define void @fresh(i64 %v) {
@@ -69,7 +69,7 @@ err:
 ; CHECK: ok:
 ; CHECK-NEXT: store i64 %v, ptr %p
 ; CHECK: call void @other()
-; CHECK: call void @__rk_ev_log_word(
+; CHECK: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; CHECK: store i64 %v, ptr %q
 ; NOFRESH-LABEL: define void @fresh(
 ; NOFRESH: ok:
@@ -99,7 +99,7 @@ define void @hole(i64 %v, i64 %i) {
 ; CHECK: %big = alloca [64 x i64]
 ; CHECK-NEXT: call void @__rk_ev_hole_push(ptr %big, i64 512)
 ; CHECK-NEXT: store i64 %v, ptr %small
-; CHECK: call void @__rk_ev_log_word(
+; CHECK: call preserve_mostcc void @__rk_ev_log_word_pm(
 ; CHECK: store i64 %v, ptr %e
 ; CHECK: call void @__rk_ev_hole_pop(ptr %big)
 ; CHECK: call void @__rk_ev_frame_exit(

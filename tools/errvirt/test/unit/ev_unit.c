@@ -168,6 +168,114 @@ static void check_hole(void)
 	CHECK(hole_case() == 511L * 512 / 2);
 }
 
+/* ---- stack words: dead below the gate, copied in its frame, logged above */
+uint64_t __rk_ev_stack_skips(void); /* the run-time's */
+
+/* a store through a pointer: the pass cannot tell whose frame it hits */
+__attribute__((noinline)) static void put(long *p, long v)
+{
+	*p = v;
+}
+
+__attribute__((noinline)) static long lsum(const long *b, int n)
+{
+	long t = 0;
+	for (int i = 0; i < n; i++)
+		t += b[i];
+	return t;
+}
+
+/* Called after the gate: its frame lies below the gate's stack pointer,
+ * which a rollback abandons, so its words need no log entry. */
+__attribute__((noinline)) static long below_gate(void)
+{
+	long mine[8];
+	for (int i = 0; i < 8; i++)
+		put(&mine[opaque(i)], i);
+	return lsum(mine, 8);
+}
+
+/* own: in the gate's frame, which the checkpoint copies (its words need no
+ * entry either); big: a hole the copy leaves out (its words must be
+ * logged); above: the caller's frame, not copied yet (logged too). */
+__attribute__((noinline)) static long stack_case(long *above)
+{
+	long own[4];
+	long big[128]; /* 1 KiB: a hole */
+	for (int i = 0; i < 4; i++)
+		put(&own[opaque(i)], i + 1);
+	for (int i = 0; i < 128; i++)
+		put(&big[opaque(i)], i);
+	char *p = malloc(16);
+	if (!p)
+		return lsum(own, 4) * 1000 + lsum(big, 128); /* as at the gate */
+	sink = p;
+	for (int i = 0; i < 4; i++)
+		put(&own[opaque(i)], -1);
+	put(&big[opaque(5)], -5);
+	put(&big[opaque(100)], -100);
+	put(above, 99);
+	sink = (void *)(lsum(own, 4) + lsum(big, 128) + below_gate()); /* keeps the stores */
+	crash();
+	return -1;
+}
+
+static void check_stack(void)
+{
+	long above = 7;
+	/* a write closes the window: the stores before stack_case's gate are
+	 * then in no transaction, and only the skips after it count */
+	CHECK(write(-1, "", 0) == -1);
+	uint64_t s0 = __rk_ev_stack_skips();
+	CHECK(stack_case(&above) == 10 * 1000 + 127 * 128 / 2);
+	CHECK(errno == ENOMEM);
+	CHECK(above == 7);
+	/* own's 4 words (copied) and below_gate's 8 (dead) took no entry */
+	uint64_t skips = __rk_ev_stack_skips() - s0;
+	if (skips < 12)
+		fprintf(stderr, "ev_unit: %llu stack skips\n", (unsigned long long)skips);
+	CHECK(skips >= 12);
+}
+
+/* ---- a gate's frame with a hole returns, and the next frames reuse it ---- */
+__attribute__((noinline)) static long popped_gate(void)
+{
+	long big[128]; /* 1 KiB: a hole */
+	for (int i = 0; i < 128; i++)
+		big[i] = opaque(i);
+	char *p = malloc(16);
+	if (!p)
+		return lsum(big, 128); /* as at the gate */
+	sink = p;
+	big[3] = opaque(-3);
+	sink = (void *)lsum(big, 128);
+	return 0; /* the hole is dropped, the frame's bytes free */
+}
+
+/* 480 bytes of the frame's own: no hole, its stores never logged */
+__attribute__((noinline)) static void reuse_stack(void)
+{
+	volatile long a[60];
+	for (int i = 0; i < 60; i++)
+		a[i] = -7;
+}
+
+__attribute__((noinline)) static long popped_case(void)
+{
+	long r = popped_gate();
+	if (r != 0)
+		return r; /* the rollback resumed popped_gate, whose malloc failed */
+	reuse_stack();
+	crash();
+	return -1;
+}
+
+static void check_popped_hole(void)
+{
+	CHECK(popped_case() == 127 * 128 / 2);
+	CHECK(errno == ENOMEM);
+}
+
 /* ---- every gate class injects its error, and compensation undoes -------- */
 static int count_fds(void)
 {
@@ -480,6 +588,8 @@ int main(int argc, char **argv)
 	check_registers();
 	check_frame();
 	check_hole();
+	check_stack();
+	check_popped_hole();
 	check_gates();
 	check_fresh();
 	check_defer();
