@@ -486,8 +486,13 @@ impl Supervisor {
                         .v("index_ms", r1(ix.index_ms))
                         .v("fold_ms", r1(ix.fold_ms));
                     if let Some(d) = ix.detail() {
-                        // never silent: why the restore folded the chain
-                        eprintln!("rekindle: restore without a location index: {}: {d}", ix.code());
+                        // never silent: why the restore folded the chain,
+                        // or which index it refused before the one it used
+                        if ix.index_of.is_none() {
+                            eprintln!("rekindle: restore without a location index: {d}");
+                        } else {
+                            eprintln!("rekindle: restore: a location index refused: {d}");
+                        }
                         e = e.s("index_detail", d);
                     }
                 }

@@ -717,8 +717,15 @@ impl IndexOutcome {
     /// What to say of a fallback (None when an index was used and none refused).
     pub fn detail(&self) -> Option<String> {
         match (self.reason, self.rejected.first()) {
-            (_, Some(r)) => Some(format!("{}: {}", r.path.display(), r.detail)),
-            (Reason::Missing, None) => Some("no snapshot of the chain has a location index".into()),
+            (_, Some(r)) => Some(format!(
+                "{}: {}: {}",
+                r.reason.code(),
+                r.path.display(),
+                r.detail
+            )),
+            (Reason::Missing, None) => {
+                Some("index_missing: no snapshot of the chain has a location index".into())
+            }
             _ => None,
         }
     }
