@@ -47,13 +47,15 @@ pub struct LocEntry {
 
 /// A decoded index (structure and checksum checked; its fit to the store
 /// is checked by the reader, which knows the manifest and the packs).
+/// `T`: what each entry is decoded into (the reader's own slot type, so
+/// that millions of entries are not copied twice).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocIndex {
+pub struct LocIndex<T = LocEntry> {
     pub manifest_sum: [u8; 32],
     /// (file name in `packs/`, its size in bytes)
     pub packs: Vec<(String, u64)>,
     /// Per region of the manifest, sorted by page.
-    pub regions: Vec<Vec<LocEntry>>,
+    pub regions: Vec<Vec<T>>,
 }
 
 /// How a restore found its pages' chunks: through an index, or why not.
@@ -180,6 +182,15 @@ impl<'a> Cursor<'a> {
 /// entries sorted by page, each entry's pack in the list and length at
 /// most a page).
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<LocIndex, Rejected> {
+    decode_into(path, bytes, |e| e)
+}
+
+/// As `decode`, each entry made into a `T` by `into`.
+pub fn decode_into<T>(
+    path: &Path,
+    bytes: &[u8],
+    into: impl Fn(LocEntry) -> T,
+) -> Result<LocIndex<T>, Rejected> {
     let rej = |reason, detail: &str| Rejected::new(reason, path, detail);
     if bytes.len() < HEADER_LEN + 40 + TRAILER_LEN {
         if bytes.len() >= 8 && &bytes[..8] != MAGIC {
@@ -201,9 +212,26 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<LocIndex, Rejected> {
         return Err(rej(Reason::Corrupt, "version 0"));
     }
     let (body, trailer) = bytes.split_at(bytes.len() - TRAILER_LEN);
-    if blake3::hash(body).as_bytes() != trailer {
+    // the checksum on a second core while the entries are decoded: what
+    // is decoded is dropped if it fails
+    let (sum_ok, decoded) = std::thread::scope(|sc| {
+        let sum = sc.spawn(|| blake3::hash(body).as_bytes() == trailer);
+        let decoded = decode_body(path, body, into);
+        (sum.join().unwrap_or(false), decoded)
+    });
+    if !sum_ok {
         return Err(rej(Reason::Corrupt, "checksum mismatch (torn or damaged)"));
     }
+    decoded
+}
+
+/// The structure after the header, checksum aside.
+fn decode_body<T>(
+    path: &Path,
+    body: &[u8],
+    into: impl Fn(LocEntry) -> T,
+) -> Result<LocIndex<T>, Rejected> {
+    let rej = |reason, detail: &str| Rejected::new(reason, path, detail);
     let bad = |what: &str| rej(Reason::Corrupt, what);
     let mut c = Cursor {
         b: body,
@@ -237,7 +265,8 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<LocIndex, Rejected> {
     }
     let mut regions = Vec::with_capacity(nregions);
     for &n in &counts {
-        let mut v: Vec<LocEntry> = Vec::with_capacity(n as usize);
+        let mut v: Vec<T> = Vec::with_capacity(n as usize);
+        let mut last: Option<u64> = None;
         for b in c.take(n as usize * ENTRY_LEN).unwrap_or_default().chunks_exact(ENTRY_LEN) {
             let mut hash = [0u8; 32];
             hash.copy_from_slice(&b[8..40]);
@@ -249,16 +278,17 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<LocIndex, Rejected> {
                 len: u16::from_le_bytes(b[52..54].try_into().unwrap_or_default()),
                 flags: u16::from_le_bytes(b[54..56].try_into().unwrap_or_default()),
             };
-            if v.last().is_some_and(|p| p.page >= e.page) {
+            if last.is_some_and(|p| p >= e.page) {
                 return Err(bad("entries not sorted by page"));
             }
+            last = Some(e.page);
             if e.pack as usize >= npacks || e.len == 0 || e.len as usize > PAGE {
                 return Err(bad("entry with a bad pack or length"));
             }
             if e.offset.checked_add(e.len as u64).is_none_or(|end| end > packs[e.pack as usize].1) {
                 return Err(bad("entry beyond its pack's size"));
             }
-            v.push(e);
+            v.push(into(e));
         }
         regions.push(v);
     }
@@ -269,12 +299,62 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<LocIndex, Rejected> {
     })
 }
 
-/// Reads and decodes `path`; Ok(None) if there is no such file.
-pub fn read(path: &Path) -> Result<Option<LocIndex>, Rejected> {
-    match std::fs::read(path) {
-        Ok(b) => decode(path, &b).map(Some),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Rejected::new(Reason::Unreadable, path, e.to_string())),
+/// Reads and decodes `path` (as `decode_into`); Ok(None) if there is no
+/// such file.  The file is mapped, not copied (MAP_POPULATE: one call
+/// maps every page the cache holds).
+pub fn read<T>(path: &Path, into: impl Fn(LocEntry) -> T) -> Result<Option<LocIndex<T>>, Rejected> {
+    let unreadable = |e: std::io::Error| Rejected::new(Reason::Unreadable, path, e.to_string());
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(unreadable(e)),
+    };
+    let len = f.metadata().map_err(unreadable)?.len() as usize;
+    if len == 0 {
+        return decode_into(path, &[], into).map(Some);
+    }
+    let m = Mapping::of(&f, len).map_err(unreadable)?;
+    decode_into(path, m.bytes(), into).map(Some)
+}
+
+/// A read-only private mapping of a whole file, unmapped on drop.
+struct Mapping {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mapping {
+    fn of(f: &std::fs::File, len: usize) -> std::io::Result<Mapping> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh mapping of `len` bytes of an open file.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_POPULATE,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: mapped readable for `len` bytes until drop.  Published
+        // indexes are never written in place (a new one is renamed over),
+        // so the bytes do not change under us.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our mapping, unmapped once.
+        unsafe { libc::munmap(self.ptr, self.len) };
     }
 }
 

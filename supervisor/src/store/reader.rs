@@ -310,7 +310,17 @@ impl Store {
         Rejected,
     > {
         let path = self.location_index_path(&m.id);
-        let Some(idx) = location_index::read(&path)? else {
+        let slot = |e: LocEntry| Slot {
+            page: e.page,
+            pack: e.pack,
+            entry: IndexEntry {
+                hash: e.hash,
+                offset: e.offset,
+                len: e.len as u32,
+                flags: e.flags as u32,
+            },
+        };
+        let Some(idx) = location_index::read(&path, slot)? else {
             return Ok(None);
         };
         let rej = |reason, detail: String| Rejected::new(reason, &path, detail);
@@ -344,27 +354,14 @@ impl Store {
             ids.push(p);
         }
         let mut state = Vec::with_capacity(idx.regions.len());
-        for (r, entries) in m.regions.iter().zip(idx.regions) {
+        for (r, slots) in m.regions.iter().zip(idx.regions) {
             let pages = r.meta.page_count();
-            if entries.last().is_some_and(|e| e.page >= pages) {
+            if slots.last().is_some_and(|s| s.page >= pages) {
                 return Err(rej(
                     Reason::Corrupt,
                     format!("a page beyond region {:?}", r.meta.name),
                 ));
             }
-            let slots = entries
-                .into_iter()
-                .map(|e| Slot {
-                    page: e.page,
-                    pack: e.pack,
-                    entry: IndexEntry {
-                        hash: e.hash,
-                        offset: e.offset,
-                        len: e.len as u32,
-                        flags: e.flags as u32,
-                    },
-                })
-                .collect();
             state.push((r.meta.clone(), slots));
         }
         Ok(Some((state, packs, ids)))
