@@ -291,7 +291,8 @@ def server_word(scenario, srv, workdir):
         sp = [e for e in ev if e.get("supervisor") == "spawn"]
         up = [e for e in ev if e.get("supervisor") == "up"]
         if rs:
-            keep = ("id", "snapshot", "bytes", "read_ms", "index", "index_of", "index_deltas", "index_ms", "fold_ms")
+            keep = ("id", "snapshot", "bytes", "read_ms", "index", "index_of", "index_deltas")
+            keep += ("index_ms", "fold_ms")
             out["restore"] = {k: rs[0].get(k) for k in keep}
         if st and sp:
             out["start_to_spawn_ms"] = round((sp[0]["t_ns"] - st[0]["t_ns"]) / 1e6, 1)

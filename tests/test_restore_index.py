@@ -87,7 +87,8 @@ def restore_event(r):
 
 def lazily(tmp_path, store):
     """A lazy restore that writes no snapshot (the store stays as it is)."""
-    return Rkv(tmp_path, *DEBUG_ON, supervised=True, sup=("restore", "--from", str(store), "--restore-pages", "lazy"))
+    sup = ("restore", "--from", str(store), "--restore-pages", "lazy")
+    return Rkv(tmp_path, *DEBUG_ON, supervised=True, sup=sup)
 
 
 def restore_and_check(tmp_path, store, name, lazy=True):
