@@ -484,7 +484,9 @@ impl Supervisor {
                         .u("index_deltas", ix.deltas as u64)
                         .v("chain_ms", r1(ix.chain_ms))
                         .v("index_ms", r1(ix.index_ms))
-                        .v("fold_ms", r1(ix.fold_ms));
+                        .v("fold_ms", r1(ix.fold_ms))
+                        .u("fold_entries", ix.delta_entries)
+                        .u("pack_indexes_read", ix.packs_read as u64);
                     if let Some(d) = ix.detail() {
                         // never silent: why the restore folded the chain,
                         // or which index it refused before the one it used

@@ -123,7 +123,10 @@ fn write_index(dir: &std::path::Path, id: &SnapshotId) -> Result<Indexed, StoreE
     let (reader, how) = store.open_snapshot_traced(id)?;
     let (path, bytes) = store.write_location_index(&reader)?;
     let mut removed = 0;
-    let own = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let own = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
     let snaps = path.parent().unwrap_or(dir);
     if let Ok(rd) = std::fs::read_dir(snaps) {
         for ent in rd.flatten() {

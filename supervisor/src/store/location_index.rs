@@ -123,7 +123,11 @@ impl Rejected {
     }
 }
 
-pub fn encode(manifest_sum: &[u8; 32], packs: &[(String, u64)], regions: &[Vec<LocEntry>]) -> Vec<u8> {
+pub fn encode(
+    manifest_sum: &[u8; 32],
+    packs: &[(String, u64)],
+    regions: &[Vec<LocEntry>],
+) -> Vec<u8> {
     let n: usize = regions.iter().map(Vec::len).sum();
     let mut out = Vec::with_capacity(HEADER_LEN + 40 + packs.len() * 64 + n * ENTRY_LEN + 64);
     out.extend_from_slice(MAGIC);
@@ -267,7 +271,11 @@ fn decode_body<T>(
     for &n in &counts {
         let mut v: Vec<T> = Vec::with_capacity(n as usize);
         let mut last: Option<u64> = None;
-        for b in c.take(n as usize * ENTRY_LEN).unwrap_or_default().chunks_exact(ENTRY_LEN) {
+        for b in c
+            .take(n as usize * ENTRY_LEN)
+            .unwrap_or_default()
+            .chunks_exact(ENTRY_LEN)
+        {
             let mut hash = [0u8; 32];
             hash.copy_from_slice(&b[8..40]);
             let e = LocEntry {
@@ -285,7 +293,10 @@ fn decode_body<T>(
             if e.pack as usize >= npacks || e.len == 0 || e.len as usize > PAGE {
                 return Err(bad("entry with a bad pack or length"));
             }
-            if e.offset.checked_add(e.len as u64).is_none_or(|end| end > packs[e.pack as usize].1) {
+            if e.offset
+                .checked_add(e.len as u64)
+                .is_none_or(|end| end > packs[e.pack as usize].1)
+            {
                 return Err(bad("entry beyond its pack's size"));
             }
             v.push(into(e));
@@ -392,8 +403,14 @@ mod tests {
             len: 100,
             flags: 0,
         };
-        let packs = vec![("a.pack".to_string(), 1 << 20), ("b.pack".to_string(), 1 << 20)];
-        (packs, vec![vec![e(0, 1, 0), e(5, 2, 1)], vec![], vec![e(3, 9, 1)]])
+        let packs = vec![
+            ("a.pack".to_string(), 1 << 20),
+            ("b.pack".to_string(), 1 << 20),
+        ];
+        (
+            packs,
+            vec![vec![e(0, 1, 0), e(5, 2, 1)], vec![], vec![e(3, 9, 1)]],
+        )
     }
 
     #[test]
@@ -430,7 +447,10 @@ mod tests {
         let mut b = encode(&[7u8; 32], &packs, &regions);
         let mut f = b.clone();
         f[..8].copy_from_slice(b"RKMAP\0\0\0");
-        assert_eq!(decode(Path::new("x"), &f).map_err(|e| e.reason), Err(Reason::Foreign));
+        assert_eq!(
+            decode(Path::new("x"), &f).map_err(|e| e.reason),
+            Err(Reason::Foreign)
+        );
         b[8] = 2;
         assert_eq!(
             decode(Path::new("x"), &b).map_err(|e| e.reason),
@@ -445,14 +465,23 @@ mod tests {
         let (packs, mut regions) = sample();
         regions[0].swap(0, 1);
         let b = encode(&[0u8; 32], &packs, &regions);
-        assert_eq!(decode(Path::new("x"), &b).map_err(|e| e.reason), Err(Reason::Corrupt));
+        assert_eq!(
+            decode(Path::new("x"), &b).map_err(|e| e.reason),
+            Err(Reason::Corrupt)
+        );
         let (packs, mut regions) = sample();
         regions[2][0].pack = 2;
         let b = encode(&[0u8; 32], &packs, &regions);
-        assert_eq!(decode(Path::new("x"), &b).map_err(|e| e.reason), Err(Reason::Corrupt));
+        assert_eq!(
+            decode(Path::new("x"), &b).map_err(|e| e.reason),
+            Err(Reason::Corrupt)
+        );
         let (packs, mut regions) = sample();
         regions[2][0].offset = (1 << 20) - 50;
         let b = encode(&[0u8; 32], &packs, &regions);
-        assert_eq!(decode(Path::new("x"), &b).map_err(|e| e.reason), Err(Reason::Corrupt));
+        assert_eq!(
+            decode(Path::new("x"), &b).map_err(|e| e.reason),
+            Err(Reason::Corrupt)
+        );
     }
 }

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::error::{StoreError, io_at};
-use super::location_index::{self, LocEntry, Reason, Rejected};
 use super::format::{Hash, PAGE, SNAPSHOTS, SnapshotId, hex};
+use super::location_index::{self, LocEntry, Reason, Rejected};
 use super::manifest::{Manifest, RegionMeta, SnapshotInfo, SnapshotKind};
 use super::map::{self, MapEntry};
 use super::pack::{ChunkReader, IndexEntry};
@@ -208,6 +208,8 @@ impl Store {
             chain_ms: ms(t0),
             index_ms: 0.0,
             fold_ms: 0.0,
+            delta_entries: 0,
+            packs_read: 0,
         };
         let t1 = Instant::now();
         for k in 0..chain.len() {
@@ -217,7 +219,7 @@ impl Store {
                     out.index_ms = ms(t1);
                     let t2 = Instant::now();
                     let (top_path, top) = &chain[0];
-                    let mut pages = self.fold_slots(state, &chain[..k])?;
+                    let mut pages = self.fold_slots(state, &chain[..k], &mut out.delta_entries)?;
                     let mut packs = packs;
                     // chunks of the deltas after the index: first among the
                     // pages the index located, then the deltas' own packs,
@@ -228,7 +230,14 @@ impl Store {
                         .copied()
                         .collect();
                     order.extend(self.named_packs(&chain[..k]));
-                    self.locate_missing(&mut pages, &mut packs, ids, Vec::new(), order, top_path)?;
+                    out.packs_read = self.locate_missing(
+                        &mut pages,
+                        &mut packs,
+                        ids,
+                        Vec::new(),
+                        order,
+                        top_path,
+                    )?;
                     out.fold_ms = ms(t2);
                     out.reason = Reason::Used;
                     out.index_of = Some(chain[k].1.id.clone());
@@ -276,7 +285,16 @@ impl Store {
             })
             .collect();
         let mut packs = Vec::new();
-        self.locate_missing(&mut pages, &mut packs, Vec::new(), indexes?, Vec::new(), top_path)?;
+        let indexes = indexes?;
+        out.packs_read = indexes.len() as u32;
+        out.packs_read += self.locate_missing(
+            &mut pages,
+            &mut packs,
+            Vec::new(),
+            indexes,
+            Vec::new(),
+            top_path,
+        )?;
         out.fold_ms = ms(t2);
         let reader = SnapshotReader {
             info: top.info(),
@@ -289,7 +307,8 @@ impl Store {
 
     /// `snapshots/<id>.loc`.
     pub fn location_index_path(&self, id: &SnapshotId) -> PathBuf {
-        self.sub(SNAPSHOTS).join(format!("{id}{}", location_index::SUFFIX))
+        self.sub(SNAPSHOTS)
+            .join(format!("{id}{}", location_index::SUFFIX))
     }
 
     /// A snapshot's location index as the start of a fold: its pages (by
@@ -417,7 +436,10 @@ impl Store {
 
     /// Writes the location index of `reader`'s snapshot (what its open
     /// found), replacing any; returns its path and size.
-    pub fn write_location_index(&self, reader: &SnapshotReader) -> Result<(PathBuf, u64), StoreError> {
+    pub fn write_location_index(
+        &self,
+        reader: &SnapshotReader,
+    ) -> Result<(PathBuf, u64), StoreError> {
         let id = &reader.info.id;
         let mpath = self.manifest_path(id);
         let mbytes = std::fs::read(&mpath).map_err(io_at("read", &mpath))?;
@@ -461,10 +483,12 @@ impl Store {
         &self,
         mut state: Vec<(RegionMeta, Vec<Slot>)>,
         deltas: &[(PathBuf, Manifest)],
+        folded_entries: &mut u64,
     ) -> Result<Vec<Vec<Slot>>, StoreError> {
         for (_, m) in deltas.iter().rev() {
             self.check_packs(m)?;
             let entries = self.load_map(m)?;
+            *folded_entries += entries.len() as u64;
             let mut rest = &entries[..];
             let mut next = Vec::with_capacity(m.regions.len());
             for (i, r) in m.regions.iter().enumerate() {
@@ -516,7 +540,7 @@ impl Store {
         preloaded: Vec<(u32, Vec<IndexEntry>)>,
         order: Vec<u32>,
         top_path: &Path,
-    ) -> Result<(), StoreError> {
+    ) -> Result<u32, StoreError> {
         let mut need: Vec<Needed> = Vec::new();
         for (r, region) in pages.iter().enumerate() {
             for (i, s) in region.iter().enumerate() {
@@ -531,7 +555,7 @@ impl Store {
             }
         }
         if need.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         if !packs.is_empty() {
             // a page the deltas put may hold a chunk another page has
@@ -565,10 +589,14 @@ impl Store {
             }
         }
         let lazy = lazy.split_off(first);
+        let read = std::cell::Cell::new(0u32);
         let mut sources = preloaded
             .into_iter()
             .map(Ok)
-            .chain(lazy.into_iter().map(|p| self.pack_entries(p).map(|e| (p, e))));
+            .chain(lazy.into_iter().map(|p| {
+                read.set(read.get() + 1);
+                self.pack_entries(p).map(|e| (p, e))
+            }));
         while !need.is_empty() {
             let Some(source) = sources.next() else {
                 return Err(StoreError::MissingChunk {
@@ -602,7 +630,8 @@ impl Store {
                 ids.push(p);
             }
         }
-        Ok(())
+        drop(sources);
+        Ok(read.get())
     }
 
     /// A pack's index entries, sorted by hash, read from the pack (checked
@@ -657,9 +686,24 @@ pub(crate) fn merge_pages(base: Vec<(u64, Hash)>, delta: &[MapEntry]) -> Vec<(u6
     out
 }
 
-/// As `merge_pages`, on slots: a page the delta puts is unlocated.
-fn merge_slots(base: Vec<Slot>, delta: &[MapEntry]) -> Vec<Slot> {
+/// As `merge_pages`, on slots: a page the delta puts is unlocated.  A
+/// small delta is applied in place (a binary search per entry) rather than
+/// by copying the region's slots.
+fn merge_slots(mut base: Vec<Slot>, delta: &[MapEntry]) -> Vec<Slot> {
     if delta.is_empty() {
+        return base;
+    }
+    if delta.len() * 64 < base.len() {
+        for e in delta {
+            match (base.binary_search_by_key(&e.page, |s| s.page), e.hash) {
+                (Ok(i), Some(h)) => base[i] = Slot::unlocated(e.page, h),
+                (Ok(i), None) => {
+                    base.remove(i);
+                }
+                (Err(i), Some(h)) => base.insert(i, Slot::unlocated(e.page, h)),
+                (Err(_), None) => {}
+            }
+        }
         return base;
     }
     let mut out = Vec::with_capacity(base.len() + delta.len());
@@ -703,6 +747,11 @@ pub struct IndexOutcome {
     pub chain_ms: f64,
     pub index_ms: f64,
     pub fold_ms: f64,
+    /// Map entries of the deltas folded after the index (0 when the
+    /// whole chain was folded), and the pack indexes read to locate
+    /// chunks.
+    pub delta_entries: u64,
+    pub packs_read: u32,
 }
 
 impl IndexOutcome {
@@ -863,6 +912,31 @@ mod tests {
             region: 0,
             page,
             hash: h.map(|b| [b; 32]),
+        }
+    }
+
+    #[test]
+    fn slots_merge_as_pages_do_small_delta_or_large() {
+        let base: Vec<(u64, Hash)> = (0..200u64)
+            .filter(|p| p % 3 != 0)
+            .map(|p| (p, [p as u8; 32]))
+            .collect();
+        let slots = |v: &[(u64, Hash)]| -> Vec<(u64, Hash)> { v.to_vec() };
+        for delta in [
+            vec![e(0, Some(1)), e(1, None), e(4, Some(9)), e(300, Some(3))],
+            (0..150u64)
+                .map(|p| e(p, if p % 2 == 0 { Some(7) } else { None }))
+                .collect(),
+        ] {
+            let want = merge_pages(slots(&base), &delta);
+            let got: Vec<(u64, Hash)> = merge_slots(
+                base.iter().map(|&(p, h)| Slot::unlocated(p, h)).collect(),
+                &delta,
+            )
+            .iter()
+            .map(|s| (s.page, s.entry.hash))
+            .collect();
+            assert_eq!(got, want, "a delta of {} entries", delta.len());
         }
     }
 
