@@ -3,7 +3,8 @@
 //! the index of the newest snapshot, at most once per `MIN_GAP`, so that a
 //! restore after the machine dies finds the pages' chunks without folding
 //! the chain.  It starts from the newest index already there and folds
-//! only the deltas since; the older index is then removed.  A snapshot
+//! only the deltas since; the older index is then removed.  Jobs start at
+//! least `MIN_GAP` apart, and `DUTY` times the last one's duration.  A snapshot
 //! committed since the last index is restored through that index and the
 //! deltas after it: the gap bounds what such a restore folds.
 
@@ -17,6 +18,9 @@ use crate::store::{SnapshotId, Store, StoreError};
 /// The least time between two index writes (each rewrites the whole
 /// index: about 56 bytes a present page, 15 MB for a 1 GiB arena).
 pub const MIN_GAP: Duration = Duration::from_secs(2);
+/// And at least this many times the last job's duration: the jobs take at
+/// most a tenth of a core, however slow the machine or large the arena.
+pub const DUTY: u32 = 10;
 
 /// What a finished job did.
 #[derive(Debug, Clone)]
@@ -38,6 +42,8 @@ pub struct Indexer {
     /// The newest snapshot committed and not yet given to a job.
     pending: Option<SnapshotId>,
     last_start: Option<Instant>,
+    /// How long the last job took.
+    last_took: Duration,
 }
 
 impl Indexer {
@@ -47,6 +53,7 @@ impl Indexer {
             job: None,
             pending: None,
             last_start: None,
+            last_took: Duration::ZERO,
         }
     }
 
@@ -63,13 +70,14 @@ impl Indexer {
             && let Some(j) = self.job.take()
         {
             let r = j.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            self.last_took = self.last_start.map_or(Duration::ZERO, |t| t.elapsed());
             let id = match &r {
                 Ok(d) => d.id.clone(),
                 Err(_) => SnapshotId(String::new()),
             };
             out = Some((id, r));
         }
-        let due = self.last_start.is_none_or(|t| t.elapsed() >= MIN_GAP);
+        let due = self.last_start.is_none_or(|t| t.elapsed() >= self.gap());
         if self.job.is_none()
             && due
             && let Some(id) = self.pending.take()
@@ -96,6 +104,11 @@ impl Indexer {
         out
     }
 
+    /// The time between two jobs' starts.
+    fn gap(&self) -> Duration {
+        MIN_GAP.max(self.last_took.saturating_mul(DUTY))
+    }
+
     /// How long the engine may sleep before `tick` has something to do.
     pub fn wait(&self) -> Option<Duration> {
         if self.job.is_some() {
@@ -104,7 +117,7 @@ impl Indexer {
         self.pending.as_ref()?;
         Some(
             self.last_start
-                .map_or(Duration::ZERO, |t| MIN_GAP.saturating_sub(t.elapsed())),
+                .map_or(Duration::ZERO, |t| self.gap().saturating_sub(t.elapsed())),
         )
     }
 }
@@ -146,4 +159,34 @@ fn write_index(dir: &std::path::Path, id: &SnapshotId) -> Result<Indexed, StoreE
         deltas: how.deltas,
         removed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_wait_for_the_gap_and_a_slow_job_widens_it() {
+        let mut ix = Indexer::new(PathBuf::from("/nonexistent"));
+        assert_eq!(ix.wait(), None, "nothing committed: nothing to do");
+        ix.committed(SnapshotId("000000000001-x".into()));
+        assert_eq!(ix.wait(), Some(Duration::ZERO));
+        assert_eq!(ix.gap(), MIN_GAP);
+        ix.last_took = Duration::from_secs(1);
+        assert_eq!(ix.gap(), Duration::from_secs(10));
+        // a job on a store that is not there fails, and says so
+        assert!(ix.tick().is_none(), "started, not finished");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let done = loop {
+            if let Some(r) = ix.tick() {
+                break r;
+            }
+            assert!(Instant::now() < deadline, "the job did not end");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(done.1.is_err());
+        ix.committed(SnapshotId("000000000002-x".into()));
+        let w = ix.wait().unwrap_or_default();
+        assert!(w > Duration::from_secs(1), "within the gap: {w:?}");
+    }
 }
