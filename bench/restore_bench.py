@@ -291,7 +291,9 @@ def server_word(scenario, srv, workdir):
         sp = [e for e in ev if e.get("supervisor") == "spawn"]
         up = [e for e in ev if e.get("supervisor") == "up"]
         if rs:
-            out["restore"] = {k: rs[0].get(k) for k in ("id", "snapshot", "bytes")}
+            keep = ("id", "snapshot", "bytes", "read_ms", "index", "index_of", "index_deltas")
+            keep += ("index_ms", "fold_ms")
+            out["restore"] = {k: rs[0].get(k) for k in keep}
         if st and sp:
             out["start_to_spawn_ms"] = round((sp[0]["t_ns"] - st[0]["t_ns"]) / 1e6, 1)
         sn = [e for e in ev if e.get("supervisor") == "snapshot"]
@@ -567,7 +569,13 @@ def word_cell(r):
     if is_rkv(r["scenario"]):
         parts = []
         if "restore" in s:
-            parts.append(f"restored {mib(s['restore'].get('bytes') or 0):,.0f} MiB")
+            rs = s["restore"]
+            parts.append(f"restored {mib(rs.get('bytes') or 0):,.0f} MiB")
+            if rs.get("index"):
+                how = rs["index"]
+                if rs.get("index_of"):
+                    how += f" (of {rs['index_of'][:12]}, {rs.get('index_deltas')} deltas after)"
+                parts.append(f"store read in {rs.get('read_ms')} ms, {how}")
         if s.get("t0_to_spawn_ms") is not None:
             parts.append(f"app spawned at {s['t0_to_spawn_ms']:,.0f} ms")
         if "rkv_ready" in s:

@@ -469,15 +469,36 @@ impl Supervisor {
             let restored = self.restored.take().filter(|_| mode == Mode::Warm);
             if let Some(mut rb) = restored {
                 self.snapshot_baseline(rb.baseline.take());
-                self.report.event(
-                    ev("restore")
-                        .s("snapshot", rb.what.as_str())
-                        .s("id", rb.id.as_str())
-                        .u("bytes", rb.bytes)
-                        .v("read_ms", (rb.read_ms * 10.0).round() / 10.0)
-                        .s("from", if rb.premade { "hot_image" } else { "store" })
-                        .s("why", self.cfg.restore_why),
-                );
+                let mut e = ev("restore")
+                    .s("snapshot", rb.what.as_str())
+                    .s("id", rb.id.as_str())
+                    .u("bytes", rb.bytes)
+                    .v("read_ms", (rb.read_ms * 10.0).round() / 10.0)
+                    .s("from", if rb.premade { "hot_image" } else { "store" })
+                    .s("why", self.cfg.restore_why);
+                if let Some(ix) = &rb.index {
+                    let r1 = |x: f64| (x * 10.0).round() / 10.0;
+                    e = e
+                        .s("index", ix.code())
+                        .s("index_of", ix.index_of.as_ref().map_or("", |i| i.as_str()))
+                        .u("index_deltas", ix.deltas as u64)
+                        .v("chain_ms", r1(ix.chain_ms))
+                        .v("index_ms", r1(ix.index_ms))
+                        .v("fold_ms", r1(ix.fold_ms))
+                        .u("fold_entries", ix.delta_entries)
+                        .u("pack_indexes_read", ix.packs_read as u64);
+                    if let Some(d) = ix.detail() {
+                        // never silent: why the restore folded the chain,
+                        // or which index it refused before the one it used
+                        if ix.index_of.is_none() {
+                            eprintln!("rekindle: restore without a location index: {d}");
+                        } else {
+                            eprintln!("rekindle: restore: a location index refused: {d}");
+                        }
+                        e = e.s("index_detail", d);
+                    }
+                }
+                self.report.event(e);
                 let decision = format!("restored from snapshot {}", rb.what);
                 self.restored_plan(rb.id, decision, 0, now_ns(), dropped)
             } else {

@@ -836,3 +836,121 @@ fn a_duplicate_writes_what_the_original_then_sends_intact() {
         "the original reads d3"
     );
 }
+
+/// A location index (store/location_index.rs): a restore through it, or
+/// through an ancestor's index and the deltas after it, reads exactly what
+/// the fold reads; a damaged, stale or foreign index is refused with its
+/// reason and the chain folded; verify checks it; gc removes it.
+#[test]
+fn a_location_index_reads_as_the_fold_and_a_bad_one_falls_back() {
+    use rekindle::store::location_index::Reason;
+    let (_t_dir, dir) = tmp("locidx");
+    let mut s = Store::create_or_open(&dir).unwrap();
+    let regs = vec![
+        region("a", 0x10000, 8 * PAGE as u64),
+        region("b", 0x90000, 2 * PAGE as u64),
+    ];
+    let s1 = write(
+        &mut s,
+        snap(None, regs.clone()),
+        &[(0, 0, 1), (0, 1, 2), (0, 3, 3), (0, 7, 9), (1, 0, 4)],
+    );
+    let s2 = write(
+        &mut s,
+        snap(Some(&s1), regs.clone()),
+        &[(0, 1, 5), (1, 1, 6)],
+    );
+    // page 0 becomes zero; page 5 takes a chunk page 3 holds (deduped, in
+    // s1's pack: found among the pages the index located); page 3 changes
+    let s3 = write(
+        &mut s,
+        snap(Some(&s2), regs.clone()),
+        &[(0, 0, 0), (0, 5, 3), (0, 3, 7)],
+    );
+    let folded: Vec<_> = [&s1, &s2, &s3].iter().map(|id| contents(&s, id)).collect();
+    let r = Store::open_unindexed(&dir).unwrap();
+    let (_, how) = r.open_snapshot_traced(&s3).unwrap();
+    assert_eq!(how.reason, Reason::Missing);
+
+    // s1's index: s3 opens through it and the two deltas after it
+    let r1 = r.open_snapshot(&s1).unwrap();
+    let (p1, _) = r.write_location_index(&r1).unwrap();
+    let (_, how) = r.open_snapshot_traced(&s3).unwrap();
+    assert_eq!(how.reason, Reason::Used);
+    assert_eq!((how.index_of.as_ref(), how.deltas), (Some(&s1), 2));
+    for (k, id) in [&s1, &s2, &s3].iter().enumerate() {
+        assert_eq!(contents(&r, id), folded[k], "{id} through s1's index");
+    }
+    // s3's own index
+    let r3 = r.open_snapshot(&s3).unwrap();
+    let (p3, _) = r.write_location_index(&r3).unwrap();
+    let (_, how) = r.open_snapshot_traced(&s3).unwrap();
+    assert_eq!((how.index_of.as_ref(), how.deltas), (Some(&s3), 0));
+    assert_eq!(contents(&r, &s3), folded[2]);
+    let rep = Store::open(&dir).unwrap().verify(&mut |_| {}).unwrap();
+    assert!(rep.ok(), "{:?}", rep.errors);
+
+    // damaged: s3's refused, s1's used; both gone: folded
+    let good = std::fs::read(&p3).unwrap();
+    let mut bad = good.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 1;
+    std::fs::write(&p3, &bad).unwrap();
+    let (_, how) = r.open_snapshot_traced(&s3).unwrap();
+    assert_eq!(
+        (how.reason, how.index_of.as_ref()),
+        (Reason::Used, Some(&s1))
+    );
+    assert_eq!(how.rejected[0].reason, Reason::Corrupt);
+    std::fs::remove_file(&p1).unwrap();
+    let (_, how) = r.open_snapshot_traced(&s3).unwrap();
+    assert_eq!((how.reason, how.index_of), (Reason::Corrupt, None));
+    assert_eq!(contents(&r, &s3), folded[2]);
+    let rep = Store::open(&dir).unwrap().verify(&mut |_| {}).unwrap();
+    assert!(
+        rep.errors.iter().any(|e| e.code() == "index_corrupt"),
+        "{:?}",
+        rep.errors
+    );
+    assert!(rep.snapshots.iter().all(|v| v.restorable));
+    // stale: another snapshot's index under s3's name
+    std::fs::write(&p3, &good).unwrap();
+    let r2 = r.open_snapshot(&s2).unwrap();
+    let (p2, _) = r.write_location_index(&r2).unwrap();
+    std::fs::rename(&p2, &p3).unwrap();
+    let (_, how) = r.open_snapshot_traced(&s3).unwrap();
+    assert_eq!(how.reason, Reason::Stale);
+    // foreign, truncated
+    std::fs::write(
+        &p3,
+        b"RKMAP\0\0\0 and then some bytes of no index at all...",
+    )
+    .unwrap();
+    assert_eq!(
+        r.open_snapshot_traced(&s3).unwrap().1.reason,
+        Reason::Foreign
+    );
+    std::fs::write(&p3, &good[..20]).unwrap();
+    assert_eq!(
+        r.open_snapshot_traced(&s3).unwrap().1.reason,
+        Reason::Truncated
+    );
+
+    // gc: s3's index goes when s3 is rewritten (its parent deleted), s1's
+    // when s1 is deleted
+    std::fs::write(&p3, &good).unwrap();
+    r.write_location_index(&r1).unwrap();
+    drop(r);
+    let rep = s
+        .gc(
+            &Retention {
+                keep_last: Some(1),
+                ..Retention::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+    assert!(rep.rewritten.contains(&s3), "{:?}", rep.rewritten);
+    assert!(!p1.exists() && !p3.exists());
+    assert_eq!(contents(&s, &s3), folded[2]);
+}

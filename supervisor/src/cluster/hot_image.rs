@@ -339,6 +339,7 @@ impl HotImage {
             lazy: None,
             took: t0.elapsed(),
             baseline: Some(baseline),
+            index: None,
         })
     }
 }

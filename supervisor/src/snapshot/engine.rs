@@ -118,6 +118,11 @@ pub enum Note {
         id: String,
         why: BaselineUnused,
     },
+    /// A location index written (or why not) for snapshot `id`.
+    Indexed {
+        id: crate::store::SnapshotId,
+        result: Result<super::indexer::Indexed, crate::store::StoreError>,
+    },
 }
 
 pub struct Handle {
@@ -164,6 +169,7 @@ impl Handle {
         let (ntx, notes) = channel();
         let wake = eventfd()?;
         let notify = eventfd()?;
+        let indexer = super::indexer::Indexer::new(cfg.dir.clone());
         let engine = Engine {
             cfg,
             rx,
@@ -193,6 +199,7 @@ impl Handle {
             lagging: std::collections::VecDeque::new(),
             published: 0,
             lag_held: false,
+            indexer,
         };
         let thread = std::thread::Builder::new()
             .name("rk-snapshots".into())
@@ -283,6 +290,8 @@ struct Engine {
     published: u64,
     /// Replies are held for the lag bound now (said once per change).
     lag_held: bool,
+    /// Writes the newest snapshot's location index, off the app's path.
+    indexer: super::indexer::Indexer,
 }
 
 /// Right after an agent's HELLO the poll loop may not have handed over the
@@ -380,6 +389,9 @@ impl Engine {
             if pfds.len() > sock_at && pfds[sock_at].revents != 0 {
                 self.on_agent_readable();
             }
+            if let Some((id, r)) = self.indexer.tick() {
+                self.note(Note::Indexed { id, result: r });
+            }
             let due = self.next_due.is_some_and(|t| Instant::now() >= t);
             if self.agent.is_some() && (due || self.requested || !self.waiting.is_empty()) {
                 let app_asked = std::mem::take(&mut self.requested) || self.refused > 0;
@@ -389,12 +401,16 @@ impl Engine {
     }
 
     fn poll_timeout(&self) -> i32 {
-        match (self.agent.is_some(), self.next_due) {
+        let ms = match (self.agent.is_some(), self.next_due) {
             (true, Some(t)) => t
                 .saturating_duration_since(Instant::now())
                 .as_millis()
                 .min(1000) as i32,
             _ => 1000,
+        };
+        match self.indexer.wait() {
+            Some(w) => ms.min(w.as_millis() as i32),
+            None => ms,
         }
     }
 
@@ -623,6 +639,7 @@ impl Engine {
         match r {
             Ok(done) => {
                 self.failing_since = None;
+                self.indexer.committed(done.info.id.clone());
                 let reply = checkpoint_reply(&done);
                 // the event first: a client that has its reply finds it logged
                 self.note(Note::Snapshot(Box::new(done)));

@@ -81,6 +81,9 @@ pub struct Restored {
     /// The pages' hashes, for the first snapshot after the start (a delta
     /// of this one); None where the memfds are not filled yet (lazy).
     pub baseline: Option<super::baseline::Baseline>,
+    /// Whether the snapshot's pages were found through a location index,
+    /// or why not (store/location_index.rs); None for a premade image.
+    pub index: Option<store::reader::IndexOutcome>,
 }
 
 /// How a restore reads the arenas back (`--restore-pages`).
@@ -166,7 +169,7 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
     let t0 = std::time::Instant::now();
     let store = Store::open_unindexed(&src.dir)?;
     let id = store.resolve(&src.spec)?;
-    let reader = store.open_snapshot(&id)?;
+    let (reader, index) = store.open_snapshot_traced(&id)?;
     let info = reader.info().clone();
     let sid = info.id.as_str().to_string();
     let tty = std::io::stderr().is_terminal();
@@ -240,6 +243,7 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
         lazy,
         took: t0.elapsed(),
         baseline,
+        index: Some(index),
     })
 }
 

@@ -421,6 +421,26 @@ impl Store {
                 self.remove(&p, dry_run, rep)?;
             }
         }
+        // location indexes: of a kept snapshot, as it is now (a rewritten
+        // one's index names its old manifest), else removed
+        let live_ids: BTreeSet<String> = self
+            .list_all()?
+            .into_iter()
+            .filter(|l| !dry_run || keep.contains(&l.id))
+            .map(|l| l.id.to_string())
+            .collect();
+        for n in self.names(SNAPSHOTS, "")? {
+            let id = n
+                .strip_suffix(super::location_index::SUFFIX)
+                .or_else(|| n.strip_suffix(".loc.tmp"));
+            let Some(id) = id else { continue };
+            let p = self.sub(SNAPSHOTS).join(&n);
+            let stale = rep.rewritten.iter().any(|r| r.as_str() == id);
+            // (a live snapshot's .loc.tmp may be being written by its engine)
+            if (stale || !live_ids.contains(id)) && !rep.removed.contains(&p) {
+                self.remove(&p, dry_run, rep)?;
+            }
+        }
         for n in self.names(TMP, "")? {
             self.remove(&self.sub(TMP).join(n), dry_run, rep)?;
         }

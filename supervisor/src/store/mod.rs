@@ -16,6 +16,7 @@ pub mod fasthash;
 pub mod format;
 pub mod fsio;
 pub mod gc;
+pub mod location_index;
 pub mod manifest;
 pub mod map;
 pub mod pack;

@@ -80,6 +80,27 @@ impl Store {
                 total,
             });
         }
+        // location indexes: each checked against its snapshot's fold; one
+        // without a snapshot is a leftover (an index is never needed: a
+        // restore without it folds the chain)
+        let good: BTreeSet<String> = rep
+            .snapshots
+            .iter()
+            .filter(|s| s.restorable)
+            .map(|s| s.id.to_string())
+            .collect();
+        for n in self.names(SNAPSHOTS, super::location_index::SUFFIX)? {
+            let id = n.trim_end_matches(super::location_index::SUFFIX);
+            if !good.contains(id) {
+                if !self.manifest_path(&SnapshotId(id.to_string())).exists() {
+                    rep.leftovers.push(self.sub(SNAPSHOTS).join(&n));
+                }
+                continue;
+            }
+            if let Err(e) = self.check_location_index(&SnapshotId(id.to_string())) {
+                rep.error(e);
+            }
+        }
         // leftovers: what no manifest names (corrupt manifests name nothing
         // we can read, so their own files are not called leftovers)
         let broken: Vec<String> = rep

@@ -39,6 +39,8 @@ pub(super) struct Rollback {
     pub(super) premade: bool,
     /// What the memfds hold, for the first snapshot after the start.
     pub(super) baseline: Option<Baseline>,
+    /// How the snapshot's chunks were found (a location index or not).
+    pub(super) index: Option<crate::store::reader::IndexOutcome>,
 }
 
 impl Rollback {
@@ -55,6 +57,7 @@ impl Rollback {
                 .collect(),
             premade: false,
             baseline: r.baseline,
+            index: r.index,
         }
     }
 }
@@ -471,6 +474,20 @@ impl Supervisor {
                     .u("removed", removed as u64)
                     .u("freed_bytes", freed_bytes),
             ),
+            Note::Indexed { id, result } => self.report.event(match result {
+                Ok(d) => ev("location_index")
+                    .s("id", d.id.as_str())
+                    .s("code", "index_written")
+                    .u("bytes", d.bytes)
+                    .u("took_ms", d.took.as_millis() as u64)
+                    .s("from", d.from)
+                    .u("deltas", d.deltas as u64)
+                    .u("removed", d.removed as u64),
+                Err(e) => ev("location_index")
+                    .s("id", id.as_str())
+                    .s("code", e.code())
+                    .s("error", e.to_string()),
+            }),
         }
     }
 }
