@@ -474,6 +474,11 @@ void *rk_calloc(rk_arena *arena, size_t nmemb, size_t size);
 void *rk_realloc(rk_arena *arena, void *ptr, size_t size);
 void rk_free(rk_arena *arena, void *ptr);
 size_t rk_usable_size(rk_arena *arena, const void *ptr);
+/* The usable size of the block rk_alloc(arena, size) returns (its size
+ * class, or whole pages), without allocating or reading any arena: what
+ * rk_usable_size says of the block, so an app that counts its memory needs
+ * no page-map lookup after each allocation. */
+size_t rk_alloc_size(size_t size);
 
 /* Named roots: how the restarted application finds its data.  ptr NULL
  * removes the root.  At most 64 roots per arena.  rk_root_set publishes:

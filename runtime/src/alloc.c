@@ -939,6 +939,10 @@ static inline void *alloc_body(rk_arena *a, size_t n)
 		if (RK_LIKELY(tc && (b = tc->bins[cls].head) != NULL)) {
 			note_alloc(a, tc, b);
 			tc->bins[cls].head = b->next; /* commit */
+			/* The next allocation of the class reads the new head's
+			 * link and stamp: fetch its line now (a block that came
+			 * from a slab or the central list is cold). */
+			__builtin_prefetch(b->next, 1);
 			tc->bins[cls].count--;
 			tc->alloc_delta += rk_class_size[cls];
 			p = b;
@@ -1018,6 +1022,11 @@ static inline void free_body(rk_arena *a, void *p)
 		bin->head = b;                             /* commit */
 		atomic_signal_fence(memory_order_release); /* then the stamp: see "pending allocations" */
 		b->stamp = rk_free_stamp(a, tag);
+		/* The block is the bin's next allocation, which writes its tag
+		 * byte in the slab header: fetch that line now, so a reused block
+		 * does not cost a miss then (the caller's object was hot, its
+		 * slab header rarely is). */
+		__builtin_prefetch(tag, 1);
 		bin->count++;
 		tc->alloc_delta -= rk_class_size[cls];
 		log_forget_newest(tc, p);
@@ -1053,6 +1062,15 @@ size_t rk_usable_size(rk_arena *a, const void *p)
 	if (RK_PG_KIND(e) == RK_PG_SLAB)
 		return rk_class_size[RK_PG_CLASS(e)];
 	return RK_PG_N(e) * RK_PAGE;
+}
+
+size_t rk_alloc_size(size_t n)
+{
+	if (n <= RK_SMALL_MAX)
+		return rk_class_size[class_of_16[(n + 15) >> 4]];
+	if (n > SIZE_MAX - RK_PAGE)
+		return 0; /* rk_alloc fails */
+	return RK_ALIGN_UP((uint64_t)n, RK_PAGE);
 }
 
 void *rk_realloc(rk_arena *a, void *p, size_t n)

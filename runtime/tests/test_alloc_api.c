@@ -29,6 +29,9 @@ static void size_classes_and_alignment(void)
 		size_t want = class_for(n ? n : 1), u = rk_usable_size(arena, p);
 		if (u != want && bad_usable++ < 3)
 			CHECK_MSG(false, "rk_usable_size after rk_alloc(%zu) = %zu, class %zu", n, u, want);
+		/* rk_alloc_size says the same without the block */
+		if (rk_alloc_size(n) != u && bad_usable++ < 3)
+			CHECK_MSG(false, "rk_alloc_size(%zu) = %zu, rk_usable_size %zu", n, rk_alloc_size(n), u);
 		/* allocated_bytes counts the class size, in and out */
 		bad_count += allocated_bytes(arena) != before + u;
 		rk_free(arena, p);
@@ -44,6 +47,7 @@ static void size_classes_and_alignment(void)
 		uint8_t *p = rk_alloc(arena, large[i]);
 		CHECK_MSG(p && ((uintptr_t)p & (RK_PAGE - 1)) == 0, "rk_alloc(%zu) = %p", large[i], (void *)p);
 		CHECK_EQ(rk_usable_size(arena, p), RK_ALIGN_UP(large[i], RK_PAGE));
+		CHECK_EQ(rk_alloc_size(large[i]), rk_usable_size(arena, p));
 		CHECK_EQ(allocated_bytes(arena), before + RK_ALIGN_UP(large[i], RK_PAGE));
 		rk_free(arena, p);
 		CHECK_EQ(allocated_bytes(arena), before);
