@@ -339,6 +339,8 @@ impl HotImage {
             lazy: None,
             took: t0.elapsed(),
             baseline: Some(baseline),
+            // a standby's store is written by its receiver, never journaled
+            journal: None,
         })
     }
 }

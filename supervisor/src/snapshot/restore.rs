@@ -81,6 +81,9 @@ pub struct Restored {
     /// The pages' hashes, for the first snapshot after the start (a delta
     /// of this one); None where the memfds are not filled yet (lazy).
     pub baseline: Option<super::baseline::Baseline>,
+    /// What folding the store's journal before the restore did, if it held
+    /// anything (records, a torn tail): for the `restore` event.
+    pub journal: Option<serde_json::Value>,
 }
 
 /// How a restore reads the arenas back (`--restore-pages`).
@@ -164,6 +167,8 @@ pub fn materialize(src: &Source) -> Result<Restored, RestoreError> {
 /// (sized) and `Restored::lazy` holds the reader that fills them.
 pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreError> {
     let t0 = std::time::Instant::now();
+    // acknowledged writes still in the journal are folded in first
+    let journal = crate::store::fold::fold_journal_at(&src.dir)?.map(|r| r.to_json());
     let store = Store::open_unindexed(&src.dir)?;
     let id = store.resolve(&src.spec)?;
     let reader = store.open_snapshot(&id)?;
@@ -240,6 +245,7 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
         lazy,
         took: t0.elapsed(),
         baseline,
+        journal,
     })
 }
 

@@ -66,6 +66,8 @@ pub enum StoreError {
     StreamCorrupt { path: PathBuf, detail: String },
     #[error("{path}: stream truncated: {detail}")]
     StreamTruncated { path: PathBuf, detail: String },
+    #[error("{path}: journal corrupt: {detail}")]
+    JournalCorrupt { path: PathBuf, detail: String },
 }
 
 impl StoreError {
@@ -93,6 +95,7 @@ impl StoreError {
             StoreError::StreamForeign { .. } => "stream_foreign",
             StoreError::StreamCorrupt { .. } => "stream_corrupt",
             StoreError::StreamTruncated { .. } => "stream_truncated",
+            StoreError::JournalCorrupt { .. } => "journal_corrupt",
         }
     }
 
@@ -119,7 +122,8 @@ impl StoreError {
             | StoreError::OutputClosed { path }
             | StoreError::StreamForeign { path, .. }
             | StoreError::StreamCorrupt { path, .. }
-            | StoreError::StreamTruncated { path, .. } => path,
+            | StoreError::StreamTruncated { path, .. }
+            | StoreError::JournalCorrupt { path, .. } => path,
         }
     }
 

@@ -9,13 +9,16 @@
 //! DIR/snapshots/<id>.json         manifest (JSON, checksum line last)
 //! DIR/snapshots/<id>-<h>.map      its page map (binary, zstd)
 //! DIR/tmp/                        files being written (leftovers of a crash)
+//! DIR/journal                     sync commits not folded yet (journal.rs)
 //! ```
 
 pub mod error;
 pub mod fasthash;
+pub mod fold;
 pub mod format;
 pub mod fsio;
 pub mod gc;
+pub mod journal;
 pub mod manifest;
 pub mod map;
 pub mod pack;
@@ -32,6 +35,7 @@ use std::sync::Arc;
 use nix::fcntl::{Flock, FlockArg};
 
 pub use error::StoreError;
+pub use fold::FoldReport;
 pub use format::{Hash, PAGE, SnapshotId};
 pub use gc::{GcReport, Retention};
 pub use manifest::{Manifest, RegionKind, RegionMeta, SnapshotInfo};
@@ -122,6 +126,8 @@ pub struct Store {
     /// gc need it); a store opened with `open_unindexed` has it empty
     /// until a writer begins.
     indexed: bool,
+    /// The journal, once a journaled snapshot was written (fold.rs).
+    journal: Option<fold::JournalState>,
 }
 
 impl Store {
@@ -187,6 +193,7 @@ impl Store {
             by_name: HashMap::new(),
             index: fasthash::FastMap::default(),
             indexed: true,
+            journal: None,
         })
     }
 
@@ -211,6 +218,7 @@ impl Store {
             by_name: self.by_name.clone(),
             index: self.index.clone(),
             indexed: self.indexed,
+            journal: None,
         }
     }
 

@@ -37,6 +37,8 @@ pub(super) struct Rollback {
     /// The memfds came made (an elected standby's hot image), not read
     /// from the store.
     pub(super) premade: bool,
+    /// The store's journal folded before the restore (restore.rs).
+    pub(super) journal: Option<serde_json::Value>,
     /// What the memfds hold, for the first snapshot after the start.
     pub(super) baseline: Option<Baseline>,
 }
@@ -55,6 +57,7 @@ impl Rollback {
                 .collect(),
             premade: false,
             baseline: r.baseline,
+            journal: r.journal,
         }
     }
 }
@@ -415,6 +418,11 @@ impl Supervisor {
                             .u("new_bytes", d.bytes_compressed)
                             .u("staging_peak_bytes", d.staging_peak as u64)
                             .u("took_ms", d.took.as_millis() as u64)
+                            .u("took_us", d.took.as_micros() as u64)
+                            .u("precopy_us", d.precopy_ns / 1000)
+                            .u("cut_us", d.cut_ns / 1000)
+                            .u("put_us", d.put_ns / 1000)
+                            .u("commit_us", d.commit_ns / 1000)
                             .u("snapshots_since_last_event", count),
                     );
                 }
