@@ -1230,6 +1230,7 @@ mod tests {
             layout: Some(layout),
             staging: Staging::new(1 << 20),
             full: false,
+            journal: false,
             plan_meta: Some(NewSnapshot {
                 parent: Some(s.clone()),
                 full: false,

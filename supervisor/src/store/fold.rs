@@ -293,3 +293,147 @@ pub fn fold_journal_at(dir: &Path) -> Result<Option<FoldReport>, StoreError> {
     let mut s = Store::open_unindexed(dir)?;
     s.fold_journal().map(Some)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::PAGE;
+    use crate::store::manifest::{RegionKind, RegionMeta};
+
+    fn meta(parent: Option<SnapshotId>, full: bool) -> NewSnapshot {
+        NewSnapshot {
+            parent,
+            full,
+            epoch: 1,
+            generation: 1,
+            app: "t".into(),
+            tags: vec![],
+            regions: vec![RegionMeta {
+                kind: RegionKind::Arena,
+                name: "a".into(),
+                addr: 0x1000_0000,
+                size: 16 * PAGE as u64,
+                layout: serde_json::Value::Null,
+            }],
+        }
+    }
+
+    fn page(b: u8) -> Vec<u8> {
+        vec![b; PAGE]
+    }
+
+    fn read(dir: &Path, p: u64) -> Vec<u8> {
+        let s = Store::open(dir).unwrap();
+        let id = s.resolve("latest").unwrap();
+        let r = s.open_snapshot(&id).unwrap();
+        let mut out = vec![0u8; PAGE];
+        r.read_page(0, p, &mut out).unwrap();
+        out
+    }
+
+    /// A published base, then two journaled deltas: (store dir, ids).
+    fn base_and_two(dir: &Path) -> Vec<SnapshotId> {
+        let mut s = Store::create_or_open(dir).unwrap();
+        let mut w = s.begin(meta(None, true)).unwrap();
+        for p in 0..4 {
+            w.put_page(0, p, &page(1)).unwrap();
+        }
+        let base = w.commit().unwrap().id;
+        let mut w = s.begin_journaled(meta(Some(base.clone()), false)).unwrap();
+        w.put_page(0, 1, &page(2)).unwrap();
+        let j1 = w.commit().unwrap().id;
+        let mut w = s.begin_journaled(meta(Some(j1.clone()), false)).unwrap();
+        w.put_page(0, 1, &page(3)).unwrap();
+        w.put_page(0, 2, &page(0)).unwrap();
+        w.put_page(0, 5, &page(4)).unwrap();
+        let j2 = w.commit().unwrap().id;
+        assert!(s.journal_pending());
+        vec![base, j1, j2]
+    }
+
+    #[test]
+    fn journaled_snapshots_fold_into_one_published_with_every_write() {
+        let d = tempfile::tempdir().unwrap();
+        let ids = base_and_two(d.path());
+        // not published yet: a reader sees the base, the journal two records
+        let s = Store::open(d.path()).unwrap();
+        assert_eq!(s.latest().unwrap().unwrap().id, ids[0]);
+        assert_eq!(s.journal_scan().unwrap().unwrap().records.len(), 2);
+        let rep = fold_journal_at(d.path()).unwrap().unwrap();
+        assert_eq!(rep.records, 2);
+        assert_eq!(rep.published, vec![ids[2].clone()]);
+        assert!(rep.torn.is_none());
+        let s = Store::open(d.path()).unwrap();
+        assert_eq!(s.latest().unwrap().unwrap().id, ids[2]);
+        assert_eq!(s.journal_scan().unwrap().unwrap().records.len(), 0);
+        assert_eq!(read(d.path(), 0), page(1));
+        assert_eq!(read(d.path(), 1), page(3));
+        assert_eq!(read(d.path(), 2), page(0));
+        assert_eq!(read(d.path(), 3), page(1));
+        assert_eq!(read(d.path(), 5), page(4));
+        assert!(s.verify(&mut |_| {}).unwrap().ok());
+        // nothing left to fold
+        assert!(fold_journal_at(d.path()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_torn_last_record_is_ignored_and_the_rest_folds() {
+        let d = tempfile::tempdir().unwrap();
+        let ids = base_and_two(d.path());
+        let jp = journal::path_of(d.path());
+        let scan = journal::scan_file(&jp).unwrap().unwrap();
+        let mut b = std::fs::read(&jp).unwrap();
+        b[scan.end as usize - 1] ^= 0x40; // the last record's checksum
+        std::fs::write(&jp, &b).unwrap();
+        let rep = fold_journal_at(d.path()).unwrap().unwrap();
+        assert_eq!(rep.records, 1);
+        assert_eq!(rep.torn, Some(TornReason::Checksum));
+        assert_eq!(rep.published, vec![ids[1].clone()]);
+        assert_eq!(read(d.path(), 1), page(2));
+        assert_eq!(read(d.path(), 5), vec![0u8; PAGE]);
+    }
+
+    #[test]
+    fn a_fold_that_died_before_its_reset_is_not_published_twice() {
+        let d = tempfile::tempdir().unwrap();
+        let ids = base_and_two(d.path());
+        let jp = journal::path_of(d.path());
+        let before = std::fs::read(&jp).unwrap();
+        fold_journal_at(d.path()).unwrap().unwrap();
+        std::fs::write(&jp, &before).unwrap(); // as if the reset never happened
+        let rep = fold_journal_at(d.path()).unwrap().unwrap();
+        assert_eq!(rep.already, 1);
+        assert!(rep.published.is_empty());
+        assert_eq!(Store::open(d.path()).unwrap().list().unwrap().len(), 2);
+        assert_eq!(read(d.path(), 1), page(3));
+        let _ = ids;
+    }
+
+    #[test]
+    fn a_writer_and_gc_fold_first() {
+        let d = tempfile::tempdir().unwrap();
+        let ids = base_and_two(d.path());
+        let mut s = Store::open(d.path()).unwrap();
+        let mut w = s.begin(meta(Some(ids[2].clone()), false)).unwrap();
+        w.put_page(0, 7, &page(9)).unwrap();
+        let next = w.commit().unwrap().id;
+        assert!(next > ids[2]);
+        assert_eq!(read(d.path(), 1), page(3));
+        assert_eq!(read(d.path(), 7), page(9));
+        let ids = base_and_two(tempfile::tempdir().unwrap().path());
+        let _ = ids;
+        let d2 = tempfile::tempdir().unwrap();
+        let ids2 = base_and_two(d2.path());
+        let mut s2 = Store::open(d2.path()).unwrap();
+        let policy = crate::store::Retention {
+            keep_last: Some(1),
+            ..crate::store::Retention::default()
+        };
+        s2.gc(&policy, &mut |_| {}).unwrap();
+        let l = s2.list().unwrap();
+        assert_eq!(l.len(), 1);
+        assert_eq!(l[0].id, ids2[2]);
+        assert_eq!(read(d2.path(), 1), page(3));
+        assert_eq!(read(d2.path(), 0), page(1));
+    }
+}

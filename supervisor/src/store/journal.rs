@@ -288,7 +288,7 @@ fn scan(f: &File, path: &Path) -> Result<Scan, StoreError> {
             s.torn = Some(TornReason::Garbage);
             return Ok(s);
         }
-        if rgen < generation {
+        if rgen != 0 && rgen < generation {
             return Ok(s); // left from before the last reset
         }
         let want = s.records.len() as u64 + 1;
