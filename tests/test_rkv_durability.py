@@ -3,7 +3,10 @@ with sync no acknowledged write is lost when the whole stack dies, with
 async it may be (the control that shows the first test can fail); SAVE and
 BGSAVE are checkpoints; the modes that need snapshots refuse to run without."""
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -206,14 +209,17 @@ def write_until_aborted(r, threads=4, seconds=20):
     ws = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(threads)]
     for w in ws:
         w.start()
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         r.proc.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        pass
     # no reply is released once the engine is gone: these are all of them
     got = {t: list(a) for t, a in enumerate(acked)}
     died = r.proc.poll()
-    kill_stack(r)
+    if died is None:
+        kill_stack(r)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(r.app_pid(), signal.SIGKILL)
+        r.close()
     for w in ws:
         w.join(timeout=30)
     return got, died
@@ -242,6 +248,8 @@ def test_sync_journal_killed_at_every_point_loses_no_acknowledged_write(tmp_path
         assert died is not None, f"point {n}: the supervisor did not abort"
         if "aborting before journal-" in err:
             journal_aborts += 1
+        if not any(acked.values()):
+            continue  # aborted before the first snapshot: nothing was acknowledged
         back = restored(tmp_path / f"b{n}", store)
         try:
             c = back.client()

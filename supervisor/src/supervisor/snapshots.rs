@@ -145,14 +145,19 @@ impl Supervisor {
         event: &'static str,
     ) -> Option<Rollback> {
         let sc = self.cfg.snapshots.as_ref()?;
-        let pick = crate::store::Store::open_unindexed(&sc.dir).and_then(|st| {
-            Ok(st
-                .list()?
-                .into_iter()
-                .rev()
-                .find(|i| i.created < began)
-                .map(|i| i.id.as_str().to_string()))
-        });
+        // the journal's records (acknowledged writes) first: the newest
+        // snapshot may be one of them
+        let folded = crate::store::fold::fold_journal_at(&sc.dir);
+        let pick = folded
+            .and_then(|_| crate::store::Store::open_unindexed(&sc.dir))
+            .and_then(|st| {
+                Ok(st
+                    .list()?
+                    .into_iter()
+                    .rev()
+                    .find(|i| i.created < began)
+                    .map(|i| i.id.as_str().to_string()))
+            });
         let fail = |e: &dyn std::fmt::Display, code: &str| {
             ev(event)
                 .s("result", "failed")
