@@ -167,12 +167,22 @@ impl Store {
     /// journal and fdatasyncs it).  Falls back to `begin` once an append
     /// has failed in this process.
     pub fn begin_journaled(&mut self, meta: NewSnapshot) -> Result<SnapshotWriter<'_>, StoreError> {
-        if self.journal.as_ref().is_some_and(|s| s.failed) {
+        if self.journal_off || self.journal.as_ref().is_some_and(|s| s.failed) {
             return self.begin(meta);
         }
         check_meta(self, &meta)?;
         let lock = self.lock()?;
-        self.sync_journal()?;
+        if let Err(e) = self.sync_journal() {
+            // not silent: a line with its code, once; then published as usual
+            eprintln!(
+                "rekindle: journal_unavailable: {e} ({}); snapshots the app waits for are published \
+                 in three fsync rounds instead",
+                e.code()
+            );
+            self.journal_off = true;
+            drop(lock);
+            return self.begin(meta);
+        }
         let parent_regions = match (
             &meta.parent,
             self.journal.as_ref().and_then(|s| s.last.as_ref()),

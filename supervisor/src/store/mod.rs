@@ -128,6 +128,9 @@ pub struct Store {
     indexed: bool,
     /// The journal, once a journaled snapshot was written (fold.rs).
     journal: Option<fold::JournalState>,
+    /// The journal could not be opened or created (no room for it, ...):
+    /// journaled snapshots are published instead (said once on stderr).
+    journal_off: bool,
 }
 
 impl Store {
@@ -194,6 +197,7 @@ impl Store {
             index: fasthash::FastMap::default(),
             indexed: true,
             journal: None,
+            journal_off: false,
         })
     }
 
@@ -219,6 +223,7 @@ impl Store {
             index: self.index.clone(),
             indexed: self.indexed,
             journal: None,
+            journal_off: false,
         }
     }
 
