@@ -3,6 +3,7 @@ with sync no acknowledged write is lost when the whole stack dies, with
 async it may be (the control that shows the first test can fail); SAVE and
 BGSAVE are checkpoints; the modes that need snapshots refuse to run without."""
 
+import contextlib
 import json
 import os
 import signal
@@ -280,3 +281,75 @@ def test_sync_after_a_warm_restart_holds_reads_until_the_inherited_state_is_dura
         assert get.answered_within(30) and get.value == b"new", get.error
     finally:
         r.close()
+def write_until_aborted(r, threads=4, seconds=20):
+    """threads clients SET their own keys in order until the supervisor
+    dies (its store fault hook aborts it); then the app is killed.  Returns
+    the acknowledged keys, counted when the supervisor was found dead."""
+    acked = [[] for _ in range(threads)]
+
+    def writer(t):
+        c = r.client()
+        for i in range(1_000_000):
+            try:
+                c.set(f"t{t}:{i}", i)
+            except (redis.ConnectionError, redis.TimeoutError):
+                return
+            acked[t].append(i)
+
+    ws = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(threads)]
+    for w in ws:
+        w.start()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        r.proc.wait(timeout=seconds)
+    # no reply is released once the engine is gone: these are all of them
+    got = {t: list(a) for t, a in enumerate(acked)}
+    died = r.proc.poll()
+    if died is None:
+        kill_stack(r)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(r.app_pid(), signal.SIGKILL)
+        r.close()
+    for w in ws:
+        w.join(timeout=30)
+    return got, died
+
+
+def test_sync_journal_killed_at_every_point_loses_no_acknowledged_write(tmp_path):
+    """rkv --durability sync's group commits go to the store's journal (one
+    record, one fdatasync).  The supervisor is aborted just before its Nth
+    store step (REKINDLE_STORE_FAULT_AT): while the journal is created,
+    while a record is written, before its fdatasync.  A restore (which
+    folds the journal first, ignoring a torn last record) finds every
+    acknowledged write; the journal was really used (records folded)."""
+    journal_aborts = 0
+    folded = 0
+    points = list(range(6, 70, 4))
+    for n in points:
+        store = tmp_path / f"store{n}"
+        r = Rkv(
+            tmp_path / f"a{n}", "--durability", "sync", supervised=True,
+            env={"REKINDLE_STORE_FAULT_AT": str(n)},
+            sup=("run", "--snapshot-dir", str(store), "--snapshot-interval", "0"),
+        )  # fmt: skip
+        r.wait_serving()
+        acked, died = write_until_aborted(r)
+        err = (r.dir / "rkv.err").read_text(errors="replace")
+        assert died is not None, f"point {n}: the supervisor did not abort"
+        if "aborting before journal-" in err:
+            journal_aborts += 1
+        if not any(acked.values()):
+            continue  # aborted before the first snapshot: nothing was acknowledged
+        back = restored(tmp_path / f"b{n}", store)
+        try:
+            c = back.client()
+            assert back.wait_log("ready")["start"] == "warm", f"point {n}"
+            lost = missing(c, acked)
+            assert not lost, f"point {n}: {len(lost)} acknowledged writes lost, first {lost[:5]}"
+            ev = back.supervisor_events("restore")[-1]
+            if ev.get("journal") and ev["journal"]["records"] > 0:
+                folded += 1
+        finally:
+            back.close()
+    assert journal_aborts >= len(points) // 2, f"only {journal_aborts} aborts in the journal"
+    assert folded >= len(points) // 2, f"only {folded} restores folded journal records"

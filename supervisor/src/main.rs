@@ -40,7 +40,9 @@ fn start_from_store(cfg: &mut cli::Config) -> Option<rekindle::snapshot::restore
     if !sc.dir.exists() || is_empty_dir(&sc.dir).unwrap_or(false) {
         return None; // the first run: the store begins now
     }
-    match rekindle::store::Store::open_unindexed(&sc.dir).and_then(|s| s.latest()) {
+    // a journal's records (acknowledged writes) may be the newest state
+    let folded = rekindle::store::fold::fold_journal_at(&sc.dir);
+    match folded.and_then(|_| rekindle::store::Store::open_unindexed(&sc.dir)?.latest()) {
         Ok(None) => None,
         Ok(Some(_)) => {
             cfg.restore_why =

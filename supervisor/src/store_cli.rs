@@ -513,6 +513,7 @@ fn verify(dir: &Path, as_json: bool, progress: bool) -> Result<i32, StoreError> 
             })).collect::<Vec<_>>(),
             "leftovers": rep.leftovers.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "packs": rep.packs, "chunks": rep.chunks, "pack_bytes": rep.pack_bytes,
+            "journal": {"records": rep.journal_records, "torn_tail": rep.journal_torn},
         });
         println!("{v}");
     } else {
@@ -533,6 +534,15 @@ fn verify(dir: &Path, as_json: bool, progress: bool) -> Result<i32, StoreError> 
         }
         for p in &rep.leftovers {
             println!("leftover (gc removes it): {}", p.display());
+        }
+        if rep.journal_records > 0 {
+            println!(
+                "journal: {} snapshots not folded yet (a restore or the next writer folds them)",
+                rep.journal_records
+            );
+        }
+        if let Some(t) = rep.journal_torn {
+            println!("journal: a torn last record is ignored ({t}; it was never acknowledged)");
         }
         println!(
             "{}: {restorable} of {} snapshots restorable, {} errors",

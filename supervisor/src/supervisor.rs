@@ -475,7 +475,11 @@ impl Supervisor {
                     .u("bytes", rb.bytes)
                     .v("read_ms", (rb.read_ms * 10.0).round() / 10.0)
                     .s("from", if rb.premade { "hot_image" } else { "store" })
-                    .s("why", self.cfg.restore_why);
+                    .s("why", self.cfg.restore_why)
+                    .v(
+                        "journal",
+                        rb.journal.take().unwrap_or(serde_json::Value::Null),
+                    );
                 if let Some(ix) = &rb.index {
                     let r1 = |x: f64| (x * 10.0).round() / 10.0;
                     e = e

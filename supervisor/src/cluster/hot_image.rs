@@ -340,6 +340,8 @@ impl HotImage {
             took: t0.elapsed(),
             baseline: Some(baseline),
             index: None,
+            // a standby's store is written by its receiver, never journaled
+            journal: None,
         })
     }
 }

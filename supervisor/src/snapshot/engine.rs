@@ -368,11 +368,18 @@ impl Engine {
                 });
             }
             // SAFETY: a live array of pollfd.
-            unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
+            let ready =
+                unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
+            if ready == 0 && self.next_due.is_none_or(|t| Instant::now() < t) {
+                self.fold(); // idle: what the journal holds is published
+            }
             drain(&self.wake);
             loop {
                 match self.rx.try_recv() {
-                    Ok(Cmd::Shutdown) | Err(TryRecvError::Disconnected) => return,
+                    Ok(Cmd::Shutdown) | Err(TryRecvError::Disconnected) => {
+                        self.fold();
+                        return;
+                    }
                     Ok(c) => self.on_cmd(c),
                     Err(TryRecvError::Empty) => break,
                 }
@@ -610,12 +617,28 @@ impl Engine {
         self.next_due = self.cfg.interval.map(|_| Instant::now());
     }
 
+    /// Publishes what the journal holds (a stop, an idle app): off the
+    /// reply path.  A failure is reported; the records stay in the journal.
+    fn fold(&mut self) {
+        let Some(store) = self.store.as_mut().filter(|s| s.journal_pending()) else {
+            return;
+        };
+        if let Err(e) = store.fold_journal() {
+            self.note(Note::Failed {
+                code: e.code(),
+                detail: format!("folding the journal: {e}"),
+            });
+        }
+    }
+
     fn open_store(&mut self) -> Result<&mut Store, Failure> {
         if self.store.is_none() {
-            let s = match self.preopened.take() {
+            let mut s = match self.preopened.take() {
                 Some(s) => s,
                 None => Store::create_or_open(&self.cfg.dir)?,
             };
+            // a journal left by a process that died: its records first
+            s.fold_journal()?;
             let latest = s.latest()?;
             self.epoch = latest.as_ref().map_or(0, |i| i.epoch);
             self.newest = latest.map(|i| i.id);
@@ -632,7 +655,13 @@ impl Engine {
         tags.sort();
         tags.dedup();
         self.next_due = self.cfg.interval.map(|iv| Instant::now() + iv);
-        let r = self.take(tags);
+        // Journaled: a snapshot the app waits for, that nobody names (no
+        // checkpoint client, no tag), a delta, without standbys (they get
+        // published snapshots).  The rest are published, which folds the
+        // journal first.
+        let journal =
+            app_asked && waiting.is_empty() && !self.force_full && self.cfg.replication.is_none();
+        let r = self.take(tags, journal);
         if r.is_ok() {
             self.refused = 0;
         }
@@ -721,7 +750,7 @@ impl Engine {
         }
     }
 
-    fn take(&mut self, tags: Vec<String>) -> Result<Done, Failure> {
+    fn take(&mut self, tags: Vec<String>, journal: bool) -> Result<Done, Failure> {
         let epoch = {
             self.open_store()?;
             self.epoch + 1
@@ -748,6 +777,7 @@ impl Engine {
             freeze_timeout_ms: self.cfg.freeze_timeout.as_millis().min(u32::MAX as u128) as u32,
             staging_bytes: self.cfg.staging_bytes,
             carry: &carry,
+            journal,
         };
         let store = self.store.as_mut().ok_or(Failure::LayoutChanged)?;
         let r = cut::take(&mut link, &self.held, store, plan, &mut touched);

@@ -84,6 +84,9 @@ pub struct Restored {
     /// Whether the snapshot's pages were found through a location index,
     /// or why not (store/location_index.rs); None for a premade image.
     pub index: Option<store::reader::IndexOutcome>,
+    /// What folding the store's journal before the restore did, if it held
+    /// anything (records, a torn tail): for the `restore` event.
+    pub journal: Option<serde_json::Value>,
 }
 
 /// How a restore reads the arenas back (`--restore-pages`).
@@ -167,6 +170,8 @@ pub fn materialize(src: &Source) -> Result<Restored, RestoreError> {
 /// (sized) and `Restored::lazy` holds the reader that fills them.
 pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreError> {
     let t0 = std::time::Instant::now();
+    // acknowledged writes still in the journal are folded in first
+    let journal = crate::store::fold::fold_journal_at(&src.dir)?.map(|r| r.to_json());
     let store = Store::open_unindexed(&src.dir)?;
     let id = store.resolve(&src.spec)?;
     let (reader, index) = store.open_snapshot_traced(&id)?;
@@ -244,6 +249,7 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
         took: t0.elapsed(),
         baseline,
         index: Some(index),
+        journal,
     })
 }
 

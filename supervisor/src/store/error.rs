@@ -68,6 +68,8 @@ pub enum StoreError {
     StreamTruncated { path: PathBuf, detail: String },
     #[error("{path}: location index unusable: {detail}")]
     IndexCorrupt { path: PathBuf, detail: String },
+    #[error("{path}: journal corrupt: {detail}")]
+    JournalCorrupt { path: PathBuf, detail: String },
 }
 
 impl StoreError {
@@ -96,6 +98,7 @@ impl StoreError {
             StoreError::StreamCorrupt { .. } => "stream_corrupt",
             StoreError::StreamTruncated { .. } => "stream_truncated",
             StoreError::IndexCorrupt { .. } => "index_corrupt",
+            StoreError::JournalCorrupt { .. } => "journal_corrupt",
         }
     }
 
@@ -124,6 +127,7 @@ impl StoreError {
             | StoreError::StreamCorrupt { path, .. }
             | StoreError::StreamTruncated { path, .. }
             | StoreError::IndexCorrupt { path, .. } => path,
+            StoreError::JournalCorrupt { path, .. } => path,
         }
     }
 

@@ -130,6 +130,8 @@ impl Store {
         progress: &mut dyn FnMut(Progress),
     ) -> Result<GcReport, StoreError> {
         let _lock = self.lock()?;
+        // retention must not delete what a journal record follows
+        self.fold_locked()?;
         let mut rep = GcReport {
             dry_run: policy.dry_run,
             ..GcReport::default()

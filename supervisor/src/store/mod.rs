@@ -9,13 +9,16 @@
 //! DIR/snapshots/<id>.json         manifest (JSON, checksum line last)
 //! DIR/snapshots/<id>-<h>.map      its page map (binary, zstd)
 //! DIR/tmp/                        files being written (leftovers of a crash)
+//! DIR/journal                     sync commits not folded yet (journal.rs)
 //! ```
 
 pub mod error;
 pub mod fasthash;
+pub mod fold;
 pub mod format;
 pub mod fsio;
 pub mod gc;
+pub mod journal;
 pub mod location_index;
 pub mod manifest;
 pub mod map;
@@ -33,6 +36,7 @@ use std::sync::Arc;
 use nix::fcntl::{Flock, FlockArg};
 
 pub use error::StoreError;
+pub use fold::FoldReport;
 pub use format::{Hash, PAGE, SnapshotId};
 pub use gc::{GcReport, Retention};
 pub use manifest::{Manifest, RegionKind, RegionMeta, SnapshotInfo};
@@ -123,6 +127,11 @@ pub struct Store {
     /// gc need it); a store opened with `open_unindexed` has it empty
     /// until a writer begins.
     indexed: bool,
+    /// The journal, once a journaled snapshot was written (fold.rs).
+    journal: Option<fold::JournalState>,
+    /// The journal could not be opened or created (no room for it, ...):
+    /// journaled snapshots are published instead (said once on stderr).
+    journal_off: bool,
 }
 
 impl Store {
@@ -188,6 +197,8 @@ impl Store {
             by_name: HashMap::new(),
             index: fasthash::FastMap::default(),
             indexed: true,
+            journal: None,
+            journal_off: false,
         })
     }
 
@@ -212,6 +223,8 @@ impl Store {
             by_name: self.by_name.clone(),
             index: self.index.clone(),
             indexed: self.indexed,
+            journal: None,
+            journal_off: false,
         }
     }
 

@@ -53,8 +53,9 @@ pub(crate) struct Origin {
 }
 
 pub struct SnapshotWriter<'a> {
-    store: &'a mut Store,
-    _lock: Flock<File>,
+    pub(crate) store: &'a mut Store,
+    /// None while the journal is folded (the folding caller holds it).
+    _lock: Option<Flock<File>>,
     id: SnapshotId,
     created: SystemTime,
     meta: NewSnapshot,
@@ -70,7 +71,16 @@ pub struct SnapshotWriter<'a> {
     /// files published so far by `commit` (removed again if it fails)
     published: Vec<PathBuf>,
     done: bool,
+    /// Journaled (fold.rs): new chunks are kept here, not in a pack, and
+    /// `commit` appends one journal record instead of publishing.
+    pub(crate) journal: bool,
+    pub(crate) jchunks: HashMap<Hash, (u32, Vec<u8>)>,
+    jbytes: usize,
 }
+
+/// A journaled snapshot holding more compressed bytes than this goes to a
+/// pack instead (`spill`): a record stays small, memory stays bounded.
+const JOURNAL_SPILL_BYTES: usize = 16 << 20;
 
 fn bad(store: &Store, detail: impl Into<String>) -> StoreError {
     StoreError::InvalidArgument {
@@ -94,7 +104,7 @@ pub fn check_tag(t: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_meta(store: &Store, meta: &NewSnapshot) -> Result<(), StoreError> {
+pub(crate) fn check_meta(store: &Store, meta: &NewSnapshot) -> Result<(), StoreError> {
     if !meta.full && meta.parent.is_none() {
         return Err(bad(store, "a delta snapshot needs a parent"));
     }
@@ -136,8 +146,36 @@ impl Store {
     ) -> Result<SnapshotWriter<'_>, StoreError> {
         check_meta(self, &meta)?;
         let lock = self.lock()?;
+        // a journal's records come first: this snapshot may follow them
+        self.fold_locked()?;
+        self.begin_unlocked(meta, origin, Some(lock))
+    }
+
+    /// `begin` for a caller that holds the lock and has folded (fold.rs).
+    pub(crate) fn begin_unlocked(
+        &mut self,
+        meta: NewSnapshot,
+        origin: Option<Origin>,
+        lock: Option<Flock<File>>,
+    ) -> Result<SnapshotWriter<'_>, StoreError> {
         self.prepare_write()?;
-        let parent_regions = match &meta.parent {
+        let parent_regions = self.parent_regions(&meta)?;
+        let (id, created) = match origin {
+            Some(o) => (o.id, o.created),
+            None => {
+                let now = SystemTime::now();
+                (SnapshotId::new(self.next_seq()?, now), now)
+            }
+        };
+        self.writer(meta, lock, id, created, parent_regions, false)
+    }
+
+    /// The parent's regions (what a delta inherits from).
+    pub(crate) fn parent_regions(
+        &self,
+        meta: &NewSnapshot,
+    ) -> Result<Vec<ManifestRegion>, StoreError> {
+        Ok(match &meta.parent {
             None => Vec::new(),
             Some(p) => match self.load_manifest(p) {
                 Ok(m) => m.regions,
@@ -151,19 +189,23 @@ impl Store {
                 }
                 Err(e) => return Err(e),
             },
-        };
+        })
+    }
+
+    pub(crate) fn writer(
+        &mut self,
+        meta: NewSnapshot,
+        lock: Option<Flock<File>>,
+        id: SnapshotId,
+        created: SystemTime,
+        parent_regions: Vec<ManifestRegion>,
+        journal: bool,
+    ) -> Result<SnapshotWriter<'_>, StoreError> {
         let inherits = meta
             .regions
             .iter()
             .map(|r| !meta.full && parent_regions.iter().any(|p| p.meta.same_shape(r)))
             .collect();
-        let (id, created) = match origin {
-            Some(o) => (o.id, o.created),
-            None => {
-                let now = SystemTime::now();
-                (SnapshotId::new(self.next_seq()?, now), now)
-            }
-        };
         if let Some(p) = &meta.parent
             && p >= &id
         {
@@ -192,6 +234,9 @@ impl Store {
             stats: WriteStats::default(),
             published: Vec::new(),
             done: false,
+            journal,
+            jchunks: HashMap::new(),
+            jbytes: 0,
             store: self,
         })
     }
@@ -249,13 +294,29 @@ impl SnapshotWriter<'_> {
             return Ok(());
         }
         let hash = *blake3::hash(data).as_bytes();
-        if self.store.index.contains_key(&hash) || self.new_chunks.contains_key(&hash) {
+        // a journal record carries every chunk it names (fold.rs)
+        let known = if self.journal {
+            self.jchunks.contains_key(&hash)
+        } else {
+            self.store.index.contains_key(&hash) || self.new_chunks.contains_key(&hash)
+        };
+        if known {
             self.stats.dedup_hits += 1;
         } else {
             // a copy: the compressor's buffer stays borrowed otherwise
             let (bytes, flags) = self.comp.compress(data);
             let bytes = bytes.to_vec();
-            self.add_new_chunk(hash, &bytes, flags)?;
+            if self.journal {
+                self.stats.new_chunks += 1;
+                self.stats.bytes_compressed += bytes.len() as u64;
+                self.jbytes += bytes.len();
+                self.jchunks.insert(hash, (flags, bytes));
+                if self.jbytes > JOURNAL_SPILL_BYTES {
+                    self.spill()?;
+                }
+            } else {
+                self.add_new_chunk(hash, &bytes, flags)?;
+            }
         }
         self.entries.push(MapEntry {
             region,
@@ -265,8 +326,39 @@ impl SnapshotWriter<'_> {
         Ok(())
     }
 
+    /// A journaled snapshot becomes an ordinary one: the journal is folded
+    /// (this snapshot may follow its records), its chunks go to a pack.
+    pub(crate) fn spill(&mut self) -> Result<(), StoreError> {
+        if !self.journal {
+            return Ok(());
+        }
+        self.journal = false;
+        self.store.fold_locked()?;
+        self.store.prepare_write()?;
+        let chunks: Vec<(Hash, (u32, Vec<u8>))> = self.jchunks.drain().collect();
+        self.jbytes = 0;
+        for (h, (flags, bytes)) in chunks {
+            if !self.store.index.contains_key(&h) {
+                self.add_new_chunk_uncounted(h, &bytes, flags)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Appends a chunk the store does not hold yet to this snapshot's pack.
     fn add_new_chunk(&mut self, hash: Hash, bytes: &[u8], flags: u32) -> Result<(), StoreError> {
+        self.add_new_chunk_uncounted(hash, bytes, flags)?;
+        self.stats.new_chunks += 1;
+        self.stats.bytes_compressed += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn add_new_chunk_uncounted(
+        &mut self,
+        hash: Hash,
+        bytes: &[u8],
+        flags: u32,
+    ) -> Result<(), StoreError> {
         if self.pack.is_none() {
             let tmp = self.store.sub(TMP).join(format!("{}.pack", self.id));
             self.pack = Some(PackWriter::create(tmp)?);
@@ -276,8 +368,6 @@ impl SnapshotWriter<'_> {
             None => unreachable!("created above"),
         };
         self.new_chunks.insert(hash, e);
-        self.stats.new_chunks += 1;
-        self.stats.bytes_compressed += bytes.len() as u64;
         Ok(())
     }
 
@@ -381,6 +471,70 @@ impl SnapshotWriter<'_> {
         Ok(())
     }
 
+    /// Marks a region whole and forgets the pages put in it so far: a
+    /// journal record that stored the region whole, folded after others.
+    pub(crate) fn restart_region(&mut self, region: u32) -> Result<(), StoreError> {
+        self.set_whole(region)?;
+        self.entries.retain(|e| e.region != region);
+        Ok(())
+    }
+
+    /// Appends the snapshot to the store's journal (one write, one
+    /// fdatasync); a record too large for the journal's room folds the
+    /// journal first, one too large for an empty journal is published.
+    fn commit_journaled(&mut self) -> Result<SnapshotInfo, StoreError> {
+        let entries = self.final_entries();
+        let mut pages = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let chunk = match &e.hash {
+                None => None,
+                Some(h) => {
+                    let (flags, bytes) = self.jchunks.get(h).ok_or_else(|| {
+                        bad(self.store, "a journaled page without its chunk".to_string())
+                    })?;
+                    Some((*h, *flags, bytes.clone()))
+                }
+            };
+            pages.push(super::journal::RecordPage {
+                region: e.region,
+                page: e.page,
+                chunk,
+            });
+        }
+        let meta = super::journal::RecordMeta {
+            id: self.id.clone(),
+            parent: self.meta.parent.clone(),
+            full: self.meta.full,
+            epoch: self.meta.epoch,
+            generation: self.meta.generation,
+            created_ns: unix_ns(self.created),
+            app: self.meta.app.clone(),
+            tags: self.meta.tags.clone(),
+            regions: self.regions.clone(),
+        };
+        let payload = super::journal::encode_payload(&meta, &pages);
+        if !self.store.journal_append(&meta, &payload)? {
+            // larger than the whole journal: an ordinary snapshot
+            self.entries = entries;
+            self.spill()?;
+            return self.commit_inner();
+        }
+        let nonzero = entries.iter().filter(|e| e.hash.is_some()).count() as u64;
+        Ok(SnapshotInfo {
+            id: self.id.clone(),
+            parent: self.meta.parent.clone(),
+            epoch: self.meta.epoch,
+            generation: self.meta.generation,
+            created: self.created,
+            app: self.meta.app.clone(),
+            tags: self.meta.tags.clone(),
+            full: self.meta.full,
+            pages: nonzero,
+            new_bytes_compressed: self.stats.bytes_compressed,
+            logical_bytes: 0,
+        })
+    }
+
     /// Marks a region whole (it inherits nothing): recv of a `put_bytes`.
     pub(crate) fn set_whole(&mut self, region: u32) -> Result<(), StoreError> {
         let r = self
@@ -394,7 +548,7 @@ impl SnapshotWriter<'_> {
 
     /// The map: one entry per page (the last put wins), zero entries only
     /// where they hide a parent's page.
-    fn final_entries(&mut self) -> Vec<MapEntry> {
+    pub(crate) fn final_entries(&mut self) -> Vec<MapEntry> {
         let mut es = std::mem::take(&mut self.entries);
         es.sort_by_key(|e| (e.region, e.page)); // stable: puts keep their order
         let mut out: Vec<MapEntry> = Vec::with_capacity(es.len());
@@ -408,9 +562,14 @@ impl SnapshotWriter<'_> {
         out
     }
 
-    /// Publishes the snapshot; it is durable when this returns.
+    /// Publishes the snapshot (or, journaled, appends it to the journal);
+    /// it is durable when this returns.
     pub fn commit(mut self) -> Result<SnapshotInfo, StoreError> {
-        let r = self.commit_inner();
+        let r = if self.journal {
+            self.commit_journaled()
+        } else {
+            self.commit_inner()
+        };
         self.done = true;
         if r.is_err() {
             self.cleanup();
@@ -418,7 +577,7 @@ impl SnapshotWriter<'_> {
         r
     }
 
-    fn commit_inner(&mut self) -> Result<SnapshotInfo, StoreError> {
+    pub(crate) fn commit_inner(&mut self) -> Result<SnapshotInfo, StoreError> {
         let entries = self.final_entries();
         let packs_dir = self.store.sub(PACKS);
         let snaps_dir = self.store.sub(SNAPSHOTS);

@@ -37,6 +37,8 @@ pub(super) struct Rollback {
     /// The memfds came made (an elected standby's hot image), not read
     /// from the store.
     pub(super) premade: bool,
+    /// The store's journal folded before the restore (restore.rs).
+    pub(super) journal: Option<serde_json::Value>,
     /// What the memfds hold, for the first snapshot after the start.
     pub(super) baseline: Option<Baseline>,
     /// How the snapshot's chunks were found (a location index or not).
@@ -58,6 +60,7 @@ impl Rollback {
             premade: false,
             baseline: r.baseline,
             index: r.index,
+            journal: r.journal,
         }
     }
 }
@@ -145,14 +148,19 @@ impl Supervisor {
         event: &'static str,
     ) -> Option<Rollback> {
         let sc = self.cfg.snapshots.as_ref()?;
-        let pick = crate::store::Store::open_unindexed(&sc.dir).and_then(|st| {
-            Ok(st
-                .list()?
-                .into_iter()
-                .rev()
-                .find(|i| i.created < began)
-                .map(|i| i.id.as_str().to_string()))
-        });
+        // the journal's records (acknowledged writes) first: the newest
+        // snapshot may be one of them
+        let folded = crate::store::fold::fold_journal_at(&sc.dir);
+        let pick = folded
+            .and_then(|_| crate::store::Store::open_unindexed(&sc.dir))
+            .and_then(|st| {
+                Ok(st
+                    .list()?
+                    .into_iter()
+                    .rev()
+                    .find(|i| i.created < began)
+                    .map(|i| i.id.as_str().to_string()))
+            });
         let fail = |e: &dyn std::fmt::Display, code: &str| {
             ev(event)
                 .s("result", "failed")
@@ -419,6 +427,11 @@ impl Supervisor {
                             .u("new_bytes", d.bytes_compressed)
                             .u("staging_peak_bytes", d.staging_peak as u64)
                             .u("took_ms", d.took.as_millis() as u64)
+                            .u("took_us", d.took.as_micros() as u64)
+                            .u("precopy_us", d.precopy_ns / 1000)
+                            .u("cut_us", d.cut_ns / 1000)
+                            .u("put_us", d.put_ns / 1000)
+                            .u("commit_us", d.commit_ns / 1000)
                             .u("snapshots_since_last_event", count),
                     );
                 }

@@ -1,0 +1,542 @@
+//! The store's journal, `DIR/journal`: where a snapshot the app waits for
+//! (rkv `--durability sync`'s group commits) is made durable with one write
+//! and one `fdatasync` on a preallocated file, instead of a pack, a map and
+//! a manifest published in three fsync rounds.  Its records are folded into
+//! ordinary snapshots later (`Store::fold_journal`), off the reply path, and
+//! the journal is then reset.  docs/store.md, "Journal", has the rules.
+//!
+//! ```text
+//! header  4096 B  "RKJRNL\0\0", version u32, 0u32, generation u64, blake3(the 24 bytes before)[32], zeros
+//! record          "RKJREC\0\0", generation u64, seq u64, length u64,
+//!                 payload (length bytes), blake3(the 32-byte head and the payload)[32]
+//! payload         meta length u32, meta (JSON), entry count u64, entries:
+//!                 region u32, page u64, what u8 (0 zero page, 1 chunk);
+//!                 for 1: hash[32], flags u32, length u32, chunk bytes
+//! ```
+//!
+//! A record belongs to the journal's generation, and the first has seq 1,
+//! each next one more.  Reading stops at the first record that is not the
+//! next one: zeros or a record of an older generation are the clean end
+//! (records left from before a reset); anything else (a checksum that does
+//! not match, a length past the end, a wrong seq) is a torn or damaged tail,
+//! ignored with its reason.  Records are self-contained (every non-zero page
+//! carries its chunk), so a gc between a record and its fold cannot take a
+//! chunk it needs.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{StoreError, io_at};
+use super::format::{Hash, SnapshotId};
+use super::fsio;
+use super::manifest::ManifestRegion;
+
+pub const JOURNAL_FILE: &str = "journal";
+/// Preallocated (written with zeros once) so that an append changes no
+/// file metadata and `fdatasync` writes the data alone.
+pub const JOURNAL_BYTES: u64 = 64 << 20;
+pub const HEADER_BYTES: u64 = 4096;
+const MAGIC: &[u8; 8] = b"RKJRNL\0\0";
+const REC_MAGIC: &[u8; 8] = b"RKJREC\0\0";
+const VERSION: u32 = 1;
+const REC_HEAD: usize = 32;
+const REC_SUM: usize = 32;
+
+/// What a record says about its snapshot (the manifest's fields that are
+/// known when the snapshot is taken).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordMeta {
+    pub id: SnapshotId,
+    pub parent: Option<SnapshotId>,
+    pub full: bool,
+    pub epoch: u64,
+    pub generation: u64,
+    pub created_ns: u64,
+    pub app: String,
+    pub tags: Vec<String>,
+    pub regions: Vec<ManifestRegion>,
+}
+
+/// One page of a record: a zero page, or a chunk (compressed as in a pack).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordPage {
+    pub region: u32,
+    pub page: u64,
+    pub chunk: Option<(Hash, u32, Vec<u8>)>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub seq: u64,
+    pub meta: RecordMeta,
+    pub pages: Vec<RecordPage>,
+}
+
+/// Why reading stopped before the end of the file's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TornReason {
+    /// The record's bytes do not hash to its checksum (a write cut short,
+    /// or a flipped bit).
+    Checksum,
+    /// Its length runs past the journal's end.
+    Length,
+    /// Its seq is not the next one of the generation.
+    Sequence,
+    /// Neither zeros nor a record head.
+    Garbage,
+    /// Its payload does not parse (written by a newer or broken writer).
+    Payload,
+}
+
+impl TornReason {
+    pub fn code(self) -> &'static str {
+        match self {
+            TornReason::Checksum => "journal_torn_checksum",
+            TornReason::Length => "journal_torn_length",
+            TornReason::Sequence => "journal_torn_sequence",
+            TornReason::Garbage => "journal_torn_garbage",
+            TornReason::Payload => "journal_torn_payload",
+        }
+    }
+}
+
+/// What reading the journal found.
+#[derive(Debug, Clone, Default)]
+pub struct Scan {
+    pub generation: u64,
+    pub records: Vec<Record>,
+    /// Where the next record goes.
+    pub end: u64,
+    /// A torn or damaged record at `end`, ignored (with the records after it).
+    pub torn: Option<TornReason>,
+}
+
+fn header_bytes(generation: u64) -> Vec<u8> {
+    let mut h = vec![0u8; HEADER_BYTES as usize];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[16..24].copy_from_slice(&generation.to_le_bytes());
+    let sum = blake3::hash(&h[..24]);
+    h[24..56].copy_from_slice(sum.as_bytes());
+    h
+}
+
+fn corrupt(path: &Path, detail: impl Into<String>) -> StoreError {
+    StoreError::JournalCorrupt {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+/// The journal's header: its generation.
+fn read_header(f: &File, path: &Path) -> Result<u64, StoreError> {
+    let mut h = [0u8; 56];
+    f.read_exact_at(&mut h, 0).map_err(io_at("read", path))?;
+    if &h[..8] != MAGIC {
+        return Err(corrupt(path, "no journal header"));
+    }
+    let version = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
+    if version > VERSION {
+        return Err(StoreError::NewerVersion {
+            path: path.to_path_buf(),
+            found: version,
+            supported: VERSION,
+        });
+    }
+    if blake3::hash(&h[..24]).as_bytes() != &h[24..56] {
+        return Err(corrupt(path, "header checksum"));
+    }
+    Ok(u64::from_le_bytes(h[16..24].try_into().unwrap_or_default()))
+}
+
+pub fn encode_payload(meta: &RecordMeta, pages: &[RecordPage]) -> Vec<u8> {
+    let m = serde_json::to_vec(meta).unwrap_or_default();
+    let mut out = Vec::with_capacity(16 + m.len() + pages.len() * 1200);
+    out.extend_from_slice(&(m.len() as u32).to_le_bytes());
+    out.extend_from_slice(&m);
+    out.extend_from_slice(&(pages.len() as u64).to_le_bytes());
+    for p in pages {
+        out.extend_from_slice(&p.region.to_le_bytes());
+        out.extend_from_slice(&p.page.to_le_bytes());
+        match &p.chunk {
+            None => out.push(0),
+            Some((h, flags, bytes)) => {
+                out.push(1);
+                out.extend_from_slice(h);
+                out.extend_from_slice(&flags.to_le_bytes());
+                out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+                out.extend_from_slice(bytes);
+            }
+        }
+    }
+    out
+}
+
+fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    if b.len() < n {
+        return None;
+    }
+    let (h, t) = b.split_at(n);
+    *b = t;
+    Some(h)
+}
+
+fn u32_of(b: &mut &[u8]) -> Option<u32> {
+    take(b, 4)
+        .and_then(|s| s.try_into().ok())
+        .map(u32::from_le_bytes)
+}
+
+fn u64_of(b: &mut &[u8]) -> Option<u64> {
+    take(b, 8)
+        .and_then(|s| s.try_into().ok())
+        .map(u64::from_le_bytes)
+}
+
+pub fn decode_payload(mut b: &[u8]) -> Option<(RecordMeta, Vec<RecordPage>)> {
+    let b = &mut b;
+    let ml = u32_of(b)? as usize;
+    let meta: RecordMeta = serde_json::from_slice(take(b, ml)?).ok()?;
+    let n = u64_of(b)?;
+    let mut pages = Vec::with_capacity(n.min(1 << 20) as usize);
+    for _ in 0..n {
+        let region = u32_of(b)?;
+        let page = u64_of(b)?;
+        let chunk = match take(b, 1)?[0] {
+            0 => None,
+            1 => {
+                let h: Hash = take(b, 32)?.try_into().ok()?;
+                let flags = u32_of(b)?;
+                let len = u32_of(b)? as usize;
+                Some((h, flags, take(b, len)?.to_vec()))
+            }
+            _ => return None,
+        };
+        pages.push(RecordPage {
+            region,
+            page,
+            chunk,
+        });
+    }
+    b.is_empty().then_some((meta, pages))
+}
+
+/// The bytes of one record.
+pub fn encode_record(generation: u64, seq: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(REC_HEAD + payload.len() + REC_SUM);
+    out.extend_from_slice(REC_MAGIC);
+    out.extend_from_slice(&generation.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(payload);
+    let sum = blake3::hash(&out);
+    out.extend_from_slice(sum.as_bytes());
+    out
+}
+
+/// The journal file of a store, open for appending.
+pub struct Journal {
+    pub path: PathBuf,
+    file: File,
+    pub generation: u64,
+    /// Where the next record goes, and its seq.
+    pub end: u64,
+    pub next_seq: u64,
+}
+
+pub fn path_of(dir: &Path) -> PathBuf {
+    dir.join(JOURNAL_FILE)
+}
+
+/// Reads every record of the current generation (the caller holds the
+/// store's lock, or accepts a journal being appended to meanwhile).
+pub fn scan_file(path: &Path) -> Result<Option<Scan>, StoreError> {
+    let f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_at("open", path)(e)),
+    };
+    scan(&f, path).map(Some)
+}
+
+fn scan(f: &File, path: &Path) -> Result<Scan, StoreError> {
+    let generation = read_header(f, path)?;
+    let size = f.metadata().map_err(io_at("stat", path))?.len();
+    let mut s = Scan {
+        generation,
+        records: Vec::new(),
+        end: HEADER_BYTES,
+        torn: None,
+    };
+    let mut head = [0u8; REC_HEAD];
+    loop {
+        if s.end + (REC_HEAD + REC_SUM) as u64 > size {
+            return Ok(s);
+        }
+        f.read_exact_at(&mut head, s.end)
+            .map_err(io_at("read", path))?;
+        let rgen = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
+        let seq = u64::from_le_bytes(head[16..24].try_into().unwrap_or_default());
+        let len = u64::from_le_bytes(head[24..32].try_into().unwrap_or_default());
+        if &head[..8] != REC_MAGIC {
+            if head.iter().all(|&b| b == 0) {
+                return Ok(s);
+            }
+            s.torn = Some(TornReason::Garbage);
+            return Ok(s);
+        }
+        if rgen != 0 && rgen < generation {
+            return Ok(s); // left from before the last reset
+        }
+        let want = s.records.len() as u64 + 1;
+        if rgen != generation || seq != want {
+            s.torn = Some(TornReason::Sequence);
+            return Ok(s);
+        }
+        let total = (REC_HEAD as u64)
+            .checked_add(len)
+            .and_then(|t| t.checked_add(REC_SUM as u64));
+        let Some(total) = total.filter(|t| s.end + t <= size) else {
+            s.torn = Some(TornReason::Length);
+            return Ok(s);
+        };
+        let mut buf = vec![0u8; total as usize];
+        f.read_exact_at(&mut buf, s.end)
+            .map_err(io_at("read", path))?;
+        let body = total as usize - REC_SUM;
+        if blake3::hash(&buf[..body]).as_bytes() != &buf[body..] {
+            s.torn = Some(TornReason::Checksum);
+            return Ok(s);
+        }
+        let Some((meta, pages)) = decode_payload(&buf[REC_HEAD..body]) else {
+            s.torn = Some(TornReason::Payload);
+            return Ok(s);
+        };
+        s.records.push(Record { seq, meta, pages });
+        s.end += total;
+    }
+}
+
+impl Journal {
+    /// Opens the store's journal, creating it (preallocated, durable) if
+    /// there is none.  Returns it with what it holds.
+    pub fn open_or_create(dir: &Path) -> Result<(Journal, Scan), StoreError> {
+        let path = path_of(dir);
+        if !path.exists() {
+            create(dir, &path)?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_at("open", &path))?;
+        let s = scan(&file, &path)?;
+        let j = Journal {
+            path,
+            file,
+            generation: s.generation,
+            end: s.end,
+            next_seq: s.records.len() as u64 + 1,
+        };
+        Ok((j, s))
+    }
+
+    /// The generation on disk now (another process may have reset it).
+    pub fn disk_generation(&self) -> Result<u64, StoreError> {
+        read_header(&self.file, &self.path)
+    }
+
+    pub fn room(&self) -> u64 {
+        JOURNAL_BYTES.saturating_sub(self.end)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.next_seq == 1
+    }
+
+    /// Appends one record and makes it durable (one `fdatasync`).
+    pub fn append(&mut self, payload: &[u8]) -> Result<u64, StoreError> {
+        let rec = encode_record(self.generation, self.next_seq, payload);
+        if rec.len() as u64 > self.room() {
+            return Err(StoreError::InvalidArgument {
+                path: self.path.clone(),
+                detail: format!("record of {} bytes does not fit", rec.len()),
+            });
+        }
+        fsio::step("journal-write", &self.path);
+        self.file
+            .write_all_at(&rec, self.end)
+            .map_err(io_at("write", &self.path))?;
+        fsio::step("journal-fdatasync", &self.path);
+        self.file
+            .sync_data()
+            .map_err(io_at("fdatasync", &self.path))?;
+        self.end += rec.len() as u64;
+        self.next_seq += 1;
+        Ok(self.next_seq - 1)
+    }
+
+    /// Empties the journal: a new generation (its records were folded).
+    pub fn reset(&mut self) -> Result<(), StoreError> {
+        let g = self.generation + 1;
+        fsio::step("journal-reset", &self.path);
+        self.file
+            .write_all_at(&header_bytes(g), 0)
+            .map_err(io_at("write", &self.path))?;
+        self.file
+            .sync_data()
+            .map_err(io_at("fdatasync", &self.path))?;
+        self.generation = g;
+        self.end = HEADER_BYTES;
+        self.next_seq = 1;
+        Ok(())
+    }
+}
+
+/// Writes a zeroed journal in `tmp/`, fsyncs it, renames it into place and
+/// fsyncs the directory: a journal exists whole or not at all.
+fn create(dir: &Path, path: &Path) -> Result<(), StoreError> {
+    let tmp_dir = dir.join(super::format::TMP);
+    std::fs::create_dir_all(&tmp_dir).map_err(io_at("mkdir", &tmp_dir))?;
+    let tmp = tmp_dir.join(JOURNAL_FILE);
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = fsio::create_new(&tmp)?;
+    fsio::write_all(&mut f, &tmp, &header_bytes(1))?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = JOURNAL_BYTES - HEADER_BYTES;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        std::io::Write::write_all(&mut f, &zeros[..n]).map_err(io_at("write", &tmp))?;
+        left -= n as u64;
+    }
+    fsio::fsync(&f, &tmp)?;
+    fsio::rename(&tmp, path)?;
+    fsio::fsync_dir(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::manifest::RegionKind;
+    use crate::store::manifest::RegionMeta;
+
+    fn meta(seq: u64) -> RecordMeta {
+        RecordMeta {
+            id: SnapshotId(format!("{seq:012}-20261124T000000Z")),
+            parent: None,
+            full: false,
+            epoch: seq,
+            generation: 1,
+            created_ns: 0,
+            app: "t".into(),
+            tags: vec![],
+            regions: vec![ManifestRegion {
+                meta: RegionMeta {
+                    kind: RegionKind::Arena,
+                    name: "a".into(),
+                    addr: 0,
+                    size: 1 << 20,
+                    layout: serde_json::Value::Null,
+                },
+                whole: false,
+            }],
+        }
+    }
+
+    fn page(i: u64) -> RecordPage {
+        RecordPage {
+            region: 0,
+            page: i,
+            chunk: Some(([i as u8; 32], 1, vec![i as u8; 100 + i as usize])),
+        }
+    }
+
+    fn three(dir: &Path) -> (Journal, Vec<u64>) {
+        let (mut j, s) = Journal::open_or_create(dir).unwrap();
+        assert!(s.records.is_empty() && s.torn.is_none());
+        let mut ends = vec![j.end];
+        for k in 1..=3 {
+            j.append(&encode_payload(&meta(k), &[page(k), page(k + 10)]))
+                .unwrap();
+            ends.push(j.end);
+        }
+        (j, ends)
+    }
+
+    #[test]
+    fn records_read_back_in_order() {
+        let d = tempfile::tempdir().unwrap();
+        let (_j, ends) = three(d.path());
+        let s = scan_file(&path_of(d.path())).unwrap().unwrap();
+        assert_eq!(s.records.len(), 3);
+        assert_eq!(s.end, ends[3]);
+        assert!(s.torn.is_none());
+        assert_eq!(s.records[1].meta, meta(2));
+        assert_eq!(s.records[2].pages, vec![page(3), page(13)]);
+    }
+
+    #[test]
+    fn a_torn_last_record_at_every_length_keeps_the_ones_before() {
+        let d = tempfile::tempdir().unwrap();
+        let (_j, ends) = three(d.path());
+        let p = path_of(d.path());
+        let orig = std::fs::read(&p).unwrap();
+        for cut in ends[2]..ends[3] {
+            // the last record written only up to `cut` (the rest as before: zeros)
+            let mut b = orig.clone();
+            b[cut as usize..ends[3] as usize].fill(0);
+            std::fs::write(&p, &b).unwrap();
+            let s = scan_file(&p).unwrap().unwrap();
+            assert_eq!(s.records.len(), 2, "cut at {cut}");
+            assert_eq!(s.end, ends[2]);
+            if cut > ends[2] {
+                assert!(s.torn.is_some(), "cut at {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_flipped_bit_ends_the_log_before_its_record() {
+        let d = tempfile::tempdir().unwrap();
+        let (_j, ends) = three(d.path());
+        let p = path_of(d.path());
+        let orig = std::fs::read(&p).unwrap();
+        for (rec, at) in [(0usize, ends[0] + 40), (1, ends[2] - 3), (2, ends[2] + 9)] {
+            let mut b = orig.clone();
+            b[at as usize] ^= 0x10;
+            std::fs::write(&p, &b).unwrap();
+            let s = scan_file(&p).unwrap().unwrap();
+            assert_eq!(s.records.len(), rec, "flip at {at}");
+            assert!(s.torn.is_some());
+        }
+    }
+
+    #[test]
+    fn a_reset_hides_the_old_records_and_appends_anew() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut j, _) = three(d.path());
+        j.reset().unwrap();
+        let s = scan_file(&j.path).unwrap().unwrap();
+        assert!(s.records.is_empty() && s.torn.is_none());
+        j.append(&encode_payload(&meta(9), &[page(1)])).unwrap();
+        let (j2, s) = Journal::open_or_create(d.path()).unwrap();
+        assert_eq!(s.records.len(), 1);
+        assert_eq!(s.records[0].meta.id, meta(9).id);
+        assert_eq!(j2.next_seq, 2);
+        assert_eq!(j2.generation, 2);
+    }
+
+    #[test]
+    fn a_damaged_header_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let (j, _) = three(d.path());
+        let mut b = std::fs::read(&j.path).unwrap();
+        b[17] ^= 1;
+        std::fs::write(&j.path, &b).unwrap();
+        let e = scan_file(&j.path).unwrap_err();
+        assert_eq!(e.code(), "journal_corrupt");
+    }
+}
