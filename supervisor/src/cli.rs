@@ -327,7 +327,7 @@ pub struct Config {
     /// The store at `--snapshot-dir`, already open with its indexes (an
     /// elected standby's, from its receiver): the snapshot engine starts
     /// from it instead of reading every pack's index again.
-    pub store: Option<crate::store::Store>,
+    pub store: Option<crate::store::preopened::Preopened>,
     pub start_from: StartFrom,
     pub restore_pages: crate::snapshot::restore::Pages,
     pub restore_fill_rate: u64,

@@ -23,6 +23,7 @@ use super::insync::InSyncBoard;
 use super::lineage;
 use super::link::ReplicationLink;
 use super::wire::{self, Ack, Heartbeat, Join, PeerReader, Welcome};
+use crate::store::preopened::Preopened;
 use crate::store::stream::{self, SendState};
 use crate::store::{SnapshotId, Store};
 
@@ -70,7 +71,7 @@ struct Shared {
     /// The store already open with its indexes (an elected standby's, from
     /// its receiver): the first standby to join sends from it instead of
     /// loading every pack's index again on the failover path.
-    preopened: Mutex<Option<Store>>,
+    preopened: Mutex<Option<Preopened>>,
 }
 
 impl Shared {
@@ -92,7 +93,7 @@ impl Sender {
         dir: PathBuf,
         link: Arc<ReplicationLink>,
         board: Arc<InSyncBoard>,
-        preopened: Option<Store>,
+        preopened: Option<Preopened>,
     ) -> Result<Sender, ClusterError> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| ClusterError::io(format!("replication: bind {addr}"), e))?;
@@ -245,7 +246,8 @@ fn serve(id: u64, conn: TcpStream, peer: &str, sh: &Arc<Shared>) -> Result<(), C
         .preopened
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .take();
+        .take()
+        .and_then(Preopened::take);
     let mut store = match pre {
         Some(s) => s,
         None => Store::open(&sh.dir)?,

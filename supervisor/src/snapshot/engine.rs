@@ -159,12 +159,10 @@ fn drain(fd: &OwnedFd) {
 impl Handle {
     /// `store`: the store at `cfg.dir` already open with its indexes, if
     /// the caller has one (used instead of opening it again).
-    pub fn start(cfg: EngineConfig, store: Option<Store>) -> std::io::Result<Handle> {
-        let same_dir = |s: &Store| match (s.dir().canonicalize(), cfg.dir.canonicalize()) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => false,
-        };
-        let store = store.filter(|s| s.is_indexed() && same_dir(s));
+    pub fn start(
+        cfg: EngineConfig,
+        store: Option<crate::store::preopened::Preopened>,
+    ) -> std::io::Result<Handle> {
         let (tx, rx) = channel();
         let (ntx, notes) = channel();
         let wake = eventfd()?;
@@ -247,7 +245,7 @@ struct Engine {
     notify: OwnedFd,
     store: Option<Store>,
     /// Handed over at the start: becomes `store` when the engine opens it.
-    preopened: Option<Store>,
+    preopened: Option<crate::store::preopened::Preopened>,
     /// The current process's snapshot socket (before its agent's HELLO).
     sock: Option<(i32, OwnedFd)>,
     agent: Option<AgentLink>,
@@ -633,9 +631,17 @@ impl Engine {
 
     fn open_store(&mut self) -> Result<&mut Store, Failure> {
         if self.store.is_none() {
-            let mut s = match self.preopened.take() {
+            // a copy still being made on an elected node is waited for here,
+            // at the first snapshot, not before the app's start
+            let dir = &self.cfg.dir;
+            let same_dir = |s: &Store| match (s.dir().canonicalize(), dir.canonicalize()) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => false,
+            };
+            let pre = self.preopened.take().and_then(|p| p.take());
+            let mut s = match pre.filter(|s| s.is_indexed() && same_dir(s)) {
                 Some(s) => s,
-                None => Store::create_or_open(&self.cfg.dir)?,
+                None => Store::create_or_open(dir)?,
             };
             // a journal left by a process that died: its records first
             s.fold_journal()?;

@@ -23,6 +23,7 @@ pub mod location_index;
 pub mod manifest;
 pub mod map;
 pub mod pack;
+pub mod preopened;
 pub mod reader;
 pub mod stream;
 pub mod verify;

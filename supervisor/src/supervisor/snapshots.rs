@@ -73,7 +73,7 @@ pub(super) fn start_engine(
     sc: &SnapshotConfig,
     app: &str,
     replication: Option<std::sync::Arc<crate::cluster::link::ReplicationLink>>,
-    store: Option<crate::store::Store>,
+    store: Option<crate::store::preopened::Preopened>,
 ) -> Result<Handle> {
     Handle::start(
         EngineConfig {
