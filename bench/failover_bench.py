@@ -319,8 +319,8 @@ class Load:
         rng = random.Random(k)
         rec = self.records[k]
         deadline = time.monotonic() + self.seconds
-        conn, at, seq = None, None, 0
-        for n in range(self.max_ops):
+        conn, at, seq, sent = None, None, 0, 0
+        for _ in range(self.max_ops):
             if self.stop.is_set() or time.monotonic() > deadline:
                 break
             p = self.primary()
@@ -331,22 +331,33 @@ class Load:
                 conn.close()
                 conn = None
             server = f"{p[0]}:{p[1]}"
-            write = n % 2 == 0
+            # SET and GET alternate over the requests sent: a connection
+            # refused (a primary named before it listens) sends nothing, and
+            # the same request is tried again
+            write = sent % 2 == 0
             t0 = time.monotonic_ns()
+            if conn is None:
+                # one connection of its own, which the discoverer can shut
+                conn = redis.Redis(
+                    host=p[0],
+                    port=p[1],
+                    socket_timeout=self.timeout_s,
+                    socket_connect_timeout=self.timeout_s,
+                    retry=Retry(NoBackoff(), 0),
+                    single_connection_client=True,
+                )
+                at = p
+                self.conns[k] = (p, conn)
+                try:
+                    conn.connection.connect()
+                except (redis.ConnectionError, redis.TimeoutError, OSError):
+                    rec.append((t0, time.monotonic_ns(), k, "connect", -1, False, server))
+                    conn.close()
+                    conn = None
+                    time.sleep(POLL_S / 2)
+                    continue
+            sent += 1
             try:
-                if conn is None:
-                    # one connection of its own (connected here, so a refusal
-                    # is this op's error), which the discoverer can shut
-                    conn = redis.Redis(
-                        host=p[0],
-                        port=p[1],
-                        socket_timeout=self.timeout_s,
-                        socket_connect_timeout=self.timeout_s,
-                        retry=Retry(NoBackoff(), 0),
-                        single_connection_client=True,
-                    )
-                    at = p
-                    self.conns[k] = (p, conn)
                 if write:
                     ok = conn.set(f"w{k}:{seq}", str(seq)) is True
                 else:
