@@ -337,25 +337,28 @@ class Load:
             write = sent % 2 == 0
             t0 = time.monotonic_ns()
             if conn is None:
-                # one connection of its own, which the discoverer can shut
-                conn = redis.Redis(
-                    host=p[0],
-                    port=p[1],
-                    socket_timeout=self.timeout_s,
-                    socket_connect_timeout=self.timeout_s,
-                    retry=Retry(NoBackoff(), 0),
-                    single_connection_client=True,
-                )
-                at = p
-                self.conns[k] = (p, conn)
+                # one connection of its own (redis-py connects a single-
+                # connection client as it makes it), which the discoverer
+                # can shut
                 try:
+                    conn = redis.Redis(
+                        host=p[0],
+                        port=p[1],
+                        socket_timeout=self.timeout_s,
+                        socket_connect_timeout=self.timeout_s,
+                        retry=Retry(NoBackoff(), 0),
+                        single_connection_client=True,
+                    )
                     conn.connection.connect()
                 except (redis.ConnectionError, redis.TimeoutError, OSError):
                     rec.append((t0, time.monotonic_ns(), k, "connect", -1, False, server))
-                    conn.close()
+                    if conn is not None:
+                        conn.close()
                     conn = None
                     time.sleep(POLL_S / 2)
                     continue
+                at = p
+                self.conns[k] = (p, conn)
             sent += 1
             try:
                 if write:
