@@ -172,7 +172,7 @@ def test_async_max_lag_holds_replies_while_the_standby_is_behind(net):
     n1.host.block(n2.host)
     held = n1.wait_event("replication_lag_bound", lambda e: e["state"] == "held")
     assert held["code"] == "standbys_behind_max_lag" and held["max_lag_ms"] == 200, held
-    assert held["behind_ms"] > 200, held
+    assert held["behind_ms"] >= 200, held  # whole ms: 200.4 ms reads 200
     # replies released before the hold may still be on their way: then none
     time.sleep(0.5)
     before = hist.count()
