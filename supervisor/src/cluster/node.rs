@@ -608,7 +608,7 @@ fn serve_term(
             }
             (Some(engine_pre), Some(sender_pre))
         }
-        other => (None, other.map(Preopened::Ready)),
+        other => (None, other.map(|s| Preopened::Ready(Box::new(s)))),
     };
     step("store_copy_ms", &mut since);
     let mut sender = match Sender::start(

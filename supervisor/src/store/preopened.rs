@@ -8,7 +8,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use super::Store;
 
 pub enum Preopened {
-    Ready(Store),
+    Ready(Box<Store>),
     /// Sent once made; a dropped sender (the copy failed or panicked)
     /// means "open it yourself".
     Coming(Receiver<Store>),
@@ -25,7 +25,7 @@ impl Preopened {
     /// never came (the caller opens the store itself).
     pub fn take(self) -> Option<Store> {
         match self {
-            Preopened::Ready(s) => Some(s),
+            Preopened::Ready(s) => Some(*s),
             Preopened::Coming(rx) => rx.recv().ok(),
         }
     }
