@@ -6,13 +6,19 @@
  * plus copying the dirty pages out (the two ways to keep later writes out
  * of a snapshot).  One JSON line per configuration on stdout.
  *
- *   dirty_probe [--mb N] [--dirty-permille P] [--rounds R]
+ *   dirty_probe [--mb N] [--dirty-permille P] [--rounds R] [--threads T]
+ *
+ * --dirty-permille 0 measures the walk alone: what PAGEMAP_SCAN costs when
+ * nothing was written, the floor of any cut that must look at every page
+ * table entry.  --threads T splits each scan into T parts scanned at once
+ * by T threads (whether the walk parallelizes); the copy stays on one.
  *
  * The uapi constants come from runtime/src/uffd_uapi.h: Debian 12's kernel
  * headers (6.1) predate PAGEMAP_SCAN and UFFD_FEATURE_WP_ASYNC (Linux 6.7). */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,9 +99,58 @@ static long scan_and_reprotect(int pagemap, char *p, size_t len, struct page_reg
 	return n;
 }
 
+/* The parts of a parallel scan: thread i scans part i between two
+ * barriers; the main thread is part 0 and times the whole. */
+struct scan_part {
+	int pagemap;
+	char *p;
+	size_t len;
+	struct page_region *vec;
+	size_t vec_len;
+	long n;
+};
+static pthread_barrier_t scan_start, scan_done;
+static uint64_t scan_rounds;
+
+static void *scan_worker(void *arg)
+{
+	struct scan_part *part = arg;
+	for (uint64_t r = 0; r < scan_rounds; r++) {
+		pthread_barrier_wait(&scan_start);
+		part->n = scan_and_reprotect(part->pagemap, part->p, part->len, part->vec, part->vec_len);
+		pthread_barrier_wait(&scan_done);
+	}
+	return NULL;
+}
+
+/* Splits [p, p + len) into `threads` page-aligned parts, each with its
+ * share of vec; starts the workers for parts 1.. */
+static struct scan_part *scan_parts(int pagemap, char *p, struct page_region *vec, size_t npages,
+				    unsigned threads)
+{
+	struct scan_part *parts = calloc(threads, sizeof *parts);
+	if (!parts)
+		die("calloc");
+	size_t per = (npages + threads - 1) / threads;
+	for (unsigned i = 0; i < threads; i++) {
+		size_t first = per * i, last = first + per > npages ? npages : first + per;
+		parts[i] = (struct scan_part){pagemap, p + first * PAGE, (last - first) * PAGE, vec + first,
+					      last - first, 0};
+	}
+	if (pthread_barrier_init(&scan_start, NULL, threads) || pthread_barrier_init(&scan_done, NULL, threads))
+		die("pthread_barrier_init");
+	for (unsigned i = 1; i < threads; i++) {
+		pthread_t t;
+		if (pthread_create(&t, NULL, scan_worker, &parts[i]))
+			die("pthread_create");
+		pthread_detach(t);
+	}
+	return parts;
+}
+
 int main(int argc, char **argv)
 {
-	uint64_t mb = 2048, permille = 10, rounds = 50;
+	uint64_t mb = 2048, permille = 10, rounds = 50, threads = 1;
 	for (int i = 1; i + 1 < argc; i += 2) {
 		uint64_t v = strtoull(argv[i + 1], NULL, 10);
 		if (!strcmp(argv[i], "--mb"))
@@ -104,8 +159,10 @@ int main(int argc, char **argv)
 			permille = v;
 		else if (!strcmp(argv[i], "--rounds"))
 			rounds = v;
+		else if (!strcmp(argv[i], "--threads") && v >= 1 && v <= 64)
+			threads = v;
 		else {
-			fprintf(stderr, "usage: dirty_probe [--mb N] [--dirty-permille P] [--rounds R]\n");
+			fprintf(stderr, "usage: dirty_probe [--mb N] [--dirty-permille P] [--rounds R] [--threads T]\n");
 			return 2;
 		}
 	}
@@ -131,6 +188,8 @@ int main(int argc, char **argv)
 	if (!vec || !copy || !scan || !stop)
 		die("calloc");
 	(void)scan_and_reprotect(pagemap, p, len, vec, npages); /* a clean start */
+	scan_rounds = rounds;
+	struct scan_part *parts = scan_parts(pagemap, p, vec, npages, (unsigned)threads);
 	unsigned seed = 12345;
 	uint64_t found_total = 0;
 	for (uint64_t r = 0; r < rounds; r++) {
@@ -139,16 +198,21 @@ int main(int argc, char **argv)
 			p[((size_t)seed % npages) * PAGE + 64] = (char)r;
 		}
 		double a = now_us();
-		long n = scan_and_reprotect(pagemap, p, len, vec, npages);
+		pthread_barrier_wait(&scan_start);
+		parts[0].n = scan_and_reprotect(pagemap, parts[0].p, parts[0].len, parts[0].vec, parts[0].vec_len);
+		pthread_barrier_wait(&scan_done);
 		double b = now_us();
 		size_t copied = 0;
-		for (long i = 0; i < n; i++) {
-			size_t bytes = vec[i].end - vec[i].start;
-			if (copied + bytes > ndirty * PAGE)
-				bytes = ndirty * PAGE - copied;
-			memcpy(copy + copied, (void *)(uintptr_t)vec[i].start, bytes);
-			copied += bytes;
-			found_total += (vec[i].end - vec[i].start) / PAGE;
+		for (unsigned t = 0; t < threads; t++) {
+			for (long i = 0; i < parts[t].n; i++) {
+				const struct page_region *g = &parts[t].vec[i];
+				size_t bytes = g->end - g->start;
+				if (copied + bytes > ndirty * PAGE)
+					bytes = ndirty * PAGE - copied;
+				memcpy(copy + copied, (void *)(uintptr_t)g->start, bytes);
+				copied += bytes;
+				found_total += (g->end - g->start) / PAGE;
+			}
 		}
 		double c = now_us();
 		scan[r] = b - a;
@@ -156,10 +220,10 @@ int main(int argc, char **argv)
 	}
 	qsort(scan, rounds, sizeof *scan, cmp_double);
 	qsort(stop, rounds, sizeof *stop, cmp_double);
-	printf("{\"mb\":%llu,\"dirty_permille\":%llu,\"dirty_pages\":%zu,\"found_pages_per_round\":%.0f,"
+	printf("{\"mb\":%llu,\"threads\":%llu,\"dirty_permille\":%llu,\"dirty_pages\":%zu,\"found_pages_per_round\":%.0f,"
 	       "\"register_us\":%.1f,\"scan_us_median\":%.1f,\"scan_us_p99\":%.1f,"
 	       "\"scan_copy_us_median\":%.1f,\"scan_copy_us_p99\":%.1f,\"rounds\":%llu}\n",
-	       (unsigned long long)mb, (unsigned long long)permille, ndirty, (double)found_total / (double)rounds,
+	       (unsigned long long)mb, (unsigned long long)threads, (unsigned long long)permille, ndirty, (double)found_total / (double)rounds,
 	       t_register, scan[rounds / 2], scan[rounds * 99 / 100], stop[rounds / 2], stop[rounds * 99 / 100],
 	       (unsigned long long)rounds);
 	return 0;

@@ -32,6 +32,9 @@ have tclsh8.6 || need_apt+=(tcl8.6)
 # tests, benchmarks and the demo start in network namespaces.
 have etcd || need_apt+=(etcd-server)
 have etcdctl || need_apt+=(etcd-client)
+# lossy links for the failover tests: nftables drops a share of a host's
+# packets (this kernel has no tc netem: CONFIG_NET_SCH_NETEM is not set)
+have nft || need_apt+=(nftables)
 # the etcd client crate (etcd-client) compiles etcd's .proto files: protoc
 have protoc || need_apt+=(protobuf-compiler)
 # error virtualization's overhead on lighttpd and nginx (tools/errvirt): wrk

@@ -2,7 +2,7 @@
 namespace with one veth to a bridge of the test's own (in the root
 namespace, with an address, so the test process reaches every host as a
 client would); etcd runs in hosts of its own.  A host can be cut off
-(its veth down), slowed (tc netem) and killed (SIGKILL to every process
+(its veth down), made lossy (nftables) and killed (SIGKILL to every process
 in its namespace: the machine dies).  Names are unique per test and
 everything is removed at close(), also after a failure.  No traffic
 leaves the machine: the bridge has no uplink and no route is added."""
@@ -96,9 +96,34 @@ class Host:
         for a, b in ((self, other), (other, self)):
             sh("ip", "netns", "exec", a.ns, "ip", "route", "del", "blackhole", f"{b.ip}/32", check=False)
 
-    def delay(self, ms, loss_percent=0):
-        sh("tc", "qdisc", "replace", "dev", self.veth, "root", "netem",
-           "delay", f"{ms}ms", "loss", f"{loss_percent}%")  # fmt: skip
+    def lose(self, percent):
+        """Drop `percent`% of the packets this host sends and of those it
+        receives, at random (nftables in its namespace: this kernel has no
+        tc netem).  Replaces an earlier loss."""
+        self.restore()
+        ns = ["ip", "netns", "exec", self.ns, "nft"]
+        sh(*ns, "add", "table", "inet", "rkloss")
+        for chain, hook in (("in", "input"), ("out", "output")):
+            sh(*ns, "add", "chain", "inet", "rkloss", chain, f"{{ type filter hook {hook} priority 0; }}")
+            sh(
+                *ns,
+                "add",
+                "rule",
+                "inet",
+                "rkloss",
+                chain,
+                "numgen",
+                "random",
+                "mod",
+                "100",
+                "<",
+                str(percent),
+                "drop",
+            )
+
+    def restore(self):
+        """No loss (undoes lose())."""
+        sh("ip", "netns", "exec", self.ns, "nft", "delete", "table", "inet", "rkloss", check=False)
 
 
 class Net:
@@ -142,6 +167,30 @@ class Net:
         sh("ip", "link", "del", self.bridge, check=False)
 
 
+def _start_etcd(host, log, data_dir, initial_cluster):
+    ip = host.ip
+    url = f"http://{ip}:{ETCD_PORT}"
+    host.popen([
+        "etcd", "--name", host.name, "--data-dir", data_dir,
+        "--listen-client-urls", url, "--advertise-client-urls", url,
+        "--listen-peer-urls", f"http://{ip}:2380", "--initial-advertise-peer-urls", f"http://{ip}:2380",
+        "--initial-cluster", initial_cluster, "--initial-cluster-state", "new",
+        "--heartbeat-interval", "50", "--election-timeout", "500",
+    ], log)  # fmt: skip
+    return url
+
+
+def _wait_etcd_healthy(url, log):
+    deadline = time.monotonic() + 20
+    while True:
+        r = sh("etcdctl", "--endpoints", url, "--dial-timeout", "1s", "endpoint", "health", check=False)
+        if r.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"etcd did not become healthy: {r.stderr}\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
 class Etcd:
     """One etcd member (etcd-server 3.4) on its own host, short election
     timeout so that a 1-2 s lease is allowed."""
@@ -150,25 +199,38 @@ class Etcd:
         self.host = host
         self.dir = net.tmp / f"etcd-{host.name}"
         self.log = net.tmp / f"etcd-{host.name}.log"
-        ip = host.ip
-        self.url = f"http://{ip}:{ETCD_PORT}"
-        host.popen([
-            "etcd", "--name", host.name, "--data-dir", self.dir,
-            "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-            "--listen-peer-urls", f"http://{ip}:2380", "--initial-advertise-peer-urls", f"http://{ip}:2380",
-            "--initial-cluster", f"{host.name}=http://{ip}:2380", "--initial-cluster-state", "new",
-            "--heartbeat-interval", "50", "--election-timeout", "500",
-        ], self.log)  # fmt: skip
-        deadline = time.monotonic() + 20
-        while True:
-            r = sh("etcdctl", "--endpoints", self.url, "--dial-timeout", "1s", "endpoint", "health",
-                   check=False)  # fmt: skip
-            if r.returncode == 0:
-                return
-            if time.monotonic() > deadline:
-                log = self.log.read_text()[-3000:]
-                raise AssertionError(f"etcd did not become healthy: {r.stderr}\n{log}")
-            time.sleep(0.1)
+        self.url = _start_etcd(host, self.log, self.dir, f"{host.name}=http://{host.ip}:2380")
+        _wait_etcd_healthy(self.url, self.log)
+
+    def get(self, key):
+        r = sh("etcdctl", "--endpoints", self.url, "get", key, "--print-value-only", check=False)
+        return r.stdout.strip() or None
+
+
+class EtcdCluster:
+    """Three etcd members, each on a host of its own; `url` lists every
+    member's client URL (comma-separated, as --cluster takes them)."""
+
+    def __init__(self, net, names=("e1", "e2", "e3")):
+        self.hosts = {n: net.host(n) for n in names}
+        initial = ",".join(f"{h.name}=http://{h.ip}:2380" for h in self.hosts.values())
+        self.urls = {}
+        logs = {}
+        for n, h in self.hosts.items():
+            logs[n] = net.tmp / f"etcd-{n}.log"
+            self.urls[n] = _start_etcd(h, logs[n], net.tmp / f"etcd-{n}", initial)
+        for n in names:  # each waits for a quorum: started together, then checked
+            _wait_etcd_healthy(self.urls[n], logs[n])
+        self.url = ",".join(self.urls.values())
+
+    def leader(self):
+        """The name of the member that leads etcd now."""
+        r = sh("etcdctl", "--endpoints", self.url, "endpoint", "status", "-w", "json")
+        for st in json.loads(r.stdout):
+            s = st["Status"]
+            if s["header"]["member_id"] == s["leader"]:
+                return next(n for n, u in self.urls.items() if u == st["Endpoint"])
+        raise AssertionError(f"no etcd member leads: {r.stdout}")
 
     def get(self, key):
         r = sh("etcdctl", "--endpoints", self.url, "get", key, "--print-value-only", check=False)
@@ -260,9 +322,9 @@ def lease_ttl_left(etcd, lease):
     return int(json.loads(r.stdout)["ttl"])
 
 
-def writers(node, hist, stop, n=3, per_writer=3000, seconds=30):
-    """Each writer SETs w<t>:<i> on its own connection to `node` until an
-    error (the connection's server is gone), stop, or its bounds."""
+def writers(node, hist, stop, n=3, per_writer=3000, seconds=30, prefix="w"):
+    """Each writer SETs <prefix><t>:<i> on its own connection to `node`
+    until an error (the connection's server is gone), stop, or its bounds."""
     addr = f"{node.host.ip}:{node.port}"
 
     def run(t):
@@ -271,7 +333,7 @@ def writers(node, hist, stop, n=3, per_writer=3000, seconds=30):
         for i in range(per_writer):
             if stop.is_set() or time.monotonic() > deadline:
                 return
-            if not hist.write(f"w{t}", c, f"w{t}:{i}", str(i), addr=addr):
+            if not hist.write(f"{prefix}{t}", c, f"{prefix}{t}:{i}", str(i), addr=addr):
                 return
 
     threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(n)]
