@@ -493,6 +493,7 @@ impl Supervisor {
                     .s("code", "index_written")
                     .u("bytes", d.bytes)
                     .u("took_ms", d.took.as_millis() as u64)
+                    .u("cpu_ms", d.cpu.as_millis() as u64)
                     .s("from", d.from)
                     .u("deltas", d.deltas as u64)
                     .u("removed", d.removed as u64),
