@@ -251,7 +251,6 @@ def run_restore(scenario, build, keys, args, workdir):
             raw["dbsize_after"] = resp(port, "DBSIZE", timeout=600)
             raw["server"] = server_word(scenario, srv2, workdir)
             raw["server"]["t0_to_spawn_ms"] = spawn_ms(srv2, t0) if is_rkv(scenario) else None
-            raw["server"]["t0_to_start_ms"] = spawn_ms(srv2, t0, "start") if is_rkv(scenario) else None
         finally:
             srv2.stop()
     finally:
@@ -276,11 +275,10 @@ def t90_of(rel, eff, pre, bucket_s, n):
     return None
 
 
-def spawn_ms(srv, t0, kind="spawn"):
+def spawn_ms(srv, t0):
     """t0 to the spawn of the restored app: the supervisor read the store
-    meanwhile (t_ns is CLOCK_MONOTONIC, as time.monotonic()); or to the
-    supervisor's `start` event (its own start, before it reads the store)."""
-    sp = srv.events(kind)
+    meanwhile (t_ns is CLOCK_MONOTONIC, as time.monotonic())."""
+    sp = srv.events("spawn")
     return round((sp[0]["t_ns"] / 1e9 - t0) * 1000, 1) if sp else None
 
 
