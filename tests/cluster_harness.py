@@ -347,3 +347,19 @@ def wait_acks(hist, n, timeout=30):
     while hist.count() < n:
         assert time.monotonic() < deadline, f"only {hist.count()} acknowledgements"
         time.sleep(0.01)
+
+
+def insync(etcd):
+    """The in-sync set etcd holds ({"epoch", "standbys"}), or None."""
+    v = etcd.get("/rekindle/rkv/insync")
+    return json.loads(v) if v else None
+
+
+def wait_insync(etcd, pred, timeout=30):
+    deadline = time.monotonic() + timeout
+    while True:
+        s = insync(etcd)
+        if s is not None and pred(s):
+            return s
+        assert time.monotonic() < deadline, f"in-sync set never matched: {s}"
+        time.sleep(0.05)

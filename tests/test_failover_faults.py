@@ -12,7 +12,6 @@ per term), and that a node that comes back rejoins as a standby of the
 current term and catches up (a write acknowledged with it).  Assertions
 are on facts (events, etcd's records, the history), not on durations."""
 
-import json
 import os
 import threading
 import time
@@ -26,6 +25,7 @@ from cluster_harness import (
     Node,
     cluster_status,
     wait_acks,
+    wait_insync,
     writers,
 )
 from history import History, check_no_ack_from_deposed, check_no_acked_write_lost
@@ -51,17 +51,6 @@ def net(tmp_path):
 
 def addr(node):
     return f"{node.host.ip}:{node.port}"
-
-
-def wait_insync(etcd, pred, timeout=30):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = etcd.get("/rekindle/rkv/insync")
-        s = json.loads(v) if v else None
-        if s is not None and pred(s):
-            return s
-        assert time.monotonic() < deadline, f"in-sync set never matched: {s}"
-        time.sleep(0.05)
 
 
 def start_nodes(net, etcd, names, **kw):

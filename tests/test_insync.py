@@ -7,7 +7,6 @@ the new primary incrementally across the term change.
 The assertions are on facts (events, etcd's records and lease state, the
 clients' recorded history), never on durations."""
 
-import json
 import os
 import threading
 import time
@@ -24,6 +23,7 @@ from cluster_harness import (
     lease_ttl_left,
     sh,
     wait_acks,
+    wait_insync,
     writers,
 )
 from history import History, check_no_ack_from_deposed, check_no_acked_write_lost
@@ -45,21 +45,6 @@ def net(tmp_path):
         yield n
     finally:
         n.close()
-
-
-def insync(etcd):
-    v = etcd.get("/rekindle/rkv/insync")
-    return json.loads(v) if v else None
-
-
-def wait_insync(etcd, pred, timeout=30):
-    deadline = time.monotonic() + timeout
-    while True:
-        s = insync(etcd)
-        if s is not None and pred(s):
-            return s
-        assert time.monotonic() < deadline, f"in-sync set never matched: {s}"
-        time.sleep(0.05)
 
 
 def wait_eligibility(etcd, node, want, timeout=20):

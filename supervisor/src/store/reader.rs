@@ -159,12 +159,26 @@ impl Store {
         &self,
         chain: &[(PathBuf, Manifest)],
     ) -> Result<Vec<Vec<(u64, Hash)>>, StoreError> {
-        let mut state: Vec<(RegionMeta, Vec<(u64, Hash)>)> = Vec::new();
-        for (_, m) in chain.iter().rev() {
+        self.fold_onto(Vec::new(), chain, merge_pages, &mut 0)
+    }
+
+    /// The fold's one pass: `deltas` (newest first) onto `state`, each
+    /// region's delta merged (`merge`) into the list of the region of the
+    /// same shape it inherits (none for a whole region or a full
+    /// snapshot); `folded_entries` counts the map entries read.
+    fn fold_onto<T>(
+        &self,
+        mut state: Vec<(RegionMeta, Vec<T>)>,
+        deltas: &[(PathBuf, Manifest)],
+        merge: fn(Vec<T>, &[MapEntry]) -> Vec<T>,
+        folded_entries: &mut u64,
+    ) -> Result<Vec<Vec<T>>, StoreError> {
+        for (_, m) in deltas.iter().rev() {
             self.check_packs(m)?;
             let entries = self.load_map(m)?;
+            *folded_entries += entries.len() as u64;
             let mut rest = &entries[..];
-            let mut next: Vec<(RegionMeta, Vec<(u64, Hash)>)> = Vec::with_capacity(m.regions.len());
+            let mut next = Vec::with_capacity(m.regions.len());
             for (i, r) in m.regions.iter().enumerate() {
                 let inherited = if r.whole || m.kind == SnapshotKind::Full {
                     None
@@ -178,7 +192,7 @@ impl Store {
                 let n = rest.partition_point(|e| e.region as usize == i);
                 let (delta, after) = rest.split_at(n);
                 rest = after;
-                next.push((r.meta.clone(), merge_pages(base, delta)));
+                next.push((r.meta.clone(), merge(base, delta)));
             }
             state = next;
         }
@@ -481,34 +495,11 @@ impl Store {
     /// unlocated.
     fn fold_slots(
         &self,
-        mut state: Vec<(RegionMeta, Vec<Slot>)>,
+        state: Vec<(RegionMeta, Vec<Slot>)>,
         deltas: &[(PathBuf, Manifest)],
         folded_entries: &mut u64,
     ) -> Result<Vec<Vec<Slot>>, StoreError> {
-        for (_, m) in deltas.iter().rev() {
-            self.check_packs(m)?;
-            let entries = self.load_map(m)?;
-            *folded_entries += entries.len() as u64;
-            let mut rest = &entries[..];
-            let mut next = Vec::with_capacity(m.regions.len());
-            for (i, r) in m.regions.iter().enumerate() {
-                let inherited = if r.whole || m.kind == SnapshotKind::Full {
-                    None
-                } else {
-                    state.iter().position(|(p, _)| p.same_shape(&r.meta))
-                };
-                let base = match inherited {
-                    Some(k) => std::mem::take(&mut state[k].1),
-                    None => Vec::new(),
-                };
-                let n = rest.partition_point(|e| e.region as usize == i);
-                let (delta, after) = rest.split_at(n);
-                rest = after;
-                next.push((r.meta.clone(), merge_slots(base, delta)));
-            }
-            state = next;
-        }
-        Ok(state.into_iter().map(|(_, p)| p).collect())
+        self.fold_onto(state, deltas, merge_slots, folded_entries)
     }
 
     /// The packs the chain's manifests name, each once, newest first.
