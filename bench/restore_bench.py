@@ -306,7 +306,7 @@ def server_word(scenario, srv, workdir):
             out["up"] = {k: up[0].get(k) for k in ("kind", "code", "restart_us", "preserved_bytes")}
         lz = [e for e in ev if e.get("supervisor") == "lazy_restore" and e.get("state") == "done"]
         if lz and st:
-            keep = ("faulted_pages", "filled_pages", "max_fault_us", "took_ms")
+            keep = ("faulted_pages", "faulted_around_pages", "filled_pages", "max_fault_us", "took_ms")
             out["lazy"] = {k: lz[0].get(k) for k in keep}
             out["lazy"]["all_in_ms"] = round((lz[0]["t_ns"] - st[0]["t_ns"]) / 1e6, 1)
         ready = srv.rkv_log("ready")

@@ -677,3 +677,39 @@ def test_a_snapshot_refused_while_a_region_stays_open_is_asked_again(tmp_path):
     assert failed and {f["code"] for f in failed} == {"region_open"}, failed
     order = [x.split('"app":"')[1].split('"')[0] for x in lines if x.startswith('{"app":')]
     assert order.index("slow_region_closed") < order.index("acked"), order
+
+
+def test_a_checkpoint_asked_before_the_apps_agent_started_waits_for_it(tmp_path):
+    # The app's snapshot agent says HELLO a second after the spawn (a shell
+    # that sleeps, then execs rkv).  A checkpoint asked meanwhile waits for
+    # it (up to 5 s) instead of being refused with agent_not_ready: an app
+    # may answer its first requests before its agent is heard from.
+    from rkv_harness import RKV
+    from supervisor_harness import free_port
+
+    inherited = ("REKINDLE_MANIFEST_FD", "LISTEN_FDS", "LISTEN_PID", "NOTIFY_SOCKET")
+    env = {k: v for k, v in os.environ.items() if k not in inherited}
+    env["REKINDLE_RUNTIME_DIR"] = str(tmp_path / "run")
+    events, port = tmp_path / "events.jsonl", free_port()
+    late_rkv = ["/bin/sh", "-c", 'sleep 1; exec "$0" "$@"', str(RKV)]
+    late_rkv += ["--port", str(port), "--dir", str(tmp_path)]
+    argv = [str(REKINDLE), "run", "--name", "rkv", "--events", str(events),
+            "--snapshot-dir", str(tmp_path / "store"), "--snapshot-interval", "0",
+            "--listen", f"127.0.0.1:{port}", "--", *late_rkv]  # fmt: skip
+    sup = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while '"spawn"' not in (events.read_text() if events.exists() else ""):
+            assert time.monotonic() < deadline and sup.poll() is None, "no spawn"
+            time.sleep(0.01)
+        p = rekindle("checkpoint", "rkv", "--wait", "--json", env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        reply = json.loads(p.stdout)
+        assert reply["ok"] and reply["durable"] and reply["full"], reply
+        evs = [json.loads(ln) for ln in events.read_text().splitlines()]
+        asked = next(e["t_ns"] for e in evs if e.get("supervisor") == "spawn")
+        hello = next(e["t_ns"] for e in evs if e.get("supervisor") == "snapshot_agent")
+        assert hello - asked > 500_000_000, "the agent was not late: nothing was tested"
+    finally:
+        sup.terminate()
+        sup.wait(timeout=20)

@@ -183,6 +183,18 @@ fn send_signal(pid: libc::pid_t, sig: i32) -> bool {
 impl Supervisor {
     pub fn new(mut cfg: Config) -> Result<Self> {
         ensure_stdio();
+        // A restore reads the store on a thread of its own while the rest
+        // of the setup runs (runtime directory, sockets, event log): on a
+        // machine just rebooted, both wait on a cold disk.
+        let reading = match (&cfg.restore, &cfg.restored) {
+            (Some(src), None) => {
+                let (src, pages) = (src.clone(), cfg.restore_pages);
+                Some(std::thread::spawn(move || {
+                    crate::snapshot::restore::materialize_with(&src, pages)
+                }))
+            }
+            _ => None,
+        };
         // SAFETY: prctl with constant arguments.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
         let mut mask = SigSet::empty();
@@ -256,9 +268,12 @@ impl Supervisor {
         let restored = match &cfg.restore {
             Some(src) => {
                 let pages = cfg.restore_pages;
-                let made = match premade {
-                    Some(r) => Ok(r),
-                    None => crate::snapshot::restore::materialize_with(src, pages),
+                let made = match (premade, reading) {
+                    (Some(r), _) => Ok(r),
+                    (None, Some(thread)) => thread
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                    (None, None) => crate::snapshot::restore::materialize_with(src, pages),
                 };
                 let mut r = made.map_err(|e| {
                     let mut evs = EventLog::open(&cfg.name, cfg.events.as_deref()).ok();
@@ -319,6 +334,7 @@ impl Supervisor {
                 &cfg.name,
                 cfg.replication.clone(),
                 cfg.store.take(),
+                lazy.is_none(),
             )?),
             None => None,
         };

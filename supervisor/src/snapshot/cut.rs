@@ -74,6 +74,12 @@ impl Failure {
     pub fn transient(&self) -> bool {
         !matches!(self, Failure::Store(_))
     }
+    /// What an app still making its regions right after its HELLO causes
+    /// (an arena whose memfd is not handed over yet, one made during the
+    /// cut): tried again shortly, even for a checkpoint waiting on it.
+    pub fn settles_at_start(&self) -> bool {
+        matches!(self, Failure::NoFd(_) | Failure::LayoutChanged)
+    }
 }
 
 impl std::fmt::Display for Failure {

@@ -39,6 +39,11 @@ pub struct EngineConfig {
     /// `--cluster`: each commit goes to the replication sender; with sync
     /// replication the app's durable epoch waits for the standbys' ack.
     pub replication: Option<std::sync::Arc<crate::cluster::link::ReplicationLink>>,
+    /// Open the store (every pack's index) as soon as the engine starts,
+    /// while the app starts; false during a lazy restore, whose app waits
+    /// for its pages from the same disk and CPU (the engine gets no
+    /// snapshot to take until the restore is over anyway).
+    pub open_at_start: bool,
 }
 
 /// Why a restored incarnation's first snapshot is full after all (the
@@ -187,6 +192,7 @@ impl Handle {
             force_full: true,
             next_due: None,
             waiting: Vec::new(),
+            agent_wait_until: None,
             failing_since: None,
             agent_since: None,
             durable_efd: None,
@@ -263,6 +269,8 @@ struct Engine {
     force_full: bool,
     next_due: Option<Instant>,
     waiting: Vec<(u64, Vec<String>)>,
+    /// Checkpoints waiting for an incarnation's agent are refused after.
+    agent_wait_until: Option<Instant>,
     /// Continuous snapshots failing since (reported once per failure kind).
     failing_since: Option<&'static str>,
     /// When the current agent said HELLO.
@@ -292,6 +300,9 @@ struct Engine {
     indexer: super::indexer::Indexer,
 }
 
+/// How long a checkpoint asked for while an incarnation starts waits for
+/// its agent's HELLO.
+const AGENT_START_WAIT: Duration = Duration::from_secs(5);
 /// Right after an agent's HELLO the poll loop may not have handed over the
 /// memfds of the arenas the app opened meanwhile: a missing fd then is
 /// retried this soon, for this long, before it is reported.
@@ -317,8 +328,10 @@ impl Engine {
         // opening it loads every pack's index (hundreds of ms at millions
         // of chunks), which a new primary's first acknowledged write would
         // otherwise wait for.  A failure here is met again, and reported,
-        // at the first snapshot.
-        let _ = self.open_store();
+        // at the first snapshot.  Not during a lazy restore (open_at_start).
+        if self.cfg.open_at_start {
+            let _ = self.open_store();
+        }
         loop {
             let timeout = self.poll_timeout();
             let mut pfds = vec![libc::pollfd {
@@ -397,6 +410,9 @@ impl Engine {
             if let Some((id, r)) = self.indexer.tick() {
                 self.note(Note::Indexed { id, result: r });
             }
+            if self.agent.is_none() && self.agent_wait_until.is_some_and(|t| Instant::now() >= t) {
+                self.refuse_waiting_no_agent();
+            }
             let due = self.next_due.is_some_and(|t| Instant::now() >= t);
             if self.agent.is_some() && (due || self.requested || !self.waiting.is_empty()) {
                 let app_asked = std::mem::take(&mut self.requested) || self.refused > 0;
@@ -406,16 +422,29 @@ impl Engine {
     }
 
     fn poll_timeout(&self) -> i32 {
-        let ms = match (self.agent.is_some(), self.next_due) {
-            (true, Some(t)) => t
-                .saturating_duration_since(Instant::now())
-                .as_millis()
-                .min(1000) as i32,
+        let until = |t: Instant| t.saturating_duration_since(Instant::now()).as_millis() as i32;
+        let ms = match (self.agent.is_some(), self.next_due, self.agent_wait_until) {
+            (true, Some(t), _) => until(t).min(1000),
+            (false, _, Some(t)) if !self.waiting.is_empty() => until(t).min(1000),
             _ => 1000,
         };
         match self.indexer.wait() {
             Some(w) => ms.min(w.as_millis() as i32),
             None => ms,
+        }
+    }
+
+    /// Checkpoints that waited AGENT_START_WAIT for an agent that never
+    /// said HELLO.
+    fn refuse_waiting_no_agent(&mut self) {
+        self.agent_wait_until = None;
+        for (client, _) in std::mem::take(&mut self.waiting) {
+            self.note(Note::Checkpoint {
+                client,
+                reply: serde_json::json!({"ok": false, "code": "agent_not_ready",
+                    "error": format!("the app's snapshot agent did not start within {} s (is the app linked with librekindle?)",
+                        AGENT_START_WAIT.as_secs())}),
+            });
         }
     }
 
@@ -453,15 +482,20 @@ impl Engine {
                 }
             }
             Cmd::Checkpoint { client, tags } => {
-                if self.agent.is_none() {
+                if self.agent.is_none() && self.sock.is_none() {
                     self.note(Note::Checkpoint {
                         client,
                         reply: serde_json::json!({"ok": false, "code": "agent_not_ready",
                             "error": "the app's snapshot agent has not started (is the app linked with librekindle, and up?)"}),
                     });
-                } else {
-                    self.waiting.push((client, tags));
+                    return;
                 }
+                if self.agent.is_none() && self.waiting.is_empty() {
+                    // an incarnation is starting: the app may answer
+                    // requests before its agent's HELLO is read here
+                    self.agent_wait_until = Some(Instant::now() + AGENT_START_WAIT);
+                }
+                self.waiting.push((client, tags));
             }
             Cmd::Baseline(b) => self.baseline = Some(b),
             Cmd::Shutdown => {}
@@ -598,6 +632,7 @@ impl Engine {
         let Ok(sock) = sock.try_clone() else { return };
         self.durable_efd = durable;
         self.request_efd = request;
+        self.agent_wait_until = None;
         self.agent = Some(AgentLink {
             sock,
             buf,
@@ -686,10 +721,12 @@ impl Engine {
                 }
                 self.retention();
             }
-            Err(Failure::NoFd(_))
-                if waiting.is_empty()
+            // a checkpoint asked as the app starts waits for its regions too
+            Err(f)
+                if f.settles_at_start()
                     && self.agent_since.is_some_and(|t| t.elapsed() < HELD_GRACE) =>
             {
+                self.waiting = waiting;
                 self.next_due = Some(Instant::now() + HELD_RETRY);
             }
             // the app exited or was killed mid-snapshot: its death is the

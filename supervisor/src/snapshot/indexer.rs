@@ -134,12 +134,7 @@ impl Indexer {
 /// The job: open the snapshot (through the newest index of its chain),
 /// write its index, remove the store's older ones.
 fn write_index(dir: &std::path::Path, id: &SnapshotId) -> Result<Indexed, StoreError> {
-    // off the app's path: below its priority (a per-thread nice on Linux)
-    // SAFETY: plain syscalls on this thread.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
-    }
+    super::lower_this_thread(10); // off the app's path
     let t0 = Instant::now();
     let cpu0 = thread_cpu();
     let store = Store::open_unindexed(dir)?;

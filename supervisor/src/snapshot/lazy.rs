@@ -56,6 +56,10 @@ struct UffdioRange {
 /// Pages copied per UFFDIO_COPY in the background (contiguous ones).
 const BATCH_PAGES: usize = 32;
 
+/// Pages a fault brings in at most: the faulting one, then those after it
+/// (`Serving::bring_after`).
+const FAULT_AROUND: usize = 16;
+
 /// One arena to fill: its region in the snapshot and its memfd (a dup of
 /// the one the supervisor holds, for `fill_rest`).
 pub struct LazyArena {
@@ -159,6 +163,9 @@ impl Filled {
 pub struct Stats {
     /// Pages of the snapshot installed because the app touched them.
     pub faulted: u64,
+    /// Pages installed with a faulting one (the present pages right after
+    /// it that were not in yet: `FAULT_AROUND`).
+    pub faulted_around: u64,
     /// Zero pages (none in the snapshot) the app touched: a zero page each.
     pub zero_faulted: u64,
     /// Faults on pages already in (punched since): given a zero page.
@@ -407,10 +414,12 @@ impl Serving<'_> {
         // in before: installed, then punched out by the app since
         let refault = self.filled.get(k, page);
         let buf = if refault || zero {
-            &self.zero
+            &self.zero[..]
         } else {
-            self.src.reader.read_page(a.region, page, &mut self.page)?;
-            &self.page
+            self.src
+                .reader
+                .read_page(a.region, page, &mut self.page[..PAGE])?;
+            &self.page[..PAGE]
         };
         let copied = match copy(self.ctxs[i].as_raw_fd(), addr, buf, 1) {
             Ok(c) => c,
@@ -419,15 +428,66 @@ impl Serving<'_> {
         };
         self.filled.set(k, page);
         if copied == Copied::Pages(1) {
-            let n = match (refault, zero) {
+            let counter = match (refault, zero) {
                 (true, _) => &mut self.stats.refaulted,
                 (false, true) => &mut self.stats.zero_faulted,
                 (false, false) => &mut self.stats.faulted,
             };
-            *n += 1;
+            *counter += 1;
         }
         self.stats.max_fault_us = self.stats.max_fault_us.max(t0.elapsed().as_micros() as u64);
-        Ok(true)
+        if refault || zero {
+            return Ok(true);
+        }
+        // the app runs again (the copy woke it): now the pages after it
+        self.bring_after(i, k, m, page)
+    }
+
+    /// Installs the pages after `page` of arena `k` that the snapshot holds
+    /// and nobody put in yet, up to FAULT_AROUND - 1.  An app's start reads
+    /// its arena's first pages one after another (rkv: 55 in a row), each
+    /// fault a round trip through the kernel and this thread; and a page
+    /// installed here at the app's priority is one the background fill (at
+    /// nice 10, behind a busy app) need not bring.  False: a child's
+    /// address space is gone.
+    fn bring_after(
+        &mut self,
+        i: usize,
+        k: usize,
+        m: &Mapped,
+        page: u64,
+    ) -> Result<bool, LazyError> {
+        let a = &self.src.arenas[k];
+        let last = a.bytes.div_ceil(PAGE as u64).min(m.len / PAGE as u64);
+        let mut n = 0;
+        while n + 1 < FAULT_AROUND {
+            let p = page + 1 + n as u64;
+            if p >= last
+                || self.filled.get(k, p)
+                || self.src.reader.page_hash(a.region, p)?.is_none()
+            {
+                break;
+            }
+            let buf = &mut self.page[n * PAGE..(n + 1) * PAGE];
+            self.src.reader.read_page(a.region, p, buf)?;
+            n += 1;
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+        let dst = m.addr + (page + 1) * PAGE as u64;
+        match copy(self.ctxs[i].as_raw_fd(), dst, &self.page[..n * PAGE], n) {
+            Ok(Copied::Pages(d)) => {
+                for j in 0..d as u64 {
+                    self.filled.set(k, page + 1 + j);
+                }
+                self.stats.faulted_around += d as u64;
+                Ok(true)
+            }
+            Ok(Copied::FirstExists) => Ok(true), // the fill got there first
+            Err(_) if i > 0 => Ok(false),
+            Err(err) => Err(copy_failed(err)),
+        }
     }
 
     /// Serves whatever is waiting on any userfaultfd; waits up to
@@ -585,7 +645,7 @@ fn serve(
         filled: &filled,
         stats: Stats::default(),
         ctxs: vec![uffd],
-        page: vec![0u8; PAGE],
+        page: vec![0u8; FAULT_AROUND * PAGE],
         zero: vec![0u8; PAGE],
     };
     // the filler stops on `stop` (the app is gone) or on `over` (the
@@ -602,6 +662,10 @@ fn serve(
         };
         let (over, filler_done) = (&over, &filler_done);
         let h = sc.spawn(move || {
+            // the background fill takes what CPU the app leaves: on a
+            // machine just rebooted the app's start and first requests
+            // wait for its faults, not for the rest of the arena
+            super::lower_this_thread(10);
             let r = f.run(fill_rate, &[stop, over]);
             filler_done.store(true, Ordering::Release);
             (r, f.filled_pages)

@@ -13,3 +13,15 @@ pub mod indexer;
 pub mod lazy;
 pub mod restore;
 pub mod staging;
+
+/// Puts the calling thread below the app's priority (nice `n`; a nice is
+/// per thread on Linux): the snapshot and restore work that must not take
+/// the CPU from the app it serves.  Advice only: a failure changes nothing
+/// but the order in which the kernel runs things.
+pub(crate) fn lower_this_thread(n: i32) {
+    // SAFETY: plain syscalls on this thread.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, n);
+    }
+}

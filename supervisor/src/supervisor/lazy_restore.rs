@@ -185,6 +185,7 @@ impl Supervisor {
         let mut e = ev("lazy_restore")
             .s("state", how)
             .u("faulted_pages", st.faulted)
+            .u("faulted_around_pages", st.faulted_around)
             .u("zero_faulted_pages", st.zero_faulted)
             .u("refaulted_pages", st.refaulted)
             .u("filled_pages", st.filled)

@@ -74,6 +74,7 @@ pub(super) fn start_engine(
     app: &str,
     replication: Option<std::sync::Arc<crate::cluster::link::ReplicationLink>>,
     store: Option<crate::store::preopened::Preopened>,
+    open_at_start: bool,
 ) -> Result<Handle> {
     Handle::start(
         EngineConfig {
@@ -85,6 +86,7 @@ pub(super) fn start_engine(
             freeze_timeout: Duration::from_millis(50),
             precopy_rounds: 1,
             replication,
+            open_at_start,
         },
         store,
     )
