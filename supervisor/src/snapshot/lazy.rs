@@ -347,6 +347,9 @@ struct Serving<'a> {
     ctxs: Vec<OwnedFd>,
     page: Vec<u8>,
     zero: Vec<u8>,
+    /// Faults served whose next pages are still to bring: (index into
+    /// `mapped`, page), the newest last.
+    after: Vec<(usize, u64)>,
 }
 
 impl Serving<'_> {
@@ -361,7 +364,14 @@ impl Serving<'_> {
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 return match e.raw_os_error() {
-                    Some(libc::EAGAIN) => Ok(true),
+                    // no fault waits: the pages after the last ones served
+                    Some(libc::EAGAIN) => match self.after.pop() {
+                        Some((mi, page)) => match self.bring_after(i, mi, page)? {
+                            true => continue,
+                            false => Ok(false),
+                        },
+                        None => Ok(true),
+                    },
                     Some(libc::EINTR) => continue,
                     _ if i > 0 => Ok(false),
                     _ => Err(LazyError::Sys {
@@ -401,13 +411,14 @@ impl Serving<'_> {
     fn fault(&mut self, i: usize, addr: u64) -> Result<bool, LazyError> {
         let t0 = Instant::now();
         let addr = addr & !(PAGE as u64 - 1);
-        let Some(m) = self
+        let Some(mi) = self
             .mapped
             .iter()
-            .find(|m| addr >= m.addr && addr < m.addr + m.len)
+            .position(|m| addr >= m.addr && addr < m.addr + m.len)
         else {
             return Ok(true); // not ours: cannot be (only our ranges are registered)
         };
+        let m = &self.mapped[mi];
         let (k, page) = (m.arena, (addr - m.addr) / PAGE as u64);
         let a = &self.src.arenas[k];
         let zero = self.src.reader.page_hash(a.region, page)?.is_none();
@@ -436,11 +447,12 @@ impl Serving<'_> {
             *counter += 1;
         }
         self.stats.max_fault_us = self.stats.max_fault_us.max(t0.elapsed().as_micros() as u64);
-        if refault || zero {
-            return Ok(true);
+        if !refault && !zero {
+            // the app runs again (the copy woke it); the pages after it
+            // come in once no other fault waits (drain)
+            self.after.push((mi, page));
         }
-        // the app runs again (the copy woke it): now the pages after it
-        self.bring_after(i, k, m, page)
+        Ok(true)
     }
 
     /// Installs the pages after `page` of arena `k` that the snapshot holds
@@ -450,13 +462,9 @@ impl Serving<'_> {
     /// installed here at the app's priority is one the background fill (at
     /// nice 10, behind a busy app) need not bring.  False: a child's
     /// address space is gone.
-    fn bring_after(
-        &mut self,
-        i: usize,
-        k: usize,
-        m: &Mapped,
-        page: u64,
-    ) -> Result<bool, LazyError> {
+    fn bring_after(&mut self, i: usize, mi: usize, page: u64) -> Result<bool, LazyError> {
+        let m = &self.mapped[mi];
+        let k = m.arena;
         let a = &self.src.arenas[k];
         let last = a.bytes.div_ceil(PAGE as u64).min(m.len / PAGE as u64);
         let mut n = 0;
@@ -647,6 +655,7 @@ fn serve(
         ctxs: vec![uffd],
         page: vec![0u8; FAULT_AROUND * PAGE],
         zero: vec![0u8; PAGE],
+        after: Vec::new(),
     };
     // the filler stops on `stop` (the app is gone) or on `over` (the
     // fault server failed); the server ends when the filler has
