@@ -184,6 +184,7 @@ fuzz-rkv: deps $(RKV_FUZZ)
 		-artifact_prefix=$(BUILD)/fuzz/ -print_final_stats=1 $(BUILD)/fuzz/rkv-corpus examples/rkv/fuzz/corpus
 
 lint: runtime
+	@command -v ruff >/dev/null || { echo "lint: installing ruff (pip)" >&2; python3 -m pip install -q ruff; }
 	ruff check tests bench scripts tools
 	cargo fmt --manifest-path supervisor/Cargo.toml -- --check
 	cargo clippy $(CARGO_FLAGS) --all-targets -- -D warnings

@@ -187,11 +187,13 @@ impl Supervisor {
         // of the setup runs (runtime directory, sockets, event log): on a
         // machine just rebooted, both wait on a cold disk.
         let reading = match (&cfg.restore, &cfg.restored) {
+            // (a thread that cannot start: the store is read below instead)
             (Some(src), None) => {
                 let (src, pages) = (src.clone(), cfg.restore_pages);
-                Some(std::thread::spawn(move || {
-                    crate::snapshot::restore::materialize_with(&src, pages)
-                }))
+                std::thread::Builder::new()
+                    .name("rk-restore-read".into())
+                    .spawn(move || crate::snapshot::restore::materialize_with(&src, pages))
+                    .ok()
             }
             _ => None,
         };

@@ -455,8 +455,10 @@ impl Serving<'_> {
         Ok(true)
     }
 
-    /// Installs the pages after `page` of arena `k` that the snapshot holds
-    /// and nobody put in yet, up to FAULT_AROUND - 1.  An app's start reads
+    /// Installs the pages after `page` of the mapping `mapped[mi]` that the
+    /// snapshot holds and nobody put in yet, up to FAULT_AROUND - 1, through
+    /// ctxs[i] (the memfds are shared: a page put in through any context is
+    /// in for every mapping of it).  An app's start reads
     /// its arena's first pages one after another (rkv: 55 in a row), each
     /// fault a round trip through the kernel and this thread; and a page
     /// installed here at the app's priority is one the background fill (at

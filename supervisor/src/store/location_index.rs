@@ -284,7 +284,8 @@ fn decode_body<T>(
     }
     let mut regions = Vec::with_capacity(nregions);
     for &n in &counts {
-        let mut v: Vec<T> = vec_for_millions(n as usize);
+        let mut v: Vec<T> =
+            vec_for_millions(n as usize).map_err(|_| bad("more entries than memory holds"))?;
         let mut last: Option<u64> = None;
         for b in c
             .take(n as usize * ENTRY_LEN)
@@ -329,17 +330,22 @@ fn decode_body<T>(
 /// of MB of memory never touched before: its 4 KiB page faults (about 3 us
 /// each in this VM) were half of a 5 M-key index's decode, so such a
 /// buffer asks for transparent huge pages (512 times fewer faults).  Only
-/// advice: where the kernel gives none, nothing changes.
-fn vec_for_millions<T>(n: usize) -> Vec<T> {
+/// advice: where the kernel gives none, nothing changes.  Err: no memory
+/// for `n` entries (a size read from a file is not trusted to fit).
+fn vec_for_millions<T>(n: usize) -> Result<Vec<T>, std::collections::TryReserveError> {
     const HUGE: usize = 2 << 20;
-    let mut v = Vec::with_capacity(n);
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)?;
     let (start, bytes) = (v.as_mut_ptr() as usize, n.saturating_mul(size_of::<T>()));
-    let (lo, hi) = (start.next_multiple_of(HUGE), (start + bytes) & !(HUGE - 1));
+    let (lo, hi) = (
+        start.next_multiple_of(HUGE),
+        start.saturating_add(bytes) & !(HUGE - 1),
+    );
     if bytes >= 2 * HUGE && hi > lo {
         // SAFETY: advice over whole pages inside our own allocation.
         unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
     }
-    v
+    Ok(v)
 }
 
 /// Reads and decodes `path` (as `decode_into`); Ok(None) if there is no
@@ -356,7 +362,10 @@ pub fn read<T>(path: &Path, into: impl Fn(LocEntry) -> T) -> Result<Option<LocIn
         Err(e) => return Err(unreadable(e)),
     };
     let len = f.metadata().map_err(unreadable)?.len() as usize;
-    let mut bytes: Vec<u8> = vec_for_millions(len);
+    // a file larger than memory (not an index, or damaged) is refused,
+    // not an abort
+    let mut bytes: Vec<u8> = vec_for_millions(len)
+        .map_err(|e| Rejected::new(Reason::Unreadable, path, format!("{len} bytes: {e}")))?;
     bytes.resize(len, 0);
     let body_len = len.saturating_sub(TRAILER_LEN);
     let mut sum = blake3::Hasher::new();
