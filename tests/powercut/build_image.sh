@@ -29,6 +29,10 @@ kver=${kernel##*/vmlinuz-}
 mods=$OUT/kernel/lib/modules/$kver
 [ -d "$mods" ] || die "no modules for $kver in $OUT/kernel"
 [ -x "$OUT/busybox/bin/busybox" ] || die "no busybox in $OUT/busybox: run tests/powercut/deps.sh $BUILD"
+# without it every module's dependencies would be left out unnoticed (the
+# guest's insmod of ext4 then fails on unknown symbols)
+modinfo=$(command -v modinfo || echo /sbin/modinfo)
+[ -x "$modinfo" ] || die "no modinfo (Debian's kmod): run tests/powercut/deps.sh $BUILD"
 programs=("$BUILD/bin/rekindle" "$BUILD/apps/durable")
 [ -x "$BUILD/examples/rkv" ] && programs+=("$BUILD/examples/rkv")
 for p in "${programs[@]}"; do
@@ -47,7 +51,7 @@ install -m 0755 tests/powercut/init "$ROOT/init"
 order=()
 declare -A seen=()
 add_module() {
-	local name=${1//-/_} file dep
+	local name=${1//-/_} file dep deps
 	[ -z "${seen[$name]:-}" ] || return 0
 	seen[$name]=1
 	if grep -qE "/${name//_/[-_]}\.ko$" "$mods/modules.builtin"; then
@@ -55,7 +59,8 @@ add_module() {
 	fi
 	file=$(find "$mods/kernel" -regextype egrep -regex ".*/${name//_/[-_]}\.ko(\.xz|\.zst|\.gz)?" | head -n 1)
 	[ -n "$file" ] || die "module $name not found under $mods"
-	for dep in $(modinfo -F depends "$file" | tr ',' ' '); do
+	deps=$("$modinfo" -F depends "$file") || die "modinfo $file failed"
+	for dep in ${deps//,/ }; do
 		add_module "$dep"
 	done
 	case $file in

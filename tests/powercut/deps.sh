@@ -5,7 +5,7 @@
 #   tests/powercut/deps.sh [BUILD]          (BUILD defaults to build)
 #
 # On the host (apt-get install, as root, only what is missing): QEMU, cpio,
-# gzip, xz, mkfs.ext4.  For the guest, without installing anything on the
+# gzip, xz, mkfs.ext4, modinfo.  For the guest, without installing anything on the
 # host: a Debian kernel new enough for durable snapshots (userfaultfd's
 # async write-protect and PAGEMAP_SCAN need Linux 6.7; bookworm's own 6.1
 # has neither, so the newest linux-image-6.12.*+deb12-amd64-unsigned, from
@@ -46,6 +46,8 @@ have cpio || need_apt+=(cpio)
 have gzip || need_apt+=(gzip)
 have xz || need_apt+=(xz-utils)
 have mkfs.ext4 || [ -x /sbin/mkfs.ext4 ] || need_apt+=(e2fsprogs)
+# modinfo: the guest's modules are put in with their dependencies
+have modinfo || [ -x /sbin/modinfo ] || need_apt+=(kmod)
 if [ "${#need_apt[@]}" -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ] || ! have apt-get; then
 		skip "missing ${need_apt[*]} and cannot apt-get install them (not root, or no apt)"
