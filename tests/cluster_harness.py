@@ -350,7 +350,7 @@ def wait_acks(hist, n, timeout=30):
 
 
 def insync(etcd):
-    """The in-sync set etcd holds ({"epoch", "standbys"}), or None."""
+    """The in-sync set etcd holds ({"epoch", "standbys", "primary"}), or None."""
     v = etcd.get("/rekindle/rkv/insync")
     return json.loads(v) if v else None
 

@@ -141,7 +141,7 @@ def test_three_nodes_early_takeover_and_incremental_rejoin(net):
     check_no_ack_from_deposed(hist, f"{n1.host.ip}:{n1.port}", elected["t_ns"])
     # the rejoined store is complete: after a failover to it, every write is there
     st = cluster_status(etcd)
-    assert st["insync"] == {"epoch": 2, "standbys": [other.id]}
+    assert st["insync"] == {"epoch": 2, "standbys": [other.id], "primary": new.id}
 
 
 def test_insync_shrinks_and_only_members_may_take_over(net):
@@ -205,7 +205,7 @@ def test_the_primary_restarted_alone_may_take_the_next_term(net):
     c = n1.client(timeout=15)
     for i in range(20):
         assert c.set(f"k{i}", str(i)) is True
-    wait_insync(etcd, lambda s: s == {"epoch": 1, "standbys": ["n2"]})
+    wait_insync(etcd, lambda s: s == {"epoch": 1, "standbys": ["n2"], "primary": "n1"})
     n2.host.kill()
     n1.host.kill()
     n1.start()
@@ -220,4 +220,4 @@ def test_the_primary_restarted_alone_may_take_the_next_term(net):
     c = n1.client(timeout=15)
     assert c.set("after", "1") is True
     assert [c.get(f"k{i}") for i in range(20)] == [str(i).encode() for i in range(20)]
-    wait_insync(etcd, lambda s: s == {"epoch": 2, "standbys": ["n2"]})
+    wait_insync(etcd, lambda s: s == {"epoch": 2, "standbys": ["n2"], "primary": "n1"})

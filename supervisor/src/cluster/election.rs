@@ -794,6 +794,7 @@ impl Worker {
         let empty = InSyncRecord {
             epoch: next,
             standbys: Vec::new(),
+            primary: Some(self.cfg.node.clone()),
         };
         let mut conds = vec![
             Cond::ModRevision(ekey.clone(), epoch_rev),
@@ -916,6 +917,7 @@ impl Worker {
         let value = serde_json::to_vec(&InSyncRecord {
             epoch,
             standbys: set.clone(),
+            primary: Some(self.cfg.node.clone()),
         })
         .unwrap_or_default();
         let lkey = records::leader_key(&self.cfg.cluster);

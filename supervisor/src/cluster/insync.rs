@@ -206,6 +206,16 @@ pub fn verdict(epoch: u64, insync: Option<&InSyncRecord>, me: &str, store: &Line
             insync_epoch: s.epoch,
         };
     }
+    // won `epoch`'s campaign but never began the term (the transaction's
+    // reply was lost, or the node died before it recorded the term): no
+    // write was acknowledged in `epoch`, and its store is the one that
+    // made it eligible for `epoch`, of the term before
+    let won_unbegun = s.primary.as_deref() == Some(me)
+        && store.elected != Some(epoch)
+        && store.epoch.checked_add(1) == Some(epoch);
+    if won_unbegun {
+        return Verdict::Eligible;
+    }
     if !s.standbys.iter().any(|n| n == me) && store.elected != Some(epoch) {
         return Verdict::NotInSync;
     }
@@ -508,6 +518,7 @@ mod tests {
         let rec = InSyncRecord {
             epoch: 4,
             standbys: vec!["a".into()],
+            primary: None,
         };
         let of4 = Lineage::whole(4);
         assert_eq!(verdict(0, None, "a", &Lineage::none()), Verdict::Eligible);
@@ -530,8 +541,52 @@ mod tests {
         let newer = InSyncRecord {
             epoch: 5,
             standbys: vec!["a".into()],
+            primary: None,
         };
         assert_eq!(verdict(5, Some(&newer), "p", &primary), Verdict::NotInSync);
+    }
+
+    /// The winner of a term's campaign that never began it (the reply to
+    /// its transaction lost, as 30% packet loss did in
+    /// test_failover_faults.py's flapping links; or a death right after):
+    /// nobody else may take the next term, and it must, with the store it
+    /// won with (of the term before).  Anyone else, or a store of another
+    /// term, is still refused.
+    #[test]
+    fn the_winner_of_a_term_it_never_began_may_take_the_next() {
+        let won = InSyncRecord {
+            epoch: 2,
+            standbys: Vec::new(),
+            primary: Some("n2".into()),
+        };
+        let of1 = Lineage::whole(1);
+        assert_eq!(verdict(2, Some(&won), "n2", &of1), Verdict::Eligible);
+        // the old primary of 1, not named: refused as before
+        let mut old = Lineage::whole(1);
+        old.elected = Some(1);
+        assert_eq!(verdict(2, Some(&won), "n1", &old), Verdict::NotInSync);
+        // a store older than the term it campaigned from: refused
+        assert_eq!(
+            verdict(2, Some(&won), "n2", &Lineage::none()),
+            Verdict::NotInSync
+        );
+        assert_eq!(
+            verdict(
+                3,
+                Some(&InSyncRecord {
+                    epoch: 3,
+                    ..won.clone()
+                }),
+                "n2",
+                &of1
+            ),
+            Verdict::NotInSync
+        );
+        // a record of an older rekindle names no primary: as before
+        let legacy: InSyncRecord =
+            serde_json::from_str(r#"{"epoch":2,"standbys":[]}"#).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(legacy.primary, None);
+        assert_eq!(verdict(2, Some(&legacy), "n2", &of1), Verdict::NotInSync);
     }
 
     #[test]

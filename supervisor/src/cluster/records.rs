@@ -66,6 +66,12 @@ pub struct SwitchoverRecord {
 pub struct InSyncRecord {
     pub epoch: u64,
     pub standbys: Vec<String>,
+    /// The node that won `epoch`'s campaign (the transaction that wrote
+    /// this record first): it may take the next term even if it never
+    /// learnt that it won (a reply lost, a death before it began the term;
+    /// insync::verdict).  Absent in records of older rekindles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
 }
 
 /// Whether a node may take the next term, as it last found (its report).
@@ -178,6 +184,7 @@ mod tests {
         let i = InSyncRecord {
             epoch: 3,
             standbys: vec!["n2".into()],
+            primary: Some("n1".into()),
         };
         let v = serde_json::to_vec(&i).unwrap_or_default();
         assert_eq!(parse::<InSyncRecord>("k", &v).ok(), Some(i));
