@@ -10,8 +10,10 @@ same-round ratios.
 
 Availability through a crash (bench/availability.py's client and metrics:
 `respload run`, 4 connections x 32 pipelined, uniform GETs, 5% SETs,
-cache-aside), four ways back after `DEBUG SEGFAULT`:
+cache-aside), the ways back after `DEBUG SEGFAULT`:
   port-warm    the port under `rekindle run --listen`: warm restart
+  port-warm-4k the same with its keyspace in 4 KiB pages
+               (REDIS_REKINDLE_HUGEPAGES=no): a fault per 4 KiB after it
   stock-rdb    stock, restarted at once by this harness, loads its RDB
                (SAVE --before s before the crash)
   stock-aof    stock with appendonly yes (everysec), restarted, replays its AOF
@@ -58,6 +60,7 @@ CLIENTS = 50
 SERVERS = ["stock", "port"]
 SCENARIOS = {
     "port-warm": "Redis port under `rekindle run`, warm restart",
+    "port-warm-4k": "the same, keyspace in 4 KiB pages (REDIS_REKINDLE_HUGEPAGES=no)",
     "stock-rdb": "stock Redis, restart from its RDB",
     "stock-aof": "stock Redis, restart replaying its AOF",
     "stock-none": "stock Redis, no persistence, restart empty",
@@ -195,8 +198,10 @@ class Client(availability.Client):
 
 def start_scenario(name, build, port, workdir):
     """Returns (Server, restarted_by_harness)."""
-    if name == "port-warm":
+    if name in ("port-warm", "port-warm-4k"):
         env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(workdir / "run"))
+        if name == "port-warm-4k":
+            env["REDIS_REKINDLE_HUGEPAGES"] = "no"
         env.pop("NOTIFY_SOCKET", None)
         app = server_argv(build, "port", 0, workdir)
         argv = supervised_argv(build, "redis-port-avail", port, workdir / "events.jsonl", app)

@@ -34,6 +34,29 @@ def json_lines(text, key):
     return out
 
 
+def shmem_huge_denied():
+    """True where the kernel refuses huge pages for shmem altogether."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            return "[deny]" in f.read()
+    except OSError:
+        return True  # no THP in this kernel
+
+
+def arena_pmd_kb(pid, arena):
+    """ShmemPmdMapped (KiB mapped with huge pages) of the mapping of the
+    arena named `arena` (its memfd, rekindle:NAME) in process pid."""
+    with open(f"/proc/{pid}/smaps") as f:
+        lines = f.read().splitlines()
+    at = next(i for i, ln in enumerate(lines) if f"rekindle:{arena} " in ln + " ")
+    for ln in lines[at + 1 :]:
+        if ln.startswith("ShmemPmdMapped:"):
+            return int(ln.split()[1])
+        if "-" in ln.split()[0]:  # the next mapping
+            break
+    raise AssertionError(f"no ShmemPmdMapped line for the arena {arena}")
+
+
 def run_app(name, *args, env=None, timeout=60, pass_fds=()):
     exe = BUILD / "apps" / name
     if not exe.exists():

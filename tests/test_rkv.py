@@ -15,6 +15,8 @@ import pytest
 import redis
 from rkv_harness import RKV, RKV_MALLOC, Rkv, resp
 
+from conftest import arena_pmd_kb, shmem_huge_denied
+
 NO_SAVE = ("--save", "")
 
 
@@ -375,28 +377,6 @@ def test_warm_restart_checks_the_table_in_the_background(rkv):
     check_all(rkv.wait_serving(), 3000)
 
 
-def shmem_huge_denied():
-    """True where the kernel refuses huge pages for shmem altogether."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
-            return "[deny]" in f.read()
-    except OSError:
-        return True  # no THP in this kernel
-
-
-def keyspace_pmd_kb(pid):
-    """ShmemPmdMapped of the keyspace arena's mapping in process pid."""
-    with open(f"/proc/{pid}/smaps") as f:
-        lines = f.read().splitlines()
-    at = next(i for i, ln in enumerate(lines) if "rekindle:keyspace" in ln)
-    for ln in lines[at + 1 :]:
-        if ln.startswith("ShmemPmdMapped:"):
-            return int(ln.split()[1])
-        if "-" in ln.split()[0]:  # the next mapping
-            break
-    raise AssertionError("no ShmemPmdMapped line for the keyspace")
-
-
 def test_keyspace_in_huge_pages_mapped_with_them_after_a_warm_restart(rkv):
     """The keyspace is collapsed into huge pages as it grows (where the
     kernel allows a collapse of shmem), and after a warm restart the new
@@ -412,7 +392,7 @@ def test_keyspace_in_huge_pages_mapped_with_them_after_a_warm_restart(rkv):
     assert info["arena_hugepages"] == "on"
     assert info["arena_hugepage_bytes"] >= 8 << 20
     pid = c.info("server")["process_id"]
-    assert keyspace_pmd_kb(pid) >= 8 << 10
+    assert arena_pmd_kb(pid, "keyspace") >= 8 << 10
     with pytest.raises(redis.ConnectionError):
         c.execute_command("DEBUG", "SEGFAULT")
     assert rkv.ready(2)["start"] == "warm"
@@ -420,7 +400,8 @@ def test_keyspace_in_huge_pages_mapped_with_them_after_a_warm_restart(rkv):
     check_all(c, n)
     assert len(c.get("big")) == 24 << 20
     rkv.wait_log("verified")
-    assert keyspace_pmd_kb(c.info("server")["process_id"]) >= 8 << 10, "the new mapping has huge pages"
+    pid = c.info("server")["process_id"]
+    assert arena_pmd_kb(pid, "keyspace") >= 8 << 10, "the new mapping has huge pages"
     assert c.info("memory")["arena_hugepages"] == "on"
 
 
@@ -431,7 +412,7 @@ def test_hugepages_no_keeps_small_pages(tmp_path):
         c.set("big", "x" * (24 << 20))
         info = c.info("memory")
         assert info["arena_hugepages"] == "off" and info["arena_hugepage_bytes"] == 0
-        assert keyspace_pmd_kb(c.info("server")["process_id"]) == 0
+        assert arena_pmd_kb(c.info("server")["process_id"], "keyspace") == 0
     finally:
         s.close()
 
