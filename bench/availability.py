@@ -475,7 +475,7 @@ def trailing_mean(xs, n):
     return out
 
 
-def plot(rows, keys, path, xlim=(-8, None)):
+def plot(rows, keys, path, xlim=(-8, None), value_bytes=100):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -501,7 +501,7 @@ def plot(rows, keys, path, xlim=(-8, None)):
     ax1.set_ylim(bottom=0)
     ax1.set_xlim(*xlim)
     ax1.legend(loc="lower right", fontsize=9)
-    ax1.set_title(f"Effective availability through a crash, {keys:,} keys of 100 B")
+    ax1.set_title(f"Effective availability through a crash, {keys:,} keys of {value_bytes:,} B")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -386,7 +386,7 @@ def main():
         jsonl += [{"kind": "availability", **r} for r in rows]
         png = args.out / "redis_port_availability.png"
         args.out.mkdir(parents=True, exist_ok=True)
-        availability.plot(rows, args.keys, png)
+        availability.plot(rows, args.keys, png, value_bytes=args.value_bytes)
         md += [
             f"### Availability through DEBUG SEGFAULT, {args.keys:,} keys of {args.value_bytes} B",
             "",
