@@ -23,6 +23,7 @@ Writes bench/results/NAME.{json,md}.  Needs root, etcd-server, redis-server."""
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -124,6 +125,7 @@ def main():
                 )
             finally:
                 net.close()
+                shutil.rmtree(tmp, ignore_errors=True)  # stores of the size measured
             row["round"] = rnd
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -7,6 +7,7 @@ connection is the same one before and after."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -89,6 +90,7 @@ def main():
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
         err.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ unsafe-region death shows the supervisor choosing cold, with its reason."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -94,6 +95,7 @@ def main():
     finally:
         sup.terminate()
         sup.wait(timeout=20)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
