@@ -366,21 +366,18 @@ pub fn read<T>(path: &Path, into: impl Fn(LocEntry) -> T) -> Result<Option<LocIn
     // not an abort
     let mut bytes: Vec<u8> = vec_for_millions(len)
         .map_err(|e| Rejected::new(Reason::Unreadable, path, format!("{len} bytes: {e}")))?;
-    bytes.resize(len, 0);
     let body_len = len.saturating_sub(TRAILER_LEN);
     let mut sum = blake3::Hasher::new();
-    let mut at = 0;
-    while at < len {
-        let n = match f.read(&mut bytes[at..len.min(at + PIECE)]) {
-            Ok(0) => break, // shrunk under us: refused below
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(unreadable(e)),
-        };
+    while bytes.len() < len {
+        let at = bytes.len();
+        // into the room reserved above, without zeroing it first
+        let mut piece = (&mut f).take(PIECE.min(len - at) as u64);
+        let n = piece.read_to_end(&mut bytes).map_err(unreadable)?;
+        if n == 0 {
+            break; // shrunk under us: refused below
+        }
         sum.update(&bytes[at.min(body_len)..(at + n).min(body_len)]);
-        at += n;
     }
-    bytes.truncate(at);
     check_header(path, &bytes)?;
     let (body, trailer) = bytes.split_at(bytes.len() - TRAILER_LEN);
     checked_sum(
