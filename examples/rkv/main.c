@@ -782,6 +782,7 @@ static void cron(void)
 	resume_listener();
 	clients_cron();
 	ks_active_expire(db, srv.now_ms, 25000); /* at most 25% of a 100 ms tick */
+	glue_hugepages_rescan();
 	snapshot_reap(db);
 	if (srv.cfg.durability != DUR_NONE)
 		return; /* Rekindle's snapshots, not save points */
@@ -1002,10 +1003,10 @@ int main(int argc, char **argv)
 
 	struct epoll_event ev[1024];
 	int64_t next_cron = 0;
-	bool verifying = true, durable_ready = false;
+	bool verifying = true, collapsing = true, durable_ready = false;
 	for (;;) {
 		glue_heartbeat(); /* a safe point: no request is half-done here */
-		int nev = epoll_wait(epfd, ev, 1024, verifying ? 0 : CRON_MS);
+		int nev = epoll_wait(epfd, ev, 1024, verifying || collapsing ? 0 : CRON_MS);
 		if (nev < 0 && errno != EINTR) {
 			rkv_log("error", "\"what\":\"epoll_wait\",\"error\":%s", js(strerror(errno)));
 			return 1;
@@ -1016,6 +1017,7 @@ int main(int argc, char **argv)
 		/* After a warm restart, a slice of the table's check, before any
 		 * request: the first may have waited in the backlog meanwhile. */
 		verifying = glue_verify_step(srv.db, nev > 0);
+		collapsing = glue_hugepages_step();
 		for (int i = 0; i < nev; i++) {
 			if (ev[i].data.ptr == &listen_tag) {
 				accept_clients(srv.listen_fd);

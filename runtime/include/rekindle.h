@@ -252,35 +252,6 @@ int rk_prefault(bool background);
 #define RK_HUGEPAGES_TOP UINT64_MAX
 int rk_arena_hugepages(rk_arena *arena, uint64_t *offset, unsigned max_ranges);
 
-/* Keeps the arena in huge pages from a thread of the runtime, so that no
- * app thread waits on a collapse (the kernel may reclaim and compact for a
- * huge page, and a full range is a ~4 ms copy): each 2 MiB range is
- * collapsed as the heap's top reaches it (the allocator wakes the thread),
- * and what lies below (the last incarnation's ranges, ranges a large free
- * split since) is gone over at a range every 100 ms.  No huge page to be
- * had: RK_HUGEPAGES_WAITING, retried each second; refused by the kernel or
- * the arena in durable snapshots: RK_HUGEPAGES_REFUSED, and the thread
- * ends.  Each change of state is a "hugepages" event.  Call it once per
- * incarnation, after rk_arena_open; 0, -EALREADY, or -errno. */
-int rk_hugepages_keep(rk_arena *arena);
-
-enum rk_hugepages_state {
-	RK_HUGEPAGES_NOT_KEPT = 0, /* rk_hugepages_keep not called (or failed) */
-	RK_HUGEPAGES_ON,
-	RK_HUGEPAGES_WAITING, /* no huge page to be had now (error: ENOMEM, EAGAIN, EBUSY) */
-	RK_HUGEPAGES_REFUSED, /* for good (error: EPERM durable snapshots, EINVAL the kernel cannot) */
-};
-
-struct rk_hugepages_status {
-	enum rk_hugepages_state state;
-	int error;               /* the errno behind WAITING or REFUSED */
-	uint64_t bytes;          /* collapsed by this incarnation's thread */
-	uint64_t skipped_ranges; /* the kernel would not collapse them (then tried again later) */
-};
-
-/* The thread's state; 0 or -EINVAL. */
-int rk_hugepages_status(const rk_arena *arena, struct rk_hugepages_status *st);
-
 /* ---- supervision and correctness ---------------------------------------- */
 
 /* True when running under `rekindle run` (the supervisor holds the arenas'

@@ -305,7 +305,6 @@ static void top_rose(struct rk_arena *a)
 	uint64_t *reach = &top_reach[a->index];
 	if (*reach && heap_top_page(a) > *reach)
 		*reach = heap_top_page(a);
-	rk_hugepages_top_rose(a);
 }
 
 /* The top just fell to its current page from old_top. */

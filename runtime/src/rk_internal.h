@@ -641,10 +641,7 @@ uint64_t rk_now_ns(void) RK_HIDDEN;
 int rk_recovery_attach(const struct rk_manifest *m, uint64_t msize, char *why, size_t wl) RK_HIDDEN;
 void rk_recovery_close_inherited(const struct rk_manifest *m) RK_HIDDEN;
 
-/* ---- prefault.c: exports only the public rk_prefault ---- */
-
-/* ---- hugepages.c: rk_arena_hugepages, rk_hugepages_keep, _status ---- */
-void rk_hugepages_top_rose(struct rk_arena *a) RK_HIDDEN; /* the allocator's: wakes the keeper */
+/* ---- prefault.c: exports only the public rk_prefault, rk_arena_hugepages ---- */
 
 /* ---- crosscheck.c: exports only the public rk_crosscheck_* ---- */
 
