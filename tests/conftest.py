@@ -57,6 +57,35 @@ def arena_pmd_kb(pid, arena):
     raise AssertionError(f"no ShmemPmdMapped line for the arena {arena}")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keeps each phase's report on the test (item.rep_call, ...), for
+    fixtures that say more when the test failed."""
+    rep = yield
+    setattr(item, "rep_" + rep.when, rep)
+    return rep
+
+
+def process_state(pid):
+    """Each thread's state, wait channel and kernel stack: what a server
+    that stopped answering was doing (read before it is stopped)."""
+    out = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError as e:
+        return f"pid {pid}: {e}"
+    for tid in tids:
+        parts = []
+        for f in ("stat", "wchan", "stack"):
+            try:
+                parts.append(Path(f"/proc/{pid}/task/{tid}/{f}").read_text())
+            except OSError as e:
+                parts.append(f"({f}: {e})")
+        stat = parts[0].rsplit(")", 1)[-1].split()
+        out.append(f"pid {pid} thread {tid} state {stat[0] if stat else '?'} wchan {parts[1]}\n{parts[2]}")
+    return "\n".join(out)
+
+
 def run_app(name, *args, env=None, timeout=60, pass_fds=()):
     exe = BUILD / "apps" / name
     if not exe.exists():

@@ -15,15 +15,19 @@ import pytest
 import redis
 from rkv_harness import RKV, RKV_MALLOC, Rkv, resp
 
-from conftest import arena_pmd_kb, shmem_huge_denied
+from conftest import arena_pmd_kb, process_state, shmem_huge_denied
 
 NO_SAVE = ("--save", "")
 
 
 @pytest.fixture
-def rkv(tmp_path):
+def rkv(tmp_path, request):
     s = Rkv(tmp_path, *NO_SAVE, "--enable-debug", "yes")
     yield s
+    if getattr(request.node, "rep_call", None) and request.node.rep_call.failed and s.proc.poll() is None:
+        # a server that stopped answering: what it was doing, and its log
+        print(process_state(s.proc.pid))
+        print(s.stderr()[-4000:])
     s.close()
 
 
