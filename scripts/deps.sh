@@ -27,6 +27,7 @@ have FileCheck-19 || need_apt+=(llvm-19-tools)
 # for Redis's own test suite.
 have dpkg-source || need_apt+=(dpkg-dev)
 have patch || need_apt+=(patch)
+have gdb || need_apt+=(gdb) # tests/test_redis_port.py stops the port inside XACK/XCLAIM
 have tclsh8.6 || need_apt+=(tcl8.6)
 # Failover (docs/failover.md): a real etcd (server and etcdctl) that the
 # tests, benchmarks and the demo start in network namespaces.

@@ -107,12 +107,13 @@ def crash(c, *command):
 
 
 class Standalone:
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, *extra):
+        """extra: more options for the server (a later one wins)."""
         if not PORT_SERVER.exists():
             pytest.fail(f"{PORT_SERVER} missing: run `make redis` first")
         self.port = free_port()
         self.log = open(tmp_path / "redis.log", "w+")  # noqa: SIM115 - closed in close()
-        args = server_args(self.port, tmp_path)
+        args = server_args(self.port, tmp_path) + list(extra)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
 
     def text(self):
@@ -327,6 +328,73 @@ def test_a_crash_inside_exec_goes_cold_and_loads_the_rdb(standalone):
     log = standalone.text()
     assert "Rekindle: cold start (unsafe_region_open" in log, log[-3000:]
     assert "DB loaded from disk" in log
+
+
+# A crash inside a consumer group's change, where the stream was found with
+# a read lookup (patch 0008): command -> (the rax call gdb stops it in, its
+# caller, hits to let pass, the command).  XACK: between the removal from
+# the group's PEL and the one from the consumer's; XCLAIM: between the
+# removal from alice's PEL and the insertion into bob's.
+GROUP_CHANGES = {
+    "XACK": ("raxRemove", "xackCommand", 1, lambda c: c.xack("s", "g", "1-1")),
+    "XCLAIM": ("raxInsert", "xclaimCommand", 0, lambda c: c.xclaim("s", "g", "bob", 0, ["1-1"])),
+}
+
+
+def pel(c):
+    """The group's pending entries: id, owner and deliveries."""
+    pending = c.xpending_range("s", "g", "-", "+", 10)
+    return [(e["message_id"], e["consumer"], e["times_delivered"]) for e in pending]
+
+
+@pytest.mark.parametrize("command", sorted(GROUP_CHANGES))
+def test_a_crash_inside_a_consumer_group_change_goes_cold_and_replays_the_aof(tmp_path, command):
+    """gdb stops the server inside the command's change of the group (the
+    entry then in one PEL of the two, or in neither) and sends it to address
+    0: the fault lands in an open unsafe region, so the restart is cold, and
+    the AOF (appendfsync always) brings back every acknowledged write, not
+    the crashed command.  Before patch 0008 these commands opened no region,
+    and the restart was warm onto the half-changed PELs."""
+    func, caller, ignore, run = GROUP_CHANGES[command]
+    s = Standalone(tmp_path, "--appendonly", "yes", "--appendfsync", "always")
+    try:
+        c = client(s.port)
+        c.xadd("s", {"f": "v"}, id="1-1")
+        c.xadd("s", {"f": "w"}, id="2-1")
+        c.xgroup_create("s", "g", id="0")
+        c.xreadgroup("g", "alice", {"s": ">"})
+        before = pel(c)
+        time.sleep(1.2)  # past the crash-loop window of a start
+        gdb = subprocess.Popen(
+            ["gdb", "-p", str(s.proc.pid), "-batch", "-nx", "-ex", "set pagination off",
+             "-ex", f'break {func} if $_caller_is("{caller}")', "-ex", f"ignore 1 {ignore}",
+             "-ex", "continue", "-ex", "bt 2", "-ex", "set var $pc = 0", "-ex", "detach"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            seen = []
+            for line in gdb.stdout:  # set while the server is stopped: no race
+                seen.append(line)
+                if line.startswith("Breakpoint 1 at"):
+                    break
+            else:
+                pytest.fail("gdb set no breakpoint:\n" + "".join(seen))
+            with pytest.raises(redis.ConnectionError):
+                run(c)
+            out = "".join(seen) + gdb.communicate(timeout=60)[0]
+        finally:
+            if gdb.poll() is None:
+                gdb.kill()
+                gdb.wait()
+        assert f"in {caller} (" in out, out[-2000:]  # stopped inside the change
+        c = client(s.port, timeout=30)
+        log = s.text()
+        assert "Rekindle: cold start (unsafe_region_open" in log, log[-3000:]
+        assert "DB loaded from append only file" in log
+        assert pel(c) == before == [(b"1-1", b"alice", 1), (b"2-1", b"alice", 1)]
+        assert c.xack("s", "g", "1-1") == 1  # the group works on
+    finally:
+        s.close()
 
 
 def test_a_transaction_crashing_before_its_first_change_is_warm(standalone):
