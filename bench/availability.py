@@ -153,7 +153,7 @@ def server_notes(name, server, workdir):
             if not p.exists():
                 continue
             for ln in p.read_text(errors="replace").splitlines():
-                if '"rkv"' in ln:
+                if '"rkv"' in ln or '"rekindle":"hugepages"' in ln:
                     try:
                         d = json.loads(ln)
                     except json.JSONDecodeError:
@@ -162,11 +162,11 @@ def server_notes(name, server, workdir):
                         ready.append(d)
                     elif d.get("rkv") == "verified":
                         verified.append(d)
-                    elif d.get("rkv") == "hugepages":
+                    elif d.get("rekindle") == "hugepages":
                         hugepages.append(d)
         notes["ready"] = ready
         notes["verified"] = verified  # the warm start's check of the table: when it ended
-        notes["hugepages"] = hugepages  # rkv could not keep its keyspace in huge pages
+        notes["hugepages"] = hugepages  # the runtime's huge pages thread: waiting, off, on again
     ev = workdir / "events.jsonl"
     if ev.exists():
         evs = [json.loads(ln) for ln in ev.read_text().splitlines() if ln.strip()]

@@ -389,7 +389,10 @@ def test_keyspace_in_huge_pages_mapped_with_them_after_a_warm_restart(rkv):
     n = 6000
     fill(c, n)
     c.set("big", "x" * (24 << 20))  # past a few 2 MiB ranges of the heap
-    info = c.info("memory")
+    # the top pass collapses them between requests
+    info = wait_info(
+        c, "memory", lambda i: i["arena_hugepages"] != "on" or i["arena_hugepage_bytes"] >= 8 << 20
+    )
     if shmem_huge_denied():
         assert info["arena_hugepages"].startswith("refused by the kernel")
         return
@@ -407,6 +410,16 @@ def test_keyspace_in_huge_pages_mapped_with_them_after_a_warm_restart(rkv):
     pid = c.info("server")["process_id"]
     assert arena_pmd_kb(pid, "keyspace") >= 8 << 10, "the new mapping has huge pages"
     assert c.info("memory")["arena_hugepages"] == "on"
+
+
+def wait_info(c, section, done, timeout=10.0):
+    """INFO section once done(info) holds, or the last one after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = c.info(section)
+        if done(info) or time.monotonic() > deadline:
+            return info
+        time.sleep(0.02)
 
 
 def test_hugepages_no_keeps_small_pages(tmp_path):

@@ -4,6 +4,7 @@ async it may be (the control that shows the first test can fail); SAVE and
 BGSAVE are checkpoints; the modes that need snapshots refuse to run without."""
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -141,6 +142,17 @@ def test_save_and_bgsave_are_checkpoints(tmp_path):
         assert snapshot_count(store) > n
         assert not (tmp_path / "a" / "rkv.snap").exists()  # rkv's own file is not written
         assert r.wait_log("durability")["mode"] == "async"
+        # tracked arenas stay in small pages (a huge page would be reported
+        # written whole): the runtime's huge pages thread stops, and says so
+        c.set("big", "x" * (8 << 20))
+        off = [e for e in r.runtime_events("hugepages") if e["state"] == "off"]
+        deadline = time.monotonic() + 10
+        while not off and time.monotonic() < deadline:
+            time.sleep(0.05)
+            off = [e for e in r.runtime_events("hugepages") if e["state"] == "off"]
+        assert off and off[0]["errno"] == errno.EPERM, r.stderr()[-2000:]
+        info = c.info("memory")
+        assert info["arena_hugepages"] == "the keyspace is in durable snapshots (small pages)"
     finally:
         r.close()
 

@@ -24,8 +24,6 @@
 #ifndef RKV_PLAIN_MALLOC
 
 rk_arena *rkv_arena;
-/* The arena offset the huge pages' top pass is at (see glue_hugepages_step) */
-static uint64_t huge_grow_off;
 
 int glue_init(int argc, char **argv, uint64_t arena_size)
 {
@@ -160,7 +158,6 @@ struct db *glue_recover(bool sweep, uint64_t *freed_objects, uint64_t *freed_byt
 		rkv_log("warning", "\"what\":\"rk_finish_recovery\",\"error\":%s", js(strerror(-r)));
 	*freed_objects = st.objects_freed;
 	*freed_bytes = st.bytes_freed;
-	huge_grow_off = RK_HUGEPAGES_TOP; /* what is below was the last incarnation's */
 	if (db && !sweep) {
 		glue_unchecked = 0;
 		verify_started_ms = mono_ms();
@@ -377,63 +374,42 @@ int glue_checkpoint(void) { return rk_checkpoint(); }
  * the keyspace was a fault, 262,144 per GiB, and the client's first reads
  * and the table's check paid them on the server's CPU (~85 ms a GiB, with
  * the kernel's fault-around).  Kept in huge pages, the keyspace is mapped
- * again with a fault per 2 MiB.  Two passes: one follows the heap's top and
- * collapses each range as it is reached (cheap: it is nearly empty); the
- * other goes over everything below slowly, from cron once the warm start's
- * check is over, for ranges a free split since (a large free gives its
- * pages back to the kernel), each a 4 ms copy. */
-static uint64_t huge_rescan_off; /* and the other one */
-static uint64_t huge_ranges;     /* 2 MiB ranges the top pass collapsed */
-static double huge_retry_ms;     /* none to be had: try again from then on */
-static char huge_refused[96];    /* why the kernel refused: no more tries */
-
-/* One call of rk_arena_hugepages; r < 0 is logged and acted on. */
-static int hugepages(uint64_t *offset)
-{
-	if (!srv.cfg.hugepages || huge_refused[0] || (huge_retry_ms > 0 && mono_ms() < huge_retry_ms))
-		return 0;
-	/* one range a call: a range the allocator filled before we saw it is a
-	 * 4 ms copy, and requests wait meanwhile */
-	int r = rk_arena_hugepages(rkv_arena, offset, 1);
-	if (r >= 0) {
-		huge_retry_ms = 0;
-		return r;
-	}
-	if (r == -ENOMEM || r == -EAGAIN || r == -EBUSY) {
-		if (huge_retry_ms == 0)
-			rkv_log("hugepages", "\"state\":\"waiting\",\"why\":%s,\"retry_ms\":1000", js(strerror(-r)));
-		huge_retry_ms = mono_ms() + 1000;
-		return 0;
-	}
-	if (r == -EPERM)
-		snprintf(huge_refused, sizeof huge_refused, "the keyspace is in durable snapshots (small pages)");
-	else
-		snprintf(huge_refused, sizeof huge_refused, "refused by the kernel: %s", strerror(-r));
-	rkv_log("hugepages", "\"state\":\"off\",\"why\":%s", js(huge_refused));
-	return 0;
-}
-
+ * again with a fault per 2 MiB.  The runtime's policy (rk_hugepages_step):
+ * the top pass from the loop, the rescan from cron once the warm start's
+ * check is over. */
 bool glue_hugepages_step(void)
 {
-	int r = hugepages(&huge_grow_off);
-	huge_ranges += (uint64_t)r;
-	return r > 0;
+	return srv.cfg.hugepages && rk_hugepages_step(rkv_arena, RK_HUGEPAGES_GROW) > 0;
 }
 
 void glue_hugepages_rescan(void)
 {
-	if (glue_unchecked != UINT64_MAX)
-		return; /* not while the check runs: right after a warm restart */
-	if (hugepages(&huge_rescan_off) == 0 && huge_rescan_off >= huge_grow_off)
-		huge_rescan_off = 0; /* at the top (or waiting): from the start again */
+	if (srv.cfg.hugepages && glue_unchecked == UINT64_MAX) /* not while the check runs */
+		(void)rk_hugepages_step(rkv_arena, RK_HUGEPAGES_RESCAN);
 }
 
+/* INFO's arena_hugepages: on, off (--hugepages no), waiting, or why not */
 const char *glue_hugepages_state(void)
 {
-	return !srv.cfg.hugepages ? "off" : huge_refused[0] ? huge_refused : huge_retry_ms > 0 ? "waiting" : "on";
+	static char why[96];
+	struct rk_hugepages_status st;
+	if (rk_hugepages_status(rkv_arena, &st) < 0 || st.state == RK_HUGEPAGES_NOT_KEPT)
+		return "off";
+	if (st.state == RK_HUGEPAGES_ON)
+		return "on";
+	if (st.state == RK_HUGEPAGES_WAITING)
+		return "waiting";
+	if (st.error == EPERM)
+		return "the keyspace is in durable snapshots (small pages)";
+	snprintf(why, sizeof why, "refused by the kernel: %s", strerror(st.error));
+	return why;
 }
 
-uint64_t glue_hugepage_bytes(void) { return huge_ranges << 21; }
+uint64_t glue_hugepage_bytes(void)
+{
+	struct rk_hugepages_status st;
+	return rk_hugepages_status(rkv_arena, &st) < 0 ? 0 : st.bytes;
+}
 
 #else /* RKV_PLAIN_MALLOC: the baseline, with no preserved state */
 

@@ -317,15 +317,13 @@ unsigned glue_generation(void);
 void glue_ready(void);
 void glue_heartbeat(void);
 uint64_t glue_arena_bytes(void);
-/* With --hugepages yes: moves what the keyspace arena grew by into huge
- * pages, one 2 MiB range a call (at once when there is nothing new);
- * true: more to do. */
+/* With --hugepages yes (rk_hugepages_step): the top pass, one 2 MiB range
+ * a call (true: more to do at once), from the loop; and a range of the
+ * rescan, from cron. */
 bool glue_hugepages_step(void);
-/* From cron: one range of a slow pass over the whole keyspace, for ranges
- * split since they were collapsed. */
 void glue_hugepages_rescan(void);
-/* For INFO: "on", "off" (--hugepages no), "waiting" or why the kernel
- * refused; and the bytes the top pass collapsed in this incarnation. */
+/* For INFO: "on", "off" (--hugepages no), "waiting" or why not; and the
+ * bytes collapsed in this incarnation. */
 const char *glue_hugepages_state(void);
 uint64_t glue_hugepage_bytes(void);
 /* The durability API (rk_epoch, ...); -1/0/-ENOTSUP without snapshots. */

@@ -252,6 +252,36 @@ int rk_prefault(bool background);
 #define RK_HUGEPAGES_TOP UINT64_MAX
 int rk_arena_hugepages(rk_arena *arena, uint64_t *offset, unsigned max_ranges);
 
+/* Keeps the arena in huge pages with rk_arena_hugepages, a range a call,
+ * from the app's own loop.  RK_HUGEPAGES_GROW, every loop iteration:
+ * collapses each 2 MiB range as the heap's top reaches it, while it is
+ * nearly empty (about 0.5 ms).  RK_HUGEPAGES_RESCAN, from a cron (a range a
+ * tick): goes over what is below, the last incarnation's ranges and those
+ * a large free split since (a full range is a ~4 ms copy).  No huge page to
+ * be had: RK_HUGEPAGES_WAITING, and calls do nothing for 1 s; refused by
+ * the kernel or the arena in durable snapshots: RK_HUGEPAGES_REFUSED, for
+ * good.  Each change of state is a "hugepages" event.  Returns the ranges
+ * collapsed (more may follow at once: call again without waiting), 0, or
+ * -EINVAL. */
+enum rk_hugepages_pass { RK_HUGEPAGES_GROW, RK_HUGEPAGES_RESCAN };
+int rk_hugepages_step(rk_arena *arena, enum rk_hugepages_pass pass);
+
+enum rk_hugepages_state {
+	RK_HUGEPAGES_NOT_KEPT = 0, /* rk_hugepages_step not called yet */
+	RK_HUGEPAGES_ON,
+	RK_HUGEPAGES_WAITING, /* no huge page to be had now (error: ENOMEM, EAGAIN, EBUSY) */
+	RK_HUGEPAGES_REFUSED, /* for good (error: EPERM durable snapshots, EINVAL the kernel cannot) */
+};
+
+struct rk_hugepages_status {
+	enum rk_hugepages_state state;
+	int error;      /* the errno behind WAITING or REFUSED */
+	uint64_t bytes; /* collapsed by this incarnation's calls */
+};
+
+/* The state of rk_hugepages_step's policy; 0 or -EINVAL. */
+int rk_hugepages_status(const rk_arena *arena, struct rk_hugepages_status *st);
+
 /* ---- supervision and correctness ---------------------------------------- */
 
 /* True when running under `rekindle run` (the supervisor holds the arenas'

@@ -641,7 +641,9 @@ uint64_t rk_now_ns(void) RK_HIDDEN;
 int rk_recovery_attach(const struct rk_manifest *m, uint64_t msize, char *why, size_t wl) RK_HIDDEN;
 void rk_recovery_close_inherited(const struct rk_manifest *m) RK_HIDDEN;
 
-/* ---- prefault.c: exports only the public rk_prefault, rk_arena_hugepages ---- */
+/* ---- prefault.c: exports only the public rk_prefault ---- */
+
+/* ---- hugepages.c: exports only the public rk_arena_hugepages, rk_hugepages_* ---- */
 
 /* ---- crosscheck.c: exports only the public rk_crosscheck_* ---- */
 
