@@ -111,7 +111,7 @@ static int keeper_collapse(struct keeper *k, struct rk_arena *a, uint64_t *offse
 	int r = rk_arena_hugepages(a, offset, 1);
 	if (r >= 0) {
 		k->ranges += (uint64_t)r;
-		if (k->state == RK_HUGEPAGES_WAITING && r > 0) {
+		if (k->state == RK_HUGEPAGES_WAITING) {
 			k->state = RK_HUGEPAGES_ON;
 			k->error = 0;
 			keeper_event(a, "on", 0, "huge pages to be had again");
