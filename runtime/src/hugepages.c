@@ -22,7 +22,8 @@
  *
  * (A thread of the runtime doing the same off the event loop was tried and
  * measured: on a busy 2-core machine it ran too late to collapse ranges
- * before the app wrote them, and rkv's SETs went 26-49% slower;
+ * before the app wrote them, so the app faulted each page in and the
+ * collapse copied it: 4x the app's faults, and slower SETs;
  * docs/results.md.) */
 #include "rk_internal.h"
 
