@@ -18,6 +18,7 @@ from rkv_harness import RKV, RKV_MALLOC, Rkv, resp
 from conftest import arena_pmd_kb, process_state, shmem_huge_denied
 
 NO_SAVE = ("--save", "")
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 
 
 @pytest.fixture
@@ -259,6 +260,34 @@ def test_pipelining(rkv):
             assert d, "connection closed"
             got += d
     assert got == want
+
+
+def test_a_big_reply_taken_whole_by_the_socket_leaves_the_connection_read(rkv):
+    """A reply over rkv's 4 MiB pause threshold that the socket takes in one
+    go (the client's receive buffer holds it all, as when the client reads
+    as fast as it is written) must not leave the connection unread: the
+    pause was once decided before the write, and then neither EPOLLIN nor
+    EPOLLOUT was asked for, and the next request hung (CI's INFO timeout
+    after a 24 MB GET)."""
+    size = 5 << 20
+    rkv.client().set("v", b"x" * size)
+    want = b"$%d\r\n" % size + b"x" * size + b"\r\n"
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", rkv.port), timeout=5) as s:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 64 << 20)
+            except PermissionError:
+                pytest.skip("SO_RCVBUFFORCE needs CAP_NET_ADMIN")
+            s.sendall(resp("GET", "v"))
+            time.sleep(0.1)  # the whole reply into our receive buffer
+            got = b""
+            while len(got) < len(want):
+                d = s.recv(1 << 20)
+                assert d, "connection closed"
+                got += d
+            assert got == want
+            s.sendall(resp("PING"))
+            assert s.recv(64) == b"+PONG\r\n"
 
 
 def test_many_clients(rkv):

@@ -892,7 +892,7 @@ static void cmd_info(struct conn *c)
 				  (unsigned long long)db->expires);
 	}
 	/* Redis ends the text without the last section's blank line */
-	while (b.n >= 2 && b.p[b.n - 1] == '\n' && b.p[b.n - 3] == '\n')
+	while (b.n >= 3 && b.p[b.n - 1] == '\n' && b.p[b.n - 3] == '\n')
 		b.n -= 2;
 	reply_bulk(c, b.p ? b.p : "", b.n);
 	free(b.p);

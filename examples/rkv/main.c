@@ -685,11 +685,14 @@ static void conn_process(struct conn *c)
 	 * hands such a buffer over to the value it holds). */
 	if (c->icap > INPUT_BIG && input_needed(c) == 0)
 		input_free(c);
-	bool paused = c->olen - c->opos > OUT_PAUSE;
 	if (!conn_flush(c)) {
 		conn_free(c);
 		return;
 	}
+	/* after the flush: a reply the socket took whole (the client reading
+	 * as fast as it is written) leaves nothing to wait for, and no
+	 * EPOLLOUT would come to read again */
+	bool paused = c->olen - c->opos > OUT_PAUSE;
 	bool reading = !paused && !c->close_after_reply;
 	bool want_out = conn_sendable_end(c) > c->opos;
 	if (reading != c->reading || want_out) {
