@@ -340,11 +340,15 @@ def test_a_crash_inside_exec_goes_cold_and_loads_the_rdb(standalone):
 # A crash inside a consumer group's change, where the stream was found with
 # a read lookup (patch 0008): command -> (the rax call gdb stops it in, its
 # caller, hits to let pass, the command).  XACK: between the removal from
-# the group's PEL and the one from the consumer's; XCLAIM: between the
-# removal from alice's PEL and the insertion into bob's.
+# the group's PEL and the one from the consumer's; XCLAIM and XAUTOCLAIM:
+# between the removal from alice's PEL and the insertion into bob's;
+# XREADGROUP: the group's last id moved and 3-1 in the group's PEL, not yet
+# in bob's.
 GROUP_CHANGES = {
     "XACK": ("raxRemove", "xackCommand", 1, lambda c: c.xack("s", "g", "1-1")),
     "XCLAIM": ("raxInsert", "xclaimCommand", 0, lambda c: c.xclaim("s", "g", "bob", 0, ["1-1"])),
+    "XAUTOCLAIM": ("raxInsert", "xautoclaimCommand", 0, lambda c: c.xautoclaim("s", "g", "bob", 0, count=1)),
+    "XREADGROUP": ("raxTryInsert", "streamReplyWithRange", 1, lambda c: c.xreadgroup("g", "bob", {"s": ">"})),
 }
 
 
@@ -370,6 +374,7 @@ def test_a_crash_inside_a_consumer_group_change_goes_cold_and_replays_the_aof(tm
         c.xadd("s", {"f": "w"}, id="2-1")
         c.xgroup_create("s", "g", id="0")
         c.xreadgroup("g", "alice", {"s": ">"})
+        c.xadd("s", {"f": "x"}, id="3-1")  # not delivered yet: XREADGROUP's
         before = pel(c)
         time.sleep(1.2)  # past the crash-loop window of a start
         gdb = subprocess.Popen(
@@ -400,6 +405,8 @@ def test_a_crash_inside_a_consumer_group_change_goes_cold_and_replays_the_aof(tm
         assert "DB loaded from append only file" in log
         assert pel(c) == before == [(b"1-1", b"alice", 1), (b"2-1", b"alice", 1)]
         assert c.xack("s", "g", "1-1") == 1  # the group works on
+        delivered = c.xreadgroup("g", "carol", {"s": ">"})[0][1]
+        assert [entry_id for entry_id, _ in delivered] == [b"3-1"]  # the last id did not move
     finally:
         s.close()
 
