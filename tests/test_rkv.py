@@ -247,6 +247,16 @@ def test_redis_cli_and_inline_commands(rkv):
     assert out == b"+PONG\r\n$4\r\na bA\r\n$11\r\nhello world\r\n" and not closed
 
 
+def recv_exactly(s, n):
+    """n bytes from socket s (fails if it closes first)."""
+    got = b""
+    while len(got) < n:
+        d = s.recv(1 << 20)
+        assert d, "connection closed"
+        got += d
+    return got
+
+
 def test_pipelining(rkv):
     n = 5000
     req = b"".join(resp("SET", f"k{i}", f"v{i}") for i in range(n))
@@ -254,11 +264,7 @@ def test_pipelining(rkv):
     with socket.create_connection(("127.0.0.1", rkv.port), timeout=20) as s:
         s.sendall(req)  # all in one write, replies read afterwards
         want = b"+OK\r\n" * n + b"".join(b"$%d\r\nv%d\r\n" % (len(b"v%d" % i), i) for i in range(n))
-        got = b""
-        while len(got) < len(want):
-            d = s.recv(1 << 20)
-            assert d, "connection closed"
-            got += d
+        got = recv_exactly(s, len(want))
     assert got == want
 
 
@@ -280,12 +286,7 @@ def test_a_big_reply_taken_whole_by_the_socket_leaves_the_connection_read(rkv):
                 pytest.skip("SO_RCVBUFFORCE needs CAP_NET_ADMIN")
             s.sendall(resp("GET", "v"))
             time.sleep(0.1)  # the whole reply into our receive buffer
-            got = b""
-            while len(got) < len(want):
-                d = s.recv(1 << 20)
-                assert d, "connection closed"
-                got += d
-            assert got == want
+            assert recv_exactly(s, len(want)) == want
             s.sendall(resp("PING"))
             assert s.recv(64) == b"+PONG\r\n"
 
@@ -418,10 +419,7 @@ def test_keyspace_in_huge_pages_mapped_with_them_after_a_warm_restart(rkv):
     n = 6000
     fill(c, n)
     c.set("big", "x" * (24 << 20))  # past a few 2 MiB ranges of the heap
-    # the top pass collapses them between requests
-    info = wait_info(
-        c, "memory", lambda i: i["arena_hugepages"] != "on" or i["arena_hugepage_bytes"] >= 8 << 20
-    )
+    info = c.info("memory")
     if shmem_huge_denied():
         assert info["arena_hugepages"].startswith("refused by the kernel")
         return
@@ -439,16 +437,6 @@ def test_keyspace_in_huge_pages_mapped_with_them_after_a_warm_restart(rkv):
     pid = c.info("server")["process_id"]
     assert arena_pmd_kb(pid, "keyspace") >= 8 << 10, "the new mapping has huge pages"
     assert c.info("memory")["arena_hugepages"] == "on"
-
-
-def wait_info(c, section, done, timeout=10.0):
-    """INFO section once done(info) holds, or the last one after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        info = c.info(section)
-        if done(info) or time.monotonic() > deadline:
-            return info
-        time.sleep(0.02)
 
 
 def test_hugepages_no_keeps_small_pages(tmp_path):

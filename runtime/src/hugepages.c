@@ -79,7 +79,7 @@ int rk_arena_hugepages(rk_arena *a, uint64_t *offset, unsigned max_ranges)
 
 /* ---- the policy ---- */
 
-struct keeper {
+struct arena_policy {
 	bool started;
 	enum rk_hugepages_state state;
 	int error;          /* the errno of a refusal or of the wait */
@@ -88,14 +88,14 @@ struct keeper {
 	uint64_t grow, rescan; /* where the two passes are */
 };
 
-static struct keeper keepers[RK_MAX_ARENAS];
+static struct arena_policy policies[RK_MAX_ARENAS];
 
-static struct keeper *keeper_of(const struct rk_arena *a)
+static struct arena_policy *policy_of(const struct rk_arena *a)
 {
-	return a && a >= rk_g.arenas && a < rk_g.arenas + RK_MAX_ARENAS && a->hdr ? &keepers[a->index] : NULL;
+	return a && a >= rk_g.arenas && a < rk_g.arenas + RK_MAX_ARENAS && a->hdr ? &policies[a->index] : NULL;
 }
 
-static void keeper_event(const struct rk_arena *a, const char *state, int err, const char *why)
+static void policy_event(const struct rk_arena *a, const char *state, int err, const char *why)
 {
 	struct rk_ev e;
 	rk_ev_begin(&e, "hugepages");
@@ -107,29 +107,29 @@ static void keeper_event(const struct rk_arena *a, const char *state, int err, c
 }
 
 /* One call of rk_arena_hugepages for a pass; a failure is acted on. */
-static int keeper_collapse(struct keeper *k, struct rk_arena *a, uint64_t *offset)
+static int policy_collapse(struct arena_policy *p, struct rk_arena *a, uint64_t *offset)
 {
 	int r = rk_arena_hugepages(a, offset, 1);
 	if (r >= 0) {
-		k->ranges += (uint64_t)r;
-		if (k->state == RK_HUGEPAGES_WAITING) {
-			k->state = RK_HUGEPAGES_ON;
-			k->error = 0;
-			keeper_event(a, "on", 0, "huge pages to be had again");
+		p->ranges += (uint64_t)r;
+		if (p->state == RK_HUGEPAGES_WAITING) {
+			p->state = RK_HUGEPAGES_ON;
+			p->error = 0;
+			policy_event(a, "on", 0, "huge pages to be had again");
 		}
 		return r;
 	}
 	if (r == -ENOMEM || r == -EAGAIN || r == -EBUSY) {
-		if (k->state != RK_HUGEPAGES_WAITING)
-			keeper_event(a, "waiting", -r, "no huge page to be had now: tried again each second");
-		k->state = RK_HUGEPAGES_WAITING;
-		k->error = -r;
-		k->retry_ns = rk_now_ns() + WAIT_NS;
+		if (p->state != RK_HUGEPAGES_WAITING)
+			policy_event(a, "waiting", -r, "no huge page to be had now: tried again each second");
+		p->state = RK_HUGEPAGES_WAITING;
+		p->error = -r;
+		p->retry_ns = rk_now_ns() + WAIT_NS;
 		return 0;
 	}
-	k->state = RK_HUGEPAGES_REFUSED;
-	k->error = -r;
-	keeper_event(a, "off", -r,
+	p->state = RK_HUGEPAGES_REFUSED;
+	p->error = -r;
+	policy_event(a, "off", -r,
 		     r == -EPERM ? "the arena is in durable snapshots, which keep it in small pages"
 				 : "the kernel refused a collapse of shmem: a warm restart maps it in 4 KiB pages");
 	return 0;
@@ -137,36 +137,36 @@ static int keeper_collapse(struct keeper *k, struct rk_arena *a, uint64_t *offse
 
 int rk_hugepages_step(rk_arena *a, enum rk_hugepages_pass pass)
 {
-	struct keeper *k = keeper_of(a);
-	if (!k || (pass != RK_HUGEPAGES_GROW && pass != RK_HUGEPAGES_RESCAN))
+	struct arena_policy *p = policy_of(a);
+	if (!p || (pass != RK_HUGEPAGES_GROW && pass != RK_HUGEPAGES_RESCAN))
 		return -EINVAL;
-	if (!k->started) {
+	if (!p->started) {
 		/* what is below the top now was the last incarnation's: the
 		 * rescan's (a fresh arena is nearly empty: from its start) */
-		k->started = true;
-		k->state = RK_HUGEPAGES_ON;
-		k->grow = a->inherited ? RK_HUGEPAGES_TOP : 0;
+		p->started = true;
+		p->state = RK_HUGEPAGES_ON;
+		p->grow = a->inherited ? RK_HUGEPAGES_TOP : 0;
 	}
-	if (k->state == RK_HUGEPAGES_REFUSED || (k->retry_ns && rk_now_ns() < k->retry_ns))
+	if (p->state == RK_HUGEPAGES_REFUSED || (p->retry_ns && rk_now_ns() < p->retry_ns))
 		return 0;
-	k->retry_ns = 0;
+	p->retry_ns = 0;
 	if (pass == RK_HUGEPAGES_GROW)
-		return keeper_collapse(k, a, &k->grow);
-	uint64_t at = k->rescan;
-	int r = keeper_collapse(k, a, &k->rescan);
-	if (r == 0 && k->rescan == at && k->state == RK_HUGEPAGES_ON)
-		k->rescan = 0; /* at the top: from the start again */
+		return policy_collapse(p, a, &p->grow);
+	uint64_t at = p->rescan;
+	int r = policy_collapse(p, a, &p->rescan);
+	if (r == 0 && p->rescan == at && p->state == RK_HUGEPAGES_ON)
+		p->rescan = 0; /* at the top: from the start again */
 	return r;
 }
 
 int rk_hugepages_status(const rk_arena *a, struct rk_hugepages_status *st)
 {
-	const struct keeper *k = keeper_of(a);
-	if (!k || !st)
+	const struct arena_policy *p = policy_of(a);
+	if (!p || !st)
 		return -EINVAL;
 	memset(st, 0, sizeof *st);
-	st->state = k->started ? k->state : RK_HUGEPAGES_NOT_KEPT;
-	st->error = k->error;
-	st->bytes = k->ranges * HUGE_BYTES;
+	st->state = p->started ? p->state : RK_HUGEPAGES_NOT_KEPT;
+	st->error = p->error;
+	st->bytes = p->ranges * HUGE_BYTES;
 	return 0;
 }
