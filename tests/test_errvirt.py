@@ -7,9 +7,12 @@ code; and rkv built with the pass: a request that crashes gets an error
 reply while the process and every other connection carry on, and a crash
 after a write falls back to the warm restart."""
 
+import errno
 import json
+import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,8 +84,67 @@ def test_runtime_declines(mode, reason, closed_by):
     assert "survived" not in p.stderr
     (fb,) = ev_lines(p.stderr, "fallback")
     assert fb["reason"] == reason
+    assert int(fb["gate_pc"], 16) != 0  # the campaign places the fault by its transaction's gate
     if closed_by:
         assert fb["closed_by"] == "ev_irrecoverable_call" and fb["closed_by_call"] == closed_by
+
+
+PROBE_UNIT = BUILD / "errvirt" / "unit" / "ev_probe_unit"
+
+
+def run_probe_unit(env):
+    """ev_probe_unit with address randomization off (the gate pcs stay the
+    same from run to run, as in the fault campaign): its counts, events."""
+    p = subprocess.run(
+        ["setarch", "x86_64", "-R", str(PROBE_UNIT)],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    counts = dict(kv.split("=") for kv in p.stdout.split())
+    return {k: int(v) for k, v in counts.items()}, p.stderr
+
+
+def test_gate_probe_tells_a_diverting_handler_from_a_retry(tmp_path):
+    """The gate trace names the two open sites (ten passes each) and the
+    probe makes each fail once, on its third pass, as a recovery would:
+    the diverting loop sees EACCES at i = 2 and goes on to a malloc (the
+    next gate is another site), the retrying loop calls the same open again
+    (same = 1); the compensation closed what each open had opened."""
+    sys.path.insert(0, str(ROOT / "tools" / "errvirt"))
+    from ev_gates import read_gates
+
+    need(PROBE_UNIT)
+    trace = tmp_path / "gates"
+    quiet, _ = run_probe_unit(dict(os.environ, REKINDLE_EV_GATE_TRACE=str(trace)))
+    assert quiet["errors"] == quiet["retries"] == 0
+    opens = sorted(pc for pc, (name, n) in read_gates(trace).items() if name == "open" and n == 10)
+    assert len(opens) == 2, read_gates(trace)
+    verdicts = {}
+    for pc in opens:
+        counts, err = run_probe_unit(dict(os.environ, REKINDLE_EV_PROBE_GATE=f"{pc:#x}:3"))
+        (probe,) = ev_lines(err, "probe")
+        (injected,) = ev_lines(err, "injected")
+        (after,) = ev_lines(err, "probe_next")
+        assert int(probe["gate_pc"], 16) == pc and probe["pass"] == 3
+        assert injected["gate"] == "open" and injected["errno"] == errno.EACCES
+        assert counts["leaked"] == 0, err
+        verdicts[pc] = (after["same"], after["gate"], counts)
+    same = sorted(v[0] for v in verdicts.values())
+    assert same == [0, 1], verdicts
+    for flag, gate, counts in verdicts.values():
+        if flag:  # the retry: no error reached the program, one more pass
+            assert counts["retries"] == 1 and counts["errors"] == 0 and counts["retry_opened"] == 10
+        else:  # the diverting handler ran once, on the third pass
+            assert gate == "malloc"
+            assert counts["errors"] == 1 and counts["first_error_at"] == 2 and counts["divert_opened"] == 9
+
+
+def test_gate_probe_refuses_a_malformed_value():
+    need(PROBE_UNIT)
+    counts, err = run_probe_unit(dict(os.environ, REKINDLE_EV_PROBE_GATE="0x12zz"))
+    (off,) = ev_lines(err, "disabled")
+    assert off["reason"] == "ev_bad_probe_gate" and off["variable"] == "REKINDLE_EV_PROBE_GATE"
+    assert counts["errors"] == counts["retries"] == 0
 
 
 @pytest.fixture

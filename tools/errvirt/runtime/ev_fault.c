@@ -100,6 +100,9 @@ static int ev_decline(struct ev_state *s, int sig, const char *why, uintptr_t pc
 		if (s->closed_callee)
 			ev_line_hex(&l, "closed_callee", s->closed_callee);
 	}
+	/* the gate of the last transaction begun (the campaign places the
+	 * fault by it): 0 on a thread that never passed one */
+	ev_line_hex(&l, "gate_pc", rk_ev_regs.rip);
 	ev_line_hex(&l, "exe_base", (uint64_t)(uintptr_t)__executable_start);
 	ev_line_end(&l);
 	return 0;
@@ -245,4 +248,5 @@ __attribute__((constructor(101))) static void ev_init(void)
 		return;
 	}
 	ev = s;
+	ev_probe_init();
 }

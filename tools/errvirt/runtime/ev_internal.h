@@ -160,6 +160,24 @@ void ev_line_u64(struct ev_line *l, const char *key, uint64_t v);
 void ev_line_hex(struct ev_line *l, const char *key, uint64_t v);
 void ev_line_end(struct ev_line *l);
 
+/* ev_probe.c: the campaign's gate trace and error probe.  The trace file's
+ * layout; tools/errvirt/ev_gates.py reads it (tests/test_errvirt.py runs
+ * both ends). */
+#define EV_GATE_TRACE_MAGIC "RKEVGAT1"
+#define EV_GATE_TRACE_SLOTS 4096u /* a power of two */
+struct ev_gate_trace_header {
+	char magic[8];
+	uint64_t slots;
+};
+struct ev_gate_slot {
+	uint64_t pc; /* 0: empty */
+	uint64_t fn; /* the gate's model index */
+	uint64_t count;
+};
+void ev_probe_init(void);
+/* every gate passed: count it; true = make this pass fail (the probe) */
+bool ev_probe_gate(struct ev_state *s, uintptr_t pc, uint32_t fn);
+
 /* ev_report.c */
 void ev_count_closer(struct ev_state *s, uintptr_t pc);
 
