@@ -63,6 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "faultinject"))
 sys.path.insert(0, str(ROOT / "tools" / "errvirt" / "servers"))
+sys.path.insert(0, str(ROOT / "tools" / "errvirt"))
 import http_servers as hs  # noqa: E402
 from fi_trace import TraceError, read_counts  # noqa: E402
 
@@ -152,7 +153,7 @@ class RkvTarget:
         port = hs.free_port()
         err = open(d / "stderr", "w")  # noqa: SIM115 - closed by stop()
         argv = [str(self.exe), "--port", str(port), "--dir", str(d), "--save", ""]
-        proc = subprocess.Popen(argv, stderr=err, stdout=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(hs.ARGV_PREFIX + argv, stderr=err, stdout=subprocess.DEVNULL, env=env)
         s = _Proc(proc, port, d, err)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and proc.poll() is None:
@@ -337,6 +338,119 @@ def draw_order(prof, info, seed, kind):
     return sorted(prof, key=rank)
 
 
+# ---- FIRestarter's sample: one fault per non-critical transaction ----------
+
+
+def name_pcs(maps, pcs):
+    """{pc: "function (file:line)"} by addr2line, from the process's
+    /proc/PID/maps text (a pc in a module is its offset from the module's
+    first mapping)."""
+    spans, base = [], {}
+    for line in maps.splitlines():
+        f = line.split()
+        if len(f) < 6 or not f[5].startswith("/"):
+            continue
+        lo, hi = (int(x, 16) for x in f[0].split("-"))
+        base[f[5]] = min(base.get(f[5], lo), lo)
+        spans.append((lo, hi, f[5]))
+    by_module = collections.defaultdict(list)
+    for pc in pcs:
+        for lo, hi, path in spans:
+            if lo <= pc < hi:
+                by_module[path].append(pc)
+                break
+    out = {}
+    for path, mpcs in by_module.items():
+        addrs = [f"{pc - base[path]:#x}" for pc in mpcs]
+        argv = ["addr2line", "-f", "-s", "-e", path, *addrs]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        lines = p.stdout.splitlines()
+        for i, pc in enumerate(mpcs):
+            fn, loc = (lines[2 * i : 2 * i + 2] + ["??", "??"])[:2]
+            out[pc] = f"{fn} ({Path(path).name}: {loc})"
+    return out
+
+
+def gate_profile(target, tmp, seed):
+    """The transactions the workload executes: {gate pc: (call, passes at
+    load, passes during the workload)}, and their names."""
+    from ev_gates import read_gates
+
+    d = tmp / "gates"
+    trace = d / "trace"
+    d.mkdir(parents=True)
+    s, handle = target.start(d, dict(os.environ, REKINDLE_EV_GATE_TRACE=str(trace)))
+    if s is None:
+        handle.stop()
+        raise RuntimeError(f"{target.kind}: the gate-traced run did not serve: {handle.text()[-800:]}")
+    maps = Path(f"/proc/{s.pid}/maps").read_text()
+    before = read_gates(trace)
+    target.workload(s, seed)
+    after = read_gates(trace)
+    s.stop()
+    gates = {
+        pc: (name, before.get(pc, (name, 0))[1], n - before.get(pc, (name, 0))[1])
+        for pc, (name, n) in after.items()
+        if n > before.get(pc, (name, 0))[1]
+    }
+    return gates, name_pcs(maps, list(gates))
+
+
+def classify_gate(target, tmp, seed, pc, load, work):
+    """Make the gate fail once, in the middle of the workload, as a
+    recovery would, and see what the program's error handler does
+    (FIRestarter §VI-B): it exits (or librekindle restarts it), it retries
+    the same call (the next gate passed is this one), or the service is
+    lost (the last probe gets no answer, or a client hangs): a critical
+    path.  Otherwise it went its own way: non-critical."""
+    for n in (load + max(1, work // 2), load + 1):
+        env = dict(os.environ, REKINDLE_EV_PROBE_GATE=f"{pc:#x}:{n}")
+        r = run(target, tmp / f"g{pc:x}-{n}", env, seed)
+        if not [e for e in r["ev"] if e["rekindle_ev"] == "probe"]:
+            continue  # not reached this time: once more, at the workload's first pass
+        nxt = [e for e in r["ev"] if e["rekindle_ev"] == "probe_next"]
+        if not r["started"] or not r["alive_at_end"] or r["restarted"]:
+            return "critical: exits"
+        if nxt and nxt[0]["same"]:
+            return "critical: retries"
+        if "gave up (hang)" in r["clients"] or not answered(r):
+            return "critical: service lost"
+        return "non-critical"
+    return "not reached by the probe"
+
+
+def answered(r):
+    """The last probe (a GET on a new connection, rkv's PING) got an answer,
+    an error one included."""
+    last = ("final probe ", "ping after ")
+    return any(k.startswith(last) and not k.endswith(" None") for k in r["clients"])
+
+
+def transaction_of(r, site):
+    """The transaction a fault's first crash fell in, from the errvirt run:
+    the gate of the window it was recovered in, or, if the window had been
+    closed by an output (or unknown) call, the transaction that call began;
+    a run with no event keeps the fault on its own."""
+    for e in r["ev"]:
+        if e["rekindle_ev"] == "recovered":
+            return ("gate", int(e["gate_pc"], 16))
+        if e["rekindle_ev"] == "fallback":
+            if e.get("closed_by") and e["closed_by"] != "ev_in_gate_call":
+                return ("after", e.get("closed_by_call") or e["closed_by"], int(e["closed_at_pc"], 16))
+            return ("gate", int(e.get("gate_pc", "0x0"), 16))
+    return ("unplaced", site)
+
+
+def in_sample(tx, classes):
+    """Whether a fault in this transaction belongs to FIRestarter's sample:
+    a gate classed non-critical (or one the probe never reached), and every
+    transaction the errvirt run could not class (after an output call, no
+    event): those stay in, where they count against us."""
+    if tx[0] != "gate":
+        return True
+    return classes.get(tx[1], "unknown gate").startswith(("non-critical", "not reached", "unknown"))
+
+
 def campaign(target, tmp, args, log):
     seed = args.seed
     prof = profile(target, tmp, seed)
@@ -347,6 +461,12 @@ def campaign(target, tmp, args, log):
     want = args.want.get(target.kind, WANT[target.kind])
     tried, rows = [], []
     deadline = time.monotonic() + args.budget
+    gates, classes, names, covered = {}, {}, {}, set()
+    if args.sample == "noncritical":
+        gates, names = gate_profile(target, tmp, seed)
+        for pc, (call, load, work) in sorted(gates.items()):
+            classes[pc] = classify_gate(target, tmp, seed, pc, load, work)
+            log(f"{target.kind}: transaction after {call} at {names.get(pc, hex(pc))}: {classes[pc]}")
     vanilla_tally = collections.Counter()
     for n, site in enumerate(order[: args.candidates]):
         if len(rows) >= want or time.monotonic() > deadline:
@@ -375,14 +495,17 @@ def campaign(target, tmp, args, log):
         if verdict != "fail-stop":
             continue
         r = run(target, tmp / f"e{n}", env, seed)
+        tx = transaction_of(r, site)
+        if args.sample == "noncritical":
+            if not in_sample(tx, classes) or tx in covered:
+                tried[-1]["verdict"] = "fail-stop, not in the sample (critical, or its transaction had one)"
+                continue
+            covered.add(tx)
         inj = [e for e in r["ev"] if e["rekindle_ev"] == "injected"]
         rec = [e for e in r["ev"] if e["rekindle_ev"] == "recovered"]
         fb = [e for e in r["ev"] if e["rekindle_ev"] == "fallback"]
         hang = "gave up (hang)" in r["clients"]
-        # the last probe (a GET on a new connection, rkv's PING) got an answer, an error one included
-        answering = any(
-            k.startswith(("final probe ", "ping after ")) and not k.endswith(" None") for k in r["clients"]
-        )
+        answering = answered(r)
         kept = r["started"] and r["alive_at_end"] and not r["restarted"]
         alive = kept and not fb and bool(rec) and not hang
         survived = alive and answering
@@ -423,6 +546,8 @@ def campaign(target, tmp, args, log):
             "clients": r["clients"],
             "pid": r.get("pid"),
             "rc": r["rc"],
+            "transaction": tx_label(tx, gates, names),
+            "transaction_class": classes.get(tx[1], "unclassed") if tx[0] == "gate" else tx[0],
         }
         rows.append(row)
         log(
@@ -432,6 +557,11 @@ def campaign(target, tmp, args, log):
         )
     return {
         "server": target.kind,
+        "sample": args.sample,
+        "transactions": {
+            f"{pc:#x}": {"call": c, "passes": w, "name": names.get(pc), "class": classes.get(pc)}
+            for pc, (c, _, w) in gates.items()
+        },
         "executed_sites": len(prof),
         "surface": surf,
         "candidates_tried": len(tried),
@@ -439,6 +569,15 @@ def campaign(target, tmp, args, log):
         "faults": rows,
         "tried": tried,
     }
+
+
+def tx_label(tx, gates, names):
+    if tx[0] == "gate":
+        call = gates.get(tx[1], ("?",))[0] if gates else "?"
+        return f"after {call} at {names.get(tx[1], hex(tx[1]))}"
+    if tx[0] == "after":
+        return f"after {tx[1]} at {tx[2]:#x} (an output or unknown call)"
+    return "unplaced (no event)"
 
 
 # ---- outputs --------------------------------------------------------------
@@ -464,6 +603,7 @@ def summarize(res):
         "recovery_ms_p50": pct(lat, 0.5) / 1e6 if lat else None,
         "recovery_ms_p99": pct(lat, 0.99) / 1e6 if lat else None,
         "surface_pct": res["surface"].get("surface_pct"),
+        "transaction_classes": dict(collections.Counter(t["class"] for t in res["transactions"].values())),
     }
 
 
@@ -489,6 +629,19 @@ def write_md(results, meta, path):
             f"{fr['survived']}/{fr['triggered']}{fname} | "
             f"{s['surface_pct']}% | {fsurf} | {p50} | {p99} | {r['candidates_tried']} | {verdicts} |"
         )
+    for r in results:
+        if r.get("sample") != "noncritical":
+            continue
+        classes = ", ".join(f"{k} {v}" for k, v in sorted(r["summary"]["transaction_classes"].items()))
+        lines += [
+            "",
+            f"{r['server']}: FIRestarter's sample, one fault per unique transaction on a non-critical path. "
+            f"The workload executed {len(r['transactions'])} transactions (gate call sites): {classes}.",
+            "",
+        ]
+        for f in r["faults"]:
+            where = f"`{f['function']}` ({f['type']})"
+            lines.append(f"- {f['outcome']}: {where}, in the transaction {f['transaction']}")
     lines += ["", "Faults not survived:", ""]
     none = True
     for r in results:
@@ -570,6 +723,13 @@ def main():
     )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument(
+        "--sample",
+        choices=("all", "noncritical"),
+        default="all",
+        help="all: every fail-stop fault the draw finds; noncritical: FIRestarter's sample, one fault per "
+        "unique transaction on a non-critical path (docs/errvirt.md, 'Non-critical transactions')",
+    )
+    ap.add_argument(
         "--ports",
         type=ports_arg,
         default=None,
@@ -580,6 +740,10 @@ def main():
     build = args.build.resolve()
     if args.ports:
         hs.PORT_RANGE = args.ports
+    # address randomization off: a gate's pc is the same in every run of a
+    # binary (the gate trace, the probes and the fault runs name
+    # transactions by it); setarch execs the server, so the pid stays
+    hs.ARGV_PREFIX = ["setarch", "x86_64", "-R"]
     exes = {
         "nginx": build / "errvirt" / "nginx-fi-ev" / "inst" / "sbin" / "nginx",
         "lighttpd": build / "errvirt" / "lighttpd-fi-ev" / "inst" / "sbin" / "lighttpd",

@@ -38,6 +38,9 @@ class ServerError(Exception):
 # The loopback ports free_port picks from; a caller may set another range
 # (fault_campaign.py --ports).
 PORT_RANGE = (56000, 57999)
+# put before the server's argv (the fault campaign runs servers under
+# `setarch -R`, with address randomization off)
+ARGV_PREFIX = []
 
 
 def free_port(lo=None, hi=None):
@@ -134,7 +137,7 @@ class Server:
         else:
             raise ServerError("usage", f"unknown server kind {kind!r}")
         self.err = open(self.d / "stderr", "w")  # noqa: SIM115 - closed by stop()
-        self.proc = subprocess.Popen(argv, stderr=self.err, stdout=subprocess.DEVNULL, env=env)
+        self.proc = subprocess.Popen(ARGV_PREFIX + argv, stderr=self.err, stdout=subprocess.DEVNULL, env=env)
         self.pid = self.proc.pid
 
     def wait_serving(self, timeout=10):
