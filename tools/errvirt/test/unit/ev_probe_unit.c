@@ -11,19 +11,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "count_fds.h"
+
 static void *volatile sink;
 
-static int count_fds(void)
-{
-	int n = 0;
-	DIR *d = opendir("/proc/self/fd");
-	if (!d)
-		return -1;
-	while (readdir(d))
-		n++;
-	closedir(d);
-	return n;
-}
 
 __attribute__((noinline)) static int divert_loop(int *errors, int *first_error_at, int *last_errno)
 {

@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "count_fds.h"
 #include <dirent.h>
 #include <dlfcn.h>
 
@@ -277,17 +279,6 @@ static void check_popped_hole(void)
 }
 
 /* ---- every gate class injects its error, and compensation undoes -------- */
-static int count_fds(void)
-{
-	int n = 0;
-	DIR *d = opendir("/proc/self/fd");
-	if (!d)
-		return -1;
-	while (readdir(d))
-		n++;
-	closedir(d);
-	return n;
-}
 
 __attribute__((noinline)) static int open_case(void)
 {
