@@ -13,7 +13,10 @@
  * as a recovery would make it fail (compensation, the model's error), with
  * no fault: what the program's error handler then does tells a critical
  * path (it exits, or retries the same call) from a non-critical one.  The
- * gate passed next is reported ("probe_next", same = 1 for a retry). */
+ * gate passed next is reported ("probe_next"): same = 1, a retry, when it
+ * is the same call site with the same stack pointer (the same frame calls
+ * it again; a wrapper such as nginx's ngx_memalign called next from
+ * another caller is not a retry). */
 #define _GNU_SOURCE
 #include "ev_internal.h"
 
@@ -25,7 +28,7 @@
 #include <unistd.h>
 
 static struct ev_gate_slot *gate_slots;
-static uintptr_t probe_pc;
+static uintptr_t probe_pc, probe_rsp;
 static uint64_t probe_at, probe_seen;
 static bool probe_fired, probe_reported;
 
@@ -127,12 +130,15 @@ bool ev_probe_gate(struct ev_state *s, uintptr_t pc, uint32_t fn)
 		ev_line_begin(&l, "probe_next", "ev_probe");
 		ev_line_str(&l, "gate", rk_ev_model[fn < EV_FN_COUNT ? fn : 0].name);
 		ev_line_hex(&l, "gate_pc", pc);
-		ev_line_u64(&l, "same", pc == probe_pc);
+		ev_line_hex(&l, "rsp", rk_ev_regs.rsp);
+		ev_line_hex(&l, "probe_rsp", probe_rsp);
+		ev_line_u64(&l, "same", pc == probe_pc && rk_ev_regs.rsp == probe_rsp);
 		ev_line_end(&l);
 	}
 	if (pc != probe_pc || probe_fired || ++probe_seen < probe_at)
 		return false;
 	probe_fired = true;
+	probe_rsp = rk_ev_regs.rsp;
 	/* as ev_fault.c leaves a recovery: the window after it is marked */
 	s->fault_ns = ev_now_ns();
 	s->recovered_window = true;
