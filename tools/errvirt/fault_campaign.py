@@ -379,7 +379,7 @@ def gate_profile(target, tmp, seed):
     d = tmp / "gates"
     trace = d / "trace"
     d.mkdir(parents=True)
-    s, handle = target.start(d, dict(os.environ, REKINDLE_EV_GATE_TRACE=str(trace)))
+    s, handle = target.start(d, traced(trace))
     if s is None:
         handle.stop()
         raise RuntimeError(f"{target.kind}: the gate-traced run did not serve: {handle.text()[-800:]}")
@@ -396,6 +396,14 @@ def gate_profile(target, tmp, seed):
     return gates, name_pcs(maps, list(gates))
 
 
+def traced(path, env=None):
+    """The environment with the gate trace on: every errvirt run of the
+    sample maps the trace file as the traced run did, so that the modules a
+    server loads later (lighttpd's mod_dirlisting.so) land at the same
+    addresses, and their gates keep their pcs."""
+    return dict(env if env is not None else os.environ, REKINDLE_EV_GATE_TRACE=str(path))
+
+
 def classify_gate(target, tmp, seed, pc, load, work):
     """Make the gate fail once, in the middle of the workload, as a
     recovery would, and see what the program's error handler does
@@ -404,7 +412,7 @@ def classify_gate(target, tmp, seed, pc, load, work):
     lost (the last probe gets no answer, or a client hangs): a critical
     path.  Otherwise it went its own way: non-critical."""
     for n in (load + max(1, work // 2), load + 1):
-        env = dict(os.environ, REKINDLE_EV_PROBE_GATE=f"{pc:#x}:{n}")
+        env = dict(traced(tmp / f"g{pc:x}-{n}.gates"), REKINDLE_EV_PROBE_GATE=f"{pc:#x}:{n}")
         r = run(target, tmp / f"g{pc:x}-{n}", env, seed)
         if not [e for e in r["ev"] if e["rekindle_ev"] == "probe"]:
             continue  # not reached this time: once more, at the workload's first pass
@@ -494,7 +502,7 @@ def campaign(target, tmp, args, log):
         )
         if verdict != "fail-stop":
             continue
-        r = run(target, tmp / f"e{n}", env, seed)
+        r = run(target, tmp / f"e{n}", traced(tmp / f"e{n}.gates", env) if classes else env, seed)
         tx = transaction_of(r, site)
         if args.sample == "noncritical":
             if not in_sample(tx, classes) or tx in covered:
