@@ -144,8 +144,11 @@ test system-test: $(NGINX_EV) $(NGINX_FI_EV) $(LIGHTTPD_FI_EV)
 FAULT_CANDIDATES ?= 400
 FAULT_WANT ?= nginx=20,lighttpd=41,rkv=10
 FAULT_BUDGET ?= 600
+# FAULT_SAMPLE=noncritical: FIRestarter's sample (docs/errvirt.md,
+# "Non-critical transactions"), bench/results/errvirt-faults-noncritical.*
+FAULT_SAMPLE ?= all
 bench-errvirt-faults: deps $(NGINX_FI_EV) $(LIGHTTPD_FI_EV) $(RKV_FI_EV)
-	python3 tools/errvirt/fault_campaign.py $(BUILD) --candidates $(FAULT_CANDIDATES) --want $(FAULT_WANT) --budget $(FAULT_BUDGET)
+	python3 tools/errvirt/fault_campaign.py $(BUILD) --candidates $(FAULT_CANDIDATES) --want $(FAULT_WANT) --budget $(FAULT_BUDGET) --sample $(FAULT_SAMPLE)
 
 # wrk throughput of nginx and lighttpd with the pass against the same
 # source built by clang-19 alone (docs/results.md, "Error virtualization").

@@ -38,12 +38,21 @@ directory index), a 64 KiB file, a directory listing and a missing page over
 two keep-alive connections
 (tools/errvirt/servers/http_servers.py); rkv, redis-benchmark.
 
+With --sample noncritical the faults are FIRestarter's sample instead: one
+per unique transaction on a non-critical path (the workload's transactions
+from a gate trace, each classed by a probe that makes its gate fail once;
+docs/errvirt.md, "Non-critical transactions").  Every server runs under
+`setarch -R`, address randomization off, so that a gate's pc names its
+transaction in every run.
+
 Usage: fault_campaign.py BUILD [--servers nginx,lighttpd,rkv] [--candidates N]
-       [--want SERVER=N,...] [--seed S] [--requests N] [--ports LO-HI] [--out DIR]
+       [--want SERVER=N,...] [--seed S] [--requests N] [--ports LO-HI]
+       [--sample all|noncritical] [--out DIR]
 The candidates' order depends on the seed and on each site alone (its
 function, type and position), so runs and build trees draw the same faults
 as long as the workload executes them.
-Writes DIR/errvirt-faults.{json,md,png} (DIR: bench/results)."""
+Writes DIR/errvirt-faults.{json,md,png} (DIR: bench/results), or
+DIR/errvirt-faults-noncritical.* for the non-critical sample."""
 
 import argparse
 import collections
@@ -795,12 +804,11 @@ def main():
         "command": "python3 tools/errvirt/fault_campaign.py " + " ".join(sys.argv[1:]),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "errvirt-faults.json").write_text(
-        json.dumps({"meta": meta, "results": results}, indent=1) + "\n"
-    )
-    write_md(results, meta, args.out / "errvirt-faults.md")
-    write_png(results, args.out / "errvirt-faults.png")
-    print((args.out / "errvirt-faults.md").read_text())
+    stem = "errvirt-faults" if args.sample == "all" else "errvirt-faults-noncritical"
+    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    write_md(results, meta, args.out / f"{stem}.md")
+    write_png(results, args.out / f"{stem}.png")
+    print((args.out / f"{stem}.md").read_text())
     return 0
 
 
