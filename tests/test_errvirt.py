@@ -89,6 +89,45 @@ def test_runtime_declines(mode, reason, closed_by):
         assert fb["closed_by"] == "ev_irrecoverable_call" and fb["closed_by_call"] == closed_by
 
 
+def test_a_socket_write_is_masked_only_when_asked():
+    """A reply written to a socket, then a crash in the same transaction:
+    by default the bytes left and the window closed at the write (a
+    fallback); with REKINDLE_EV_MASK_SOCKET_WRITES=1 the crash rolls back to
+    just after the write, which fails with ECONNRESET, and the socket is
+    shut down: the peer has the reply, then end of stream, and the next
+    write fails with EPIPE."""
+    need(UNIT)
+    p = subprocess.run([str(UNIT), "socket-write"], capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == -signal.SIGSEGV, p.stdout + p.stderr
+    (fb,) = ev_lines(p.stderr, "fallback")
+    assert fb["reason"] == "ev_window_closed" and fb["closed_by_call"] == "write", fb
+
+    env = dict(os.environ, REKINDLE_EV_MASK_SOCKET_WRITES="1")
+    p = subprocess.run([str(UNIT), "socket-write"], capture_output=True, text=True, timeout=60, check=False,
+                       env=env)  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    seen = dict(kv.split("=") for kv in p.stdout.split())
+    assert seen == {"ret": str(-errno.ECONNRESET), "state": "1", "peer": "reply", "eof": "0", "again": "-1",
+                    "again_errno": str(errno.EPIPE)}, seen  # fmt: skip
+    (inj,) = ev_lines(p.stderr, "injected")
+    assert inj["gate"] == "write" and inj["masked_output"] == 1 and inj["compensation"] == "shutdown"
+    assert not ev_lines(p.stderr, "fallback")
+
+
+def test_a_file_write_is_never_masked():
+    """The same with a regular file and masking on: its bytes are not a
+    peer's, so the write still ends the window and the crash falls back."""
+    need(UNIT)
+    env = dict(os.environ, REKINDLE_EV_MASK_SOCKET_WRITES="1")
+    p = subprocess.run([str(UNIT), "file-write"], capture_output=True, text=True, timeout=60, check=False,
+                       env=env)  # fmt: skip
+    assert p.returncode == -signal.SIGSEGV, p.stdout + p.stderr
+    assert "survived" not in p.stderr
+    (fb,) = ev_lines(p.stderr, "fallback")
+    assert fb["reason"] == "ev_window_closed" and fb["closed_by_call"] == "write", fb
+    assert not ev_lines(p.stderr, "injected")
+
+
 PROBE_UNIT = BUILD / "errvirt" / "unit" / "ev_probe_unit"
 
 

@@ -15,6 +15,11 @@ enum rk_ev_class {
 	EV_DEFER,          /* its effect waits for the commit: free, close */
 	EV_RESTORE,        /* it writes our memory: log what it will write */
 	EV_IRRECOV,        /* its effect left the process: write, send */
+	/* a write to a peer: irrecoverable, unless the run-time is asked to
+	 * mask it (REKINDLE_EV_MASK_SOCKET_WRITES=1) and its fd is a socket:
+	 * then a gate whose error is a connection reset (docs/errvirt.md,
+	 * "Masking socket writes") */
+	EV_OUTPUT,
 };
 
 /* How a call reports failure (what the gate injects). */
@@ -39,6 +44,7 @@ enum rk_ev_comp {
 	EV_COMP_RK_UNSAFE_BEGIN_A0, /* rk_unsafe_begin(a0) */
 	EV_COMP_FREE_DEREF_A0,      /* free(*a0), when the call returned 0 */
 	EV_COMP_CLOSEDIR_RET,       /* closedir(ret) */
+	EV_COMP_SHUTDOWN_A0,        /* shutdown(a0, SHUT_RDWR): the reset made real */
 };
 
 /* What a call writes in our memory, logged before it runs. */

@@ -73,8 +73,8 @@ StoreSkips findSkips(llvm::Function &F, const llvm::DenseMap<llvm::CallBase *, C
                      const llvm::SmallPtrSetImpl<const llvm::AllocaInst *> &Holes);
 
 struct Counts {
-  unsigned Holes = 0, Stores = 0, Logged = 0, SkipStack = 0, SkipFresh = 0, SkipRepeat = 0, Gates = 0, Embedded = 0, Irrecoverable = 0,
-           Unknown = 0, Deferred = 0;
+  unsigned Holes = 0, Stores = 0, Logged = 0, SkipStack = 0, SkipFresh = 0, SkipRepeat = 0, Gates = 0, OutputGates = 0, Embedded = 0,
+           Irrecoverable = 0, Unknown = 0, Deferred = 0;
 };
 
 class ErrVirtPass : public llvm::PassInfoMixin<ErrVirtPass> {

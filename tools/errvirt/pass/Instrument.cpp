@@ -127,6 +127,7 @@ bool allocatesBlock(const ModelFn &M) {
 }
 
 //                                 call @__rk_ev_tx_end(idx)            ; commit: deferred calls run
+//                                 (an output call: @__rk_ev_tx_end_output(idx, a0))
 // %r = call @lib(...)             %r = call @lib(...)
 // use(%r)                  ==>    %c = call @__rk_ev_checkpoint(idx)   ; returns twice
 //                                 if (%c != 0) __rk_ev_compensate(idx, %r, a0, a1)
@@ -137,7 +138,14 @@ void plantGate(Runtime &R, CallInst &CI, const ModelFn &M, const Options &O) {
   SmallVector<Use *, 8> Uses;
   for (Use &U : CI.uses())
     Uses.push_back(&U);
-  IRBuilder<>(&CI).CreateCall(R.fn("__rk_ev_tx_end", R.Void, {R.I32}), {ConstantInt::get(R.I32, M.Index)});
+  IRBuilder<> EB(&CI);
+  if (M.Cls == EV_OUTPUT)
+    // the run-time decides here whether the write opens a window (a socket,
+    // masking asked for) or ends the one running (ev_tx.c)
+    EB.CreateCall(R.fn("__rk_ev_tx_end_output", R.Void, {R.I32, R.I64}),
+                  {ConstantInt::get(R.I32, M.Index), argI64(EB, CI, 0)});
+  else
+    EB.CreateCall(R.fn("__rk_ev_tx_end", R.Void, {R.I32}), {ConstantInt::get(R.I32, M.Index)});
   Instruction *Next = CI.getNextNode();
   IRBuilder<> B(Next);
   FunctionCallee Ck = R.fn("__rk_ev_checkpoint", R.I64, {R.I32});
@@ -326,7 +334,7 @@ void instrumentFunction(Function &F, const Options &O, Counts &C) {
       break;
     }
     case CallKind::Gate:
-      C.Gates++;
+      (P.Model->Cls == EV_OUTPUT ? C.OutputGates : C.Gates)++;
       if (P.Model->Wrapper)
         redirect(R, *CB, P.Model->Wrapper);
       plantGate(R, cast<CallInst>(*CB), *P.Model, O);

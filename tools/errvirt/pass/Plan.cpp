@@ -71,9 +71,13 @@ CallPlan planCall(CallBase &CB, const Options &O) {
     return {&CB, CallKind::Irrecoverable, M};
   // A gate: the call can fail, the program looks at its result (so it has
   // an error path to take), and the result can carry the error.
-  bool CanGate = (M->Cls == EV_REVERSIBLE || M->Cls == EV_NOREVERT) && M->Err != EV_ERR_NONE &&
-                 isa<CallInst>(CB) && !cast<CallInst>(CB).isMustTailCall() && !CB.use_empty() &&
-                 errorFits(*M, CB.getType()) && !errorPathAborts(CB) && (O.AllocGates || !allocates(*M));
+  bool Checked = M->Err != EV_ERR_NONE && isa<CallInst>(CB) && !cast<CallInst>(CB).isMustTailCall() &&
+                 !CB.use_empty() && errorFits(*M, CB.getType()) && !errorPathAborts(CB);
+  // A write to a peer is a gate the run-time opens only when it masks
+  // socket writes; unchecked, it ends the window like any irrecoverable call.
+  if (M->Cls == EV_OUTPUT)
+    return {&CB, Checked ? CallKind::Gate : CallKind::Irrecoverable, M};
+  bool CanGate = (M->Cls == EV_REVERSIBLE || M->Cls == EV_NOREVERT) && Checked && (O.AllocGates || !allocates(*M));
   return {&CB, CanGate ? CallKind::Gate : CallKind::Embedded, M};
 }
 

@@ -70,7 +70,7 @@ PreservedAnalyses ErrVirtPass::run(Module &M, ModuleAnalysisManager &) {
   if (Stats || envOn("REKINDLE_EV_STATS"))
     errs() << "rekindle-errvirt: module=" << M.getSourceFileName() << " functions=" << Fns.size()
            << " stores=" << C.Stores << " logged=" << C.Logged << " skip_stack=" << C.SkipStack
-           << " skip_fresh=" << C.SkipFresh << " skip_repeat=" << C.SkipRepeat << " holes=" << C.Holes << " gates=" << C.Gates << " embedded=" << C.Embedded
+           << " skip_fresh=" << C.SkipFresh << " skip_repeat=" << C.SkipRepeat << " holes=" << C.Holes << " gates=" << C.Gates << " output_gates=" << C.OutputGates << " embedded=" << C.Embedded
            << " deferred=" << C.Deferred << " irrecoverable=" << C.Irrecoverable << " unknown=" << C.Unknown
            << "\n";
   return Fns.empty() ? PreservedAnalyses::all() : PreservedAnalyses::none();

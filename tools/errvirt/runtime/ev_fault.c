@@ -243,6 +243,8 @@ __attribute__((constructor(101))) static void ev_init(void)
 	s->undo = (struct ev_undo *)(s + 1);
 	s->bulk = (unsigned char *)(s->undo + EV_UNDO_CAP);
 	s->closed_by_fn = -1;
+	const char *mask = getenv("REKINDLE_EV_MASK_SOCKET_WRITES");
+	s->mask_outputs = mask && strcmp(mask, "1") == 0;
 	if (ev_install() < 0) {
 		ev_startup_failed("ev_signal_install_failed");
 		return;

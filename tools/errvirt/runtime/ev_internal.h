@@ -54,6 +54,11 @@ struct ev_state {
 	uint64_t epoch;
 	uint64_t gates, closes, recoveries, fallbacks, injections;
 	uint64_t closed_irrecoverable, closed_unknown;
+	/* REKINDLE_EV_MASK_SOCKET_WRITES=1: a checked write to a socket is a
+	 * gate (ev_tx.c); the output gates passed, and the errors injected at
+	 * them (each a connection reset that the peer did not see) */
+	bool mask_outputs;
+	uint64_t output_gates, output_injections;
 	/* what the undo log took (REKINDLE_EV_REPORT): words one by one, byte
 	 * ranges (library calls, wide stores), and frame copies */
 	uint64_t logged_words, logged_ranges, logged_range_bytes, frame_copies, frame_bytes;
@@ -92,6 +97,7 @@ extern EV_TLS int ev_role;
 /* The entry points the pass calls (include/rekindle_ev.h lists the rest). */
 uint64_t __rk_ev_checkpoint(uint32_t fn);
 void __rk_ev_tx_end(uint32_t fn);
+void __rk_ev_tx_end_output(uint32_t fn, uint64_t fd);
 void __rk_ev_log_word(uint64_t *w);
 void __rk_ev_log_word_pm(uint64_t *w); /* ev_log_word.S: preserve_most */
 void rk_ev_log_word_at(uint64_t *w, uintptr_t pc);

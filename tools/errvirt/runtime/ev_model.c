@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 const struct rk_ev_fn rk_ev_model[EV_FN_COUNT] = {
@@ -69,6 +70,11 @@ void ev_compensate_one(uint8_t comp, uint64_t ret, uint64_t a0, uint64_t a1)
 		if (ret)
 			(void)closedir((DIR *)ret);
 		break;
+	case EV_COMP_SHUTDOWN_A0:
+		/* the program was told the peer reset the connection: make it so,
+		 * or a retry on the same socket would send the bytes twice */
+		(void)shutdown((int)a0, SHUT_RDWR);
+		break;
 	case EV_COMP_FREE_DEREF_A0:
 		/* memory is as it was just after the call: *a0 is its block */
 		if ((int)ret == 0 && a0)
@@ -92,6 +98,7 @@ const char *ev_comp_name(uint8_t comp)
 		[EV_COMP_RK_UNSAFE_BEGIN_A0] = "rk_unsafe_begin",
 		[EV_COMP_FREE_DEREF_A0] = "free_deref_a0",
 		[EV_COMP_CLOSEDIR_RET] = "closedir_ret",
+		[EV_COMP_SHUTDOWN_A0] = "shutdown",
 	};
 	return comp < sizeof names / sizeof names[0] && names[comp] ? names[comp] : "unknown";
 }

@@ -21,6 +21,12 @@
 
 EV_TLS struct ev_regs rk_ev_regs;
 EV_TLS int ev_role;
+/* An output call's decision, from __rk_ev_tx_end_output to its checkpoint:
+ * open a window after it (a socket, masking asked for), or not; and the
+ * last real gate's pc, which the checkpoint of an output call that opens
+ * nothing must not replace (fallback lines name the transaction by it). */
+static EV_TLS bool ev_output_opens;
+static EV_TLS uintptr_t ev_gate_rip;
 
 /* librekindle's allocator and regions, when the program links it */
 extern void rk_free(void *arena, void *p) __attribute__((weak));
@@ -119,6 +125,13 @@ bool ev_deferring(void)
 
 uint64_t rk_ev_tx_begin(uint32_t fn)
 {
+	if (fn < EV_FN_COUNT && rk_ev_model[fn].cls == EV_OUTPUT) {
+		if (!ev_output_opens) {
+			rk_ev_regs.rip = ev_gate_rip; /* the window stays closed */
+			return 0;
+		}
+		ev_output_opens = false;
+	}
 	if (!ev_owner())
 		return 0;
 	struct ev_state *s = ev;
@@ -133,13 +146,48 @@ uint64_t rk_ev_tx_begin(uint32_t fn)
 	return ev_probe_gate(s, rk_ev_regs.rip, fn) ? 1 : 0;
 }
 
-void __rk_ev_window_close(uint32_t fn)
+static void ev_window_close_at(uint32_t fn, uintptr_t pc)
 {
 	if (ev_role != EV_ROLE_OWNER || !ev->window_open)
 		return;
 	ev->closed_irrecoverable++;
-	ev_count_closer(ev, (uintptr_t)__builtin_return_address(0));
-	ev_close_window(ev, "ev_irrecoverable_call", (int32_t)fn, (uintptr_t)__builtin_return_address(0));
+	ev_count_closer(ev, pc);
+	ev_close_window(ev, "ev_irrecoverable_call", (int32_t)fn, pc);
+}
+
+void __rk_ev_window_close(uint32_t fn)
+{
+	ev_window_close_at(fn, (uintptr_t)__builtin_return_address(0));
+}
+
+static bool ev_is_socket(int fd)
+{
+	struct stat st;
+	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+/* Just before a checked output call (write, writev, send*, sendfile): with
+ * masking asked for and a socket to write to, it is a gate like any other
+ * (the transaction before it commits; a crash after it rolls back to just
+ * after it, and the call fails with ECONNRESET); otherwise the bytes leave
+ * for good and the window ends, as at an irrecoverable call. */
+void __rk_ev_tx_end_output(uint32_t fn, uint64_t fd)
+{
+	ev_output_opens = false;
+	ev_gate_rip = rk_ev_regs.rip;
+	if (!ev || ev_role == EV_ROLE_FOREIGN)
+		return;
+	uintptr_t pc = (uintptr_t)__builtin_return_address(0);
+	if (ev->mask_outputs && ev_is_socket((int)fd)) {
+		ev_output_opens = true;
+		if (ev_role == EV_ROLE_OWNER) {
+			ev->output_gates++;
+			if (ev->window_open)
+				ev_end_window(ev, "ev_in_gate_call", (int32_t)fn, pc);
+		}
+		return;
+	}
+	ev_window_close_at(fn, pc);
 }
 
 void __rk_ev_unknown_call(void *callee)
@@ -333,6 +381,8 @@ void __rk_ev_compensate(uint32_t fn, uint64_t ret, uint64_t a0, uint64_t a1)
 	const struct rk_ev_fn *m = &rk_ev_model[fn < EV_FN_COUNT ? fn : 0];
 	ev_compensate_one(m->comp, ret, a0, a1);
 	s->injections++;
+	if (m->cls == EV_OUTPUT)
+		s->output_injections++;
 	s->in_recovery = false;
 	ev_log_new_epoch(s);
 	(void)ev_log_frame(s);
@@ -341,6 +391,9 @@ void __rk_ev_compensate(uint32_t fn, uint64_t ret, uint64_t a0, uint64_t a1)
 	ev_line_str(&l, "gate", m->name);
 	ev_line_u64(&l, "errno", (uint64_t)m->err_errno);
 	ev_line_str(&l, "compensation", ev_comp_name(m->comp));
+	/* the bytes went out: the peer holds what the program believes unsent */
+	if (m->cls == EV_OUTPUT)
+		ev_line_u64(&l, "masked_output", 1);
 	/* signal to resumed execution: the program's error path runs next */
 	ev_line_u64(&l, "recovery_ns", ev_now_ns() - s->fault_ns);
 	ev_line_end(&l);

@@ -1,7 +1,8 @@
 ; Library calls by the model's class: a checked call that can fail becomes
 ; a gate (checkpoint that returns twice, compensation and the error value
 ; on the second return); unchecked ones stay inside the transaction;
-; irrecoverable calls end the window first; deferrable calls go to the
+; irrecoverable calls and unchecked writes end the window first; checked
+; writes are output gates; deferrable calls go to the
 ; run-time's wrappers; calls that write our memory log it first.
 ; RUN: %opt -S %s | %FileCheck %s
 target datalayout = "e-m:e-p270:32:32-p271:32:32-p272:64:64-i64:64-i128:128-f80:128-n8:16:32:64-S128"
@@ -65,6 +66,24 @@ define void @irrecoverable(i32 %fd, ptr %b) {
 ; CHECK-LABEL: define void @irrecoverable(
 ; CHECK: call void @__rk_ev_window_close(i32 {{[0-9]+}})
 ; CHECK-NEXT: %n = call i64 @write(
+
+; A checked write is an output gate: the run-time decides at
+; __rk_ev_tx_end_output (given the fd) whether it opens a window (masking
+; socket writes) or ends the one running; a rollback to it injects -1 and
+; shuts the socket down.
+define i64 @output_gate(i32 %fd, ptr %b) {
+  %n = call i64 @write(i32 %fd, ptr %b, i64 8)
+  %bad = icmp slt i64 %n, 0
+  %r = select i1 %bad, i64 0, i64 %n
+  ret i64 %r
+}
+; CHECK-LABEL: define i64 @output_gate(
+; CHECK-NOT: __rk_ev_window_close
+; CHECK: call void @__rk_ev_tx_end_output(i32 [[WRITE:[0-9]+]], i64 %{{.*}})
+; CHECK-NEXT: %n = call i64 @write(i32 %fd, ptr %b, i64 8)
+; CHECK-NEXT: %ev.ck = call i64 @__rk_ev_checkpoint(i32 [[WRITE]])
+; CHECK: call void @__rk_ev_compensate(i32 [[WRITE]], i64 %{{.*}}, i64 %{{.*}}, i64 %{{.*}})
+; CHECK: %n.ev = phi i64 [ %n, %{{.*}} ], [ -1, %{{.*}} ]
 
 define void @deferred(ptr %p, i32 %fd) {
   call void @free(ptr %p)

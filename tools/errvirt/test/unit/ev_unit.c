@@ -3,7 +3,8 @@
  * library call) and must come back as that call's error, with memory,
  * registers and the call's effects undone.  With no argument it runs every
  * recoverable check and exits 0; with a mode it runs one case that must
- * NOT be recovered (tests/test_errvirt.py checks how it dies and why). */
+ * NOT be recovered (tests/test_errvirt.py checks how it dies and why), or
+ * socket-write, which is recovered only when socket writes are masked. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -19,6 +20,7 @@
 #include "count_fds.h"
 #include <dirent.h>
 #include <dlfcn.h>
+#include <signal.h>
 
 static int failures;
 #define CHECK(cond)                                                                                    \
@@ -564,8 +566,64 @@ __attribute__((noinline)) static int irrecoverable(void)
 	return 0;
 }
 
+/* A reply written to a socket, then a crash in the same transaction.  With
+ * REKINDLE_EV_MASK_SOCKET_WRITES=1 the write is a gate: the crash rolls back
+ * to just after it and it fails with ECONNRESET; the peer has the bytes,
+ * and the socket is shut down (its reads end, its writes fail).  Without
+ * it, the bytes left and the crash is not recovered. */
+__attribute__((noinline)) static ssize_t reply_then_crash(int fd, long *state)
+{
+	char *p = malloc(8); /* a window open before the write */
+	if (!p)
+		return -ENOMEM;
+	sink = p;
+	*state = 1;
+	ssize_t n = write(fd, "reply", 5);
+	if (n < 0)
+		return -errno;
+	*state = 2; /* rolled back with the crash */
+	crash();
+	return n;
+}
+
+static int socket_write(void)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)
+		return 1;
+	signal(SIGPIPE, SIG_IGN);
+	long state = 0;
+	ssize_t r = reply_then_crash(sv[0], &state);
+	char buf[16] = {0};
+	ssize_t got = read(sv[1], buf, sizeof buf);
+	ssize_t eof = read(sv[1], buf + 8, sizeof buf - 8);
+	ssize_t again = write(sv[0], "x", 1);
+	int again_errno = errno;
+	printf("ret=%zd state=%ld peer=%.*s eof=%zd again=%zd again_errno=%d\n", r, state, (int)(got > 0 ? got : 0),
+	       buf, eof, again, again_errno);
+	return !(r == -ECONNRESET && state == 1 && got == 5 && memcmp(buf, "reply", 5) == 0 && eof == 0 && again == -1 &&
+		 again_errno == EPIPE);
+}
+
+/* The same with a regular file: its bytes are not a peer's, so nothing
+ * masks them, whatever the setting. */
+static int file_write(void)
+{
+	FILE *f = tmpfile();
+	if (!f)
+		return 1;
+	long state = 0;
+	ssize_t r = reply_then_crash(fileno(f), &state);
+	fprintf(stderr, "ev_unit: file-write survived (%zd)\n", r);
+	return 3;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 1 && strcmp(argv[1], "socket-write") == 0)
+		return socket_write();
+	if (argc > 1 && strcmp(argv[1], "file-write") == 0)
+		return file_write();
 	if (argc > 1) {
 		int r = 1;
 		if (strcmp(argv[1], "second-fault") == 0)
