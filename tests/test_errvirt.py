@@ -114,18 +114,25 @@ def test_a_socket_write_is_masked_only_when_asked():
     assert not ev_lines(p.stderr, "fallback")
 
 
-def test_a_file_write_is_never_masked():
-    """The same with a regular file and masking on: its bytes are not a
-    peer's, so the write still ends the window and the crash falls back."""
+@pytest.mark.parametrize("mode", ["file-write", "stderr-socket-write"])
+def test_a_write_that_is_not_a_peers_is_never_masked(mode, tmp_path):
+    """The same with masking on, to a regular file, and to standard error
+    made a socket (journald's, under systemd): neither is a peer's
+    connection, so the write still ends the window and the crash falls
+    back (the fallback line goes to a file: stderr is the socket)."""
     need(UNIT)
     env = dict(os.environ, REKINDLE_EV_MASK_SOCKET_WRITES="1")
-    p = subprocess.run([str(UNIT), "file-write"], capture_output=True, text=True, timeout=60, check=False,
-                       env=env)  # fmt: skip
-    assert p.returncode == -signal.SIGSEGV, p.stdout + p.stderr
-    assert "survived" not in p.stderr
-    (fb,) = ev_lines(p.stderr, "fallback")
-    assert fb["reason"] == "ev_window_closed" and fb["closed_by_call"] == "write", fb
-    assert not ev_lines(p.stderr, "injected")
+    log = tmp_path / "stderr"
+    with open(log, "w") as err:
+        p = subprocess.run([str(UNIT), mode], stdout=subprocess.PIPE, stderr=err, text=True, timeout=60,
+                           check=False, env=env)  # fmt: skip
+    text = log.read_text()
+    assert p.returncode == -signal.SIGSEGV, p.stdout + text
+    assert "survived" not in p.stdout + text
+    assert not ev_lines(text, "injected")
+    if mode == "file-write":
+        (fb,) = ev_lines(text, "fallback")
+        assert fb["reason"] == "ev_window_closed" and fb["closed_by_call"] == "write", fb
 
 
 PROBE_UNIT = BUILD / "errvirt" / "unit" / "ev_probe_unit"

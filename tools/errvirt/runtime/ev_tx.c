@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
@@ -160,14 +161,19 @@ void __rk_ev_window_close(uint32_t fn)
 	ev_window_close_at(fn, (uintptr_t)__builtin_return_address(0));
 }
 
-static bool ev_is_socket(int fd)
+/* A peer's connection: a stream socket, and not standard input, output or
+ * error (under systemd, stderr is journald's socket, and a log line must
+ * not turn into a reset).  getsockopt fails with ENOTSOCK on anything else. */
+static bool ev_is_peer_stream(int fd)
 {
-	struct stat st;
-	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+	int type = 0;
+	socklen_t len = sizeof type;
+	return fd > STDERR_FILENO && getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
 }
 
 /* Just before a checked output call (write, writev, send*, sendfile): with
- * masking asked for and a socket to write to, it is a gate like any other
+ * masking asked for and a peer's stream socket to write to (not stdio), it
+ * is a gate like any other
  * (the transaction before it commits; a crash after it rolls back to just
  * after it, and the call fails with ECONNRESET); otherwise the bytes leave
  * for good and the window ends, as at an irrecoverable call. */
@@ -178,7 +184,7 @@ void __rk_ev_tx_end_output(uint32_t fn, uint64_t fd)
 	if (!ev || ev_role == EV_ROLE_FOREIGN)
 		return;
 	uintptr_t pc = (uintptr_t)__builtin_return_address(0);
-	if (ev->mask_outputs && ev_is_socket((int)fd)) {
+	if (ev->mask_outputs && ev_is_peer_stream((int)fd)) {
 		ev_output_opens = true;
 		if (ev_role == EV_ROLE_OWNER) {
 			ev->output_gates++;

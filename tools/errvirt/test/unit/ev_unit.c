@@ -605,6 +605,19 @@ static int socket_write(void)
 		 again_errno == EPIPE);
 }
 
+/* The same on standard error made a socket (journald's, under systemd): a
+ * log line, never masked. */
+static int stderr_socket_write(void)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0 || dup2(sv[0], STDERR_FILENO) < 0)
+		return 1;
+	long state = 0;
+	ssize_t r = reply_then_crash(STDERR_FILENO, &state);
+	printf("stderr-socket-write survived (%zd)\n", r);
+	return 3;
+}
+
 /* The same with a regular file: its bytes are not a peer's, so nothing
  * masks them, whatever the setting. */
 static int file_write(void)
@@ -624,6 +637,8 @@ int main(int argc, char **argv)
 		return socket_write();
 	if (argc > 1 && strcmp(argv[1], "file-write") == 0)
 		return file_write();
+	if (argc > 1 && strcmp(argv[1], "stderr-socket-write") == 0)
+		return stderr_socket_write();
 	if (argc > 1) {
 		int r = 1;
 		if (strcmp(argv[1], "second-fault") == 0)
