@@ -102,7 +102,7 @@ def test_a_socket_write_is_masked_only_when_asked():
     (fb,) = ev_lines(p.stderr, "fallback")
     assert fb["reason"] == "ev_window_closed" and fb["closed_by_call"] == "write", fb
 
-    env = dict(os.environ, REKINDLE_EV_MASK_SOCKET_WRITES="1")
+    env = dict(os.environ, REKINDLE_EV_MASK_SOCKET_WRITES="1", REKINDLE_EV_REPORT="1")
     p = subprocess.run([str(UNIT), "socket-write"], capture_output=True, text=True, timeout=60, check=False,
                        env=env)  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
@@ -112,6 +112,8 @@ def test_a_socket_write_is_masked_only_when_asked():
     (inj,) = ev_lines(p.stderr, "injected")
     assert inj["gate"] == "write" and inj["masked_output"] == 1 and inj["compensation"] == "shutdown"
     assert not ev_lines(p.stderr, "fallback")
+    (rep,) = ev_lines(p.stderr, "report")
+    assert rep["output_gates"] >= 1 and rep["output_injections"] == 1, rep
 
 
 @pytest.mark.parametrize("mode", ["file-write", "stderr-socket-write"])

@@ -54,9 +54,9 @@ struct ev_state {
 	uint64_t epoch;
 	uint64_t gates, closes, recoveries, fallbacks, injections;
 	uint64_t closed_irrecoverable, closed_unknown;
-	/* REKINDLE_EV_MASK_SOCKET_WRITES=1: a checked write to a socket is a
-	 * gate (ev_tx.c); the output gates passed, and the errors injected at
-	 * them (each a connection reset that the peer did not see) */
+	/* REKINDLE_EV_MASK_SOCKET_WRITES=1: a checked write to a peer's stream
+	 * socket is a gate (ev_tx.c); the output gates passed, and the errors
+	 * injected at them (each a reset after bytes the peer already has) */
 	bool mask_outputs;
 	uint64_t output_gates, output_injections;
 	/* what the undo log took (REKINDLE_EV_REPORT): words one by one, byte

@@ -62,6 +62,7 @@ __attribute__((destructor)) static void ev_report(void)
 	ev_line_u64(&l, "closed_irrecoverable", s->closed_irrecoverable);
 	ev_line_u64(&l, "closed_unknown", s->closed_unknown);
 	ev_line_u64(&l, "output_gates", s->output_gates);
+	ev_line_u64(&l, "output_injections", s->output_injections);
 	ev_line_u64(&l, "recoveries", s->recoveries);
 	ev_line_u64(&l, "fallbacks", s->fallbacks);
 	ev_line_u64(&l, "logged_words", s->logged_words);

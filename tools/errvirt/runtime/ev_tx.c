@@ -173,10 +173,10 @@ static bool ev_is_peer_stream(int fd)
 
 /* Just before a checked output call (write, writev, send*, sendfile): with
  * masking asked for and a peer's stream socket to write to (not stdio), it
- * is a gate like any other
- * (the transaction before it commits; a crash after it rolls back to just
- * after it, and the call fails with ECONNRESET); otherwise the bytes leave
- * for good and the window ends, as at an irrecoverable call. */
+ * is a gate like any other (the transaction before it commits; a crash
+ * after it rolls back to just after it, and the call fails with
+ * ECONNRESET); otherwise the bytes leave for good and the window ends, as
+ * at an irrecoverable call. */
 void __rk_ev_tx_end_output(uint32_t fn, uint64_t fd)
 {
 	ev_output_opens = false;
