@@ -265,6 +265,96 @@ def test_sync_holds_a_read_only_behind_writes_of_the_keys_it_reads(tmp_path):
         r.close()
 
 
+def test_sync_holds_reads_of_every_key_written_past_the_pending_table(tmp_path):
+    """More keys written while nothing becomes durable than rkv's table of
+    pending keys holds (2,048): a GET of the first key written and of the
+    last still wait for the write, then are answered with it."""
+    store = tmp_path / "store"
+    r = durable_rkv(tmp_path / "a", store, "sync")
+    n = 5000
+    try:
+        c = r.client()
+        assert c.set("other", "1") is True
+        os.kill(r.proc.pid, signal.SIGSTOP)
+        try:
+            mset = Call(lambda: r.client().mset({f"k{i}": i for i in range(n)}))
+            assert not mset.answered_within(1.0), "an MSET was acknowledged with no snapshot engine running"
+            first = Call(lambda: r.client().get("k0"))
+            last = Call(lambda: r.client().get(f"k{n - 1}"))
+            assert not first.answered_within(1.0), "a read of a key written before the overflow went out"
+            assert not last.answered_within(0.1), "a read of a key written after the overflow went out"
+        finally:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        assert mset.answered_within(30) and mset.value is True, mset.error
+        assert first.answered_within(30) and first.value == b"0", first.error
+        assert last.answered_within(30) and last.value == str(n - 1).encode(), last.error
+        assert r.client().get("other") == b"1"
+    finally:
+        r.close()
+
+
+def test_sync_does_not_spin_while_a_released_client_stays_silent(tmp_path):
+    """After a write's reply is released, rkv waits a moment for that client's
+    next command before asking for the next snapshot (group commit).  A client
+    that never sends again must not keep rkv busy: idle, it uses little CPU."""
+    store = tmp_path / "store"
+    r = durable_rkv(tmp_path / "a", store, "sync")
+    try:
+        silent = r.client()
+        assert silent.set("a", "1") is True  # released, then silent
+        other = r.client()
+        for i in range(20):  # writes while the silent one is still awaited
+            assert other.set(f"b{i}", i) is True
+        pid = r.app_pid()
+
+        def cpu_s():
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        c0 = cpu_s()
+        time.sleep(2.0)
+        used = cpu_s() - c0
+        assert used < 0.5, f"rkv used {used:.2f} s of CPU in 2 s with nothing to do"
+        assert silent.get("a") == b"1" and other.get("b19") == b"19"
+    finally:
+        r.close()
+
+
+def journal_records(store):
+    v = rekindle("verify", store, "--json")
+    assert v.returncode == 0, v.stdout + v.stderr
+    return json.loads(v.stdout)["journal"]["records"]
+
+
+def test_sync_journal_is_folded_when_idle_not_between_writes(tmp_path):
+    """One client's SETs, 20 ms apart for 3 s, each a group commit of its
+    own in the journal: none is folded meanwhile (a fold holds every reply
+    for 100-250 ms; it used to run whenever the engine's poll timed out,
+    such as when the location indexer's 2 s came due between two writes).
+    Once the writes stop, the idle engine folds them all."""
+    store = tmp_path / "store"
+    r = durable_rkv(tmp_path / "a", store, "sync")
+    try:
+        c = r.client()
+        n = 0
+        t_end = time.monotonic() + 3.0
+        while time.monotonic() < t_end:
+            assert c.set(f"k{n}", n) is True
+            n += 1
+            time.sleep(0.02)
+        held = journal_records(store)
+        # the first writes may share the incarnation's first, full snapshot
+        assert held >= n - 5, f"{n} writes, {held} journal records: folded while writes kept coming"
+        deadline = time.monotonic() + 10
+        while journal_records(store) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert journal_records(store) == 0, "the journal was not folded once the writes stopped"
+        assert c.get(f"k{n - 1}") == str(n - 1).encode()
+    finally:
+        r.close()
+
+
 def test_sync_after_a_warm_restart_holds_reads_until_the_inherited_state_is_durable(tmp_path):
     """A SET whose snapshot never came (the engine stopped) is in the arena
     when rkv is killed: the warm restart keeps it, but it is not durable, and

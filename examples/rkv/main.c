@@ -1009,7 +1009,13 @@ int main(int argc, char **argv)
 	bool verifying = true, collapsing = true, durable_ready = false;
 	for (;;) {
 		glue_heartbeat(); /* a safe point: no request is half-done here */
-		int nev = epoll_wait(epfd, ev, 1024, verifying || collapsing ? 0 : CRON_MS);
+		int64_t gather_ns = durability_wait_ns();
+		struct timespec wait = {.tv_sec = CRON_MS / 1000, .tv_nsec = (CRON_MS % 1000) * 1000000l};
+		if (verifying || collapsing)
+			wait = (struct timespec){0};
+		else if (gather_ns >= 0)
+			wait = (struct timespec){.tv_sec = gather_ns / 1000000000, .tv_nsec = gather_ns % 1000000000};
+		int nev = epoll_pwait2(epfd, ev, 1024, &wait, NULL);
 		if (nev < 0 && errno != EINTR) {
 			rkv_log("error", "\"what\":\"epoll_wait\",\"error\":%s", js(strerror(errno)));
 			return 1;

@@ -140,6 +140,7 @@ struct conn {
 	uint64_t hold_epoch;
 	size_t held_from;
 	struct conn *hprev, *hnext;     /* connections holding replies */
+	uint64_t gather_round;          /* released in this gather round, not heard from since */
 };
 
 /* What a connection may send now: its replies up to the first held one. */
@@ -280,6 +281,7 @@ void durability_forget(struct conn *c);  /* the connection goes */
 /* Asks for a snapshot now; the epoch it will make durable (0: failed, logged). */
 uint64_t durability_checkpoint(void);
 void durability_tick(void);      /* loop end: one checkpoint for the replies held */
+int64_t durability_wait_ns(void); /* how long the loop may sleep before the next tick, or -1 */
 void durability_advanced(void);  /* the durable fd is readable: release replies */
 /* Blocks until epoch is durable or timeout_ms pass (shutdown); true if durable. */
 bool durability_wait(uint64_t epoch, int timeout_ms);

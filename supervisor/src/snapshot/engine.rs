@@ -198,6 +198,7 @@ impl Handle {
             durable_efd: None,
             request_efd: None,
             requested: false,
+            last_busy: Instant::now(),
             refused: 0,
             unacked: std::collections::VecDeque::new(),
             lagging: std::collections::VecDeque::new(),
@@ -298,7 +299,17 @@ struct Engine {
     lag_held: bool,
     /// Writes the newest snapshot's location index, off the app's path.
     indexer: super::indexer::Indexer,
+    /// When the last snapshot ended or the app last asked for one: the
+    /// journal is folded once nothing happened for IDLE_FOLD_AFTER.
+    last_busy: Instant,
 }
+
+/// An engine that took no snapshot and was asked for none this long is
+/// idle: it publishes what the journal holds then.  A poll that merely timed
+/// out (the location indexer's schedule, a group commit's gather in the
+/// app) is not idleness: a fold of a full journal takes 100-250 ms, which
+/// every held reply would wait for.
+const IDLE_FOLD_AFTER: Duration = Duration::from_millis(200);
 
 /// How long a checkpoint asked for while an incarnation starts waits for
 /// its agent's HELLO.
@@ -381,7 +392,10 @@ impl Engine {
             // SAFETY: a live array of pollfd.
             let ready =
                 unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
-            if ready == 0 && self.next_due.is_none_or(|t| Instant::now() < t) {
+            if ready == 0
+                && self.next_due.is_none_or(|t| Instant::now() < t)
+                && self.last_busy.elapsed() >= IDLE_FOLD_AFTER
+            {
                 self.fold(); // idle: what the journal holds is published
             }
             drain(&self.wake);
@@ -400,6 +414,7 @@ impl Engine {
                     drain(f);
                 }
                 self.requested = true;
+                self.last_busy = Instant::now();
             }
             if acked_fd.is_some() && pfds[acked_at].revents != 0 {
                 self.on_replica_acked();
@@ -417,6 +432,7 @@ impl Engine {
             if self.agent.is_some() && (due || self.requested || !self.waiting.is_empty()) {
                 let app_asked = std::mem::take(&mut self.requested) || self.refused > 0;
                 self.snapshot(app_asked);
+                self.last_busy = Instant::now();
             }
         }
     }
@@ -428,9 +444,15 @@ impl Engine {
             (false, _, Some(t)) if !self.waiting.is_empty() => until(t).min(1000),
             _ => 1000,
         };
-        match self.indexer.wait() {
+        let ms = match self.indexer.wait() {
             Some(w) => ms.min(w.as_millis() as i32),
             None => ms,
+        };
+        if self.store.as_ref().is_some_and(|s| s.journal_pending()) {
+            let left = IDLE_FOLD_AFTER.saturating_sub(self.last_busy.elapsed());
+            ms.min(left.as_millis() as i32 + 1)
+        } else {
+            ms
         }
     }
 
