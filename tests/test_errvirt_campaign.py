@@ -31,10 +31,10 @@ def test_the_probe_classes_rkvs_event_loop_critical_and_a_read_not(target, tmp_p
     for pc, (call, _load, work) in gates.items():
         assert work > 0
         by_call.setdefault(call, []).append(pc)
-    assert {"epoll_wait", "read"} <= set(by_call), gates
-    (loop,) = by_call["epoll_wait"]
+    assert {"epoll_pwait2", "read"} <= set(by_call), gates
+    (loop,) = by_call["epoll_pwait2"]
     assert "main" in names[loop]
-    # epoll_wait's error: rkv's loop waits again (a retry); a read's error:
+    # epoll_pwait2's error: rkv's loop waits again (a retry); a read's error:
     # the connection is dropped and rkv goes on serving the others
     assert fc.classify_gate(target, tmp_path, 1, loop, *gates[loop][1:]) == "critical: retries"
     reads = [fc.classify_gate(target, tmp_path, 1, pc, *gates[pc][1:]) for pc in by_call["read"]]

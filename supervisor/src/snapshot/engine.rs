@@ -199,6 +199,7 @@ impl Handle {
             request_efd: None,
             requested: false,
             last_busy: Instant::now(),
+            idle_fold_failed: false,
             refused: 0,
             unacked: std::collections::VecDeque::new(),
             lagging: std::collections::VecDeque::new(),
@@ -302,6 +303,8 @@ struct Engine {
     /// When the last snapshot ended or the app last asked for one: the
     /// journal is folded once nothing happened for IDLE_FOLD_AFTER.
     last_busy: Instant,
+    /// The last idle fold failed (reported): the next waits for a snapshot.
+    idle_fold_failed: bool,
 }
 
 /// An engine that took no snapshot and was asked for none this long is
@@ -395,8 +398,10 @@ impl Engine {
             if ready == 0
                 && self.next_due.is_none_or(|t| Instant::now() < t)
                 && self.last_busy.elapsed() >= IDLE_FOLD_AFTER
+                && !self.idle_fold_failed
             {
-                self.fold(); // idle: what the journal holds is published
+                // idle: what the journal holds is published
+                self.idle_fold_failed = !self.fold();
             }
             drain(&self.wake);
             loop {
@@ -448,7 +453,7 @@ impl Engine {
             Some(w) => ms.min(w.as_millis() as i32),
             None => ms,
         };
-        if self.store.as_ref().is_some_and(|s| s.journal_pending()) {
+        if !self.idle_fold_failed && self.store.as_ref().is_some_and(|s| s.journal_pending()) {
             let left = IDLE_FOLD_AFTER.saturating_sub(self.last_busy.elapsed());
             ms.min(left.as_millis() as i32 + 1)
         } else {
@@ -674,16 +679,19 @@ impl Engine {
 
     /// Publishes what the journal holds (a stop, an idle app): off the
     /// reply path.  A failure is reported; the records stay in the journal.
-    fn fold(&mut self) {
+    /// False: it failed.
+    fn fold(&mut self) -> bool {
         let Some(store) = self.store.as_mut().filter(|s| s.journal_pending()) else {
-            return;
+            return true;
         };
         if let Err(e) = store.fold_journal() {
             self.note(Note::Failed {
                 code: e.code(),
                 detail: format!("folding the journal: {e}"),
             });
+            return false;
         }
+        true
     }
 
     fn open_store(&mut self) -> Result<&mut Store, Failure> {
@@ -727,6 +735,7 @@ impl Engine {
         let r = self.take(tags, journal);
         if r.is_ok() {
             self.refused = 0;
+            self.idle_fold_failed = false;
         }
         match r {
             Ok(done) => {
