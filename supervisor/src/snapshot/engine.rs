@@ -430,6 +430,7 @@ impl Engine {
             if let Some((id, r)) = self.indexer.tick() {
                 self.note(Note::Indexed { id, result: r });
             }
+            self.reap_background_fold();
             if self.agent.is_none() && self.agent_wait_until.is_some_and(|t| Instant::now() >= t) {
                 self.refuse_waiting_no_agent();
             }
@@ -692,6 +693,21 @@ impl Engine {
             return false;
         }
         true
+    }
+
+    /// A journal file folded on a thread of its own (the other took the
+    /// appends meanwhile): a failure is reported; its records stay, and are
+    /// folded in the foreground when the other file fills.
+    fn reap_background_fold(&mut self) {
+        let Some(done) = self.store.as_mut().and_then(|s| s.reap_background_fold()) else {
+            return;
+        };
+        if let Err(e) = done.result {
+            self.note(Note::Failed {
+                code: e.code(),
+                detail: format!("folding a full journal file in the background: {e}"),
+            });
+        }
     }
 
     fn open_store(&mut self) -> Result<&mut Store, Failure> {

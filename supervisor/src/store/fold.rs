@@ -6,12 +6,17 @@
 //! written on top of records that are not folded yet; a restore folds
 //! first too (`fold_journal_at`), so it starts from every acknowledged
 //! write.
+//!
+//! The journal is two files.  When the one taking appends is full, appends
+//! go on in the other (emptied, its generation made the higher) while the
+//! full one is folded on a thread of its own, under the same lock: a commit
+//! waits for a fold only when both files have filled before the fold ends.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::Store;
 use super::error::StoreError;
 use super::format::{SnapshotId, from_unix_ns};
 use super::journal::{
@@ -19,10 +24,17 @@ use super::journal::{
 };
 use super::manifest::ManifestRegion;
 use super::writer::{NewSnapshot, Origin, SnapshotWriter, check_meta};
+use super::{Store, StoreLock};
 
 /// The journal as this process's writer knows it.
 pub(crate) struct JournalState {
+    /// The file appends go to.
     j: Journal,
+    /// The other file: empty (and of a higher generation once appends move
+    /// to it), or holding records that a fold has not published yet.
+    other: Journal,
+    /// `other` may hold records (being folded, or its fold failed).
+    other_pending: bool,
     /// The newest record: the next journaled snapshot's parent.
     last: Option<(SnapshotId, Vec<ManifestRegion>)>,
     /// The highest snapshot sequence number in use (ids are above it).
@@ -30,6 +42,29 @@ pub(crate) struct JournalState {
     /// An append failed: what is on disk after it is unknown, so this
     /// process journals no more (its snapshots are published as usual).
     failed: bool,
+    /// The fold of `other` running on its own thread.
+    background: Option<BackgroundFold>,
+    /// The store the background fold writes with, kept between folds (its
+    /// pack indexes stay loaded).
+    folder: Option<Box<Store>>,
+}
+
+/// What the fold thread gives back: its store (None if it could not open
+/// one) and what the fold did.
+type FoldThreadResult = (Option<Box<Store>>, Result<FoldReport, StoreError>);
+
+/// A fold of one full journal file on a thread of its own.  The thread
+/// holds a share of the store's lock until it ends.
+struct BackgroundFold {
+    handle: JoinHandle<FoldThreadResult>,
+    started: Instant,
+}
+
+/// What a background fold did, for the engine to report.
+#[derive(Debug)]
+pub struct BackgroundFoldDone {
+    pub took: Duration,
+    pub result: Result<FoldReport, StoreError>,
 }
 
 /// What a fold did.
@@ -101,12 +136,13 @@ impl Store {
         self.fold_locked()
     }
 
-    /// Under the lock: publishes every record of the journal (each run of
-    /// records with the same regions as one snapshot, with the id of its
-    /// last record, so the next record's parent exists), then resets it.
+    /// Under the lock: publishes every record of both journal files (each
+    /// run of records with the same regions as one snapshot, with the id of
+    /// its last record, so the next record's parent exists), then resets
+    /// them.  A background fold is waited for first.
     pub(crate) fn fold_locked(&mut self) -> Result<FoldReport, StoreError> {
-        let path = journal::path_of(&self.dir);
-        let Some(scan) = journal::scan_file(&path)? else {
+        self.wait_background_fold();
+        let Some(scan) = journal::scan_dir(&self.dir)? else {
             return Ok(FoldReport::default());
         };
         let mut rep = FoldReport {
@@ -117,7 +153,31 @@ impl Store {
         if scan.records.is_empty() && scan.torn.is_none() {
             return Ok(rep);
         }
-        for run in runs(&scan.records) {
+        self.publish_runs(&scan.records, &mut rep)?;
+        // both files emptied, each with a generation above both
+        let mut files = Vec::new();
+        for p in journal::paths_of(&self.dir) {
+            if p.exists() {
+                files.push(Journal::open_or_create_at(&self.dir, &p)?.0);
+            }
+        }
+        let top = files.iter().map(|j| j.generation).max().unwrap_or(0);
+        for (k, j) in files.iter_mut().enumerate() {
+            j.reset_to(top + 1 + k as u64)?;
+        }
+        if self.journal.is_some() {
+            self.reload_journal()?;
+            if let Some(st) = self.journal.as_mut() {
+                st.last = None;
+            }
+        }
+        Ok(rep)
+    }
+
+    /// Publishes each run of `records` (one snapshot per run), skipping a
+    /// run a fold that died before its reset has published.
+    fn publish_runs(&mut self, records: &[Record], rep: &mut FoldReport) -> Result<(), StoreError> {
+        for run in runs(records) {
             let (first, last) = (&run[0].meta, &run[run.len() - 1].meta);
             if self.manifest_path(&last.id).exists() {
                 rep.already += 1;
@@ -147,20 +207,7 @@ impl Store {
             w.commit()?;
             rep.published.push(last.id.clone());
         }
-        if self.journal.is_some() {
-            self.sync_journal()?; // another process may have reset it meanwhile
-        }
-        match self.journal.as_mut() {
-            Some(st) => {
-                st.j.reset()?;
-                st.last = None;
-            }
-            None => {
-                let (mut j, _) = Journal::open_or_create(&self.dir)?;
-                j.reset()?;
-            }
-        }
-        Ok(rep)
+        Ok(())
     }
 
     /// Starts a journaled snapshot (its `commit` appends one record to the
@@ -171,6 +218,8 @@ impl Store {
             return self.begin(meta);
         }
         check_meta(self, &meta)?;
+        // shared with a background fold, if one runs: nobody else can
+        // change the journal meanwhile
         let lock = self.lock()?;
         if let Err(e) = self.sync_journal() {
             // not silent: a line with its code, once; then published as usual
@@ -190,7 +239,10 @@ impl Store {
             (Some(p), Some((id, regions))) if p == id => regions.clone(),
             _ => self.parent_regions(&meta)?,
         };
-        let empty = self.journal.as_ref().is_none_or(|s| s.j.is_empty());
+        let empty = self
+            .journal
+            .as_ref()
+            .is_none_or(|s| s.j.is_empty() && !s.other_pending);
         if empty {
             // another writer may have published since: ids above theirs
             let listed = self.next_seq()?.saturating_sub(1);
@@ -204,33 +256,67 @@ impl Store {
         self.writer(meta, Some(lock), id, now, parent_regions, true)
     }
 
-    /// Opens the journal, or reopens it if another process has folded it
-    /// since (its generation changed).
+    /// Opens the journal's files, or reopens them if another process has
+    /// folded them since (the generation of the one taking appends changed).
     fn sync_journal(&mut self) -> Result<(), StoreError> {
         let stale = match &self.journal {
             None => true,
             Some(st) => st.j.disk_generation()? != st.j.generation,
         };
         if stale {
-            let (j, scan) = Journal::open_or_create(&self.dir)?;
-            let last = scan
-                .records
-                .last()
-                .map(|r| (r.meta.id.clone(), r.meta.regions.clone()));
-            let floor = scan
-                .records
-                .iter()
-                .filter_map(|r| r.meta.id.seq())
-                .max()
-                .unwrap_or(0);
-            let failed = self.journal.as_ref().is_some_and(|s| s.failed);
-            self.journal = Some(JournalState {
-                j,
-                last,
-                seq_floor: floor,
-                failed,
-            });
+            self.reload_journal()?;
         }
+        Ok(())
+    }
+
+    /// Reads both journal files afresh.  Appends go to the one of the
+    /// higher generation if it holds records, else to the other if that
+    /// does, else to the lower (the higher is then already above it).
+    fn reload_journal(&mut self) -> Result<(), StoreError> {
+        let [pa, pb] = journal::paths_of(&self.dir);
+        let (a, sa) = Journal::open_or_create_at(&self.dir, &pa)?;
+        let (b, sb) = Journal::open_or_create_at(&self.dir, &pb)?;
+        let ((lo, slo), (hi, shi)) = if a.generation <= b.generation {
+            ((a, sa), (b, sb))
+        } else {
+            ((b, sb), (a, sa))
+        };
+        let (j, sj, other, so) = if !shi.records.is_empty() || slo.records.is_empty() {
+            if shi.records.is_empty() {
+                (lo, slo, hi, shi)
+            } else {
+                (hi, shi, lo, slo)
+            }
+        } else {
+            (lo, slo, hi, shi)
+        };
+        let last = sj
+            .records
+            .last()
+            .or(so.records.last())
+            .map(|r| (r.meta.id.clone(), r.meta.regions.clone()));
+        let floor = sj
+            .records
+            .iter()
+            .chain(&so.records)
+            .filter_map(|r| r.meta.id.seq())
+            .max()
+            .unwrap_or(0);
+        let old = self.journal.take();
+        let (failed, background, folder) = match old {
+            Some(o) => (o.failed, o.background, o.folder),
+            None => (false, None, None),
+        };
+        self.journal = Some(JournalState {
+            j,
+            other_pending: !so.records.is_empty() || so.torn.is_some(),
+            other,
+            last,
+            seq_floor: floor,
+            failed,
+            background,
+            folder,
+        });
         Ok(())
     }
 
@@ -246,8 +332,12 @@ impl Store {
             return Ok(false);
         }
         if self.journal.as_ref().is_none_or(|s| need > s.j.room()) {
-            self.fold_locked()?;
-            self.sync_journal()?;
+            // the previous file's fold first (back-pressure: both filled)
+            self.wait_background_fold();
+            if !self.switch_journal_file()? {
+                self.fold_locked()?;
+                self.sync_journal()?;
+            }
         }
         let Some(st) = self.journal.as_mut() else {
             return Ok(false);
@@ -261,16 +351,151 @@ impl Store {
         Ok(true)
     }
 
+    /// The file taking appends is full: appends move to the other (empty,
+    /// its generation made the higher) and the full one is folded on a
+    /// thread of its own.  False: the other is not empty (a fold failed),
+    /// the caller folds both.
+    fn switch_journal_file(&mut self) -> Result<bool, StoreError> {
+        let Some(lock) = self.held.upgrade() else {
+            return Ok(false); // not under the lock: cannot happen in a writer
+        };
+        let dir = self.dir.clone();
+        let Some(st) = self.journal.as_mut() else {
+            return Ok(false);
+        };
+        if st.other_pending || st.j.is_empty() {
+            return Ok(false);
+        }
+        if st.other.generation <= st.j.generation {
+            st.other.reset_to(st.j.generation + 1)?;
+        }
+        std::mem::swap(&mut st.j, &mut st.other);
+        st.other_pending = true;
+        let full = st.other.path.clone();
+        let reset_to = st.j.generation + 1;
+        let folder = st.folder.take();
+        let handle = std::thread::Builder::new()
+            .name("rk-journal-fold".into())
+            .spawn(move || fold_file_in_background(dir, folder, full, reset_to, lock))
+            .map_err(super::error::io_at("spawn a fold thread", &self.dir))?;
+        if let Some(st) = self.journal.as_mut() {
+            st.background = Some(BackgroundFold {
+                handle,
+                started: Instant::now(),
+            });
+        }
+        Ok(true)
+    }
+
+    /// A background fold that has ended, taken (None: none, or still
+    /// running).  The engine reports what it did.
+    pub fn reap_background_fold(&mut self) -> Option<BackgroundFoldDone> {
+        let st = self.journal.as_mut()?;
+        if !st.background.as_ref()?.handle.is_finished() {
+            return None;
+        }
+        self.wait_background_fold()
+    }
+
+    /// Waits for the background fold, if one runs, and takes what it did.
+    pub fn wait_background_fold(&mut self) -> Option<BackgroundFoldDone> {
+        let st = self.journal.as_mut()?;
+        let bg = st.background.take()?;
+        let took = bg.started.elapsed();
+        let result = match bg.handle.join() {
+            Ok((folder, r)) => {
+                st.folder = folder;
+                r
+            }
+            Err(_) => Err(StoreError::InvalidArgument {
+                path: st.other.path.clone(),
+                detail: "the journal's fold thread panicked".into(),
+            }),
+        };
+        if result.is_ok() {
+            // reset by the fold, to a generation above the file in use
+            match Journal::open_or_create_at(&self.dir, &st.other.path) {
+                Ok((o, s)) if s.records.is_empty() && s.torn.is_none() => {
+                    st.other = o;
+                    st.other_pending = false;
+                }
+                _ => st.other_pending = true,
+            }
+        }
+        let st = self.journal.as_mut()?;
+        st.background = None;
+        Some(BackgroundFoldDone { took, result })
+    }
+
     /// This process has journaled snapshots that are not folded yet.
     pub fn journal_pending(&self) -> bool {
-        self.journal.as_ref().is_some_and(|s| !s.j.is_empty())
+        self.journal
+            .as_ref()
+            .is_some_and(|s| !s.j.is_empty() || s.other_pending)
+    }
+
+    /// A fold of this process's journal runs in the background now.
+    pub fn background_fold_running(&self) -> bool {
+        self.journal
+            .as_ref()
+            .is_some_and(|s| s.background.is_some())
     }
 
     /// What the journal holds now (None: the store has no journal).  For
     /// listings and verify: readers take no lock, so a journal being
     /// appended to may show one record less.
     pub fn journal_scan(&self) -> Result<Option<Scan>, StoreError> {
-        journal::scan_file(&journal::path_of(&self.dir))
+        journal::scan_dir(&self.dir)
+    }
+}
+
+/// The background fold of one full journal file: its records published,
+/// then the file reset to `reset_to` (above the file taking appends).  The
+/// lock's share is let go when this returns.
+fn fold_file_in_background(
+    dir: PathBuf,
+    folder: Option<Box<Store>>,
+    path: PathBuf,
+    reset_to: u64,
+    lock: StoreLock,
+) -> FoldThreadResult {
+    let mut store = match folder {
+        Some(s) => s,
+        None => match Store::open_unindexed(&dir) {
+            Ok(s) => Box::new(s),
+            // the fold is retried in the foreground when the next file fills
+            Err(e) => return (None, Err(e)),
+        },
+    };
+    let r = fold_one_file(&mut store, &path, reset_to);
+    drop(lock);
+    (Some(store), r)
+}
+
+fn fold_one_file(store: &mut Store, path: &Path, reset_to: u64) -> Result<FoldReport, StoreError> {
+    let (mut j, scan) = Journal::open_or_create_at(&store.dir, path)?;
+    let mut rep = FoldReport {
+        records: scan.records.len() as u64,
+        torn: scan.torn,
+        ..FoldReport::default()
+    };
+    if let Some(t) = scan.torn {
+        // the file taking appends follows this one: leave both for a fold
+        // in the foreground, which reads them in order
+        return Err(journal_corrupt(path, t));
+    }
+    store.publish_runs(&scan.records, &mut rep)?;
+    j.reset_to(reset_to)?;
+    Ok(rep)
+}
+
+fn journal_corrupt(path: &Path, t: TornReason) -> StoreError {
+    StoreError::JournalCorrupt {
+        path: path.to_path_buf(),
+        detail: format!(
+            "a full journal file ends in a damaged record ({})",
+            t.code()
+        ),
     }
 }
 
@@ -294,7 +519,7 @@ fn replay(w: &mut SnapshotWriter<'_>, r: &Record) -> Result<(), StoreError> {
 /// restore starts from the newest acknowledged state.  None: no journal,
 /// or nothing in it.
 pub fn fold_journal_at(dir: &Path) -> Result<Option<FoldReport>, StoreError> {
-    let Some(scan) = journal::scan_file(&journal::path_of(dir))? else {
+    let Some(scan) = journal::scan_dir(dir)? else {
         return Ok(None);
     };
     if scan.records.is_empty() && scan.torn.is_none() {
@@ -384,6 +609,111 @@ mod tests {
         assert!(s.verify(&mut |_| {}).unwrap().ok());
         // nothing left to fold
         assert!(fold_journal_at(d.path()).unwrap().is_none());
+    }
+
+    /// A page no other page equals, that zstd cannot shrink.
+    fn noise(seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..PAGE)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_full_file_is_folded_in_the_background_while_the_other_takes_appends() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Store::create_or_open(d.path()).unwrap();
+        let mut w = s.begin(meta(None, true)).unwrap();
+        w.put_page(0, 0, &page(1)).unwrap();
+        let mut parent = w.commit().unwrap().id;
+        let mut want: Vec<Vec<u8>> = vec![vec![0u8; PAGE]; 16];
+        want[0] = page(1);
+        let (mut saw_background, mut published_meanwhile) = (false, false);
+        // 4 pages of noise a record: about 60 records fill a 1 MiB file
+        for k in 0..150u64 {
+            let mut w = s.begin_journaled(meta(Some(parent), false)).unwrap();
+            for i in 0..4 {
+                let p = (k * 4 + i) % 16;
+                want[p as usize] = noise(k * 16 + p + 1);
+                w.put_page(0, p, &want[p as usize]).unwrap();
+            }
+            parent = w.commit().unwrap().id;
+            saw_background |= s.background_fold_running();
+            if let Some(done) = s.reap_background_fold() {
+                done.result.unwrap();
+                published_meanwhile |= Store::open(d.path()).unwrap().list().unwrap().len() > 1;
+            }
+        }
+        assert!(saw_background, "no file filled");
+        assert!(
+            published_meanwhile,
+            "nothing was published while appends went on"
+        );
+        assert!(s.journal_pending());
+        // the supervisor dies here: a restore folds what is left, in order
+        drop(s);
+        let rep = fold_journal_at(d.path()).unwrap().unwrap();
+        assert!(rep.records > 0 && rep.torn.is_none());
+        assert_eq!(
+            Store::open(d.path()).unwrap().latest().unwrap().unwrap().id,
+            parent
+        );
+        for (p, bytes) in want.iter().enumerate() {
+            assert_eq!(&read(d.path(), p as u64), bytes, "page {p}");
+        }
+        assert!(
+            Store::open(d.path())
+                .unwrap()
+                .verify(&mut |_| {})
+                .unwrap()
+                .ok()
+        );
+    }
+
+    #[test]
+    fn a_background_fold_that_died_before_its_reset_is_folded_again_in_order() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Store::create_or_open(d.path()).unwrap();
+        let mut w = s.begin(meta(None, true)).unwrap();
+        w.put_page(0, 0, &page(1)).unwrap();
+        let mut parent = w.commit().unwrap().id;
+        let jp = journal::path_of(d.path());
+        let mut full = None;
+        let mut want = vec![vec![0u8; PAGE]; 16];
+        want[0] = page(1);
+        for k in 0..100u64 {
+            // the first file as it was when it filled
+            let before = std::fs::read(&jp).unwrap_or_default();
+            let mut w = s.begin_journaled(meta(Some(parent), false)).unwrap();
+            for p in 0..4u64 {
+                want[p as usize] = noise(k * 4 + p + 1);
+                w.put_page(0, p, &want[p as usize]).unwrap();
+            }
+            parent = w.commit().unwrap().id;
+            if s.background_fold_running() {
+                s.wait_background_fold().unwrap().result.unwrap();
+                full = Some(before);
+                break;
+            }
+        }
+        let full = full.expect("the first file never filled");
+        drop(s);
+        // as if the fold died after publishing and before its reset
+        std::fs::write(&jp, &full).unwrap();
+        let rep = fold_journal_at(d.path()).unwrap().unwrap();
+        assert!(rep.records > 1, "{rep:?}");
+        assert_eq!(
+            Store::open(d.path()).unwrap().latest().unwrap().unwrap().id,
+            parent
+        );
+        for (p, bytes) in want.iter().enumerate() {
+            assert_eq!(&read(d.path(), p as u64), bytes, "page {p}");
+        }
     }
 
     #[test]

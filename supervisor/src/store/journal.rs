@@ -1,4 +1,4 @@
-//! The store's journal, `DIR/journal`: where a snapshot the app waits for
+//! The store's journal, `DIR/journal` and `DIR/journal-b`: where a snapshot the app waits for
 //! (rkv `--durability sync`'s group commits) is made durable with one write
 //! and one `fdatasync` on a preallocated file, instead of a pack, a map and
 //! a manifest published in three fsync rounds.  Its records are folded into
@@ -22,6 +22,12 @@
 //! ignored with its reason.  Records are self-contained (every non-zero page
 //! carries its chunk), so a gc between a record and its fold cannot take a
 //! chunk it needs.
+//!
+//! There are two files, so that one takes the appends while the other's
+//! records are folded in the background (fold.rs).  Their records are read
+//! in the order of the files' generations: a file is appended to only
+//! after its generation was made higher than the other's, and a file's
+//! generation only grows.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -34,10 +40,15 @@ use super::format::{Hash, SnapshotId};
 use super::fsio;
 use super::manifest::ManifestRegion;
 
-pub const JOURNAL_FILE: &str = "journal";
+/// The two files: appends go to one while the other is folded.
+pub const JOURNAL_FILES: [&str; 2] = ["journal", "journal-b"];
 /// Preallocated (written with zeros once) so that an append changes no
 /// file metadata and `fdatasync` writes the data alone.
+#[cfg(not(test))]
 pub const JOURNAL_BYTES: u64 = 64 << 20;
+/// Small in unit tests, so that filling a file takes a few records.
+#[cfg(test)]
+pub const JOURNAL_BYTES: u64 = 1 << 20;
 pub const HEADER_BYTES: u64 = 4096;
 const MAGIC: &[u8; 8] = b"RKJRNL\0\0";
 const REC_MAGIC: &[u8; 8] = b"RKJREC\0\0";
@@ -247,8 +258,50 @@ pub struct Journal {
     pub next_seq: u64,
 }
 
+/// The first journal file (the only one of a store written before there
+/// were two).
 pub fn path_of(dir: &Path) -> PathBuf {
-    dir.join(JOURNAL_FILE)
+    dir.join(JOURNAL_FILES[0])
+}
+
+pub fn paths_of(dir: &Path) -> [PathBuf; 2] {
+    JOURNAL_FILES.map(|n| dir.join(n))
+}
+
+/// Both files' records, in the order they were written (the file of the
+/// lower generation first).  A torn or damaged tail in the first ends the
+/// records there: the second's were written after it.  None: no journal.
+pub fn scan_dir(dir: &Path) -> Result<Option<Scan>, StoreError> {
+    let mut found = Vec::new();
+    for p in paths_of(dir) {
+        if let Some(s) = scan_file(&p)? {
+            found.push((p, s));
+        }
+    }
+    if found.is_empty() {
+        return Ok(None);
+    }
+    found.sort_by_key(|(_, s)| s.generation);
+    if let [(p, a), (_, b)] = &found[..]
+        && a.generation == b.generation
+        && !a.records.is_empty()
+        && !b.records.is_empty()
+    {
+        return Err(corrupt(
+            p,
+            "both journal files hold records of one generation",
+        ));
+    }
+    let mut out = Scan::default();
+    for (_, s) in found {
+        out.generation = s.generation;
+        if out.torn.is_some() {
+            continue; // written after a tail that is lost
+        }
+        out.records.extend(s.records);
+        out.torn = s.torn;
+    }
+    Ok(Some(out))
 }
 
 /// Reads every record of the current generation (the caller holds the
@@ -321,10 +374,15 @@ fn scan(f: &File, path: &Path) -> Result<Scan, StoreError> {
 }
 
 impl Journal {
-    /// Opens the store's journal, creating it (preallocated, durable) if
-    /// there is none.  Returns it with what it holds.
+    /// Opens the store's first journal file, creating it (preallocated,
+    /// durable) if there is none.  Returns it with what it holds.
     pub fn open_or_create(dir: &Path) -> Result<(Journal, Scan), StoreError> {
-        let path = path_of(dir);
+        Journal::open_or_create_at(dir, &path_of(dir))
+    }
+
+    /// `open_or_create` for either file of the pair.
+    pub fn open_or_create_at(dir: &Path, path: &Path) -> Result<(Journal, Scan), StoreError> {
+        let path = path.to_path_buf();
         if !path.exists() {
             create(dir, &path)?;
         }
@@ -381,7 +439,19 @@ impl Journal {
 
     /// Empties the journal: a new generation (its records were folded).
     pub fn reset(&mut self) -> Result<(), StoreError> {
-        let g = self.generation + 1;
+        self.reset_to(self.generation + 1)
+    }
+
+    /// Empties the journal with generation `g` (above its own, so its old
+    /// records are hidden; above the other file's, so that its next
+    /// records read after that file's).
+    pub fn reset_to(&mut self, g: u64) -> Result<(), StoreError> {
+        if g <= self.generation {
+            return Err(StoreError::InvalidArgument {
+                path: self.path.clone(),
+                detail: format!("generation {g} is not above {}", self.generation),
+            });
+        }
         fsio::step("journal-reset", &self.path);
         self.file
             .write_all_at(&header_bytes(g), 0)
@@ -401,7 +471,8 @@ impl Journal {
 fn create(dir: &Path, path: &Path) -> Result<(), StoreError> {
     let tmp_dir = dir.join(super::format::TMP);
     std::fs::create_dir_all(&tmp_dir).map_err(io_at("mkdir", &tmp_dir))?;
-    let tmp = tmp_dir.join(JOURNAL_FILE);
+    let name = path.file_name().unwrap_or_default();
+    let tmp = tmp_dir.join(name);
     let _ = std::fs::remove_file(&tmp);
     let mut f = fsio::create_new(&tmp)?;
     fsio::write_all(&mut f, &tmp, &header_bytes(1))?;
@@ -527,6 +598,39 @@ mod tests {
         assert_eq!(s.records[0].meta.id, meta(9).id);
         assert_eq!(j2.next_seq, 2);
         assert_eq!(j2.generation, 2);
+    }
+
+    #[test]
+    fn both_files_read_in_the_order_of_their_generations() {
+        let d = tempfile::tempdir().unwrap();
+        let [pa, pb] = paths_of(d.path());
+        let (mut b, _) = Journal::open_or_create_at(d.path(), &pb).unwrap();
+        b.reset_to(5).unwrap();
+        b.append(&encode_payload(&meta(1), &[page(1)])).unwrap();
+        b.append(&encode_payload(&meta(2), &[page(2)])).unwrap();
+        let (mut a, _) = Journal::open_or_create_at(d.path(), &pa).unwrap();
+        a.reset_to(6).unwrap();
+        a.append(&encode_payload(&meta(3), &[page(3)])).unwrap();
+        let s = scan_dir(d.path()).unwrap().unwrap();
+        let ids: Vec<_> = s.records.iter().map(|r| r.meta.epoch).collect();
+        assert_eq!(ids, vec![1, 2, 3]);
+        assert!(s.torn.is_none());
+        // a damaged record in the older file: what the newer holds came after
+        let mut bytes = std::fs::read(&pb).unwrap();
+        bytes[b.end as usize - 1] ^= 1;
+        std::fs::write(&pb, &bytes).unwrap();
+        let s = scan_dir(d.path()).unwrap().unwrap();
+        assert_eq!(s.records.len(), 1);
+        assert_eq!(s.torn, Some(TornReason::Checksum));
+        // one generation holding records in both files is refused
+        let (mut a, _) = Journal::open_or_create_at(d.path(), &pa).unwrap();
+        a.reset_to(7).unwrap();
+        let (mut b, _) = Journal::open_or_create_at(d.path(), &pb).unwrap();
+        b.reset_to(7).unwrap();
+        a.append(&encode_payload(&meta(1), &[page(1)])).unwrap();
+        b.append(&encode_payload(&meta(2), &[page(2)])).unwrap();
+        assert_eq!(scan_dir(d.path()).unwrap_err().code(), "journal_corrupt");
+        assert_eq!(b.reset_to(7).unwrap_err().code(), "invalid_argument");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! DIR/snapshots/<id>.json         manifest (JSON, checksum line last)
 //! DIR/snapshots/<id>-<h>.map      its page map (binary, zstd)
 //! DIR/tmp/                        files being written (leftovers of a crash)
-//! DIR/journal                     sync commits not folded yet (journal.rs)
+//! DIR/journal, DIR/journal-b      sync commits not folded yet (journal.rs)
 //! ```
 
 pub mod error;
@@ -32,9 +32,14 @@ pub mod writer;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use nix::fcntl::{Flock, FlockArg};
+
+/// The writers' lock, shared by what this process does under it: a
+/// writer and the journal's background fold (fold.rs) hold it together,
+/// and it is released when the last of them lets go.
+pub(crate) type StoreLock = Arc<Flock<File>>;
 
 pub use error::StoreError;
 pub use fold::FoldReport;
@@ -133,6 +138,10 @@ pub struct Store {
     /// The journal could not be opened or created (no room for it, ...):
     /// journaled snapshots are published instead (said once on stderr).
     journal_off: bool,
+    /// The lock this store holds now, if any holder is alive: taking it
+    /// again shares it (a journaled commit while the journal's previous
+    /// file is folded in the background).
+    held: Weak<Flock<File>>,
 }
 
 impl Store {
@@ -200,6 +209,7 @@ impl Store {
             indexed: true,
             journal: None,
             journal_off: false,
+            held: Weak::new(),
         })
     }
 
@@ -226,6 +236,7 @@ impl Store {
             indexed: self.indexed,
             journal: None,
             journal_off: false,
+            held: Weak::new(),
         }
     }
 
@@ -396,8 +407,12 @@ impl Store {
         manifest::load(&self.manifest_path(id))
     }
 
-    /// Takes the writers' lock (`DIR/lock`), without waiting.
-    pub(crate) fn lock(&self) -> Result<Flock<File>, StoreError> {
+    /// Takes the writers' lock (`DIR/lock`), without waiting; shares it if
+    /// this store holds it already.
+    pub(crate) fn lock(&mut self) -> Result<StoreLock, StoreError> {
+        if let Some(l) = self.held.upgrade() {
+            return Ok(l);
+        }
         let path = self.dir.join(format::LOCK_FILE);
         let f = std::fs::OpenOptions::new()
             .create(true)
@@ -405,10 +420,14 @@ impl Store {
             .write(true)
             .open(&path)
             .map_err(io_at("open", &path))?;
-        Flock::lock(f, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| match errno {
-            nix::errno::Errno::EWOULDBLOCK => StoreError::Locked { path: path.clone() },
-            e => error::io_err("flock", &path, &std::io::Error::from(e)),
-        })
+        let l =
+            Flock::lock(f, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| match errno {
+                nix::errno::Errno::EWOULDBLOCK => StoreError::Locked { path: path.clone() },
+                e => error::io_err("flock", &path, &std::io::Error::from(e)),
+            })?;
+        let l = Arc::new(l);
+        self.held = Arc::downgrade(&l);
+        Ok(l)
     }
 
     /// Under the lock: creates missing sub-directories and removes what a

@@ -10,8 +10,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use nix::fcntl::Flock;
-
 use super::error::StoreError;
 use super::format::{Hash, PACKS, PAGE, SNAPSHOTS, SnapshotId, TMP, VERSION, ZSTD_LEVEL, unix_ns};
 use super::manifest::{
@@ -55,7 +53,7 @@ pub(crate) struct Origin {
 pub struct SnapshotWriter<'a> {
     pub(crate) store: &'a mut Store,
     /// None while the journal is folded (the folding caller holds it).
-    _lock: Option<Flock<File>>,
+    _lock: Option<super::StoreLock>,
     id: SnapshotId,
     created: SystemTime,
     meta: NewSnapshot,
@@ -156,7 +154,7 @@ impl Store {
         &mut self,
         meta: NewSnapshot,
         origin: Option<Origin>,
-        lock: Option<Flock<File>>,
+        lock: Option<super::StoreLock>,
     ) -> Result<SnapshotWriter<'_>, StoreError> {
         self.prepare_write()?;
         let parent_regions = self.parent_regions(&meta)?;
@@ -195,7 +193,7 @@ impl Store {
     pub(crate) fn writer(
         &mut self,
         meta: NewSnapshot,
-        lock: Option<Flock<File>>,
+        lock: Option<super::StoreLock>,
         id: SnapshotId,
         created: SystemTime,
         parent_regions: Vec<ManifestRegion>,
