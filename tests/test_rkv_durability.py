@@ -20,10 +20,10 @@ from supervisor_harness import free_port
 from test_snapshots import kill_stack, rekindle
 
 
-def durable_rkv(tmp_path, store, mode, interval="0"):
+def durable_rkv(tmp_path, store, mode, interval="0", run_args=()):
     return Rkv(
         tmp_path, "--durability", mode, supervised=True,
-        sup=("run", "--snapshot-dir", str(store), "--snapshot-interval", interval),
+        sup=("run", "--snapshot-dir", str(store), "--snapshot-interval", interval, *run_args),
     )  # fmt: skip
 
 
@@ -328,14 +328,12 @@ def journal_records(store):
     return json.loads(v.stdout)["journal"]["records"]
 
 
-def test_sync_journal_is_folded_when_idle_not_between_writes(tmp_path):
+def spaced_sync_writes_stay_journaled_until_idle(tmp_path, run_args=()):
     """One client's SETs, 20 ms apart for 3 s, each a group commit of its
-    own in the journal: none is folded meanwhile (a fold holds every reply
-    for 100-250 ms; it used to run whenever the engine's poll timed out,
-    such as when the location indexer's 2 s came due between two writes).
-    Once the writes stop, the idle engine folds them all."""
+    own in the journal: none is folded meanwhile.  Once the writes stop,
+    the idle engine folds them all.  Returns the store."""
     store = tmp_path / "store"
-    r = durable_rkv(tmp_path / "a", store, "sync")
+    r = durable_rkv(tmp_path / "a", store, "sync", run_args=run_args)
     try:
         c = r.client()
         n = 0
@@ -352,8 +350,29 @@ def test_sync_journal_is_folded_when_idle_not_between_writes(tmp_path):
             time.sleep(0.2)
         assert journal_records(store) == 0, "the journal was not folded once the writes stopped"
         assert c.get(f"k{n - 1}") == str(n - 1).encode()
+        return store
     finally:
         r.close()
+
+
+def test_sync_journal_is_folded_when_idle_not_between_writes(tmp_path):
+    """A fold holds every reply for 100-250 ms; it used to run whenever the
+    engine's poll timed out, such as when the location indexer's 2 s came
+    due between two writes."""
+    spaced_sync_writes_stay_journaled_until_idle(tmp_path)
+
+
+def test_sync_with_snapshot_keep_journals_writes_and_keeps_n_once_idle(tmp_path):
+    """--snapshot-keep's retention used to run after every snapshot, a
+    journaled one too, and a gc folds the journal first: every sync write
+    paid a fold and a gc.  Retention runs after published snapshots and
+    idle folds now, and still leaves at most N."""
+    store = spaced_sync_writes_stay_journaled_until_idle(tmp_path, ("--snapshot-keep", "2"))
+    # the gc follows the fold that emptied the journal
+    deadline = time.monotonic() + 10
+    while (n := snapshot_count(store)) > 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert 1 <= n <= 2, f"{n} snapshots kept with --snapshot-keep 2"
 
 
 def test_sync_after_a_warm_restart_holds_reads_until_the_inherited_state_is_durable(tmp_path):

@@ -233,7 +233,8 @@ pub struct RunArgs {
     pub snapshot_interval: Duration,
 
     /// With --snapshot-dir: keep only the newest N snapshots (older ones are
-    /// folded away and their space freed after each snapshot).
+    /// folded away and their space freed after each published snapshot and
+    /// each fold of the journal when the app is idle).
     #[arg(long, value_name = "N", requires = "snapshot_dir", value_parser = clap::value_parser!(u64).range(1..))]
     pub snapshot_keep: Option<u64>,
 

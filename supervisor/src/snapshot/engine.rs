@@ -31,7 +31,8 @@ pub struct EngineConfig {
     pub dir: PathBuf,
     pub interval: Option<Duration>,
     pub app: String,
-    /// Keep at most this many snapshots (gc after each commit).
+    /// Keep at most this many snapshots (gc after each published snapshot
+    /// and each idle fold of the journal).
     pub keep: Option<usize>,
     pub staging_bytes: usize,
     pub freeze_timeout: Duration,
@@ -400,14 +401,14 @@ impl Engine {
                 && self.last_busy.elapsed() >= IDLE_FOLD_AFTER
                 && !self.idle_fold_failed
             {
-                // idle: what the journal holds is published
-                self.idle_fold_failed = !self.fold();
+                // idle: what the journal holds is published, then counted
+                self.idle_fold_failed = !self.fold_then_retention();
             }
             drain(&self.wake);
             loop {
                 match self.rx.try_recv() {
                     Ok(Cmd::Shutdown) | Err(TryRecvError::Disconnected) => {
-                        self.fold();
+                        self.fold_then_retention();
                         return;
                     }
                     Ok(c) => self.on_cmd(c),
@@ -695,6 +696,17 @@ impl Engine {
         true
     }
 
+    /// `fold`, then `--snapshot-keep`'s retention if it published anything
+    /// (the snapshots it published count from now on).
+    fn fold_then_retention(&mut self) -> bool {
+        let pending = self.store.as_ref().is_some_and(|s| s.journal_pending());
+        let folded = self.fold();
+        if pending && folded {
+            self.retention();
+        }
+        folded
+    }
+
     /// A journal file folded on a thread of its own (the other took the
     /// appends meanwhile): a failure is reported; its records stay, and are
     /// folded in the foreground when the other file fills.
@@ -766,7 +778,12 @@ impl Engine {
                         reply: reply.clone(),
                     });
                 }
-                self.retention();
+                // not after a journaled one: a gc folds the journal first,
+                // which would put a fold on every group commit's reply path
+                // (its records are not snapshots to count yet either)
+                if !journal {
+                    self.retention();
+                }
             }
             // a checkpoint asked as the app starts waits for its regions too
             Err(f)
