@@ -44,8 +44,8 @@ pub(crate) struct JournalState {
     failed: bool,
     /// The fold of `other` running on its own thread.
     background: Option<BackgroundFold>,
-    /// The store the background fold writes with, kept between folds (its
-    /// pack indexes stay loaded).
+    /// The store the background fold writes with, kept between folds (it
+    /// loads no pack index: `Store::open_for_background_fold`).
     folder: Option<Box<Store>>,
 }
 
@@ -461,7 +461,7 @@ fn fold_file_in_background(
 ) -> FoldThreadResult {
     let mut store = match folder {
         Some(s) => s,
-        None => match Store::open_unindexed(&dir) {
+        None => match Store::open_for_background_fold(&dir) {
             Ok(s) => Box::new(s),
             // the fold is retried in the foreground when the next file fills
             Err(e) => return (None, Err(e)),
@@ -665,6 +665,67 @@ mod tests {
         );
         for (p, bytes) in want.iter().enumerate() {
             assert_eq!(&read(d.path(), p as u64), bytes, "page {p}");
+        }
+        assert!(
+            Store::open(d.path())
+                .unwrap()
+                .verify(&mut |_| {})
+                .unwrap()
+                .ok()
+        );
+    }
+
+    #[test]
+    fn the_background_fold_loads_no_pack_index_and_its_snapshots_read_back() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Store::create_or_open(d.path()).unwrap();
+        let mut w = s.begin(meta(None, true)).unwrap();
+        for p in 0..16 {
+            w.put_page(0, p, &noise(1000 + p)).unwrap();
+        }
+        let mut parent = w.commit().unwrap().id;
+        let mut want: Vec<Vec<u8>> = (0..16).map(|p| noise(1000 + p)).collect();
+        let mut folded = 0;
+        for k in 0..150u64 {
+            let mut w = s.begin_journaled(meta(Some(parent), false)).unwrap();
+            for i in 0..4 {
+                let p = (k * 4 + i) % 16;
+                // every fourth page a copy of a chunk a pack already holds
+                want[p as usize] = if i == 3 {
+                    noise(1000 + (p + 1) % 16)
+                } else {
+                    noise(k * 16 + p + 1)
+                };
+                w.put_page(0, p, &want[p as usize]).unwrap();
+            }
+            parent = w.commit().unwrap().id;
+            if let Some(done) = s.reap_background_fold() {
+                assert!(!done.result.unwrap().published.is_empty());
+                folded += 1;
+                let folder = s.journal.as_ref().unwrap().folder.as_ref().unwrap();
+                assert!(folder.index.is_empty(), "the fold thread loaded an index");
+                assert!(!folder.is_indexed());
+            }
+        }
+        assert!(folded > 0, "no file filled");
+        s.fold_journal().unwrap();
+        assert_eq!(s.latest().unwrap().unwrap().id, parent);
+        for (p, bytes) in want.iter().enumerate() {
+            assert_eq!(&read(d.path(), p as u64), bytes, "page {p}");
+        }
+        let mut s = Store::open(d.path()).unwrap();
+        assert!(s.verify(&mut |_| {}).unwrap().ok());
+        // a chunk in two packs: gc keeps what the newest snapshot needs
+        s.gc(
+            &crate::store::gc::Retention {
+                keep_last: Some(1),
+                ..Default::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        for (p, bytes) in want.iter().enumerate() {
+            assert_eq!(&read(d.path(), p as u64), bytes, "page {p} after gc");
         }
         assert!(
             Store::open(d.path())

@@ -133,6 +133,11 @@ pub struct Store {
     /// gc need it); a store opened with `open_unindexed` has it empty
     /// until a writer begins.
     indexed: bool,
+    /// A writer deduplicates its chunks against every pack (loading their
+    /// indexes first).  Off in the journal's background fold, which keeps
+    /// no index at all: its chunks are mostly new, and the engine already
+    /// holds one index of the whole store (docs/store.md, "Journal").
+    dedup_across_packs: bool,
     /// The journal, once a journaled snapshot was written (fold.rs).
     journal: Option<fold::JournalState>,
     /// The journal could not be opened or created (no room for it, ...):
@@ -186,6 +191,15 @@ impl Store {
         Ok(s)
     }
 
+    /// Opens an existing store for the journal's background fold: no pack
+    /// index is ever loaded, and a writer deduplicates only within its own
+    /// snapshot (what it publishes names its own pack for every chunk).
+    pub(crate) fn open_for_background_fold(dir: &Path) -> Result<Store, StoreError> {
+        let mut s = Store::open_unindexed(dir)?;
+        s.dedup_across_packs = false;
+        Ok(s)
+    }
+
     fn open_empty(dir: &Path) -> Result<Store, StoreError> {
         if !dir.is_dir() {
             return Err(StoreError::NotFound {
@@ -207,6 +221,7 @@ impl Store {
             by_name: HashMap::new(),
             index: fasthash::FastMap::default(),
             indexed: true,
+            dedup_across_packs: true,
             journal: None,
             journal_off: false,
             held: Weak::new(),
@@ -234,6 +249,7 @@ impl Store {
             by_name: self.by_name.clone(),
             index: self.index.clone(),
             indexed: self.indexed,
+            dedup_across_packs: self.dedup_across_packs,
             journal: None,
             journal_off: false,
             held: Weak::new(),
@@ -437,7 +453,7 @@ impl Store {
             let p = self.sub(sub);
             std::fs::create_dir_all(&p).map_err(io_at("mkdir", &p))?;
         }
-        if !self.indexed {
+        if !self.indexed && self.dedup_across_packs {
             // a writer dedups against every chunk: load the indexes now
             self.packs.clear();
             self.by_name.clear();

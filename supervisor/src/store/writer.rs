@@ -705,7 +705,7 @@ impl SnapshotWriter<'_> {
             chunks: self.new_chunks.len() as u64,
         });
         self.store.by_name.insert(name, id);
-        if ok {
+        if ok && self.store.dedup_across_packs {
             for (h, e) in self.new_chunks.drain() {
                 self.store.index.entry(h).or_insert(Loc::new(id, &e));
             }
