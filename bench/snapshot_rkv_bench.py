@@ -209,6 +209,10 @@ class BgsaveLoop:
         self._t.join(timeout=10)
 
 
+def keep_args(args):
+    return ["--snapshot-keep", str(args.snapshot_keep)] if args.snapshot_keep else []
+
+
 def start_server(name, cfg, build, workdir, args):
     port = free_port()
     if cfg["kind"] == "rkv":
@@ -217,7 +221,7 @@ def start_server(name, cfg, build, workdir, args):
         srv = RkvStack(build, workdir, port, name=f"sb-{name}", cpu=args.server_cpu,
                        snapshot_dir=workdir / "store" if snap else None, interval=interval,
                        durability=cfg.get("durability", "none"), snapshot_memory=args.snapshot_memory,
-                       rkv_args=args.rkv_args.split())  # fmt: skip
+                       rkv_args=args.rkv_args.split(), sup_args=keep_args(args) if snap else [])  # fmt: skip
         srv.snapshots = snap
     else:
         srv = RedisServer(workdir, port, cfg.get("extra", ()), cpu=args.server_cpu)
@@ -540,6 +544,7 @@ def parse(argv=None):
     ap.add_argument("--bench-timeout", type=float, default=120.0, help="s per redis-benchmark run at most")
     ap.add_argument("--sync-interval", default="100ms", help="rkv-sync's --snapshot-interval")
     ap.add_argument("--snapshot-memory", default=None, help="rekindle run --snapshot-memory (default 64M)")
+    ap.add_argument("--snapshot-keep", type=int, default=None, help="--snapshot-keep N (snapshot configs)")
     ap.add_argument("--rkv-args", default="", help="more rkv options for every rkv config")
     ap.add_argument("--server-cpu", default="0")
     ap.add_argument("--client-cpu", default="1")

@@ -350,6 +350,11 @@ def spaced_sync_writes_stay_journaled_until_idle(tmp_path, run_args=()):
             time.sleep(0.2)
         assert journal_records(store) == 0, "the journal was not folded once the writes stopped"
         assert c.get(f"k{n - 1}") == str(n - 1).encode()
+        deadline = time.monotonic() + 5
+        while not (folds := r.supervisor_events("journal_folded")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [f["when"] for f in folds] == ["idle"], folds
+        assert folds[0]["records"] >= held and folds[0]["published"] >= 1, folds
         return store
     finally:
         r.close()

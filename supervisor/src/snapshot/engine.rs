@@ -111,6 +111,13 @@ pub enum Note {
         removed: usize,
         freed_bytes: u64,
     },
+    /// The journal's records published as snapshots.
+    JournalFolded {
+        when: FoldWhen,
+        took: Duration,
+        records: u64,
+        published: usize,
+    },
     /// Async with `--max-lag`: replies began (held) or stopped waiting for
     /// the standbys.
     LagBound {
@@ -129,6 +136,28 @@ pub enum Note {
         id: crate::store::SnapshotId,
         result: Result<super::indexer::Indexed, crate::store::StoreError>,
     },
+}
+
+/// Which fold of the journal a `JournalFolded` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FoldWhen {
+    /// A full journal file, on a thread of its own while the other took
+    /// the appends.
+    Background,
+    /// The engine, idle for IDLE_FOLD_AFTER.
+    Idle,
+    /// The engine, stopping.
+    Stop,
+}
+
+impl FoldWhen {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FoldWhen::Background => "background",
+            FoldWhen::Idle => "idle",
+            FoldWhen::Stop => "stop",
+        }
+    }
 }
 
 pub struct Handle {
@@ -402,13 +431,13 @@ impl Engine {
                 && !self.idle_fold_failed
             {
                 // idle: what the journal holds is published, then counted
-                self.idle_fold_failed = !self.fold_then_retention();
+                self.idle_fold_failed = !self.fold_then_retention(FoldWhen::Idle);
             }
             drain(&self.wake);
             loop {
                 match self.rx.try_recv() {
                     Ok(Cmd::Shutdown) | Err(TryRecvError::Disconnected) => {
-                        self.fold_then_retention();
+                        self.fold_then_retention(FoldWhen::Stop);
                         return;
                     }
                     Ok(c) => self.on_cmd(c),
@@ -679,32 +708,34 @@ impl Engine {
         self.next_due = self.cfg.interval.map(|_| Instant::now());
     }
 
-    /// Publishes what the journal holds (a stop, an idle app): off the
-    /// reply path.  A failure is reported; the records stay in the journal.
-    /// False: it failed.
-    fn fold(&mut self) -> bool {
+    /// Publishes what the journal holds (a stop, an idle app), off the
+    /// reply path, reports it, then runs `--snapshot-keep`'s retention (the
+    /// snapshots it published count from now on).  A failure is reported;
+    /// the records stay in the journal.  False: it failed.
+    fn fold_then_retention(&mut self, when: FoldWhen) -> bool {
         let Some(store) = self.store.as_mut().filter(|s| s.journal_pending()) else {
             return true;
         };
-        if let Err(e) = store.fold_journal() {
-            self.note(Note::Failed {
-                code: e.code(),
-                detail: format!("folding the journal: {e}"),
-            });
-            return false;
+        let t0 = Instant::now();
+        match store.fold_journal() {
+            Ok(rep) => {
+                self.note(Note::JournalFolded {
+                    when,
+                    took: t0.elapsed(),
+                    records: rep.records,
+                    published: rep.published.len(),
+                });
+                self.retention();
+                true
+            }
+            Err(e) => {
+                self.note(Note::Failed {
+                    code: e.code(),
+                    detail: format!("folding the journal: {e}"),
+                });
+                false
+            }
         }
-        true
-    }
-
-    /// `fold`, then `--snapshot-keep`'s retention if it published anything
-    /// (the snapshots it published count from now on).
-    fn fold_then_retention(&mut self) -> bool {
-        let pending = self.store.as_ref().is_some_and(|s| s.journal_pending());
-        let folded = self.fold();
-        if pending && folded {
-            self.retention();
-        }
-        folded
     }
 
     /// A journal file folded on a thread of its own (the other took the
@@ -714,11 +745,17 @@ impl Engine {
         let Some(done) = self.store.as_mut().and_then(|s| s.reap_background_fold()) else {
             return;
         };
-        if let Err(e) = done.result {
-            self.note(Note::Failed {
+        match done.result {
+            Ok(rep) => self.note(Note::JournalFolded {
+                when: FoldWhen::Background,
+                took: done.took,
+                records: rep.records,
+                published: rep.published.len(),
+            }),
+            Err(e) => self.note(Note::Failed {
                 code: e.code(),
                 detail: format!("folding a full journal file in the background: {e}"),
-            });
+            }),
         }
     }
 

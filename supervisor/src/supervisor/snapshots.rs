@@ -489,6 +489,18 @@ impl Supervisor {
                     .u("removed", removed as u64)
                     .u("freed_bytes", freed_bytes),
             ),
+            Note::JournalFolded {
+                when,
+                took,
+                records,
+                published,
+            } => self.report.event(
+                ev("journal_folded")
+                    .s("when", when.as_str())
+                    .u("took_ms", took.as_millis() as u64)
+                    .u("records", records)
+                    .u("published", published as u64),
+            ),
             Note::Indexed { id, result } => self.report.event(match result {
                 Ok(d) => ev("location_index")
                     .s("id", d.id.as_str())
