@@ -464,13 +464,27 @@ impl Engine {
             if self.agent.is_none() && self.agent_wait_until.is_some_and(|t| Instant::now() >= t) {
                 self.refuse_waiting_no_agent();
             }
-            let due = self.next_due.is_some_and(|t| Instant::now() >= t);
+            let mut due = self.next_due.is_some_and(|t| Instant::now() >= t);
+            if due && !self.requested && self.waiting.is_empty() && self.app_commits_flowing() {
+                // the app's own snapshots come more often than the interval
+                // and each cuts every write: this one, published, would only
+                // fold the journal on the reply path
+                self.next_due = self.cfg.interval.map(|iv| Instant::now() + iv);
+                due = false;
+            }
             if self.agent.is_some() && (due || self.requested || !self.waiting.is_empty()) {
                 let app_asked = std::mem::take(&mut self.requested) || self.refused > 0;
                 self.snapshot(app_asked);
                 self.last_busy = Instant::now();
             }
         }
+    }
+
+    /// The app asks for snapshots (rkv `--durability sync`): the journal
+    /// holds its records and the last came less than IDLE_FOLD_AFTER ago.
+    fn app_commits_flowing(&self) -> bool {
+        self.last_busy.elapsed() < IDLE_FOLD_AFTER
+            && self.store.as_ref().is_some_and(|s| s.journal_pending())
     }
 
     fn poll_timeout(&self) -> i32 {
@@ -719,6 +733,9 @@ impl Engine {
         let t0 = Instant::now();
         match store.fold_journal() {
             Ok(rep) => {
+                if let Some(id) = rep.published.last() {
+                    self.indexer.committed(id.clone());
+                }
                 self.note(Note::JournalFolded {
                     when,
                     took: t0.elapsed(),
@@ -746,12 +763,17 @@ impl Engine {
             return;
         };
         match done.result {
-            Ok(rep) => self.note(Note::JournalFolded {
-                when: FoldWhen::Background,
-                took: done.took,
-                records: rep.records,
-                published: rep.published.len(),
-            }),
+            Ok(rep) => {
+                if let Some(id) = rep.published.last() {
+                    self.indexer.committed(id.clone());
+                }
+                self.note(Note::JournalFolded {
+                    when: FoldWhen::Background,
+                    took: done.took,
+                    records: rep.records,
+                    published: rep.published.len(),
+                })
+            }
             Err(e) => self.note(Note::Failed {
                 code: e.code(),
                 detail: format!("folding a full journal file in the background: {e}"),
@@ -805,7 +827,11 @@ impl Engine {
         match r {
             Ok(done) => {
                 self.failing_since = None;
-                self.indexer.committed(done.info.id.clone());
+                // a journaled one is indexed once a fold has published it
+                let journaled = done.info.journaled;
+                if !journaled {
+                    self.indexer.committed(done.info.id.clone());
+                }
                 let reply = checkpoint_reply(&done);
                 // the event first: a client that has its reply finds it logged
                 self.note(Note::Snapshot(Box::new(done)));
@@ -818,7 +844,7 @@ impl Engine {
                 // not after a journaled one: a gc folds the journal first,
                 // which would put a fold on every group commit's reply path
                 // (its records are not snapshots to count yet either)
-                if !journal {
+                if !journaled {
                     self.retention();
                 }
             }
@@ -1045,6 +1071,7 @@ fn checkpoint_reply(d: &Done) -> serde_json::Value {
         "stop_us": d.stop_ns / 1000,
         "took_ms": d.took.as_millis() as u64,
         "new_bytes": d.bytes_compressed,
+        "journaled": d.info.journaled,
         "durable": true,
     })
 }

@@ -65,7 +65,11 @@ impl Indexer {
 
     /// A snapshot was committed: index it when the gap allows.
     pub fn committed(&mut self, id: SnapshotId) {
-        self.pending = Some(id);
+        // a background fold reported after a newer published snapshot
+        let older = |p: &SnapshotId| matches!((id.seq(), p.seq()), (Some(a), Some(b)) if a < b);
+        if !self.pending.as_ref().is_some_and(older) {
+            self.pending = Some(id);
+        }
     }
 
     /// At every turn of the engine's loop: what a job that finished did;
@@ -209,5 +213,16 @@ mod tests {
         ix.committed(SnapshotId("000000000002-x".into()));
         let w = ix.wait().unwrap_or_default();
         assert!(w > Duration::from_secs(1), "within the gap: {w:?}");
+    }
+
+    #[test]
+    fn an_older_snapshot_reported_late_does_not_replace_a_newer_one() {
+        let mut ix = Indexer::new(PathBuf::from("/nonexistent"));
+        ix.committed(SnapshotId("000000000009-x".into()));
+        // a background fold's run, reported after a newer published one
+        ix.committed(SnapshotId("000000000007-x".into()));
+        assert_eq!(ix.pending, Some(SnapshotId("000000000009-x".into())));
+        ix.committed(SnapshotId("000000000012-x".into()));
+        assert_eq!(ix.pending, Some(SnapshotId("000000000012-x".into())));
     }
 }

@@ -141,7 +141,9 @@ impl Store {
     /// its last record, so the next record's parent exists), then resets
     /// them.  A background fold is waited for first.
     pub(crate) fn fold_locked(&mut self) -> Result<FoldReport, StoreError> {
-        self.wait_background_fold();
+        if let Some(done) = self.wait_background_fold() {
+            self.fold_done_unreported = Some(done);
+        }
         let Some(scan) = journal::scan_dir(&self.dir)? else {
             return Ok(FoldReport::default());
         };
@@ -333,7 +335,9 @@ impl Store {
         }
         if self.journal.as_ref().is_none_or(|s| need > s.j.room()) {
             // the previous file's fold first (back-pressure: both filled)
-            self.wait_background_fold();
+            if let Some(done) = self.wait_background_fold() {
+                self.fold_done_unreported = Some(done);
+            }
             if !self.switch_journal_file()? {
                 self.fold_locked()?;
                 self.sync_journal()?;
@@ -388,8 +392,12 @@ impl Store {
     }
 
     /// A background fold that has ended, taken (None: none, or still
-    /// running).  The engine reports what it did.
+    /// running), or one a foreground fold waited for since the last call.
+    /// The engine reports what it did.
     pub fn reap_background_fold(&mut self) -> Option<BackgroundFoldDone> {
+        if let Some(done) = self.fold_done_unreported.take() {
+            return Some(done);
+        }
         let st = self.journal.as_mut()?;
         if !st.background.as_ref()?.handle.is_finished() {
             return None;

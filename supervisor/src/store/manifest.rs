@@ -139,6 +139,8 @@ pub struct SnapshotInfo {
     pub pages: u64,
     pub new_bytes_compressed: u64,
     pub logical_bytes: u64,
+    /// Appended to the journal, not published yet (a fold publishes it).
+    pub journaled: bool,
 }
 
 impl Manifest {
@@ -155,6 +157,7 @@ impl Manifest {
             pages: self.stats.pages,
             new_bytes_compressed: self.stats.new_bytes_compressed,
             logical_bytes: self.stats.logical_bytes,
+            journaled: false,
         }
     }
 

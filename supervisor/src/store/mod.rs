@@ -143,6 +143,9 @@ pub struct Store {
     /// The journal could not be opened or created (no room for it, ...):
     /// journaled snapshots are published instead (said once on stderr).
     journal_off: bool,
+    /// A background fold that a foreground one waited for and took: kept
+    /// for the engine's next `reap_background_fold`, which reports it.
+    fold_done_unreported: Option<fold::BackgroundFoldDone>,
     /// The lock this store holds now, if any holder is alive: taking it
     /// again shares it (a journaled commit while the journal's previous
     /// file is folded in the background).
@@ -224,6 +227,7 @@ impl Store {
             dedup_across_packs: true,
             journal: None,
             journal_off: false,
+            fold_done_unreported: None,
             held: Weak::new(),
         })
     }
@@ -252,6 +256,7 @@ impl Store {
             dedup_across_packs: self.dedup_across_packs,
             journal: None,
             journal_off: false,
+            fold_done_unreported: None,
             held: Weak::new(),
         }
     }

@@ -530,6 +530,7 @@ impl SnapshotWriter<'_> {
             pages: nonzero,
             new_bytes_compressed: self.stats.bytes_compressed,
             logical_bytes: 0,
+            journaled: true,
         })
     }
 

@@ -406,6 +406,7 @@ impl Supervisor {
                             .s("parent", d.info.parent.as_ref().map_or("", |p| p.as_str()))
                             .u("epoch", d.info.epoch)
                             .s("kind", if d.full { "full" } else { "delta" })
+                            .v("journaled", d.info.journaled)
                             .s(
                                 "base",
                                 match d.unchanged_pages {
