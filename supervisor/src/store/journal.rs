@@ -15,11 +15,16 @@
 //! ```
 //!
 //! A record belongs to the journal's generation, and the first has seq 1,
-//! each next one more.  Reading stops at the first record that is not the
-//! next one: zeros or a record of an older generation are the clean end
-//! (records left from before a reset); anything else (a checksum that does
-//! not match, a length past the end, a wrong seq) is a torn or damaged tail,
-//! ignored with its reason.  Records are self-contained (every non-zero page
+//! each next one more.  Each record is followed by an end mark (32 zero
+//! bytes, in the same write) where the file has room, and a reset writes
+//! one after the header: a reset leaves the older records in place, and
+//! new records of other sizes end inside them.  Reading stops at the first
+//! record that is not the next one: zeros (the end mark) or a record of an
+//! older generation are the clean end; anything else (a head that is not a
+//! record's, a checksum that does not match, a length past the end, a
+//! wrong seq) is a torn or damaged tail, ignored with its reason.  (Files
+//! of version 1 had no end mark: there a head that is not a record's is
+//! the clean end too.)  Records are self-contained (every non-zero page
 //! carries its chunk), so a gc between a record and its fold cannot take a
 //! chunk it needs.
 //!
@@ -52,7 +57,13 @@ pub const JOURNAL_BYTES: u64 = 1 << 20;
 pub const HEADER_BYTES: u64 = 4096;
 const MAGIC: &[u8; 8] = b"RKJRNL\0\0";
 const REC_MAGIC: &[u8; 8] = b"RKJREC\0\0";
-const VERSION: u32 = 1;
+/// 2: every record is followed by an end mark (REC_HEAD zero bytes) where
+/// the file has room for it, and a reset writes one after the header.  In
+/// a version 1 file, the bytes after the last record may be what a reset
+/// left of older records, at any offset: there the first head that is not
+/// a record's is the end of the records, not damage.
+const VERSION: u32 = 2;
+const END_MARK: usize = REC_HEAD;
 const REC_HEAD: usize = 32;
 const REC_SUM: usize = 32;
 
@@ -143,7 +154,8 @@ fn corrupt(path: &Path, detail: impl Into<String>) -> StoreError {
 }
 
 /// The journal's header: its generation.
-fn read_header(f: &File, path: &Path) -> Result<u64, StoreError> {
+/// The file's generation and format version.
+fn read_header(f: &File, path: &Path) -> Result<(u64, u32), StoreError> {
     let mut h = [0u8; 56];
     f.read_exact_at(&mut h, 0).map_err(io_at("read", path))?;
     if &h[..8] != MAGIC {
@@ -160,7 +172,8 @@ fn read_header(f: &File, path: &Path) -> Result<u64, StoreError> {
     if blake3::hash(&h[..24]).as_bytes() != &h[24..56] {
         return Err(corrupt(path, "header checksum"));
     }
-    Ok(u64::from_le_bytes(h[16..24].try_into().unwrap_or_default()))
+    let generation = u64::from_le_bytes(h[16..24].try_into().unwrap_or_default());
+    Ok((generation, version))
 }
 
 pub fn encode_payload(meta: &RecordMeta, pages: &[RecordPage]) -> Vec<u8> {
@@ -316,7 +329,7 @@ pub fn scan_file(path: &Path) -> Result<Option<Scan>, StoreError> {
 }
 
 fn scan(f: &File, path: &Path) -> Result<Scan, StoreError> {
-    let generation = read_header(f, path)?;
+    let (generation, version) = read_header(f, path)?;
     let size = f.metadata().map_err(io_at("stat", path))?.len();
     let mut s = Scan {
         generation,
@@ -335,7 +348,8 @@ fn scan(f: &File, path: &Path) -> Result<Scan, StoreError> {
         let seq = u64::from_le_bytes(head[16..24].try_into().unwrap_or_default());
         let len = u64::from_le_bytes(head[24..32].try_into().unwrap_or_default());
         if &head[..8] != REC_MAGIC {
-            if head.iter().all(|&b| b == 0) {
+            // zeros: the end mark (or a file never filled this far)
+            if head.iter().all(|&b| b == 0) || version < 2 {
                 return Ok(s);
             }
             s.torn = Some(TornReason::Garbage);
@@ -404,7 +418,7 @@ impl Journal {
 
     /// The generation on disk now (another process may have reset it).
     pub fn disk_generation(&self) -> Result<u64, StoreError> {
-        read_header(&self.file, &self.path)
+        read_header(&self.file, &self.path).map(|(g, _)| g)
     }
 
     pub fn room(&self) -> u64 {
@@ -424,6 +438,11 @@ impl Journal {
                 detail: format!("record of {} bytes does not fit", rec.len()),
             });
         }
+        // the end mark in the same write: what follows the record may be
+        // a longer record of before the last reset
+        let mut rec = rec;
+        let mark = (self.room() - rec.len() as u64).min(END_MARK as u64) as usize;
+        rec.resize(rec.len() + mark, 0);
         fsio::step("journal-write", &self.path);
         self.file
             .write_all_at(&rec, self.end)
@@ -432,7 +451,7 @@ impl Journal {
         self.file
             .sync_data()
             .map_err(io_at("fdatasync", &self.path))?;
-        self.end += rec.len() as u64;
+        self.end += (rec.len() - mark) as u64;
         self.next_seq += 1;
         Ok(self.next_seq - 1)
     }
@@ -453,8 +472,10 @@ impl Journal {
             });
         }
         fsio::step("journal-reset", &self.path);
+        let mut h = header_bytes(g);
+        h.resize(h.len() + END_MARK, 0);
         self.file
-            .write_all_at(&header_bytes(g), 0)
+            .write_all_at(&h, 0)
             .map_err(io_at("write", &self.path))?;
         self.file
             .sync_data()
@@ -642,5 +663,43 @@ mod tests {
         std::fs::write(&j.path, &b).unwrap();
         let e = scan_file(&j.path).unwrap_err();
         assert_eq!(e.code(), "journal_corrupt");
+    }
+
+    fn append_pages(j: &mut Journal, seq: u64, n: u64) {
+        let pages: Vec<RecordPage> = (0..n).map(page).collect();
+        j.append(&encode_payload(&meta(seq), &pages)).unwrap();
+    }
+
+    #[test]
+    fn after_a_reset_shorter_records_end_cleanly_and_damage_still_shows() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open_or_create(d.path()).unwrap();
+        for k in 1..=4 {
+            append_pages(&mut j, k, 40);
+        }
+        j.reset().unwrap();
+        // new records end inside the old ones: the end mark says so
+        for k in 1..=3 {
+            append_pages(&mut j, k, 7);
+        }
+        let end = j.end;
+        let (_, s) = Journal::open_or_create(d.path()).unwrap();
+        assert_eq!((s.records.len(), s.torn, s.end), (3, None, end));
+        // bytes that are not a record's where the end mark was: damage
+        let f = OpenOptions::new()
+            .write(true)
+            .open(path_of(d.path()))
+            .unwrap();
+        f.write_all_at(&[0x5a; 32], end).unwrap();
+        let (_, s) = Journal::open_or_create(d.path()).unwrap();
+        assert_eq!((s.records.len(), s.torn), (3, Some(TornReason::Garbage)));
+        // the same bytes in a version 1 file are what its reset left
+        let mut h = header_bytes(j.generation);
+        h[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let sum = blake3::hash(&h[..24]);
+        h[24..56].copy_from_slice(sum.as_bytes());
+        f.write_all_at(&h, 0).unwrap();
+        let (_, s) = Journal::open_or_create(d.path()).unwrap();
+        assert_eq!((s.records.len(), s.torn), (3, None));
     }
 }
