@@ -686,10 +686,10 @@ mod tests {
     /// Files reused after a reset hold the old records past the new ones;
     /// with records of other sizes the new ones end inside an old one.
     /// That is the clean end of the file, not damage: every background
-    /// fold succeeds, and a fold of both files (the supervisor died
-    /// mid-fold) loses nothing.  (A misaligned tail was read as torn: each
-    /// background fold of a reused file failed, and the foreground fold
-    /// that followed dropped the other file's records.)
+    /// fold succeeds, and a restore after them loses nothing.  (A
+    /// misaligned tail was read as torn: each background fold of a reused
+    /// file failed, and the foreground fold that followed dropped the
+    /// other file's records.)
     #[test]
     fn records_of_any_size_in_reused_files_fold_without_loss() {
         let d = tempfile::tempdir().unwrap();
