@@ -19,9 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::error::StoreError;
 use super::format::{SnapshotId, from_unix_ns};
-use super::journal::{
-    self, HEADER_BYTES, JOURNAL_BYTES, Journal, Record, RecordMeta, Scan, TornReason,
-};
+use super::journal::{self, HEADER_BYTES, Journal, Record, RecordMeta, Scan, TornReason};
 use super::manifest::ManifestRegion;
 use super::writer::{NewSnapshot, Origin, SnapshotWriter, check_meta};
 use super::{Store, StoreLock};
@@ -330,7 +328,11 @@ impl Store {
         payload: &[u8],
     ) -> Result<bool, StoreError> {
         let need = payload.len() as u64 + 64;
-        if need > JOURNAL_BYTES - HEADER_BYTES {
+        let size = self
+            .journal
+            .as_ref()
+            .map_or_else(journal::journal_bytes, |s| s.j.size);
+        if need > size - HEADER_BYTES {
             return Ok(false);
         }
         if self.journal.as_ref().is_none_or(|s| need > s.j.room()) {

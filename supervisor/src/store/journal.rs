@@ -54,6 +54,34 @@ pub const JOURNAL_BYTES: u64 = 64 << 20;
 /// Small in unit tests, so that filling a file takes a few records.
 #[cfg(test)]
 pub const JOURNAL_BYTES: u64 = 1 << 20;
+/// Sets the size of the journal files a process creates (files keep the
+/// size they were created with): for tests that fill them many times, and
+/// for tuning.
+pub const JOURNAL_BYTES_ENV: &str = "REKINDLE_JOURNAL_BYTES";
+
+/// The size of a journal file this process creates: `JOURNAL_BYTES`, or
+/// `REKINDLE_JOURNAL_BYTES` (1 MiB to 1 GiB, a multiple of 4096).  A value
+/// out of range is said once on stderr (`journal_bytes_invalid`) and the
+/// default is used.
+pub fn journal_bytes() -> u64 {
+    static BYTES: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        let Ok(v) = std::env::var(JOURNAL_BYTES_ENV) else {
+            return JOURNAL_BYTES;
+        };
+        match v.parse::<u64>() {
+            Ok(n) if (1 << 20..=1 << 30).contains(&n) && n % 4096 == 0 => n,
+            _ => {
+                eprintln!(
+                    "rekindle: {JOURNAL_BYTES_ENV}={v:?} ignored (journal_bytes_invalid: \
+                     bytes from 1048576 to 1073741824, a multiple of 4096); \
+                     journal files of {JOURNAL_BYTES} bytes"
+                );
+                JOURNAL_BYTES
+            }
+        }
+    })
+}
 pub const HEADER_BYTES: u64 = 4096;
 const MAGIC: &[u8; 8] = b"RKJRNL\0\0";
 const REC_MAGIC: &[u8; 8] = b"RKJREC\0\0";
@@ -265,6 +293,8 @@ pub fn encode_record(generation: u64, seq: u64, payload: &[u8]) -> Vec<u8> {
 pub struct Journal {
     pub path: PathBuf,
     file: File,
+    /// The file's size, as created.
+    pub size: u64,
     pub generation: u64,
     /// Where the next record goes, and its seq.
     pub end: u64,
@@ -406,9 +436,11 @@ impl Journal {
             .open(&path)
             .map_err(io_at("open", &path))?;
         let s = scan(&file, &path)?;
+        let size = file.metadata().map_err(io_at("stat", &path))?.len();
         let j = Journal {
             path,
             file,
+            size,
             generation: s.generation,
             end: s.end,
             next_seq: s.records.len() as u64 + 1,
@@ -422,7 +454,7 @@ impl Journal {
     }
 
     pub fn room(&self) -> u64 {
-        JOURNAL_BYTES.saturating_sub(self.end)
+        self.size.saturating_sub(self.end)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -498,7 +530,7 @@ fn create(dir: &Path, path: &Path) -> Result<(), StoreError> {
     let mut f = fsio::create_new(&tmp)?;
     fsio::write_all(&mut f, &tmp, &header_bytes(1))?;
     let zeros = vec![0u8; 1 << 20];
-    let mut left = JOURNAL_BYTES - HEADER_BYTES;
+    let mut left = journal_bytes() - HEADER_BYTES;
     while left > 0 {
         let n = left.min(zeros.len() as u64) as usize;
         std::io::Write::write_all(&mut f, &zeros[..n]).map_err(io_at("write", &tmp))?;
