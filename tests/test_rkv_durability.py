@@ -499,6 +499,23 @@ def value_of(t, i):
     return random.Random(t * 10_000_000 + i).randbytes(3000)
 
 
+def pipelined_writer(r, t, stop, acked, total=200_000):
+    """Client t SETs t{t}:{i} to value_of(t, i), 8 a pipeline, until stop
+    is set or the connection goes; acked gets each i acknowledged."""
+    c = r.client()
+    for base in range(0, total, 8):
+        if stop.is_set():
+            return
+        p = c.pipeline(transaction=False)
+        for i in range(base, base + 8):
+            p.set(f"t{t}:{i}", value_of(t, i))
+        try:
+            p.execute()
+        except (redis.ConnectionError, redis.TimeoutError):
+            return
+        acked.extend(range(base, base + 8))
+
+
 def test_sync_writes_past_a_full_journal_file_survive_the_stack_dying(tmp_path):
     """Four clients pipeline SETs of incompressible values until the first
     journal file (64 MiB) fills: appends move to the second while the first
@@ -510,22 +527,9 @@ def test_sync_writes_past_a_full_journal_file_survive_the_stack_dying(tmp_path):
     r = durable_rkv(tmp_path / "a", store, "sync")
     acked = [[] for _ in range(4)]
     stop = threading.Event()
-
-    def writer(t):
-        c = r.client()
-        for base in range(0, 200_000, 8):
-            if stop.is_set():
-                return
-            p = c.pipeline(transaction=False)
-            for i in range(base, base + 8):
-                p.set(f"t{t}:{i}", value_of(t, i))
-            try:
-                p.execute()
-            except (redis.ConnectionError, redis.TimeoutError):
-                return
-            acked[t].extend(range(base, base + 8))
-
-    ws = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(4)]
+    ws = [
+        threading.Thread(target=pipelined_writer, args=(r, t, stop, acked[t]), daemon=True) for t in range(4)
+    ]
     for w in ws:
         w.start()
     published = 0
@@ -569,19 +573,8 @@ def test_sync_load_takes_no_interval_snapshot_and_indexes_only_published_ones(tm
     store = tmp_path / "store"
     r = durable_rkv(tmp_path / "a", store, "sync", "10ms", ("--snapshot-events", "every"))
     stop = threading.Event()
-
-    def writer(t):
-        c = r.client()
-        for base in range(0, 100_000, 8):
-            if stop.is_set():
-                return
-            p = c.pipeline(transaction=False)
-            for i in range(base, base + 8):
-                p.set(f"t{t}:{i}", value_of(t, i))
-            p.execute()
-
     try:
-        ws = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(4)]
+        ws = [threading.Thread(target=pipelined_writer, args=(r, t, stop, []), daemon=True) for t in range(4)]
         for w in ws:
             w.start()
         time.sleep(3)
