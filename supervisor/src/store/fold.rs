@@ -19,7 +19,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::error::StoreError;
 use super::format::{SnapshotId, from_unix_ns};
-use super::journal::{self, HEADER_BYTES, Journal, Record, RecordMeta, Scan, TornReason};
+use super::journal::{
+    self, HEADER_BYTES, Journal, Record, RecordMeta, RecordPage, Scan, TornReason,
+};
 use super::manifest::ManifestRegion;
 use super::writer::{NewSnapshot, Origin, SnapshotWriter, check_meta};
 use super::{Store, StoreLock};
@@ -200,9 +202,10 @@ impl Store {
                 id: last.id.clone(),
                 created: from_unix_ns(last.created_ns),
             };
+            let mut pages = journal::PageReader::new(&self.dir);
             let mut w = self.begin_unlocked(meta, Some(origin), None)?;
             for r in run {
-                replay(&mut w, r)?;
+                replay(&mut w, r, &pages.pages(r)?)?;
             }
             w.commit()?;
             rep.published.push(last.id.clone());
@@ -510,13 +513,13 @@ fn journal_corrupt(path: &Path, t: TornReason) -> StoreError {
 }
 
 /// One record's pages into the writer of its run.
-fn replay(w: &mut SnapshotWriter<'_>, r: &Record) -> Result<(), StoreError> {
+fn replay(w: &mut SnapshotWriter<'_>, r: &Record, pages: &[RecordPage]) -> Result<(), StoreError> {
     for (i, reg) in r.meta.regions.iter().enumerate() {
         if reg.whole {
             w.restart_region(i as u32)?;
         }
     }
-    for p in &r.pages {
+    for p in pages {
         match &p.chunk {
             None => w.put_zero(p.region, p.page)?,
             Some((h, flags, bytes)) => w.put_checked_chunk(p.region, p.page, *h, bytes, *flags)?,

@@ -70,7 +70,7 @@ pub fn journal_bytes() -> u64 {
             return JOURNAL_BYTES;
         };
         match v.parse::<u64>() {
-            Ok(n) if (1 << 20..=1 << 30).contains(&n) && n % 4096 == 0 => n,
+            Ok(n) if (1 << 20..=JOURNAL_BYTES_MAX).contains(&n) && n % 4096 == 0 => n,
             _ => {
                 eprintln!(
                     "rekindle: {JOURNAL_BYTES_ENV}={v:?} ignored (journal_bytes_invalid: \
@@ -122,7 +122,12 @@ pub struct RecordPage {
 pub struct Record {
     pub seq: u64,
     pub meta: RecordMeta,
+    /// Empty where the scan left them on disk (`scan_dir`, `Journal`'s
+    /// opens): `PageReader` reads them back one record at a time.
     pub pages: Vec<RecordPage>,
+    /// Which of JOURNAL_FILES holds it, and where.
+    pub file: usize,
+    pub at: u64,
 }
 
 /// Why reading stopped before the end of the file's records.
@@ -317,7 +322,7 @@ pub fn paths_of(dir: &Path) -> [PathBuf; 2] {
 pub fn scan_dir(dir: &Path) -> Result<Option<Scan>, StoreError> {
     let mut found = Vec::new();
     for p in paths_of(dir) {
-        if let Some(s) = scan_file(&p)? {
+        if let Some(s) = scan_file_keeping(&p, Pages::LeaveOnDisk)? {
             found.push((p, s));
         }
     }
@@ -350,15 +355,88 @@ pub fn scan_dir(dir: &Path) -> Result<Option<Scan>, StoreError> {
 /// Reads every record of the current generation (the caller holds the
 /// store's lock, or accepts a journal being appended to meanwhile).
 pub fn scan_file(path: &Path) -> Result<Option<Scan>, StoreError> {
+    scan_file_keeping(path, Pages::Keep)
+}
+
+/// Whether a scan keeps the records' pages in memory.  A fold reads them
+/// back one record at a time instead (`PageReader`): a full file's chunks
+/// are its size, 64 MiB, and the supervisor held them all while it folded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pages {
+    Keep,
+    LeaveOnDisk,
+}
+
+fn scan_file_keeping(path: &Path, pages: Pages) -> Result<Option<Scan>, StoreError> {
     let f = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_at("open", path)(e)),
     };
-    scan(&f, path).map(Some)
+    scan(&f, path, pages).map(Some)
 }
 
-fn scan(f: &File, path: &Path) -> Result<Scan, StoreError> {
+/// Reads back, one record at a time, the pages a scan left on disk.
+pub struct PageReader {
+    dir: PathBuf,
+    files: [Option<File>; 2],
+}
+
+impl PageReader {
+    pub fn new(dir: &Path) -> PageReader {
+        PageReader {
+            dir: dir.to_path_buf(),
+            files: [None, None],
+        }
+    }
+
+    /// `r`'s pages: the scan's, or read again from its file, checked as
+    /// the scan checked them and against the record the scan found there.
+    pub fn pages<'r>(
+        &mut self,
+        r: &'r Record,
+    ) -> Result<std::borrow::Cow<'r, [RecordPage]>, StoreError> {
+        use std::borrow::Cow;
+        if !r.pages.is_empty() {
+            return Ok(Cow::Borrowed(&r.pages));
+        }
+        let path = self.dir.join(JOURNAL_FILES[r.file.min(1)]);
+        let slot = &mut self.files[r.file.min(1)];
+        let f = match slot {
+            Some(f) => f,
+            None => slot.insert(File::open(&path).map_err(io_at("open", &path))?),
+        };
+        let changed = || corrupt(&path, format!("record {} changed since it was read", r.seq));
+        let mut head = [0u8; REC_HEAD];
+        f.read_exact_at(&mut head, r.at)
+            .map_err(io_at("read", &path))?;
+        let seq = u64::from_le_bytes(head[16..24].try_into().unwrap_or_default());
+        let len = u64::from_le_bytes(head[24..32].try_into().unwrap_or_default());
+        if &head[..8] != REC_MAGIC || seq != r.seq || len > JOURNAL_BYTES_MAX {
+            return Err(changed());
+        }
+        let mut buf = vec![0u8; REC_HEAD + len as usize + REC_SUM];
+        f.read_exact_at(&mut buf, r.at)
+            .map_err(io_at("read", &path))?;
+        let body = buf.len() - REC_SUM;
+        if blake3::hash(&buf[..body]).as_bytes() != &buf[body..] {
+            return Err(changed());
+        }
+        match decode_payload(&buf[REC_HEAD..body]) {
+            Some((meta, pages)) if meta.id == r.meta.id => Ok(Cow::Owned(pages)),
+            _ => Err(changed()),
+        }
+    }
+}
+
+/// The largest journal file (`journal_bytes`): no record is longer.
+const JOURNAL_BYTES_MAX: u64 = 1 << 30;
+
+fn scan(f: &File, path: &Path, pages_kept: Pages) -> Result<Scan, StoreError> {
+    let file = JOURNAL_FILES
+        .iter()
+        .position(|n| path.file_name().is_some_and(|f| f == *n))
+        .unwrap_or(0);
     let (generation, version) = read_header(f, path)?;
     let size = f.metadata().map_err(io_at("stat", path))?.len();
     let mut s = Scan {
@@ -412,7 +490,17 @@ fn scan(f: &File, path: &Path) -> Result<Scan, StoreError> {
             s.torn = Some(TornReason::Payload);
             return Ok(s);
         };
-        s.records.push(Record { seq, meta, pages });
+        let pages = match pages_kept {
+            Pages::Keep => pages,
+            Pages::LeaveOnDisk => Vec::new(),
+        };
+        s.records.push(Record {
+            seq,
+            meta,
+            pages,
+            file,
+            at: s.end,
+        });
         s.end += total;
     }
 }
@@ -435,7 +523,7 @@ impl Journal {
             .write(true)
             .open(&path)
             .map_err(io_at("open", &path))?;
-        let s = scan(&file, &path)?;
+        let s = scan(&file, &path, Pages::LeaveOnDisk)?;
         let size = file.metadata().map_err(io_at("stat", &path))?.len();
         let j = Journal {
             path,
@@ -733,5 +821,31 @@ mod tests {
         f.write_all_at(&h, 0).unwrap();
         let (_, s) = Journal::open_or_create(d.path()).unwrap();
         assert_eq!((s.records.len(), s.torn), (3, None));
+    }
+
+    #[test]
+    fn pages_left_on_disk_read_back_and_a_changed_record_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open_or_create(d.path()).unwrap();
+        for k in 1..=3 {
+            j.append(&encode_payload(&meta(k), &[page(k), page(k + 10)]))
+                .unwrap();
+        }
+        let s = scan_dir(d.path()).unwrap().unwrap();
+        assert!(s.records.iter().all(|r| r.pages.is_empty()));
+        let mut pr = PageReader::new(d.path());
+        for (k, r) in (1..).zip(&s.records) {
+            assert_eq!(&*pr.pages(r).unwrap(), &[page(k), page(k + 10)]);
+        }
+        // the second record changed after the scan: refused, not replayed
+        let mut bytes = std::fs::read(&j.path).unwrap();
+        bytes[s.records[1].at as usize + 40] ^= 1;
+        std::fs::write(&j.path, &bytes).unwrap();
+        let mut pr = PageReader::new(d.path());
+        assert_eq!(pr.pages(&s.records[0]).unwrap().len(), 2);
+        assert_eq!(
+            pr.pages(&s.records[1]).unwrap_err().code(),
+            "journal_corrupt"
+        );
     }
 }
