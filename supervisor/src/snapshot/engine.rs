@@ -24,7 +24,7 @@ use super::baseline::Baseline;
 use super::cut::{self, AgentLink, BufMap, Done, Failure, HeldRegion, Plan};
 use crate::app_link::{self, Recv};
 use crate::proto::FdKind;
-use crate::store::{Retention, SnapshotId, Store};
+use crate::store::{FoldReport, Retention, SnapshotId, Store};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -733,15 +733,7 @@ impl Engine {
         let t0 = Instant::now();
         match store.fold_journal() {
             Ok(rep) => {
-                if let Some(id) = rep.published.last() {
-                    self.indexer.committed(id.clone());
-                }
-                self.note(Note::JournalFolded {
-                    when,
-                    took: t0.elapsed(),
-                    records: rep.records,
-                    published: rep.published.len(),
-                });
+                self.journal_folded(when, t0.elapsed(), &rep);
                 self.retention();
                 true
             }
@@ -755,6 +747,20 @@ impl Engine {
         }
     }
 
+    /// A fold published the journal's records: the newest is indexed (a
+    /// journaled snapshot is not, until then), and the fold is reported.
+    fn journal_folded(&mut self, when: FoldWhen, took: Duration, rep: &FoldReport) {
+        if let Some(id) = rep.published.last() {
+            self.indexer.committed(id.clone());
+        }
+        self.note(Note::JournalFolded {
+            when,
+            took,
+            records: rep.records,
+            published: rep.published.len(),
+        });
+    }
+
     /// A journal file folded on a thread of its own (the other took the
     /// appends meanwhile): a failure is reported; its records stay, and are
     /// folded in the foreground when the other file fills.
@@ -763,17 +769,7 @@ impl Engine {
             return;
         };
         match done.result {
-            Ok(rep) => {
-                if let Some(id) = rep.published.last() {
-                    self.indexer.committed(id.clone());
-                }
-                self.note(Note::JournalFolded {
-                    when: FoldWhen::Background,
-                    took: done.took,
-                    records: rep.records,
-                    published: rep.published.len(),
-                })
-            }
+            Ok(rep) => self.journal_folded(FoldWhen::Background, done.took, &rep),
             Err(e) => self.note(Note::Failed {
                 code: e.code(),
                 detail: format!("folding a full journal file in the background: {e}"),

@@ -141,9 +141,7 @@ impl Store {
     /// its last record, so the next record's parent exists), then resets
     /// them.  A background fold is waited for first.
     pub(crate) fn fold_locked(&mut self) -> Result<FoldReport, StoreError> {
-        if let Some(done) = self.wait_background_fold() {
-            self.fold_done_unreported = Some(done);
-        }
+        self.wait_background_fold_keeping_its_report();
         let Some(scan) = journal::scan_dir(&self.dir)? else {
             return Ok(FoldReport::default());
         };
@@ -179,6 +177,7 @@ impl Store {
     /// Publishes each run of `records` (one snapshot per run), skipping a
     /// run a fold that died before its reset has published.
     fn publish_runs(&mut self, records: &[Record], rep: &mut FoldReport) -> Result<(), StoreError> {
+        let mut pages = journal::PageReader::new(&self.dir);
         for run in runs(records) {
             let (first, last) = (&run[0].meta, &run[run.len() - 1].meta);
             if self.manifest_path(&last.id).exists() {
@@ -202,7 +201,6 @@ impl Store {
                 id: last.id.clone(),
                 created: from_unix_ns(last.created_ns),
             };
-            let mut pages = journal::PageReader::new(&self.dir);
             let mut w = self.begin_unlocked(meta, Some(origin), None)?;
             for r in run {
                 replay(&mut w, r, &pages.pages(r)?)?;
@@ -340,9 +338,7 @@ impl Store {
         }
         if self.journal.as_ref().is_none_or(|s| need > s.j.room()) {
             // the previous file's fold first (back-pressure: both filled)
-            if let Some(done) = self.wait_background_fold() {
-                self.fold_done_unreported = Some(done);
-            }
+            self.wait_background_fold_keeping_its_report();
             if !self.switch_journal_file()? {
                 self.fold_locked()?;
                 self.sync_journal()?;
@@ -408,6 +404,14 @@ impl Store {
             return None;
         }
         self.wait_background_fold()
+    }
+
+    /// Waits for the background fold inside a foreground step: what it
+    /// did is kept for the engine's next `reap_background_fold`.
+    fn wait_background_fold_keeping_its_report(&mut self) {
+        if let Some(done) = self.wait_background_fold() {
+            self.fold_done_unreported = Some(done);
+        }
     }
 
     /// Waits for the background fold, if one runs, and takes what it did.

@@ -167,6 +167,8 @@ pub struct Scan {
     pub end: u64,
     /// A torn or damaged record at `end`, ignored (with the records after it).
     pub torn: Option<TornReason>,
+    /// The file's size.
+    pub size: u64,
 }
 
 fn header_bytes(generation: u64) -> Vec<u8> {
@@ -415,15 +417,9 @@ impl PageReader {
         if &head[..8] != REC_MAGIC || seq != r.seq || len > JOURNAL_BYTES_MAX {
             return Err(changed());
         }
-        let mut buf = vec![0u8; REC_HEAD + len as usize + REC_SUM];
-        f.read_exact_at(&mut buf, r.at)
-            .map_err(io_at("read", &path))?;
-        let body = buf.len() - REC_SUM;
-        if blake3::hash(&buf[..body]).as_bytes() != &buf[body..] {
-            return Err(changed());
-        }
-        match decode_payload(&buf[REC_HEAD..body]) {
-            Some((meta, pages)) if meta.id == r.meta.id => Ok(Cow::Owned(pages)),
+        let total = (REC_HEAD + REC_SUM) as u64 + len;
+        match read_record(f, &path, r.at, total)? {
+            Ok((meta, pages)) if meta.id == r.meta.id => Ok(Cow::Owned(pages)),
             _ => Err(changed()),
         }
     }
@@ -431,6 +427,23 @@ impl PageReader {
 
 /// The largest journal file (`journal_bytes`): no record is longer.
 const JOURNAL_BYTES_MAX: u64 = 1 << 30;
+
+/// The record of `total` bytes at `at`, its checksum checked and its
+/// payload decoded; Err(reason) where either fails.
+fn read_record(
+    f: &File,
+    path: &Path,
+    at: u64,
+    total: u64,
+) -> Result<Result<(RecordMeta, Vec<RecordPage>), TornReason>, StoreError> {
+    let mut buf = vec![0u8; total as usize];
+    f.read_exact_at(&mut buf, at).map_err(io_at("read", path))?;
+    let body = buf.len() - REC_SUM;
+    if blake3::hash(&buf[..body]).as_bytes() != &buf[body..] {
+        return Ok(Err(TornReason::Checksum));
+    }
+    Ok(decode_payload(&buf[REC_HEAD..body]).ok_or(TornReason::Payload))
+}
 
 fn scan(f: &File, path: &Path, pages_kept: Pages) -> Result<Scan, StoreError> {
     let file = JOURNAL_FILES
@@ -444,6 +457,7 @@ fn scan(f: &File, path: &Path, pages_kept: Pages) -> Result<Scan, StoreError> {
         records: Vec::new(),
         end: HEADER_BYTES,
         torn: None,
+        size,
     };
     let mut head = [0u8; REC_HEAD];
     loop {
@@ -478,17 +492,12 @@ fn scan(f: &File, path: &Path, pages_kept: Pages) -> Result<Scan, StoreError> {
             s.torn = Some(TornReason::Length);
             return Ok(s);
         };
-        let mut buf = vec![0u8; total as usize];
-        f.read_exact_at(&mut buf, s.end)
-            .map_err(io_at("read", path))?;
-        let body = total as usize - REC_SUM;
-        if blake3::hash(&buf[..body]).as_bytes() != &buf[body..] {
-            s.torn = Some(TornReason::Checksum);
-            return Ok(s);
-        }
-        let Some((meta, pages)) = decode_payload(&buf[REC_HEAD..body]) else {
-            s.torn = Some(TornReason::Payload);
-            return Ok(s);
+        let (meta, pages) = match read_record(f, path, s.end, total)? {
+            Ok(r) => r,
+            Err(t) => {
+                s.torn = Some(t);
+                return Ok(s);
+            }
         };
         let pages = match pages_kept {
             Pages::Keep => pages,
@@ -524,11 +533,10 @@ impl Journal {
             .open(&path)
             .map_err(io_at("open", &path))?;
         let s = scan(&file, &path, Pages::LeaveOnDisk)?;
-        let size = file.metadata().map_err(io_at("stat", &path))?.len();
         let j = Journal {
             path,
             file,
-            size,
+            size: s.size,
             generation: s.generation,
             end: s.end,
             next_seq: s.records.len() as u64 + 1,
