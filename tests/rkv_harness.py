@@ -2,6 +2,7 @@
 under `rekindle run --listen`; reads its JSON log lines ({"rkv": ...} and
 the runtime's {"rekindle": ...}) from stderr; hands out redis-py clients."""
 
+import contextlib
 import json
 import os
 import signal
@@ -87,7 +88,31 @@ class Rkv:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.01)
-        raise AssertionError(f"no {event!r} line #{count} from rkv; stderr:\n{self.stderr()[-4000:]}")
+        raise AssertionError(
+            f"no {event!r} line #{count} from rkv; stderr:\n{self.stderr()[-4000:]}{self.diagnosis()}"
+        )
+
+    def diagnosis(self):
+        """For a failure message: the supervisor's last events and where the
+        processes' threads sleep (a hang is then readable from the log)."""
+        out = ""
+        if self.events_path.exists():
+            last = self.events_path.read_text().splitlines()[-20:]
+            out += "\nsupervisor events (last 20):\n" + "\n".join(last)
+        pids = [self.proc.pid]
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        with contextlib.suppress(OSError, ValueError):
+            pids += [int(x) for x in children.read_text().split()]
+        for pid in pids:
+            for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+                try:
+                    comm = (task / "comm").read_text().strip()
+                    wchan = (task / "wchan").read_text().strip()
+                    state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                except OSError:
+                    continue
+                out += f"\npid {pid} task {task.name} {comm}: state {state} wchan {wchan}"
+        return out
 
     def ready(self, count=1):
         return self.wait_log("ready", count)
