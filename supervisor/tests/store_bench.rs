@@ -240,3 +240,105 @@ fn small_delta_commit() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// What a delta record would cost against a whole page (docs/store.md,
+/// "Not done yet"): PAGES pages of 128-byte records (a 16-byte key, an
+/// 8-byte header, a value over a 16-letter alphabet), and a second version
+/// of each with one record's value and header rewritten, as a SET does.
+/// Per page: the delta found and encoded against the first version, the
+/// delta applied, the new version copied into a shadow (what the engine
+/// would keep), and, as today, the new version hashed and compressed.
+#[test]
+#[ignore]
+fn page_delta_cost() {
+    use rekindle::store::delta;
+    use rekindle::store::format::ZSTD_LEVEL;
+    use rekindle::store::pack::ChunkCompressor;
+
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let n = PAGES as usize;
+    let mut old = vec![0u8; n * PAGE];
+    for p in old.chunks_mut(PAGE) {
+        for rec in p.chunks_mut(128) {
+            let key = format!("key:{:012}", next() % 1_000_000);
+            rec[..16].copy_from_slice(key.as_bytes());
+            rec[16..24].copy_from_slice(&next().to_le_bytes());
+            rec[24..]
+                .iter_mut()
+                .for_each(|b| *b = b'a' + (next() % 16) as u8);
+        }
+    }
+    let mut new = old.clone();
+    for p in new.chunks_mut(PAGE) {
+        let at = (next() % (PAGE as u64 / 128)) as usize * 128;
+        p[at + 16..at + 24].copy_from_slice(&next().to_le_bytes());
+        p[at + 24..at + 124]
+            .iter_mut()
+            .for_each(|b| *b = b'a' + (next() % 16) as u8);
+    }
+    let per_page = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
+    let (mut enc, mut app, mut copy, mut whole) = (vec![], vec![], vec![], vec![]);
+    let (mut delta_bytes, mut whole_bytes) = (0, 0);
+    let mut comp = ChunkCompressor::new(ZSTD_LEVEL).unwrap_or_else(|e| panic!("{e}"));
+    let mut shadow = vec![0u8; n * PAGE];
+    for _ in 0..ROUNDS {
+        let mut out = Vec::with_capacity(n * 160);
+        let mut ends = Vec::with_capacity(n);
+        let t = Instant::now();
+        for (o, w) in old.chunks(PAGE).zip(new.chunks(PAGE)) {
+            delta::encode(o, w, PAGE / 4, &mut out).unwrap_or_else(|| panic!("a small delta"));
+            ends.push(out.len());
+        }
+        enc.push(per_page(t.elapsed()));
+        delta_bytes = out.len() / n;
+        let mut page = vec![0u8; PAGE];
+        let mut from = 0;
+        let t = Instant::now();
+        for (o, &end) in old.chunks(PAGE).zip(&ends) {
+            page.copy_from_slice(o);
+            delta::apply(&mut page, &out[from..end]).unwrap_or_else(|e| panic!("{e}"));
+            from = end;
+        }
+        app.push(per_page(t.elapsed()));
+        assert!(
+            page[..] == new[(n - 1) * PAGE..],
+            "the last page comes back"
+        );
+        let t = Instant::now();
+        for (sh, w) in shadow.chunks_mut(PAGE).zip(new.chunks(PAGE)) {
+            sh.copy_from_slice(w);
+            std::hint::black_box(&sh[0]);
+        }
+        copy.push(per_page(t.elapsed()));
+        let t = Instant::now();
+        let mut bytes = 0;
+        for w in new.chunks(PAGE) {
+            std::hint::black_box(blake3::hash(w));
+            bytes += comp.compress(w).0.len();
+        }
+        whole.push(per_page(t.elapsed()));
+        whole_bytes = bytes / n;
+    }
+    println!(
+        "page_delta_cost ({PAGES} pages, one 108-byte change each; median of {ROUNDS} rounds, us per page):"
+    );
+    println!(
+        "  delta found and encoded  {:6.2} us  {delta_bytes} B",
+        median(&mut enc)
+    );
+    println!(
+        "  delta applied            {:6.2} us  (includes a page copy)",
+        median(&mut app)
+    );
+    println!("  new page into a shadow   {:6.2} us", median(&mut copy));
+    println!(
+        "  blake3 + zstd (today)    {:6.2} us  {whole_bytes} B",
+        median(&mut whole)
+    );
+}

@@ -12,6 +12,7 @@
 //! DIR/journal, DIR/journal-b      sync commits not folded yet (journal.rs)
 //! ```
 
+pub mod delta;
 pub mod error;
 pub mod fasthash;
 pub mod fold;
