@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::agent_link::{self, AgentMsg, Region, RegionKind, Report, SnapStatus};
 use super::baseline::{BaseCursor, Baseline};
+use super::shadow::Shadow;
 use super::staging::{PAGE, Staging};
 use crate::app_link::{self, Recv};
 use crate::store::{
@@ -240,6 +241,11 @@ pub struct Done {
     pub dedup_hits: u64,
     pub zero_pages: u64,
     pub bytes_compressed: u64,
+    /// Pages journaled as the bytes that changed, and those bytes.
+    pub delta_pages: u64,
+    pub delta_bytes: u64,
+    /// Regions that inherit nothing from the parent (for the shadow).
+    pub fresh_regions: Vec<String>,
     pub staging_peak: usize,
     pub took: Duration,
     /// Phases of `took`: the pre-copy rounds, the cut (freeze to release),
@@ -435,6 +441,38 @@ fn data_extents(fd: i32, limit: u64) -> std::io::Result<Vec<(u64, u64)>> {
     Ok(v)
 }
 
+/// A delta longer than this is put as the whole page instead.
+const DELTA_MAX: usize = PAGE / 4;
+
+/// One staged page into the writer: as the bytes that changed since the
+/// parent where the writer takes a delta and the shadow has the parent's
+/// page (and the change is small), else whole; the shadow hears of it.
+fn put_staged(
+    w: &mut store::SnapshotWriter<'_>,
+    shadow: &mut Shadow,
+    delta_buf: &mut Vec<u8>,
+    name: Option<&str>,
+    region: u32,
+    page: u64,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let Some(name) = name else {
+        return w.put_page(region, page, bytes);
+    };
+    delta_buf.clear();
+    let delta = w.takes_delta(region)
+        && shadow
+            .get(name, page)
+            .is_some_and(|old| store::delta::encode(old, bytes, DELTA_MAX, delta_buf).is_some());
+    if delta {
+        w.put_delta(region, page, delta_buf)?;
+    } else {
+        w.put_page(region, page, bytes)?;
+    }
+    shadow.stage(name, page, bytes);
+    Ok(())
+}
+
 /// A snapshot in the making.
 struct Taking<'s, 'h> {
     writer: Option<store::SnapshotWriter<'s>>,
@@ -442,6 +480,10 @@ struct Taking<'s, 'h> {
     held: &'h HashMap<String, HeldRegion>,
     layout: Option<Layout>,
     staging: Staging,
+    /// Pages as the parent holds them: a journaled page is put as a delta
+    /// against its shadow when it has one.
+    shadow: &'h mut Shadow,
+    delta_buf: Vec<u8>,
     full: bool,
     plan_meta: Option<NewSnapshot>,
     journal: bool,
@@ -476,17 +518,30 @@ impl<'s, 'h> Taking<'s, 'h> {
     }
 
     fn flush(&mut self) -> Result<(), Failure> {
-        let mut staging = std::mem::replace(&mut self.staging, Staging::new(0));
-        let w = self.writer()?;
+        self.writer()?;
+        let Taking {
+            writer: Some(w),
+            staging,
+            shadow,
+            delta_buf,
+            layout,
+            ..
+        } = self
+        else {
+            return Err(Failure::LayoutChanged);
+        };
         let mut err = None;
         let r = staging.drain(|region, page, bytes| {
-            w.put_page(region, page, bytes).map_err(|e| {
+            let name = layout
+                .as_ref()
+                .and_then(|l| l.regions.get(region as usize))
+                .map(|r| r.name.as_str());
+            put_staged(w, shadow, delta_buf, name, region, page, bytes).map_err(|e| {
                 let s = e.to_string();
                 err = Some(e);
                 s
             })
         });
-        self.staging = staging;
         match (r, err) {
             (Ok(()), _) => Ok(()),
             (Err(_), Some(e)) => Err(Failure::Store(e)),
@@ -715,15 +770,23 @@ pub fn take(
     held: &HashMap<String, HeldRegion>,
     store: &mut Store,
     plan: Plan<'_>,
+    shadow: &mut Shadow,
     touched_out: &mut HashMap<String, BTreeSet<u64>>,
 ) -> Result<Done, Failure> {
     let t0 = Instant::now();
+    // kept by a journaled delta of the snapshot it is of, only
+    shadow.begin(
+        plan.parent.as_ref(),
+        plan.journal && !plan.force_full && plan.baseline.is_none(),
+    );
     let mut t = Taking {
         writer: None,
         store: Some(store),
         held,
         layout: None,
         staging: Staging::new(plan.staging_bytes),
+        shadow,
+        delta_buf: Vec::new(),
         full: plan.force_full || plan.parent.is_none(),
         plan_meta: None,
         journal: plan.journal,
@@ -737,6 +800,10 @@ pub fn take(
         gone: Vec::new(),
     };
     let r = run(link, &mut t, &plan, t0);
+    match &r {
+        Ok(d) => t.shadow.commit(d.info.id.clone(), &d.fresh_regions),
+        Err(_) => t.shadow.clear(),
+    }
     if r.is_err() {
         for (k, v) in std::mem::take(&mut t.touched) {
             touched_out.entry(k).or_default().extend(v);
@@ -818,6 +885,7 @@ fn run(
     let w = t.writer()?;
     w.put_bytes(idx, &manifest)?;
     let stats = w.stats();
+    let fresh_regions = w.fresh_regions();
     let w = t.writer.take().ok_or(Failure::LayoutChanged)?;
     let t_commit = Instant::now();
     let put_ns = (t_commit - t_put).as_nanos() as u64;
@@ -842,6 +910,9 @@ fn run(
         dedup_hits: stats.dedup_hits,
         zero_pages: stats.zero_pages,
         bytes_compressed: stats.bytes_compressed,
+        delta_pages: stats.delta_pages,
+        delta_bytes: stats.delta_bytes,
+        fresh_regions,
         staging_peak: t.staging.peak_bytes,
         took: t0.elapsed(),
         unchanged_pages: t.against.then_some(t.unchanged),
@@ -1245,12 +1316,15 @@ mod tests {
             .region_like(&metas[0])
             .unwrap_or_else(|| panic!("the arena has a baseline region"))
             .to_vec();
+        let mut shadow = Shadow::new(0);
         let mut t = Taking {
             writer: None,
             store: Some(&mut store),
             held: &held,
             layout: Some(layout),
             staging: Staging::new(1 << 20),
+            shadow: &mut shadow,
+            delta_buf: Vec::new(),
             full: false,
             journal: false,
             plan_meta: Some(NewSnapshot {

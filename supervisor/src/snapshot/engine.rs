@@ -219,6 +219,7 @@ impl Handle {
             baseline: None,
             epoch: 0,
             carry: HashMap::new(),
+            shadow: super::shadow::Shadow::new(super::shadow::shadow_bytes()),
             force_full: true,
             next_due: None,
             waiting: Vec::new(),
@@ -298,6 +299,8 @@ struct Engine {
     epoch: u64,
     /// Pages reported for a snapshot that was abandoned.
     carry: HashMap<String, BTreeSet<u64>>,
+    /// Pages as the newest snapshot holds them (delta records).
+    shadow: super::shadow::Shadow,
     force_full: bool,
     next_due: Option<Instant>,
     waiting: Vec<(u64, Vec<String>)>,
@@ -946,7 +949,14 @@ impl Engine {
             journal,
         };
         let store = self.store.as_mut().ok_or(Failure::LayoutChanged)?;
-        let r = cut::take(&mut link, &self.held, store, plan, &mut touched);
+        let r = cut::take(
+            &mut link,
+            &self.held,
+            store,
+            plan,
+            &mut self.shadow,
+            &mut touched,
+        );
         self.agent = Some(link);
         if r.is_err() {
             self.baseline = baseline; // the next attempt compares with it again

@@ -1,7 +1,8 @@
 //! Durable snapshots of a running app (docs/snapshots.md): the protocol
 //! with the app's snapshot agent (`agent_link`), one snapshot from reports
-//! to the store (`cut`, with `staging` for the pages copied out, and a
-//! `baseline` for the first one after a restore), and the thread that
+//! to the store (`cut`, with `staging` for the pages copied out, a
+//! `baseline` for the first one after a restore, and the `shadow` of the
+//! pages as the newest snapshot holds them, for delta records), and the thread that
 //! schedules them and owns the store (`engine`), which has the newest
 //! snapshot's location index written off the app's path (`indexer`).
 
@@ -12,6 +13,7 @@ pub mod engine;
 pub mod indexer;
 pub mod lazy;
 pub mod restore;
+pub mod shadow;
 pub mod staging;
 
 /// Puts the calling thread below the app's priority (nice `n`; a nice is

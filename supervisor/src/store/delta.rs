@@ -1,10 +1,9 @@
-//! The bytes that changed between two versions of a page: the building
-//! block of the journal's delta records (docs/store.md, "Not done yet").
-//! A SET in rkv changes about 100 bytes of a page, and a group commit
-//! journals the whole page today, hashed and compressed: about 12 us of the
-//! engine's CPU a page, where finding and copying the changed bytes costs
-//! one to two (`store_bench`'s `page_delta_cost`).  Nothing writes deltas
-//! yet.
+//! The bytes that changed between two versions of a page: what a journal
+//! record holds of a page the engine's shadow knows (docs/store.md, "Delta
+//! records").  A SET in rkv changes about 100 bytes of a page; hashed and
+//! compressed whole, the page cost the engine about 12 us of CPU, where
+//! finding and copying the changed bytes costs one to two (`store_bench`'s
+//! `page_delta_cost`).
 //!
 //! ```text
 //! delta   run count u16, then each run: offset u16, length u16, the new bytes

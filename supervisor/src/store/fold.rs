@@ -18,11 +18,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::error::StoreError;
+use super::fasthash::FastMap;
 use super::format::{SnapshotId, from_unix_ns};
 use super::journal::{
-    self, HEADER_BYTES, Journal, Record, RecordMeta, RecordPage, Scan, TornReason,
+    self, HEADER_BYTES, Journal, PageData, Record, RecordMeta, RecordPage, Scan, TornReason,
 };
 use super::manifest::ManifestRegion;
+use super::pack::{ChunkReader, IndexEntry};
+use super::reader::SnapshotReader;
 use super::writer::{NewSnapshot, Origin, SnapshotWriter, check_meta};
 use super::{Store, StoreLock};
 
@@ -178,9 +181,20 @@ impl Store {
     /// run a fold that died before its reset has published.
     fn publish_runs(&mut self, records: &[Record], rep: &mut FoldReport) -> Result<(), StoreError> {
         let mut pages = journal::PageReader::new(&self.dir);
+        if records.iter().any(|r| !r.delta_pages.is_empty()) {
+            // the base may be in a pack another handle published (a
+            // background fold's)
+            self.refresh_packs()?;
+        }
+        let mut kept = KeptPages::new(self, records)?;
         for run in runs(records) {
             let (first, last) = (&run[0].meta, &run[run.len() - 1].meta);
             if self.manifest_path(&last.id).exists() {
+                // published by a fold that died before its reset: what
+                // later deltas apply to still follows its records
+                for r in run {
+                    kept.follow(&self.dir, r, &pages.pages(r)?)?;
+                }
                 rep.already += 1;
                 continue;
             }
@@ -201,9 +215,15 @@ impl Store {
                 id: last.id.clone(),
                 created: from_unix_ns(last.created_ns),
             };
+            let last_delta = last_deltas(run);
+            let dir = self.dir.clone();
             let mut w = self.begin_unlocked(meta, Some(origin), None)?;
-            for r in run {
-                replay(&mut w, r, &pages.pages(r)?)?;
+            for (k, r) in run.iter().enumerate() {
+                let ps = pages.pages(r)?;
+                kept.follow(&dir, r, &ps)?;
+                replay(&mut w, r, &ps, &kept, |reg, page| {
+                    last_delta.get(&(reg, page)) == Some(&k)
+                })?;
             }
             w.commit()?;
             rep.published.push(last.id.clone());
@@ -371,8 +391,11 @@ impl Store {
         if st.other_pending || st.j.is_empty() {
             return Ok(false);
         }
-        if st.other.generation <= st.j.generation {
-            st.other.reset_to(st.j.generation + 1)?;
+        // empty here; reset to a generation above the full file's, and to
+        // the version that holds deltas if an older writer made it
+        if st.other.generation <= st.j.generation || st.other.version < journal::VERSION {
+            st.other
+                .reset_to(st.j.generation.max(st.other.generation) + 1)?;
         }
         std::mem::swap(&mut st.j, &mut st.other);
         st.other_pending = true;
@@ -442,6 +465,14 @@ impl Store {
         let st = self.journal.as_mut()?;
         st.background = None;
         Some(BackgroundFoldDone { took, result })
+    }
+
+    /// The file taking appends holds delta pages (its header is of the
+    /// version that has them): a journaled writer may put them.
+    pub(crate) fn journal_takes_deltas(&self) -> bool {
+        self.journal
+            .as_ref()
+            .is_some_and(|s| !s.failed && s.j.version >= journal::VERSION)
     }
 
     /// This process has journaled snapshots that are not folded yet.
@@ -516,20 +547,215 @@ fn journal_corrupt(path: &Path, t: TornReason) -> StoreError {
     }
 }
 
-/// One record's pages into the writer of its run.
-fn replay(w: &mut SnapshotWriter<'_>, r: &Record, pages: &[RecordPage]) -> Result<(), StoreError> {
+/// One record's pages into the writer of its run.  A delta's page is put
+/// whole, as `kept` has it after this record, and only from the run's last
+/// record to hold it as a delta (`put_delta_here`): hashed and compressed
+/// once however many records changed it.
+fn replay(
+    w: &mut SnapshotWriter<'_>,
+    r: &Record,
+    pages: &[RecordPage],
+    kept: &KeptPages,
+    put_delta_here: impl Fn(u32, u64) -> bool,
+) -> Result<(), StoreError> {
     for (i, reg) in r.meta.regions.iter().enumerate() {
         if reg.whole {
             w.restart_region(i as u32)?;
         }
     }
     for p in pages {
-        match &p.chunk {
-            None => w.put_zero(p.region, p.page)?,
-            Some((h, flags, bytes)) => w.put_checked_chunk(p.region, p.page, *h, bytes, *flags)?,
+        match &p.data {
+            PageData::Zero => w.put_zero(p.region, p.page)?,
+            PageData::Chunk(h, flags, bytes) => {
+                w.put_checked_chunk(p.region, p.page, *h, bytes, *flags)?
+            }
+            PageData::Delta(_) if put_delta_here(p.region, p.page) => {
+                let page = kept.page(r, p.region, p.page).ok_or_else(|| {
+                    journal_corrupt_detail(&w.store.dir, "a delta's page was not kept")
+                })?;
+                w.put_page(p.region, p.page, page)?
+            }
+            PageData::Delta(_) => {}
         }
     }
     Ok(())
+}
+
+/// For each page a run holds as a delta: the index in the run of the last
+/// record that does.
+fn last_deltas(run: &[Record]) -> FastMap<(u32, u64), usize> {
+    let mut m = FastMap::default();
+    for (k, r) in run.iter().enumerate() {
+        for &key in &r.delta_pages {
+            m.insert(key, k);
+        }
+    }
+    m
+}
+
+fn journal_corrupt_detail(dir: &Path, detail: &str) -> StoreError {
+    StoreError::JournalCorrupt {
+        path: dir.to_path_buf(),
+        detail: detail.to_string(),
+    }
+}
+
+/// The pages a fold's records hold as deltas, their content kept as the
+/// records replay (by region name: indexes may differ between runs): a
+/// delta applies to the page as the record before it left it, or, for a
+/// page no record of the fold held yet, as the snapshot the first record
+/// follows has it (published: the journal is folded in order).  Only
+/// pages that some record holds as a delta are kept.
+struct KeptPages {
+    /// Region names, numbered for the keys below.
+    names: Vec<String>,
+    want: FastMap<(u16, u64), ()>,
+    pages: FastMap<(u16, u64), Box<[u8]>>,
+    /// Regions some record of the fold stored whole, or gave another shape
+    /// (they inherit nothing then): their pages not kept yet are zeros,
+    /// not the base's.
+    restarted: BTreeSet<u16>,
+    /// Each region's shape as the last record (or the base) had it.
+    shapes: FastMap<u16, super::manifest::RegionMeta>,
+    base: Option<SnapshotReader>,
+    chunks: Option<ChunkReader>,
+}
+
+impl KeptPages {
+    fn new(store: &Store, records: &[Record]) -> Result<KeptPages, StoreError> {
+        let mut k = KeptPages {
+            names: Vec::new(),
+            want: FastMap::default(),
+            pages: FastMap::default(),
+            restarted: BTreeSet::new(),
+            shapes: FastMap::default(),
+            base: None,
+            chunks: None,
+        };
+        for r in records {
+            for &(reg, page) in &r.delta_pages {
+                if let Some(m) = r.meta.regions.get(reg as usize) {
+                    let id = k.intern(&m.meta.name);
+                    k.want.insert((id, page), ());
+                }
+            }
+        }
+        if k.want.is_empty() {
+            return Ok(k);
+        }
+        if let Some(p) = records.first().and_then(|r| r.meta.parent.as_ref()) {
+            let base = store.open_snapshot(p)?;
+            for m in base.regions() {
+                let id = k.intern(&m.name);
+                k.shapes.insert(id, m.clone());
+            }
+            k.base = Some(base);
+        }
+        k.chunks = Some(ChunkReader::new()?);
+        Ok(k)
+    }
+
+    fn intern(&mut self, name: &str) -> u16 {
+        match self.names.iter().position(|n| n == name) {
+            Some(i) => i as u16,
+            None => {
+                self.names.push(name.to_string());
+                (self.names.len() - 1) as u16
+            }
+        }
+    }
+
+    fn id(&self, name: &str) -> Option<u16> {
+        self.names.iter().position(|n| n == name).map(|i| i as u16)
+    }
+
+    /// The content of a page as `r` left it (after `follow(r)`).
+    fn page(&self, r: &Record, region: u32, page: u64) -> Option<&[u8]> {
+        let id = self.id(&r.meta.regions.get(region as usize)?.meta.name)?;
+        self.pages.get(&(id, page)).map(|b| &b[..])
+    }
+
+    /// What record `r` (its `pages`) does to the kept pages.
+    fn follow(&mut self, dir: &Path, r: &Record, pages: &[RecordPage]) -> Result<(), StoreError> {
+        if self.want.is_empty() {
+            return Ok(());
+        }
+        // the record's regions by number (None: no page of it is kept)
+        let mut ids = Vec::with_capacity(r.meta.regions.len());
+        for reg in &r.meta.regions {
+            let id = self.intern(&reg.meta.name);
+            let reshaped = self
+                .shapes
+                .get(&id)
+                .is_none_or(|m| !m.same_shape(&reg.meta));
+            if reshaped {
+                self.shapes.insert(id, reg.meta.clone());
+            }
+            if reg.whole || reshaped {
+                // inherits nothing: what the record does not hold is zeros
+                self.restarted.insert(id);
+                for ((n, _), content) in self.pages.iter_mut() {
+                    if *n == id {
+                        content.fill(0);
+                    }
+                }
+            }
+            ids.push(id);
+        }
+        for p in pages {
+            let Some(&id) = ids.get(p.region as usize) else {
+                return Err(journal_corrupt_detail(
+                    dir,
+                    "a page of a region the record does not have",
+                ));
+            };
+            let key = (id, p.page);
+            if !self.want.contains_key(&key) {
+                continue;
+            }
+            let mut content = match self.pages.remove(&key) {
+                Some(c) => c,
+                None => self.base_page(key)?,
+            };
+            match &p.data {
+                PageData::Zero => content.fill(0),
+                PageData::Chunk(h, flags, bytes) => {
+                    let e = IndexEntry {
+                        hash: *h,
+                        offset: 0,
+                        len: bytes.len() as u32,
+                        flags: *flags,
+                    };
+                    if self.chunks.is_none() {
+                        self.chunks = Some(ChunkReader::new()?);
+                    }
+                    if let Some(c) = self.chunks.as_mut() {
+                        c.check_bytes(dir, &e, bytes, &mut content)?;
+                    }
+                }
+                PageData::Delta(d) => super::delta::apply(&mut content, d)
+                    .map_err(|e| journal_corrupt_detail(dir, &format!("a delta: {e}")))?,
+            }
+            self.pages.insert(key, content);
+        }
+        Ok(())
+    }
+
+    /// A page no record of the fold held yet: the base snapshot's (zeros
+    /// in a region stored whole since, or one the base does not have).
+    fn base_page(&self, (id, page): (u16, u64)) -> Result<Box<[u8]>, StoreError> {
+        let mut out = vec![0u8; super::PAGE].into_boxed_slice();
+        if self.restarted.contains(&id) {
+            return Ok(out);
+        }
+        let name = &self.names[id as usize];
+        if let Some(b) = &self.base
+            && let Some(i) = b.regions().iter().position(|m| &m.name == name)
+        {
+            b.read_page(i as u32, page, &mut out)?;
+        }
+        Ok(out)
+    }
 }
 
 /// Before a restore from `dir`: folds what its journal holds, so the
@@ -899,5 +1125,141 @@ mod tests {
         assert_eq!(l[0].id, ids2[2]);
         assert_eq!(read(d2.path(), 1), page(3));
         assert_eq!(read(d2.path(), 0), page(1));
+    }
+
+    /// `base` with `n` bytes at `at` rewritten from `seed` (a SET's change).
+    fn changed(base: &[u8], at: usize, n: usize, seed: u64) -> Vec<u8> {
+        let mut p = base.to_vec();
+        let at = at % (PAGE - n);
+        p[at..at + n].copy_from_slice(&noise(seed)[..n]);
+        p
+    }
+
+    #[test]
+    fn delta_records_fold_onto_the_base_onto_each_other_and_across_files() {
+        use crate::store::delta;
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Store::create_or_open(d.path()).unwrap();
+        let mut w = s.begin(meta(None, true)).unwrap();
+        for p in 0..8 {
+            w.put_page(0, p, &noise(100 + p)).unwrap();
+        }
+        let mut parent = w.commit().unwrap().id;
+        // what the parent holds: what a delta is taken against
+        let mut want: Vec<Vec<u8>> = (0..8)
+            .map(|p| noise(100 + p))
+            .chain((8..16).map(|_| vec![0u8; PAGE]))
+            .collect();
+        let (mut deltas, mut folds) = (0, 0);
+        for k in 0..800u64 {
+            let mut w = s.begin_journaled(meta(Some(parent), false)).unwrap();
+            let mut next = Vec::new();
+            for i in 0..3u64 {
+                let p = ((k * 5 + i) % 12) as usize;
+                let new = match (k + i) % 4 {
+                    0 => noise(k * 16 + i + 7), // whole: fills the files
+                    _ if k % 97 == 5 => vec![0u8; PAGE],
+                    _ => changed(
+                        &want[p],
+                        (k * 37 + i * 11) as usize,
+                        40 + (k % 70) as usize,
+                        k + i,
+                    ),
+                };
+                let mut dl = Vec::new();
+                match delta::encode(&want[p], &new, PAGE / 4, &mut dl) {
+                    Some(_) if w.takes_delta(0) => {
+                        w.put_delta(0, p as u64, &dl).unwrap();
+                        deltas += 1;
+                    }
+                    _ => w.put_page(0, p as u64, &new).unwrap(),
+                }
+                next.push((p, new));
+            }
+            parent = w.commit().unwrap().id;
+            for (p, new) in next {
+                want[p] = new;
+            }
+            if let Some(done) = s.reap_background_fold() {
+                let rep = done.result.expect("a background fold of delta records");
+                assert!(rep.torn.is_none());
+                folds += 1;
+            }
+            if k == 400 {
+                // a fold in the foreground too (an idle app)
+                s.fold_journal().unwrap();
+            }
+        }
+        assert!(deltas > 1000, "{deltas} deltas put");
+        assert!(folds >= 1, "{folds} background folds");
+        if let Some(done) = s.wait_background_fold() {
+            done.result.unwrap();
+        }
+        drop(s);
+        // the supervisor dies: a restore folds what the journal holds
+        fold_journal_at(d.path()).unwrap();
+        let s = Store::open(d.path()).unwrap();
+        assert_eq!(s.latest().unwrap().unwrap().id, parent);
+        for (p, bytes) in want.iter().enumerate() {
+            assert!(&read(d.path(), p as u64) == bytes, "page {p}");
+        }
+    }
+
+    #[test]
+    fn a_journaled_snapshot_too_large_for_the_journal_makes_its_deltas_whole() {
+        use crate::store::delta;
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Store::create_or_open(d.path()).unwrap();
+        let big = |parent, full| {
+            let mut m = meta(parent, full);
+            m.regions[0].size = 400 * PAGE as u64;
+            m
+        };
+        let mut w = s.begin(big(None, true)).unwrap();
+        w.put_page(0, 0, &noise(1)).unwrap();
+        let base = w.commit().unwrap().id;
+        // a first record: the journal file is then of the version that holds deltas
+        let mut w = s.begin_journaled(big(Some(base), false)).unwrap();
+        w.put_page(0, 1, &noise(2)).unwrap();
+        let j1 = w.commit().unwrap().id;
+        let mut w = s.begin_journaled(big(Some(j1), false)).unwrap();
+        assert!(w.takes_delta(0));
+        let new0 = changed(&noise(1), 100, 50, 9);
+        let mut dl = Vec::new();
+        delta::encode(&noise(1), &new0, PAGE, &mut dl).unwrap();
+        w.put_delta(0, 0, &dl).unwrap();
+        // more than a 1 MiB journal holds: published instead
+        for p in 2..300 {
+            w.put_page(0, p, &noise(50 + p)).unwrap();
+        }
+        let info = w.commit().unwrap();
+        assert!(!info.journaled, "{info:?}");
+        drop(s);
+        assert_eq!(read(d.path(), 0), new0);
+        assert_eq!(read(d.path(), 1), noise(2));
+        assert_eq!(read(d.path(), 299), noise(349));
+    }
+
+    #[test]
+    fn a_delta_goes_only_where_it_applies() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Store::create_or_open(d.path()).unwrap();
+        let mut w = s.begin(meta(None, true)).unwrap();
+        assert!(!w.takes_delta(0), "not journaled, no parent");
+        assert!(w.put_delta(0, 0, &[0, 0]).is_err());
+        w.put_page(0, 0, &noise(1)).unwrap();
+        let base = w.commit().unwrap().id;
+        let mut w = s.begin_journaled(meta(Some(base.clone()), false)).unwrap();
+        assert!(w.put_delta(0, 0, &[1, 0]).is_err(), "a damaged delta");
+        w.put_page(0, 1, &noise(2)).unwrap();
+        let j1 = w.commit().unwrap().id;
+        let mut w = s.begin_journaled(meta(Some(j1), false)).unwrap();
+        assert!(w.takes_delta(0));
+        w.set_whole(0).unwrap();
+        assert!(!w.takes_delta(0), "a region stored whole inherits nothing");
+        w.abort();
+        let mut w2 = s.begin(meta(Some(base), false)).unwrap();
+        assert!(!w2.takes_delta(0), "published, not journaled");
+        w2.put_page(0, 2, &noise(3)).unwrap();
     }
 }

@@ -10,8 +10,10 @@
 //! record          "RKJREC\0\0", generation u64, seq u64, length u64,
 //!                 payload (length bytes), blake3(the 32-byte head and the payload)[32]
 //! payload         meta length u32, meta (JSON), entry count u64, entries:
-//!                 region u32, page u64, what u8 (0 zero page, 1 chunk);
-//!                 for 1: hash[32], flags u32, length u32, chunk bytes
+//!                 region u32, page u64, what u8 (0 zero page, 1 chunk, 2 delta);
+//!                 for 1: hash[32], flags u32, length u32, chunk bytes;
+//!                 for 2: length u32, the delta (store/delta.rs) that turns
+//!                 the page as the record's parent had it into this one
 //! ```
 //!
 //! A record belongs to the journal's generation, and the first has seq 1,
@@ -24,9 +26,11 @@
 //! record's, a checksum that does not match, a length past the end, a
 //! wrong seq) is a torn or damaged tail, ignored with its reason.  (Files
 //! of version 1 had no end mark: there a head that is not a record's is
-//! the clean end too.)  Records are self-contained (every non-zero page
-//! carries its chunk), so a gc between a record and its fold cannot take a
-//! chunk it needs.
+//! the clean end too.)  A page is a chunk, or a delta against the page
+//! as the snapshot before the record had it: that one is in an earlier
+//! record or in the published snapshot the journal's first record follows.
+//! Every writer that publishes (a gc too) folds the journal first, so no
+//! base is taken from under a record.
 //!
 //! There are two files, so that one takes the appends while the other's
 //! records are folded in the background (fold.rs).  Their records are read
@@ -90,7 +94,12 @@ const REC_MAGIC: &[u8; 8] = b"RKJREC\0\0";
 /// a version 1 file, the bytes after the last record may be what a reset
 /// left of older records, at any offset: there the first head that is not
 /// a record's is the end of the records, not damage.
-const VERSION: u32 = 2;
+///
+/// 3: a page may be a delta (what 2).  A file is written version 3 when it
+/// is created or reset, and deltas go only into a version 3 file, so an
+/// older reader refuses a file that may hold one (a newer version) rather
+/// than read a delta as damage.
+pub const VERSION: u32 = 3;
 const END_MARK: usize = REC_HEAD;
 const REC_HEAD: usize = 32;
 const REC_SUM: usize = 32;
@@ -110,12 +119,22 @@ pub struct RecordMeta {
     pub regions: Vec<ManifestRegion>,
 }
 
-/// One page of a record: a zero page, or a chunk (compressed as in a pack).
+/// One page of a record.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecordPage {
     pub region: u32,
     pub page: u64,
-    pub chunk: Option<(Hash, u32, Vec<u8>)>,
+    pub data: PageData,
+}
+
+/// What a record holds of a page.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PageData {
+    Zero,
+    /// Its chunk, compressed as in a pack: hash, flags, bytes.
+    Chunk(Hash, u32, Vec<u8>),
+    /// The bytes that changed since the snapshot before (store/delta.rs).
+    Delta(Vec<u8>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -128,6 +147,10 @@ pub struct Record {
     /// Which of JOURNAL_FILES holds it, and where.
     pub file: usize,
     pub at: u64,
+    /// The pages it holds as deltas (region index, page), kept by the scan
+    /// even where it leaves the pages on disk: a fold keeps those pages'
+    /// content as it replays.
+    pub delta_pages: Vec<(u32, u64)>,
 }
 
 /// Why reading stopped before the end of the file's records.
@@ -169,6 +192,8 @@ pub struct Scan {
     pub torn: Option<TornReason>,
     /// The file's size.
     pub size: u64,
+    /// Its header's format version.
+    pub version: u32,
 }
 
 fn header_bytes(generation: u64) -> Vec<u8> {
@@ -220,14 +245,19 @@ pub fn encode_payload(meta: &RecordMeta, pages: &[RecordPage]) -> Vec<u8> {
     for p in pages {
         out.extend_from_slice(&p.region.to_le_bytes());
         out.extend_from_slice(&p.page.to_le_bytes());
-        match &p.chunk {
-            None => out.push(0),
-            Some((h, flags, bytes)) => {
+        match &p.data {
+            PageData::Zero => out.push(0),
+            PageData::Chunk(h, flags, bytes) => {
                 out.push(1);
                 out.extend_from_slice(h);
                 out.extend_from_slice(&flags.to_le_bytes());
                 out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
                 out.extend_from_slice(bytes);
+            }
+            PageData::Delta(d) => {
+                out.push(2);
+                out.extend_from_slice(&(d.len() as u32).to_le_bytes());
+                out.extend_from_slice(d);
             }
         }
     }
@@ -264,21 +294,23 @@ pub fn decode_payload(mut b: &[u8]) -> Option<(RecordMeta, Vec<RecordPage>)> {
     for _ in 0..n {
         let region = u32_of(b)?;
         let page = u64_of(b)?;
-        let chunk = match take(b, 1)?[0] {
-            0 => None,
+        let data = match take(b, 1)?[0] {
+            0 => PageData::Zero,
             1 => {
                 let h: Hash = take(b, 32)?.try_into().ok()?;
                 let flags = u32_of(b)?;
                 let len = u32_of(b)? as usize;
-                Some((h, flags, take(b, len)?.to_vec()))
+                PageData::Chunk(h, flags, take(b, len)?.to_vec())
+            }
+            2 => {
+                let len = u32_of(b)? as usize;
+                let d = take(b, len)?;
+                super::delta::check(d).ok()?;
+                PageData::Delta(d.to_vec())
             }
             _ => return None,
         };
-        pages.push(RecordPage {
-            region,
-            page,
-            chunk,
-        });
+        pages.push(RecordPage { region, page, data });
     }
     b.is_empty().then_some((meta, pages))
 }
@@ -303,6 +335,8 @@ pub struct Journal {
     /// The file's size, as created.
     pub size: u64,
     pub generation: u64,
+    /// The format version of its header (VERSION once it is reset).
+    pub version: u32,
     /// Where the next record goes, and its seq.
     pub end: u64,
     pub next_seq: u64,
@@ -458,6 +492,7 @@ fn scan(f: &File, path: &Path, pages_kept: Pages) -> Result<Scan, StoreError> {
         end: HEADER_BYTES,
         torn: None,
         size,
+        version,
     };
     let mut head = [0u8; REC_HEAD];
     loop {
@@ -499,6 +534,11 @@ fn scan(f: &File, path: &Path, pages_kept: Pages) -> Result<Scan, StoreError> {
                 return Ok(s);
             }
         };
+        let delta_pages = pages
+            .iter()
+            .filter(|p| matches!(p.data, PageData::Delta(_)))
+            .map(|p| (p.region, p.page))
+            .collect();
         let pages = match pages_kept {
             Pages::Keep => pages,
             Pages::LeaveOnDisk => Vec::new(),
@@ -509,6 +549,7 @@ fn scan(f: &File, path: &Path, pages_kept: Pages) -> Result<Scan, StoreError> {
             pages,
             file,
             at: s.end,
+            delta_pages,
         });
         s.end += total;
     }
@@ -538,6 +579,7 @@ impl Journal {
             file,
             size: s.size,
             generation: s.generation,
+            version: s.version,
             end: s.end,
             next_seq: s.records.len() as u64 + 1,
         };
@@ -609,6 +651,7 @@ impl Journal {
             .sync_data()
             .map_err(io_at("fdatasync", &self.path))?;
         self.generation = g;
+        self.version = VERSION;
         self.end = HEADER_BYTES;
         self.next_seq = 1;
         Ok(())
@@ -670,7 +713,7 @@ mod tests {
         RecordPage {
             region: 0,
             page: i,
-            chunk: Some(([i as u8; 32], 1, vec![i as u8; 100 + i as usize])),
+            data: PageData::Chunk([i as u8; 32], 1, vec![i as u8; 100 + i as usize]),
         }
     }
 

@@ -332,7 +332,7 @@ fn decode_body<T>(
 /// buffer asks for transparent huge pages (512 times fewer faults).  Only
 /// advice: where the kernel gives none, nothing changes.  Err: no memory
 /// for `n` entries (a size read from a file is not trusted to fit).
-fn vec_for_millions<T>(n: usize) -> Result<Vec<T>, std::collections::TryReserveError> {
+pub(crate) fn vec_for_millions<T>(n: usize) -> Result<Vec<T>, std::collections::TryReserveError> {
     const HUGE: usize = 2 << 20;
     let mut v = Vec::new();
     v.try_reserve_exact(n)?;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::error::StoreError;
+use super::fasthash::FastMap;
 use super::format::{Hash, PACKS, PAGE, SNAPSHOTS, SnapshotId, TMP, VERSION, ZSTD_LEVEL, unix_ns};
 use super::manifest::{
     Manifest, ManifestRegion, ManifestStats, MapRef, RegionMeta, SnapshotInfo, SnapshotKind,
@@ -42,6 +43,9 @@ pub struct WriteStats {
     pub zero_pages: u64,
     pub bytes_raw: u64,
     pub bytes_compressed: u64,
+    /// Pages journaled as deltas, and their bytes.
+    pub delta_pages: u64,
+    pub delta_bytes: u64,
 }
 
 /// Overrides for `recv`: keep the sender's id and creation time.
@@ -73,6 +77,8 @@ pub struct SnapshotWriter<'a> {
     /// `commit` appends one journal record instead of publishing.
     pub(crate) journal: bool,
     pub(crate) jchunks: HashMap<Hash, (u32, Vec<u8>)>,
+    /// Pages put as deltas (their entries carry no hash).
+    jdeltas: FastMap<(u32, u64), Vec<u8>>,
     jbytes: usize,
 }
 
@@ -234,6 +240,7 @@ impl Store {
             done: false,
             journal,
             jchunks: HashMap::new(),
+            jdeltas: FastMap::default(),
             jbytes: 0,
             store: self,
         })
@@ -280,6 +287,9 @@ impl SnapshotWriter<'_> {
             ));
         }
         self.check_page(region, page)?;
+        if self.journal && !self.jdeltas.is_empty() {
+            self.jdeltas.remove(&(region, page)); // the last put of a page wins
+        }
         self.stats.pages_put += 1;
         self.stats.bytes_raw += PAGE as u64;
         if is_zero(data) {
@@ -324,6 +334,54 @@ impl SnapshotWriter<'_> {
         Ok(())
     }
 
+    /// The regions that inherit nothing from the parent (stored whole, or
+    /// of another shape): what the snapshot holds of them is what was put.
+    pub fn fresh_regions(&self) -> Vec<String> {
+        self.regions
+            .iter()
+            .zip(&self.inherits)
+            .filter(|(r, inherits)| r.whole || !**inherits)
+            .map(|(r, _)| r.meta.name.clone())
+            .collect()
+    }
+
+    /// Whether `put_delta` takes a page of `region`: a journaled snapshot
+    /// with a parent, into a journal file of the version that holds
+    /// deltas, of a region that inherits its parent's pages.
+    pub fn takes_delta(&self, region: u32) -> bool {
+        self.journal
+            && self.meta.parent.is_some()
+            && self.inherits.get(region as usize).copied().unwrap_or(false)
+            && self.regions.get(region as usize).is_some_and(|r| !r.whole)
+            && self.store.journal_takes_deltas()
+    }
+
+    /// A page as the bytes that changed since the parent snapshot
+    /// (store/delta.rs), in a journaled snapshot (`takes_delta`).  The
+    /// caller computed the delta against the page the parent holds.
+    pub fn put_delta(&mut self, region: u32, page: u64, delta: &[u8]) -> Result<(), StoreError> {
+        if !self.takes_delta(region) {
+            return Err(bad(
+                self.store,
+                format!("region {region} takes no delta in this snapshot"),
+            ));
+        }
+        super::delta::check(delta).map_err(|e| bad(self.store, format!("a delta: {e}")))?;
+        self.check_page(region, page)?;
+        self.stats.pages_put += 1;
+        self.stats.bytes_raw += PAGE as u64;
+        self.stats.delta_pages += 1;
+        self.stats.delta_bytes += delta.len() as u64;
+        self.jbytes += delta.len();
+        self.jdeltas.insert((region, page), delta.to_vec());
+        self.entries.push(MapEntry {
+            region,
+            page,
+            hash: None,
+        });
+        Ok(())
+    }
+
     /// A journaled snapshot becomes an ordinary one: the journal is folded
     /// (this snapshot may follow its records), its chunks go to a pack.
     pub(crate) fn spill(&mut self) -> Result<(), StoreError> {
@@ -339,6 +397,35 @@ impl SnapshotWriter<'_> {
             if !self.store.index.contains_key(&h) {
                 self.add_new_chunk_uncounted(h, &bytes, flags)?;
             }
+        }
+        self.materialise_deltas()
+    }
+
+    /// The pages put as deltas, made whole: the parent's page (published
+    /// now: the journal was folded) with the delta applied, put again.
+    /// Their entries come later than the delta's, so they win.
+    fn materialise_deltas(&mut self) -> Result<(), StoreError> {
+        if self.jdeltas.is_empty() {
+            return Ok(());
+        }
+        let parent = self
+            .meta
+            .parent
+            .clone()
+            .ok_or_else(|| bad(self.store, "a delta without a parent".to_string()))?;
+        let base = self.store.open_snapshot(&parent)?;
+        let mut deltas: Vec<((u32, u64), Vec<u8>)> = self.jdeltas.drain().collect();
+        deltas.sort_unstable_by_key(|(k, _)| *k);
+        let mut page = vec![0u8; PAGE];
+        for ((region, p), d) in deltas {
+            let name = &self.regions[region as usize].meta.name;
+            match base.regions().iter().position(|r| &r.name == name) {
+                Some(i) => base.read_page(i as u32, p, &mut page)?,
+                None => page.fill(0),
+            }
+            super::delta::apply(&mut page, &d)
+                .map_err(|e| bad(self.store, format!("a delta: {e}")))?;
+            self.put_page(region, p, &page)?;
         }
         Ok(())
     }
@@ -484,19 +571,23 @@ impl SnapshotWriter<'_> {
         let entries = self.final_entries();
         let mut pages = Vec::with_capacity(entries.len());
         for e in &entries {
-            let chunk = match &e.hash {
-                None => None,
+            use super::journal::PageData;
+            let data = match &e.hash {
+                None => match self.jdeltas.get(&(e.region, e.page)) {
+                    Some(d) => PageData::Delta(d.clone()),
+                    None => PageData::Zero,
+                },
                 Some(h) => {
                     let (flags, bytes) = self.jchunks.get(h).ok_or_else(|| {
                         bad(self.store, "a journaled page without its chunk".to_string())
                     })?;
-                    Some((*h, *flags, bytes.clone()))
+                    PageData::Chunk(*h, *flags, bytes.clone())
                 }
             };
             pages.push(super::journal::RecordPage {
                 region: e.region,
                 page: e.page,
-                chunk,
+                data,
             });
         }
         let meta = super::journal::RecordMeta {
@@ -517,7 +608,10 @@ impl SnapshotWriter<'_> {
             self.spill()?;
             return self.commit_inner();
         }
-        let nonzero = entries.iter().filter(|e| e.hash.is_some()).count() as u64;
+        let nonzero = entries
+            .iter()
+            .filter(|e| e.hash.is_some() || self.jdeltas.contains_key(&(e.region, e.page)))
+            .count() as u64;
         Ok(SnapshotInfo {
             id: self.id.clone(),
             parent: self.meta.parent.clone(),

@@ -428,6 +428,8 @@ impl Supervisor {
                             .u("new_pages", d.new_chunks)
                             .u("dedup_pages", d.dedup_hits)
                             .u("new_bytes", d.bytes_compressed)
+                            .u("delta_pages", d.delta_pages)
+                            .u("delta_bytes", d.delta_bytes)
                             .u("staging_peak_bytes", d.staging_peak as u64)
                             .u("took_ms", d.took.as_millis() as u64)
                             .u("took_us", d.took.as_micros() as u64)

@@ -1,0 +1,311 @@
+//! The engine's copy of pages as the newest snapshot holds them (the
+//! *shadow*), so that a journaled snapshot can record a page as the bytes
+//! that changed (store/delta.rs) instead of the page hashed and compressed:
+//! docs/store.md, "Delta records".
+//!
+//! The shadow only ever holds exact content: a page is in it as the
+//! snapshot `of` has it, or not at all.  What a journaled snapshot puts is
+//! staged and becomes the shadow when that snapshot is committed; any
+//! other snapshot (published: a full one, one against a baseline, an
+//! interval's), a failed one, or one of another parent empties it.  So it
+//! holds the pages an app's group commits write (rkv `--durability sync`),
+//! and nothing for an app that is only snapshotted.  Bounded by
+//! `REKINDLE_SNAPSHOT_SHADOW_BYTES` (default 256 MiB, 0: no deltas): a page
+//! past the bound stays out of it (its next change is journaled whole).
+
+use crate::store::SnapshotId;
+use crate::store::fasthash::FastMap;
+use crate::store::format::PAGE;
+
+pub const SHADOW_BYTES_ENV: &str = "REKINDLE_SNAPSHOT_SHADOW_BYTES";
+const SHADOW_BYTES: usize = 256 << 20;
+
+/// The bound of the shadow, from the environment (once per process; a
+/// value that is not a number of bytes is said on stderr,
+/// `shadow_bytes_invalid`, and the default used).
+pub fn shadow_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| match std::env::var(SHADOW_BYTES_ENV) {
+        Err(_) => SHADOW_BYTES,
+        Ok(v) => v.parse::<usize>().unwrap_or_else(|_| {
+            eprintln!(
+                "rekindle: {SHADOW_BYTES_ENV}={v:?} ignored (shadow_bytes_invalid: a number of \
+                 bytes, 0 for no delta records); {SHADOW_BYTES} bytes"
+            );
+            SHADOW_BYTES
+        }),
+    })
+}
+
+/// A page of the shadow: (region, page), the region by its number in
+/// `names`.
+type Key = (u16, u64);
+
+/// Pages are kept in chunks of this many, allocated as needed (in huge
+/// pages where the kernel gives them: the shadow is read at random).
+const CHUNK_PAGES: usize = 1024;
+
+pub struct Shadow {
+    /// Pages as the snapshot `of` holds them: their slots.
+    index: FastMap<Key, u32>,
+    of: Option<SnapshotId>,
+    /// What the snapshot being taken put, for the shadow once committed.
+    staged: FastMap<Key, u32>,
+    /// The snapshot being taken keeps the shadow (a journaled delta of it).
+    active: bool,
+    names: Vec<String>,
+    chunks: Vec<Vec<u8>>,
+    free: Vec<u32>,
+    /// Slots handed out so far (the next new one).
+    slots: u32,
+    cap_pages: usize,
+}
+
+impl Shadow {
+    pub fn new(cap_bytes: usize) -> Shadow {
+        Shadow {
+            index: FastMap::default(),
+            of: None,
+            staged: FastMap::default(),
+            active: false,
+            names: Vec::new(),
+            chunks: Vec::new(),
+            free: Vec::new(),
+            slots: 0,
+            cap_pages: cap_bytes / PAGE,
+        }
+    }
+
+    /// Before a snapshot whose parent is `parent`: `journaled`, a journaled
+    /// delta of it (not a full snapshot, not one against a baseline, not a
+    /// published one).  Only such a snapshot keeps the shadow, and only if
+    /// the shadow is of its parent.
+    pub fn begin(&mut self, parent: Option<&SnapshotId>, journaled: bool) {
+        let staged: Vec<u32> = self.staged.drain().map(|(_, s)| s).collect();
+        self.free.extend(staged);
+        if !journaled || parent.is_none() || self.of.as_ref() != parent {
+            self.clear();
+        }
+        self.active = journaled && self.cap_pages > 0;
+    }
+
+    /// Forgets every page and gives the memory back.
+    pub fn clear(&mut self) {
+        self.index.clear();
+        self.staged.clear();
+        self.of = None;
+        self.active = false;
+        self.names.clear();
+        self.chunks.clear();
+        self.free.clear();
+        self.slots = 0;
+    }
+
+    fn name_id(&self, region: &str) -> Option<u16> {
+        self.names
+            .iter()
+            .position(|n| n == region)
+            .map(|i| i as u16)
+    }
+
+    fn slot(&self, slot: u32) -> &[u8] {
+        let (c, i) = (slot as usize / CHUNK_PAGES, slot as usize % CHUNK_PAGES);
+        &self.chunks[c][i * PAGE..(i + 1) * PAGE]
+    }
+
+    fn slot_mut(&mut self, slot: u32) -> &mut [u8] {
+        let (c, i) = (slot as usize / CHUNK_PAGES, slot as usize % CHUNK_PAGES);
+        &mut self.chunks[c][i * PAGE..(i + 1) * PAGE]
+    }
+
+    /// A slot for a new page: a freed one, or a new one within the bound.
+    fn take_slot(&mut self) -> Option<u32> {
+        if let Some(s) = self.free.pop() {
+            return Some(s);
+        }
+        if self.slots as usize >= self.cap_pages {
+            return None;
+        }
+        if self.slots as usize == self.chunks.len() * CHUNK_PAGES {
+            let n = CHUNK_PAGES.min(self.cap_pages - self.slots as usize) * PAGE;
+            let mut c = crate::store::location_index::vec_for_millions::<u8>(n).ok()?;
+            c.resize(n, 0);
+            self.chunks.push(c);
+        }
+        let s = self.slots;
+        if (s as usize % CHUNK_PAGES + 1) * PAGE > self.chunks.last().map_or(0, |c| c.len()) {
+            return None; // the last chunk is short (the bound): full
+        }
+        self.slots += 1;
+        Some(s)
+    }
+
+    /// The page as the parent holds it, if the shadow knows it.
+    pub fn get(&self, region: &str, page: u64) -> Option<&[u8]> {
+        let id = self.name_id(region)?;
+        self.index.get(&(id, page)).map(|&s| self.slot(s))
+    }
+
+    /// The snapshot being taken puts `bytes` as this page.  A page the
+    /// shadow does not know is kept only within the bound; one it knows
+    /// and cannot keep is forgotten (it would be stale).
+    pub fn stage(&mut self, region: &str, page: u64, bytes: &[u8]) {
+        if !self.active {
+            return;
+        }
+        let id = match self.name_id(region) {
+            Some(id) => id,
+            None if self.names.len() < u16::MAX as usize => {
+                self.names.push(region.to_string());
+                (self.names.len() - 1) as u16
+            }
+            None => return,
+        };
+        let key = (id, page);
+        if let Some(&s) = self.staged.get(&key) {
+            self.slot_mut(s).copy_from_slice(bytes);
+            return;
+        }
+        match self.take_slot() {
+            Some(s) => {
+                self.slot_mut(s).copy_from_slice(bytes);
+                self.staged.insert(key, s);
+            }
+            None => {
+                if let Some(old) = self.index.remove(&key) {
+                    self.free.push(old);
+                }
+            }
+        }
+    }
+
+    /// The snapshot was committed as `id`: what it put is the shadow now,
+    /// and regions it did not inherit (stored whole, another shape) hold
+    /// nothing it did not put.
+    pub fn commit(&mut self, id: SnapshotId, fresh_regions: &[String]) {
+        if !self.active {
+            self.clear();
+            return;
+        }
+        let fresh: Vec<u16> = fresh_regions
+            .iter()
+            .filter_map(|r| self.name_id(r))
+            .collect();
+        if !fresh.is_empty() {
+            let free = &mut self.free;
+            self.index.retain(|(r, _), s| {
+                let keep = !fresh.contains(r);
+                if !keep {
+                    free.push(*s);
+                }
+                keep
+            });
+        }
+        for (k, s) in self.staged.drain() {
+            if let Some(old) = self.index.insert(k, s) {
+                self.free.push(old);
+            }
+        }
+        self.of = Some(id);
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u64) -> SnapshotId {
+        SnapshotId::new(n, std::time::SystemTime::UNIX_EPOCH)
+    }
+
+    #[test]
+    fn pages_become_the_shadow_once_committed_and_only_for_their_child() {
+        let mut s = Shadow::new(4 * PAGE);
+        s.begin(None, true);
+        s.stage("a", 1, &[1u8; PAGE]);
+        assert!(s.get("a", 1).is_none(), "not before the commit");
+        s.commit(id(1), &[]);
+        assert_eq!(s.get("a", 1), Some(&[1u8; PAGE][..]));
+        // a delta of snapshot 1 keeps it; one of another parent does not
+        s.begin(Some(&id(1)), true);
+        s.stage("a", 1, &[2u8; PAGE]);
+        s.stage("a", 2, &[3u8; PAGE]);
+        assert_eq!(
+            s.get("a", 1),
+            Some(&[1u8; PAGE][..]),
+            "the parent's until the commit"
+        );
+        s.commit(id(2), &[]);
+        assert_eq!(s.get("a", 1), Some(&[2u8; PAGE][..]));
+        s.begin(Some(&id(1)), true);
+        assert!(s.is_empty(), "snapshot 1 is not what the shadow is of");
+    }
+
+    #[test]
+    fn a_failed_full_or_fresh_snapshot_leaves_nothing_stale() {
+        let mut s = Shadow::new(4 * PAGE);
+        s.begin(None, true);
+        s.stage("a", 1, &[1u8; PAGE]);
+        s.stage("b", 1, &[1u8; PAGE]);
+        s.commit(id(1), &[]);
+        // a failure: the engine clears
+        s.begin(Some(&id(1)), true);
+        s.stage("a", 1, &[9u8; PAGE]);
+        s.clear();
+        assert!(s.get("a", 1).is_none());
+        // a published snapshot (full, an interval's) empties it and keeps nothing
+        s.begin(None, true);
+        s.stage("a", 1, &[1u8; PAGE]);
+        s.commit(id(3), &[]);
+        s.begin(Some(&id(3)), false);
+        assert!(s.is_empty());
+        s.stage("a", 1, &[1u8; PAGE]);
+        s.commit(id(4), &[]);
+        s.begin(Some(&id(4)), true);
+        assert!(s.is_empty(), "nothing kept from a published snapshot");
+        // a region stored whole keeps only what this snapshot put
+        s.stage("a", 1, &[1u8; PAGE]);
+        s.stage("b", 1, &[1u8; PAGE]);
+        s.commit(id(5), &[]);
+        s.begin(Some(&id(5)), true);
+        s.stage("b", 2, &[5u8; PAGE]);
+        s.commit(id(6), &["b".to_string()]);
+        assert!(s.get("b", 1).is_none() && s.get("b", 2).is_some() && s.get("a", 1).is_some());
+    }
+
+    #[test]
+    fn the_bound_holds_and_a_page_past_it_is_not_kept_stale() {
+        let mut s = Shadow::new(2 * PAGE);
+        s.begin(None, true);
+        for p in 0..5 {
+            s.stage("a", p, &[p as u8; PAGE]);
+        }
+        s.commit(id(1), &[]);
+        assert_eq!(s.len(), 2);
+        // at the bound, a known page that changes is forgotten, not kept stale
+        let known = (0..5).find(|&p| s.get("a", p).is_some()).unwrap_or(0);
+        s.begin(Some(&id(1)), true);
+        s.stage("a", known, &[42u8; PAGE]);
+        s.commit(id(2), &[]);
+        assert!(s.get("a", known).is_none());
+        assert_eq!(s.len(), 1);
+        // and its memory serves the next page
+        s.begin(Some(&id(2)), true);
+        s.stage("a", 9, &[9u8; PAGE]);
+        s.commit(id(3), &[]);
+        assert!(s.get("a", 9) == Some(&[9u8; PAGE][..]));
+        let mut off = Shadow::new(0);
+        off.begin(None, true);
+        off.stage("a", 1, &[1u8; PAGE]);
+        off.commit(id(1), &[]);
+        assert!(off.get("a", 1).is_none(), "0: no shadow");
+    }
+}
