@@ -104,13 +104,14 @@ impl Metrics {
         let snapshot_pages = IntCounterVec::new(
             Opts::new(
                 "rekindle_snapshot_pages_total",
-                "Pages put into snapshots: new (written to the store), dedup (already there), zero",
+                "Pages put into snapshots: new (written to the store), dedup (already there), zero, \
+                 delta (journaled as the bytes that changed)",
             ),
             &["kind"],
         )?;
         let snapshot_bytes_written = IntCounter::new(
             "rekindle_snapshot_bytes_written_total",
-            "Compressed bytes of new page data written to the snapshot store",
+            "Bytes of new page data written to the snapshot store (compressed chunks, deltas)",
         )?;
         let snapshot_last_durable = Gauge::new(
             "rekindle_snapshot_last_durable_timestamp_seconds",

@@ -379,7 +379,11 @@ impl Supervisor {
                 m.snapshot_pages
                     .with_label_values(&["zero"])
                     .inc_by(d.zero_pages);
-                m.snapshot_bytes_written.inc_by(d.bytes_compressed);
+                m.snapshot_pages
+                    .with_label_values(&["delta"])
+                    .inc_by(d.delta_pages);
+                m.snapshot_bytes_written
+                    .inc_by(d.bytes_compressed + d.delta_bytes);
                 m.snapshot_last_durable
                     .set(crate::store::format::unix_ns(d.info.created) as f64 / 1e9);
                 let new = m.snapshot_pages.with_label_values(&["new"]).get();
