@@ -516,6 +516,40 @@ def pipelined_writer(r, t, stop, acked, total=200_000):
         acked.extend(range(base, base + 8))
 
 
+def background_folds(r):
+    return [f for f in r.supervisor_events("journal_folded") if f["when"] == "background"]
+
+
+def load_until_folds(r, n, least_s, most_s=90):
+    """While writers load r: until n background folds of the journal
+    happened and least_s passed (most_s at most; a slow machine takes
+    longer to fill the files)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < most_s:
+        if time.monotonic() - t0 >= least_s and len(background_folds(r)) >= n:
+            return
+        time.sleep(0.2)
+
+
+def batch_writer(r, stop, acked, make_batch, limit):
+    """SETs each dict make_batch() returns, in one pipeline, until stop is
+    set, limit keys were written or the connection goes; acked gets each
+    acknowledged batch."""
+    c = r.client()
+    n = 0
+    while not stop.is_set() and n < limit:
+        batch = make_batch()
+        p = c.pipeline(transaction=False)
+        for k, v in batch.items():
+            p.set(k, v)
+        try:
+            p.execute()
+        except (redis.ConnectionError, redis.TimeoutError):
+            return
+        acked.update(batch)
+        n += len(batch)
+
+
 def test_sync_writes_past_a_full_journal_file_survive_the_stack_dying(tmp_path):
     """Four clients pipeline SETs of incompressible values until the first
     journal file (64 MiB) fills: appends move to the second while the first
@@ -615,27 +649,23 @@ def test_sync_writes_through_many_reuses_of_both_journal_files_survive_the_stack
 
     def writer(t):
         rnd = random.Random(t)
-        c = r.client()
         i = 0
-        while not stop.is_set() and i < 200_000:
-            batch = {f"t{t}:{i + j}": rnd.randbytes(rnd.randint(200, 3000)) for j in range(rnd.randint(1, 8))}
-            p = c.pipeline(transaction=False)
-            for k, v in batch.items():
-                p.set(k, v)
-            try:
-                p.execute()
-            except (redis.ConnectionError, redis.TimeoutError):
-                return
-            acked[t].update(batch)
-            i += len(batch)
+
+        def batch():
+            nonlocal i
+            b = {f"t{t}:{i + j}": rnd.randbytes(rnd.randint(200, 3000)) for j in range(rnd.randint(1, 8))}
+            i += len(b)
+            return b
+
+        batch_writer(r, stop, acked[t], batch, 200_000)
 
     ws = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(4)]
     for w in ws:
         w.start()
-    time.sleep(4)
+    load_until_folds(r, 4, 4)
     got = [dict(a) for a in acked]
     failed = r.supervisor_events("snapshot_failed")
-    folds = [f for f in r.supervisor_events("journal_folded") if f["when"] == "background"]
+    folds = background_folds(r)
     kill_stack(r)
     stop.set()
     for w in ws:
@@ -679,29 +709,24 @@ def test_sync_overwrites_journaled_as_deltas_survive_the_stack_dying(tmp_path, s
 
     def writer(t):
         rnd = random.Random(t)
-        c = r.client()
-        n = 0
-        while not stop.is_set() and n < 400_000:
-            batch = {f"k{rnd.randrange(3000)}": rnd.randbytes(100) for _ in range(16)}
-            p = c.pipeline(transaction=False)
-            for k, v in batch.items():
-                p.set(k, v)
-            try:
-                p.execute()
-            except (redis.ConnectionError, redis.TimeoutError):
-                return
-            acked[t].update(batch)  # the keys written; their last values are read at the end
-            n += len(batch)
+        # acked: the keys written; their last values are read at the end
+        batch_writer(
+            r,
+            stop,
+            acked[t],
+            lambda: {f"k{rnd.randrange(3000)}": rnd.randbytes(100) for _ in range(16)},
+            400_000,
+        )
 
     ws = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(4)]
     for w in ws:
         w.start()
-    time.sleep(5)
+    load_until_folds(r, 2, 5)
     stop.set()
     for w in ws:
         w.join(timeout=30)
     snaps = [e for e in r.supervisor_events("snapshot") if e.get("journaled")]
-    folds = [f for f in r.supervisor_events("journal_folded") if f["when"] == "background"]
+    folds = background_folds(r)
     failed = r.supervisor_events("snapshot_failed")
     c = r.client()
     final = {}
