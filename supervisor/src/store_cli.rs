@@ -736,19 +736,15 @@ fn export(source: &str, regions: &[(String, PathBuf)]) -> Result<i32, StoreError
     let id: SnapshotId = store.resolve(&spec)?;
     let r = store.open_snapshot(&id)?;
     for (name, file) in regions {
-        let idx = r
-            .regions()
-            .iter()
-            .position(|m| &m.name == name)
-            .ok_or_else(|| StoreError::NotFound {
-                path: store.dir().join("snapshots").join(format!("{id}.json")),
-                what: format!("region {name:?}"),
-            })?;
-        let size = r.regions()[idx].size;
+        let idx = r.region_index(name).ok_or_else(|| StoreError::NotFound {
+            path: store.dir().join("snapshots").join(format!("{id}.json")),
+            what: format!("region {name:?}"),
+        })?;
+        let size = r.regions()[idx as usize].size;
         let io = crate::store::error::io_at;
         let f = std::fs::File::create(file).map_err(io("create", file))?;
         f.set_len(size).map_err(io("truncate", file))?;
-        r.read_region_into(idx as u32, f.as_fd(), &mut |_| {})?;
+        r.read_region_into(idx, f.as_fd(), &mut |_| {})?;
         f.sync_all().map_err(io("fsync", file))?;
     }
     println!("{}", json!({"id": id, "regions": regions.len()}));

@@ -651,7 +651,6 @@ impl KeptPages {
             }
             k.base = Some(base);
         }
-        k.chunks = Some(ChunkReader::new()?);
         Ok(k)
     }
 
@@ -726,12 +725,11 @@ impl KeptPages {
                         len: bytes.len() as u32,
                         flags: *flags,
                     };
-                    if self.chunks.is_none() {
-                        self.chunks = Some(ChunkReader::new()?);
-                    }
-                    if let Some(c) = self.chunks.as_mut() {
-                        c.check_bytes(dir, &e, bytes, &mut content)?;
-                    }
+                    let c = match &mut self.chunks {
+                        Some(c) => c,
+                        None => self.chunks.insert(ChunkReader::new()?),
+                    };
+                    c.check_bytes(dir, &e, bytes, &mut content)?;
                 }
                 PageData::Delta(d) => super::delta::apply(&mut content, d)
                     .map_err(|e| journal_corrupt_detail(dir, &format!("a delta: {e}")))?,
@@ -748,11 +746,8 @@ impl KeptPages {
         if self.restarted.contains(&id) {
             return Ok(out);
         }
-        let name = &self.names[id as usize];
-        if let Some(b) = &self.base
-            && let Some(i) = b.regions().iter().position(|m| &m.name == name)
-        {
-            b.read_page(i as u32, page, &mut out)?;
+        if let Some(b) = &self.base {
+            b.read_page_named(&self.names[id as usize], page, &mut out)?;
         }
         Ok(out)
     }
@@ -951,29 +946,41 @@ mod tests {
             }
         }
         assert!(folds >= 6, "{folds} background folds");
+        dies_and_restores_as(s, d.path(), &parent, &want);
+    }
+
+    /// The background fold ends, then the supervisor dies: a restore folds
+    /// what the journal holds, and the newest snapshot is `parent` with
+    /// region 0's pages as `want`.
+    fn dies_and_restores_as(mut s: Store, dir: &Path, parent: &SnapshotId, want: &[Vec<u8>]) {
         if let Some(done) = s.wait_background_fold() {
             done.result.unwrap();
         }
-        // the supervisor dies: a restore folds what the journal holds
         drop(s);
-        fold_journal_at(d.path()).unwrap();
-        let s = Store::open(d.path()).unwrap();
-        assert_eq!(s.latest().unwrap().unwrap().id, parent);
+        fold_journal_at(dir).unwrap();
+        let s = Store::open(dir).unwrap();
+        assert_eq!(&s.latest().unwrap().unwrap().id, parent);
         for (p, bytes) in want.iter().enumerate() {
-            assert_eq!(&read(d.path(), p as u64), bytes, "page {p}");
+            assert!(&read(dir, p as u64) == bytes, "page {p}");
         }
+    }
+
+    /// A published full snapshot of pages 0..n as noise(seed + page): its
+    /// id and those pages.
+    fn noise_base(s: &mut Store, n: u64, seed: u64) -> (SnapshotId, Vec<Vec<u8>>) {
+        let pages: Vec<Vec<u8>> = (0..n).map(|p| noise(seed + p)).collect();
+        let mut w = s.begin(meta(None, true)).unwrap();
+        for (p, bytes) in pages.iter().enumerate() {
+            w.put_page(0, p as u64, bytes).unwrap();
+        }
+        (w.commit().unwrap().id, pages)
     }
 
     #[test]
     fn the_background_fold_loads_no_pack_index_and_its_snapshots_read_back() {
         let d = tempfile::tempdir().unwrap();
         let mut s = Store::create_or_open(d.path()).unwrap();
-        let mut w = s.begin(meta(None, true)).unwrap();
-        for p in 0..16 {
-            w.put_page(0, p, &noise(1000 + p)).unwrap();
-        }
-        let mut parent = w.commit().unwrap().id;
-        let mut want: Vec<Vec<u8>> = (0..16).map(|p| noise(1000 + p)).collect();
+        let (mut parent, mut want) = noise_base(&mut s, 16, 1000);
         let mut folded = 0;
         for k in 0..150u64 {
             let mut w = s.begin_journaled(meta(Some(parent), false)).unwrap();
@@ -1140,16 +1147,9 @@ mod tests {
         use crate::store::delta;
         let d = tempfile::tempdir().unwrap();
         let mut s = Store::create_or_open(d.path()).unwrap();
-        let mut w = s.begin(meta(None, true)).unwrap();
-        for p in 0..8 {
-            w.put_page(0, p, &noise(100 + p)).unwrap();
-        }
-        let mut parent = w.commit().unwrap().id;
+        let (mut parent, mut want) = noise_base(&mut s, 8, 100);
         // what the parent holds: what a delta is taken against
-        let mut want: Vec<Vec<u8>> = (0..8)
-            .map(|p| noise(100 + p))
-            .chain((8..16).map(|_| vec![0u8; PAGE]))
-            .collect();
+        want.resize(16, vec![0u8; PAGE]);
         let (mut deltas, mut folds) = (0, 0);
         for k in 0..800u64 {
             let mut w = s.begin_journaled(meta(Some(parent), false)).unwrap();
@@ -1192,17 +1192,7 @@ mod tests {
         }
         assert!(deltas > 1000, "{deltas} deltas put");
         assert!(folds >= 1, "{folds} background folds");
-        if let Some(done) = s.wait_background_fold() {
-            done.result.unwrap();
-        }
-        drop(s);
-        // the supervisor dies: a restore folds what the journal holds
-        fold_journal_at(d.path()).unwrap();
-        let s = Store::open(d.path()).unwrap();
-        assert_eq!(s.latest().unwrap().unwrap().id, parent);
-        for (p, bytes) in want.iter().enumerate() {
-            assert!(&read(d.path(), p as u64) == bytes, "page {p}");
-        }
+        dies_and_restores_as(s, d.path(), &parent, &want);
     }
 
     #[test]

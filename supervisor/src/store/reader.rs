@@ -777,6 +777,27 @@ impl SnapshotReader {
         &self.regions
     }
 
+    /// The index of the region named `name`.
+    pub fn region_index(&self, name: &str) -> Option<u32> {
+        self.regions
+            .iter()
+            .position(|m| m.name == name)
+            .map(|i| i as u32)
+    }
+
+    /// One page of the region named `name` into `out`, as `read_page`;
+    /// zeros if the snapshot has no such region (the page of a region that
+    /// came after it).
+    pub fn read_page_named(&self, name: &str, page: u64, out: &mut [u8]) -> Result<(), StoreError> {
+        match self.region_index(name) {
+            Some(i) => self.read_page(i, page, out),
+            None => {
+                out.fill(0);
+                Ok(())
+            }
+        }
+    }
+
     /// The non-zero pages of a region, ascending (none for a bad index).
     pub fn pages(&self, region: u32) -> impl Iterator<Item = u64> + '_ {
         self.pages

@@ -418,11 +418,7 @@ impl SnapshotWriter<'_> {
         deltas.sort_unstable_by_key(|(k, _)| *k);
         let mut page = vec![0u8; PAGE];
         for ((region, p), d) in deltas {
-            let name = &self.regions[region as usize].meta.name;
-            match base.regions().iter().position(|r| &r.name == name) {
-                Some(i) => base.read_page(i as u32, p, &mut page)?,
-                None => page.fill(0),
-            }
+            base.read_page_named(&self.regions[region as usize].meta.name, p, &mut page)?;
             super::delta::apply(&mut page, &d)
                 .map_err(|e| bad(self.store, format!("a delta: {e}")))?;
             self.put_page(region, p, &page)?;
