@@ -19,13 +19,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::error::StoreError;
 use super::fasthash::FastMap;
+use super::fold_pages::KeptPages;
 use super::format::{SnapshotId, from_unix_ns};
 use super::journal::{
     self, HEADER_BYTES, Journal, PageData, Record, RecordMeta, RecordPage, Scan, TornReason,
 };
 use super::manifest::ManifestRegion;
-use super::pack::{ChunkReader, IndexEntry};
-use super::reader::SnapshotReader;
 use super::writer::{NewSnapshot, Origin, SnapshotWriter, check_meta};
 use super::{Store, StoreLock};
 
@@ -187,13 +186,16 @@ impl Store {
             self.refresh_packs()?;
         }
         let mut kept = KeptPages::new(self, records)?;
+        // each record's index in the fold
+        let mut g = 0;
         for run in runs(records) {
             let (first, last) = (&run[0].meta, &run[run.len() - 1].meta);
             if self.manifest_path(&last.id).exists() {
                 // published by a fold that died before its reset: what
                 // later deltas apply to still follows its records
                 for r in run {
-                    kept.follow(&self.dir, r, &pages.pages(r)?)?;
+                    kept.follow(&self.dir, g, r, &pages.pages(r)?)?;
+                    g += 1;
                 }
                 rep.already += 1;
                 continue;
@@ -220,10 +222,11 @@ impl Store {
             let mut w = self.begin_unlocked(meta, Some(origin), None)?;
             for (k, r) in run.iter().enumerate() {
                 let ps = pages.pages(r)?;
-                kept.follow(&dir, r, &ps)?;
-                replay(&mut w, r, &ps, &kept, |reg, page| {
+                kept.follow(&dir, g, r, &ps)?;
+                replay(&mut w, (g, r), &ps, &mut kept, |reg, page| {
                     last_delta.get(&(reg, page)) == Some(&k)
                 })?;
+                g += 1;
             }
             w.commit()?;
             rep.published.push(last.id.clone());
@@ -547,15 +550,16 @@ fn journal_corrupt(path: &Path, t: TornReason) -> StoreError {
     }
 }
 
-/// One record's pages into the writer of its run.  A delta's page is put
-/// whole, as `kept` has it after this record, and only from the run's last
-/// record to hold it as a delta (`put_delta_here`): hashed and compressed
-/// once however many records changed it.
+/// One record's pages (record `g` of the fold) into the writer of its run.
+/// A delta's page is put whole, as `kept` rebuilds it after this record,
+/// and only from the run's last record to hold it as a delta
+/// (`put_delta_here`): hashed and compressed once however many records
+/// changed it.
 fn replay(
     w: &mut SnapshotWriter<'_>,
-    r: &Record,
+    (g, r): (usize, &Record),
     pages: &[RecordPage],
-    kept: &KeptPages,
+    kept: &mut KeptPages,
     put_delta_here: impl Fn(u32, u64) -> bool,
 ) -> Result<(), StoreError> {
     for (i, reg) in r.meta.regions.iter().enumerate() {
@@ -570,10 +574,10 @@ fn replay(
                 w.put_checked_chunk(p.region, p.page, *h, bytes, *flags)?
             }
             PageData::Delta(_) if put_delta_here(p.region, p.page) => {
-                let page = kept.page(r, p.region, p.page).ok_or_else(|| {
-                    journal_corrupt_detail(&w.store.dir, "a delta's page was not kept")
-                })?;
-                w.put_page(p.region, p.page, page)?
+                let dir = w.store.dir.clone();
+                kept.put_page(&dir, g, r, p.region, p.page, |page| {
+                    w.put_page(p.region, p.page, page)
+                })?
             }
             PageData::Delta(_) => {}
         }
@@ -591,166 +595,6 @@ fn last_deltas(run: &[Record]) -> FastMap<(u32, u64), usize> {
         }
     }
     m
-}
-
-fn journal_corrupt_detail(dir: &Path, detail: &str) -> StoreError {
-    StoreError::JournalCorrupt {
-        path: dir.to_path_buf(),
-        detail: detail.to_string(),
-    }
-}
-
-/// The pages a fold's records hold as deltas, their content kept as the
-/// records replay (by region name: indexes may differ between runs): a
-/// delta applies to the page as the record before it left it, or, for a
-/// page no record of the fold held yet, as the snapshot the first record
-/// follows has it (published: the journal is folded in order).  Only
-/// pages that some record holds as a delta are kept.
-struct KeptPages {
-    /// Region names, numbered for the keys below.
-    names: Vec<String>,
-    want: FastMap<(u16, u64), ()>,
-    pages: FastMap<(u16, u64), Box<[u8]>>,
-    /// Regions some record of the fold stored whole, or gave another shape
-    /// (they inherit nothing then): their pages not kept yet are zeros,
-    /// not the base's.
-    restarted: BTreeSet<u16>,
-    /// Each region's shape as the last record (or the base) had it.
-    shapes: FastMap<u16, super::manifest::RegionMeta>,
-    base: Option<SnapshotReader>,
-    chunks: Option<ChunkReader>,
-}
-
-impl KeptPages {
-    fn new(store: &Store, records: &[Record]) -> Result<KeptPages, StoreError> {
-        let mut k = KeptPages {
-            names: Vec::new(),
-            want: FastMap::default(),
-            pages: FastMap::default(),
-            restarted: BTreeSet::new(),
-            shapes: FastMap::default(),
-            base: None,
-            chunks: None,
-        };
-        for r in records {
-            for &(reg, page) in &r.delta_pages {
-                if let Some(m) = r.meta.regions.get(reg as usize) {
-                    let id = k.intern(&m.meta.name);
-                    k.want.insert((id, page), ());
-                }
-            }
-        }
-        if k.want.is_empty() {
-            return Ok(k);
-        }
-        if let Some(p) = records.first().and_then(|r| r.meta.parent.as_ref()) {
-            let base = store.open_snapshot(p)?;
-            for m in base.regions() {
-                let id = k.intern(&m.name);
-                k.shapes.insert(id, m.clone());
-            }
-            k.base = Some(base);
-        }
-        Ok(k)
-    }
-
-    fn intern(&mut self, name: &str) -> u16 {
-        match self.names.iter().position(|n| n == name) {
-            Some(i) => i as u16,
-            None => {
-                self.names.push(name.to_string());
-                (self.names.len() - 1) as u16
-            }
-        }
-    }
-
-    fn id(&self, name: &str) -> Option<u16> {
-        self.names.iter().position(|n| n == name).map(|i| i as u16)
-    }
-
-    /// The content of a page as `r` left it (after `follow(r)`).
-    fn page(&self, r: &Record, region: u32, page: u64) -> Option<&[u8]> {
-        let id = self.id(&r.meta.regions.get(region as usize)?.meta.name)?;
-        self.pages.get(&(id, page)).map(|b| &b[..])
-    }
-
-    /// What record `r` (its `pages`) does to the kept pages.
-    fn follow(&mut self, dir: &Path, r: &Record, pages: &[RecordPage]) -> Result<(), StoreError> {
-        if self.want.is_empty() {
-            return Ok(());
-        }
-        // the record's regions by number (None: no page of it is kept)
-        let mut ids = Vec::with_capacity(r.meta.regions.len());
-        for reg in &r.meta.regions {
-            let id = self.intern(&reg.meta.name);
-            let reshaped = self
-                .shapes
-                .get(&id)
-                .is_none_or(|m| !m.same_shape(&reg.meta));
-            if reshaped {
-                self.shapes.insert(id, reg.meta.clone());
-            }
-            if reg.whole || reshaped {
-                // inherits nothing: what the record does not hold is zeros
-                self.restarted.insert(id);
-                for ((n, _), content) in self.pages.iter_mut() {
-                    if *n == id {
-                        content.fill(0);
-                    }
-                }
-            }
-            ids.push(id);
-        }
-        for p in pages {
-            let Some(&id) = ids.get(p.region as usize) else {
-                return Err(journal_corrupt_detail(
-                    dir,
-                    "a page of a region the record does not have",
-                ));
-            };
-            let key = (id, p.page);
-            if !self.want.contains_key(&key) {
-                continue;
-            }
-            let mut content = match self.pages.remove(&key) {
-                Some(c) => c,
-                None => self.base_page(key)?,
-            };
-            match &p.data {
-                PageData::Zero => content.fill(0),
-                PageData::Chunk(h, flags, bytes) => {
-                    let e = IndexEntry {
-                        hash: *h,
-                        offset: 0,
-                        len: bytes.len() as u32,
-                        flags: *flags,
-                    };
-                    let c = match &mut self.chunks {
-                        Some(c) => c,
-                        None => self.chunks.insert(ChunkReader::new()?),
-                    };
-                    c.check_bytes(dir, &e, bytes, &mut content)?;
-                }
-                PageData::Delta(d) => super::delta::apply(&mut content, d)
-                    .map_err(|e| journal_corrupt_detail(dir, &format!("a delta: {e}")))?,
-            }
-            self.pages.insert(key, content);
-        }
-        Ok(())
-    }
-
-    /// A page no record of the fold held yet: the base snapshot's (zeros
-    /// in a region stored whole since, or one the base does not have).
-    fn base_page(&self, (id, page): (u16, u64)) -> Result<Box<[u8]>, StoreError> {
-        let mut out = vec![0u8; super::PAGE].into_boxed_slice();
-        if self.restarted.contains(&id) {
-            return Ok(out);
-        }
-        if let Some(b) = &self.base {
-            b.read_page_named(&self.names[id as usize], page, &mut out)?;
-        }
-        Ok(out)
-    }
 }
 
 /// Before a restore from `dir`: folds what its journal holds, so the
@@ -1251,5 +1095,43 @@ mod tests {
         let mut w2 = s.begin(meta(Some(base), false)).unwrap();
         assert!(!w2.takes_delta(0), "published, not journaled");
         w2.put_page(0, 2, &noise(3)).unwrap();
+    }
+
+    #[test]
+    fn a_fold_keeps_what_a_delta_page_is_built_from_not_its_content() {
+        use crate::store::delta;
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Store::create_or_open(d.path()).unwrap();
+        let (mut parent, mut want) = noise_base(&mut s, 16, 7);
+        for k in 0..5u64 {
+            let mut w = s.begin_journaled(meta(Some(parent), false)).unwrap();
+            for (p, page) in want.iter_mut().enumerate() {
+                let new = changed(page, p * 31 + k as usize * 7, 100, k * 16 + p as u64);
+                let mut dl = Vec::new();
+                delta::encode(page, &new, PAGE / 4, &mut dl).unwrap();
+                w.put_delta(0, p as u64, &dl).unwrap();
+                *page = new;
+            }
+            parent = w.commit().unwrap().id;
+        }
+        let scan = journal::scan_dir(d.path()).unwrap().unwrap();
+        assert_eq!(scan.records.len(), 5);
+        let mut pages = journal::PageReader::new(d.path());
+        let mut kept = KeptPages::new(&s, &scan.records).unwrap();
+        for (g, r) in scan.records.iter().enumerate() {
+            kept.follow(d.path(), g, r, &pages.pages(r).unwrap())
+                .unwrap();
+        }
+        // five deltas of about 110 bytes a page: kept as deltas, not pages
+        assert_eq!(kept.held(), (16, 0));
+        let last = scan.records.last().unwrap();
+        for p in 0..16u64 {
+            kept.put_page(d.path(), 4, last, 0, p, |got| {
+                assert_eq!(got, &want[p as usize][..], "page {p}");
+                Ok(())
+            })
+            .unwrap();
+        }
+        assert_eq!(kept.held(), (0, 0), "forgotten after their last delta");
     }
 }

@@ -16,6 +16,7 @@ pub mod delta;
 pub mod error;
 pub mod fasthash;
 pub mod fold;
+mod fold_pages;
 pub mod format;
 pub mod fsio;
 pub mod gc;
