@@ -14,8 +14,15 @@ Reported per run:
                share one CPU
   commit       medians over the journaled group commits of the run (the
                supervisor's `snapshot` events): SETs per commit, pages cut,
-               stop (the app frozen), put (hash, compress), commit
-               (record written, fdatasync)
+               pages as deltas, stop (the app frozen), put (hash,
+               compress), commit (record written, fdatasync)
+  rss          the supervisor's VmRSS over the benchmark (sampled every
+               50 ms): median and peak, MiB
+
+A build may carry environment settings for its supervisor after commas,
+so one build can be compared with itself under other settings:
+
+    python3 bench/sync_commit_profile.py build build,REKINDLE_SNAPSHOT_SHADOW_BYTES=67108864
 
 --perf records `perf record -g` on the server CPU during the benchmark of
 each run (its perf.data stays in the run's directory, kept with --keep):
@@ -33,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +55,50 @@ def cpu_ticks(pids):
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         t += int(fields[11]) + int(fields[12])
     return t
+
+
+def rss_mib(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return None
+
+
+class RssSampler(threading.Thread):
+    """A pid's VmRSS every 50 ms until stopped."""
+
+    def __init__(self, pid):
+        super().__init__(daemon=True)
+        self.pid, self.samples, self.done = pid, [], threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.05):
+            try:
+                v = rss_mib(self.pid)
+            except OSError:
+                return
+            if v is not None:
+                self.samples.append(v)
+
+    def result(self):
+        self.done.set()
+        self.join()
+        if not self.samples:
+            return {}
+        v = self.samples
+        return {"rss_median_mib": round(statistics.median(v)), "rss_peak_mib": round(max(v))}
+
+
+def parse_build(spec):
+    """DIR[,KEY=VALUE...]: a build directory and environment settings."""
+    path, *env = spec.split(",")
+    pairs = {}
+    for kv in env:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise argparse.ArgumentTypeError(f"{kv!r}: KEY=VALUE after a build's comma")
+        pairs[k] = v
+    return (Path(path).resolve(), pairs, spec)
 
 
 def commit_medians(events, t0_ns):
@@ -64,6 +116,7 @@ def commit_medians(events, t0_ns):
     return {
         "commits": len(js),
         "cut_pages": med("cut_pages"),
+        "delta_pages": med("delta_pages"),
         "stop_us": med("stop_us"),
         "put_us": med("put_us"),
         "commit_us": med("commit_us"),
@@ -71,11 +124,13 @@ def commit_medians(events, t0_ns):
     }
 
 
-def one_run(build, args, rnd):
+def one_run(spec, args, rnd):
+    build, env, name = spec
     wd = Path(tempfile.mkdtemp(prefix=f"sync-profile-r{rnd}-", dir=args.workdir))
     port = free_port()
     stack = RkvStack(build, wd, port, name="sync-profile", cpu=args.server_cpu, snapshot_dir=wd / "store",
                      interval="100ms", durability="sync")  # fmt: skip
+    stack.env.update(env)
     stack.start()
     try:
         stack.wait_serving()
@@ -90,6 +145,8 @@ def one_run(build, args, rnd):
                  "--", "sleep", str(args.perf_seconds)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
+        rss = RssSampler(stack.sup_pid)
+        rss.start()
         c0, t0_ns, t0 = cpu_ticks(pids), time.monotonic_ns(), time.monotonic()
         bench = ["redis-benchmark", "-p", str(port), "-c", "50", "-n", str(args.requests),
                  "-P", str(args.pipeline), "-t", "set", "-r", str(args.keys), "-d", "100", "-q"]  # fmt: skip
@@ -98,18 +155,20 @@ def one_run(build, args, rnd):
         )
         secs = time.monotonic() - t0
         c1 = cpu_ticks(pids)
+        rss_res = rss.result()
         if perf:
             perf.wait(timeout=args.perf_seconds + 60)
         line = [x for x in out.stdout.splitlines() if x.startswith("SET:")]
         rps = float(line[-1].split()[1]) if line else None
         tick = 1e6 / 100  # us per clock tick (USER_HZ)
         res = {
-            "build": str(build),
+            "build": name,
             "round": rnd,
             "set_per_s": rps,
             "seconds": round(secs, 2),
             "cpu_us_per_set": round((c1 - c0) * tick / args.requests, 2),
             **commit_medians(stack.events(), t0_ns),
+            **rss_res,
         }
         if res["commits"]:
             res["sets_per_commit"] = round(args.requests / res["commits"], 1)
@@ -123,7 +182,8 @@ def one_run(build, args, rnd):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("builds", nargs="+", type=Path, help="build directories (bin/rekindle, examples/rkv)")
+    ap.add_argument("builds", nargs="+", type=parse_build,
+                    help="build directories (bin/rekindle, examples/rkv): DIR[,KEY=VALUE...]")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--requests", type=int, default=300_000)
@@ -137,8 +197,7 @@ def main():
     ap.add_argument("--workdir", default=None, help="where the runs' directories go (default: a temp dir)")
     ap.add_argument("--json", action="store_true", help="one JSON object per run, then the summary")
     args = ap.parse_args()
-    args.builds = [b.resolve() for b in args.builds]
-    for b in args.builds:
+    for b, _, _ in args.builds:
         for f in ("bin/rekindle", "examples/rkv"):
             if not (b / f).exists():
                 ap.error(f"{b / f} missing: build it first (make all)")
@@ -150,16 +209,19 @@ def main():
             r = one_run(b, args, rnd)
             runs.append(r)
             print(json.dumps(r) if args.json else
-                  f"round {rnd} {b}: {r['set_per_s']} SET/s, {r['cpu_us_per_set']} us CPU/SET, "
-                  f"{r.get('sets_per_commit')} SETs/commit, pages {r.get('cut_pages')}, "
-                  f"stop {r.get('stop_us')} us, put {r.get('put_us')} us, commit {r.get('commit_us')} us",
+                  f"round {rnd} {b[2]}: {r['set_per_s']} SET/s, {r['cpu_us_per_set']} us CPU/SET, "
+                  f"{r.get('sets_per_commit')} SETs/commit, pages {r.get('cut_pages')} "
+                  f"({r.get('delta_pages')} deltas), stop {r.get('stop_us')} us, put {r.get('put_us')} us, "
+                  f"commit {r.get('commit_us')} us, "
+                  f"RSS {r.get('rss_median_mib')}/{r.get('rss_peak_mib')} MiB",
                   flush=True)  # fmt: skip
     summary = {}
-    for b in args.builds:
-        mine = [r for r in runs if r["build"] == str(b)]
-        summary[str(b)] = {
+    for _, _, name in args.builds:
+        mine = [r for r in runs if r["build"] == name]
+        summary[name] = {
             "set_per_s": statistics.median([r["set_per_s"] or 0 for r in mine]),
             "cpu_us_per_set": statistics.median([r["cpu_us_per_set"] for r in mine]),
+            "rss_peak_mib": max([r.get("rss_peak_mib") or 0 for r in mine]),
         }
     print(json.dumps({"medians": summary}) if args.json else f"medians: {json.dumps(summary)}")
 

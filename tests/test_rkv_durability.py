@@ -687,7 +687,7 @@ def test_sync_writes_through_many_reuses_of_both_journal_files_survive_the_stack
         back.close()
 
 
-@pytest.mark.parametrize("shadow", ["default", "0"])
+@pytest.mark.parametrize("shadow", ["default", "0", "checkpoints"])
 def test_sync_overwrites_journaled_as_deltas_survive_the_stack_dying(tmp_path, shadow):
     """Four clients overwrite 3,000 keys of 100-byte values again and again
     under `--durability sync` with 2 MiB journal files: a page written by
@@ -695,10 +695,14 @@ def test_sync_overwrites_journaled_as_deltas_survive_the_stack_dying(tmp_path, s
     that changed (`delta_pages` in the snapshot events), and the background
     folds rebuild the pages from the deltas.  Then the stack is SIGKILLed,
     and a restore finds every acknowledged write, byte for byte.  With
-    REKINDLE_SNAPSHOT_SHADOW_BYTES=0 no page is journaled as a delta."""
+    REKINDLE_SNAPSHOT_SHADOW_BYTES=0 no page is journaled as a delta.
+    "checkpoints": `rekindle checkpoint --wait` publishes snapshots between
+    the group commits, and the commits right after them still go as
+    deltas (the shadow follows a published snapshot of the snapshot it is
+    of)."""
     store = tmp_path / "store"
     env = {"REKINDLE_JOURNAL_BYTES": str(2 << 20)}
-    if shadow != "default":
+    if shadow == "0":
         env["REKINDLE_SNAPSHOT_SHADOW_BYTES"] = shadow
     r = Rkv(
         tmp_path / "a", "--durability", "sync", supervised=True, env=env,
@@ -718,14 +722,30 @@ def test_sync_overwrites_journaled_as_deltas_survive_the_stack_dying(tmp_path, s
             400_000,
         )
 
+    refused = []
+
+    def checkpoints():
+        while not stop.wait(0.3):
+            p = rekindle("checkpoint", "rkv", "--wait", "--json", env=r.env)
+            if p.returncode != 0:
+                refused.append(p.stdout + p.stderr)
+
     ws = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(4)]
+    if shadow == "checkpoints":
+        ws.append(threading.Thread(target=checkpoints, daemon=True))
     for w in ws:
         w.start()
-    load_until_folds(r, 2, 5)
+    # with checkpoints, each publishes what the journal holds (no file fills)
+    load_until_folds(r, 0 if shadow == "checkpoints" else 2, 5)
     stop.set()
     for w in ws:
         w.join(timeout=30)
-    snaps = [e for e in r.supervisor_events("snapshot") if e.get("journaled")]
+    every = r.supervisor_events("snapshot")
+    snaps = [e for e in every if e.get("journaled")]
+    # the first group commit after each published snapshot
+    after_published = [
+        b for a, b in zip(every, every[1:], strict=False) if not a.get("journaled") and b.get("journaled")
+    ]
     folds = background_folds(r)
     failed = r.supervisor_events("snapshot_failed")
     c = r.client()
@@ -741,7 +761,13 @@ def test_sync_overwrites_journaled_as_deltas_survive_the_stack_dying(tmp_path, s
         assert deltas == 0, deltas
     else:
         assert deltas > 1000, f"{deltas} pages journaled as deltas in {len(snaps)} commits"
+    if shadow == "default":
         assert len(folds) >= 2, f"{len(folds)} background folds of delta records"
+    if shadow == "checkpoints":
+        assert not refused, refused
+        assert len(after_published) >= 5, f"{len(after_published)} group commits right after a checkpoint"
+        first = sum(e.get("delta_pages", 0) for e in after_published)
+        assert first > 0, f"no delta in the {len(after_published)} group commits right after a checkpoint"
     back = restored(tmp_path / "b", store)
     try:
         assert back.wait_log("ready")["start"] == "warm"

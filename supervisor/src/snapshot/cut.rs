@@ -774,10 +774,11 @@ pub fn take(
     touched_out: &mut HashMap<String, BTreeSet<u64>>,
 ) -> Result<Done, Failure> {
     let t0 = Instant::now();
-    // kept by a journaled delta of the snapshot it is of, only
+    // kept by an incremental snapshot of the snapshot it is of
     shadow.begin(
         plan.parent.as_ref(),
-        plan.journal && !plan.force_full && plan.baseline.is_none(),
+        !plan.force_full && plan.baseline.is_none(),
+        plan.journal,
     );
     let mut t = Taking {
         writer: None,

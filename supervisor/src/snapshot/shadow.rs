@@ -4,10 +4,12 @@
 //! docs/store.md, "Delta records".
 //!
 //! The shadow only ever holds exact content: a page is in it as the
-//! snapshot `of` has it, or not at all.  What a journaled snapshot puts is
-//! staged and becomes the shadow when that snapshot is committed; any
-//! other snapshot (published: a full one, one against a baseline, an
-//! interval's), a failed one, or one of another parent empties it.  So it
+//! snapshot `of` has it, or not at all.  What a snapshot puts is staged and
+//! becomes the shadow when that snapshot is committed.  A journaled
+//! incremental snapshot of `of` keeps the shadow; so does a published one
+//! (an interval's, one asked for) once the shadow holds pages, so that the
+//! group commits after it still go as deltas.  A full snapshot, one against
+//! a baseline, a failed one, or one of another parent empties it.  So it
 //! holds the pages an app's group commits write (rkv `--durability sync`),
 //! and nothing for an app that is only snapshotted.  Bounded by
 //! `REKINDLE_SNAPSHOT_SHADOW_BYTES` (default 256 MiB, 0: no deltas).  At
@@ -80,17 +82,20 @@ impl Shadow {
         }
     }
 
-    /// Before a snapshot whose parent is `parent`: `journaled`, a journaled
-    /// delta of it (not a full snapshot, not one against a baseline, not a
-    /// published one).  Only such a snapshot keeps the shadow, and only if
-    /// the shadow is of its parent.
-    pub fn begin(&mut self, parent: Option<&SnapshotId>, journaled: bool) {
+    /// Before a snapshot whose parent is `parent`: `incremental`, a delta
+    /// of it (not a full snapshot, not one against a baseline);
+    /// `journaled`, its record goes to the journal.  The shadow is kept by
+    /// an incremental snapshot of the snapshot it is of: a journaled one,
+    /// or a published one if the shadow holds pages.
+    pub fn begin(&mut self, parent: Option<&SnapshotId>, incremental: bool, journaled: bool) {
         let staged: Vec<u32> = self.staged.drain().map(|(_, s)| s).collect();
         self.free.extend(staged);
-        if !journaled || parent.is_none() || self.of.as_ref() != parent {
+        let of_parent = parent.is_some() && self.of.as_ref() == parent;
+        let keeps = incremental && of_parent && (journaled || !self.index.is_empty());
+        if !keeps {
             self.clear();
         }
-        self.active = journaled && self.cap_pages > 0;
+        self.active = incremental && (journaled || keeps) && self.cap_pages > 0;
     }
 
     /// Forgets every page and gives the memory back.
@@ -246,13 +251,13 @@ mod tests {
     #[test]
     fn pages_become_the_shadow_once_committed_and_only_for_their_child() {
         let mut s = Shadow::new(4 * PAGE);
-        s.begin(None, true);
+        s.begin(None, true, true);
         s.stage("a", 1, &[1u8; PAGE]);
         assert!(s.get("a", 1).is_none(), "not before the commit");
         s.commit(id(1), &[]);
         assert_eq!(s.get("a", 1), Some(&[1u8; PAGE][..]));
         // a delta of snapshot 1 keeps it; one of another parent does not
-        s.begin(Some(&id(1)), true);
+        s.begin(Some(&id(1)), true, true);
         s.stage("a", 1, &[2u8; PAGE]);
         s.stage("a", 2, &[3u8; PAGE]);
         assert_eq!(
@@ -262,47 +267,75 @@ mod tests {
         );
         s.commit(id(2), &[]);
         assert_eq!(s.get("a", 1), Some(&[2u8; PAGE][..]));
-        s.begin(Some(&id(1)), true);
+        s.begin(Some(&id(1)), true, true);
         assert!(s.is_empty(), "snapshot 1 is not what the shadow is of");
     }
 
     #[test]
     fn a_failed_full_or_fresh_snapshot_leaves_nothing_stale() {
         let mut s = Shadow::new(4 * PAGE);
-        s.begin(None, true);
+        s.begin(None, true, true);
         s.stage("a", 1, &[1u8; PAGE]);
         s.stage("b", 1, &[1u8; PAGE]);
         s.commit(id(1), &[]);
         // a failure: the engine clears
-        s.begin(Some(&id(1)), true);
+        s.begin(Some(&id(1)), true, true);
         s.stage("a", 1, &[9u8; PAGE]);
         s.clear();
         assert!(s.get("a", 1).is_none());
-        // a published snapshot (full, an interval's) empties it and keeps nothing
-        s.begin(None, true);
+        // a full snapshot, or one against a baseline, empties it
+        s.begin(None, true, true);
         s.stage("a", 1, &[1u8; PAGE]);
         s.commit(id(3), &[]);
-        s.begin(Some(&id(3)), false);
+        s.begin(Some(&id(3)), false, false);
         assert!(s.is_empty());
         s.stage("a", 1, &[1u8; PAGE]);
         s.commit(id(4), &[]);
-        s.begin(Some(&id(4)), true);
-        assert!(s.is_empty(), "nothing kept from a published snapshot");
+        s.begin(Some(&id(4)), true, true);
+        assert!(s.is_empty(), "nothing kept from a full snapshot");
         // a region stored whole keeps only what this snapshot put
         s.stage("a", 1, &[1u8; PAGE]);
         s.stage("b", 1, &[1u8; PAGE]);
         s.commit(id(5), &[]);
-        s.begin(Some(&id(5)), true);
+        s.begin(Some(&id(5)), true, true);
         s.stage("b", 2, &[5u8; PAGE]);
         s.commit(id(6), &["b".to_string()]);
         assert!(s.get("b", 1).is_none() && s.get("b", 2).is_some() && s.get("a", 1).is_some());
     }
 
     #[test]
+    fn a_published_snapshot_between_group_commits_keeps_and_updates_it() {
+        let mut s = Shadow::new(4 * PAGE);
+        // an app only snapshotted: nothing kept
+        s.begin(None, true, false);
+        s.stage("a", 1, &[1u8; PAGE]);
+        s.commit(id(1), &[]);
+        assert!(s.is_empty());
+        // group commits, then an interval's published snapshot of them
+        s.begin(Some(&id(1)), true, true);
+        s.stage("a", 1, &[2u8; PAGE]);
+        s.stage("a", 2, &[2u8; PAGE]);
+        s.commit(id(2), &[]);
+        s.begin(Some(&id(2)), true, false);
+        s.stage("a", 2, &[3u8; PAGE]);
+        assert_eq!(
+            s.get("a", 2),
+            Some(&[2u8; PAGE][..]),
+            "the parent's until the commit"
+        );
+        s.commit(id(3), &[]);
+        assert_eq!(s.get("a", 1), Some(&[2u8; PAGE][..]));
+        assert_eq!(s.get("a", 2), Some(&[3u8; PAGE][..]));
+        // a published one of another parent empties it
+        s.begin(Some(&id(2)), true, false);
+        assert!(s.is_empty());
+    }
+
+    #[test]
     fn at_the_bound_known_pages_stay_and_new_ones_stay_out() {
         // 16 pages: 2 held back for the new versions of known pages
         let mut s = Shadow::new(16 * PAGE);
-        s.begin(None, true);
+        s.begin(None, true, true);
         for p in 0..20 {
             s.stage("a", p, &[p as u8; PAGE]);
         }
@@ -310,7 +343,7 @@ mod tests {
         assert_eq!(s.len(), 14, "new pages stop below the reserve");
         assert!(s.get("a", 14).is_none());
         // a known page that changes keeps its place; a new one stays out
-        s.begin(Some(&id(1)), true);
+        s.begin(Some(&id(1)), true, true);
         s.stage("a", 3, &[42u8; PAGE]);
         s.stage("a", 15, &[15u8; PAGE]);
         s.commit(id(2), &[]);
@@ -319,7 +352,7 @@ mod tests {
         assert_eq!(s.len(), 14);
         // more known pages changed than the reserve holds: the one past it
         // is forgotten, never kept stale, and the others are kept
-        s.begin(Some(&id(2)), true);
+        s.begin(Some(&id(2)), true, true);
         for p in 0..3 {
             s.stage("a", p, &[100 + p as u8; PAGE]);
         }
@@ -331,7 +364,7 @@ mod tests {
         assert_eq!(kept.len(), 2, "{kept:?}");
         assert_eq!(s.len(), 13);
         let mut off = Shadow::new(0);
-        off.begin(None, true);
+        off.begin(None, true, true);
         off.stage("a", 1, &[1u8; PAGE]);
         off.commit(id(1), &[]);
         assert!(off.get("a", 1).is_none(), "0: no shadow");
