@@ -14,8 +14,9 @@ Reported per run:
                share one CPU
   commit       medians over the journaled group commits of the run (the
                supervisor's `snapshot` events): SETs per commit, pages cut,
-               pages as deltas, stop (the app frozen), put (hash,
-               compress), commit (record written, fdatasync)
+               pages as deltas, stop (the app frozen; of it the freeze,
+               the scan and the cut's copy), put (hash, compress),
+               commit (record written, fdatasync)
   rss          the supervisor's VmRSS over the benchmark (sampled every
                50 ms): median and peak, MiB
 
@@ -118,6 +119,9 @@ def commit_medians(events, t0_ns):
         "cut_pages": med("cut_pages"),
         "delta_pages": med("delta_pages"),
         "stop_us": med("stop_us"),
+        "freeze_us": med("freeze_us"),
+        "scan_us": med("scan_us"),
+        "cut_copy_us": med("cut_copy_us"),
         "put_us": med("put_us"),
         "commit_us": med("commit_us"),
         "took_us": med("took_us"),
