@@ -466,10 +466,11 @@ fn put_staged(
             .is_some_and(|old| store::delta::encode(old, bytes, DELTA_MAX, delta_buf).is_some());
     if delta {
         w.put_delta(region, page, delta_buf)?;
+        shadow.stage_delta(name, page, delta_buf);
     } else {
         w.put_page(region, page, bytes)?;
+        shadow.stage(name, page, bytes);
     }
-    shadow.stage(name, page, bytes);
     Ok(())
 }
 

@@ -12,12 +12,15 @@
 //! a baseline, a failed one, or one of another parent empties it.  So it
 //! holds the pages an app's group commits write (rkv `--durability sync`),
 //! and nothing for an app that is only snapshotted.  Bounded by
-//! `REKINDLE_SNAPSHOT_SHADOW_BYTES` (default 256 MiB, 0: no deltas).  At
-//! its bound it keeps the pages it has: a new page stays out (its next
-//! change is journaled whole), and an eighth of the bound is held back for
-//! the new versions of pages it knows, which a snapshot stages beside the
-//! old ones until it is committed.  Giving a known page's memory to a new
-//! one instead made it churn: every copy paid, few deltas gained.
+//! `REKINDLE_SNAPSHOT_SHADOW_BYTES` (default 256 MiB, 0: no deltas).
+//!
+//! A known page put as a delta is staged as that delta and applied to the
+//! page in place at the commit; a page put whole is staged in a slot of its
+//! own beside the old version.  At its bound the shadow keeps the pages it
+//! has: a new page stays out (its next change is journaled whole), and an
+//! eighth of the bound is held back for known pages put whole.  Giving a
+//! known page's memory to a new one instead made it churn: every copy
+//! paid, few deltas gained.
 
 use crate::store::SnapshotId;
 use crate::store::fasthash::FastMap;
@@ -51,12 +54,24 @@ type Key = (u16, u64);
 /// pages where the kernel gives them: the shadow is read at random).
 const CHUNK_PAGES: usize = 1024;
 
+/// A page's new version, staged until the snapshot is committed.
+enum Staged {
+    /// The whole page, in a slot of its own.
+    Slot(u32),
+    /// The bytes that changed since the version the shadow holds
+    /// (`deltas[at..at + len]`), applied to it in place at the commit: a
+    /// known page's new version costs neither a slot nor a page's copy
+    /// into memory the cache does not hold.
+    Delta { at: u32, len: u32 },
+}
+
 pub struct Shadow {
     /// Pages as the snapshot `of` holds them: their slots.
     index: FastMap<Key, u32>,
     of: Option<SnapshotId>,
     /// What the snapshot being taken put, for the shadow once committed.
-    staged: FastMap<Key, u32>,
+    staged: FastMap<Key, Staged>,
+    deltas: Vec<u8>,
     /// The snapshot being taken keeps the shadow (a journaled delta of it).
     active: bool,
     names: Vec<String>,
@@ -73,6 +88,7 @@ impl Shadow {
             index: FastMap::default(),
             of: None,
             staged: FastMap::default(),
+            deltas: Vec::new(),
             active: false,
             names: Vec::new(),
             chunks: Vec::new(),
@@ -88,8 +104,7 @@ impl Shadow {
     /// an incremental snapshot of the snapshot it is of: a journaled one,
     /// or a published one if the shadow holds pages.
     pub fn begin(&mut self, parent: Option<&SnapshotId>, incremental: bool, journaled: bool) {
-        let staged: Vec<u32> = self.staged.drain().map(|(_, s)| s).collect();
-        self.free.extend(staged);
+        self.unstage();
         let of_parent = parent.is_some() && self.of.as_ref() == parent;
         let keeps = incremental && of_parent && (journaled || !self.index.is_empty());
         if !keeps {
@@ -98,10 +113,21 @@ impl Shadow {
         self.active = incremental && (journaled || keeps) && self.cap_pages > 0;
     }
 
+    /// Drops what was staged (a snapshot not committed).
+    fn unstage(&mut self) {
+        for (_, st) in self.staged.drain() {
+            if let Staged::Slot(s) = st {
+                self.free.push(s);
+            }
+        }
+        self.deltas.clear();
+    }
+
     /// Forgets every page and gives the memory back.
     pub fn clear(&mut self) {
         self.index.clear();
         self.staged.clear();
+        self.deltas.clear();
         self.of = None;
         self.active = false;
         self.names.clear();
@@ -171,27 +197,22 @@ impl Shadow {
     /// one it knows and cannot keep (a snapshot that changed more known
     /// pages than the reserve holds) is forgotten (it would be stale).
     pub fn stage(&mut self, region: &str, page: u64, bytes: &[u8]) {
-        if !self.active {
+        let Some(key) = self.staged_key(region, page) else {
             return;
-        }
-        let id = match self.name_id(region) {
-            Some(id) => id,
-            None if self.names.len() < u16::MAX as usize => {
-                self.names.push(region.to_string());
-                (self.names.len() - 1) as u16
-            }
-            None => return,
         };
-        let key = (id, page);
-        if let Some(&s) = self.staged.get(&key) {
-            self.slot_mut(s).copy_from_slice(bytes);
-            return;
+        match self.staged.remove(&key) {
+            Some(Staged::Slot(s)) => {
+                self.slot_mut(s).copy_from_slice(bytes);
+                self.staged.insert(key, Staged::Slot(s));
+                return;
+            }
+            Some(Staged::Delta { .. }) | None => {}
         }
         let known = self.index.contains_key(&key);
         match self.take_slot(known) {
             Some(s) => {
                 self.slot_mut(s).copy_from_slice(bytes);
-                self.staged.insert(key, s);
+                self.staged.insert(key, Staged::Slot(s));
             }
             None => {
                 if let Some(old) = self.index.remove(&key) {
@@ -199,6 +220,46 @@ impl Shadow {
                 }
             }
         }
+    }
+
+    /// The snapshot being taken puts this page as `delta` against the
+    /// version the shadow holds (`get`'s): applied to it at the commit.
+    pub fn stage_delta(&mut self, region: &str, page: u64, delta: &[u8]) {
+        let Some(key) = self.staged_key(region, page) else {
+            return;
+        };
+        if let Some(Staged::Slot(s)) = self.staged.remove(&key) {
+            self.free.push(s);
+        }
+        if !self.index.contains_key(&key) {
+            return; // not what the delta was taken against
+        }
+        let at = self.deltas.len() as u32;
+        self.deltas.extend_from_slice(delta);
+        self.staged.insert(
+            key,
+            Staged::Delta {
+                at,
+                len: delta.len() as u32,
+            },
+        );
+    }
+
+    /// The key of a page staged now (None: no snapshot keeps the shadow,
+    /// or too many regions).
+    fn staged_key(&mut self, region: &str, page: u64) -> Option<Key> {
+        if !self.active {
+            return None;
+        }
+        let id = match self.name_id(region) {
+            Some(id) => id,
+            None if self.names.len() < u16::MAX as usize => {
+                self.names.push(region.to_string());
+                (self.names.len() - 1) as u16
+            }
+            None => return None,
+        };
+        Some((id, page))
     }
 
     /// The snapshot was committed as `id`: what it put is the shadow now,
@@ -223,11 +284,30 @@ impl Shadow {
                 keep
             });
         }
-        for (k, s) in self.staged.drain() {
-            if let Some(old) = self.index.insert(k, s) {
-                self.free.push(old);
+        let staged = std::mem::take(&mut self.staged);
+        for (k, st) in staged {
+            match st {
+                Staged::Slot(s) => {
+                    if let Some(old) = self.index.insert(k, s) {
+                        self.free.push(old);
+                    }
+                }
+                Staged::Delta { at, len } => {
+                    let Some(&s) = self.index.get(&k) else {
+                        continue; // its region was stored whole
+                    };
+                    let d = &self.deltas[at as usize..(at + len) as usize];
+                    let (c, i) = (s as usize / CHUNK_PAGES, s as usize % CHUNK_PAGES);
+                    let page = &mut self.chunks[c][i * PAGE..(i + 1) * PAGE];
+                    if crate::store::delta::apply(page, d).is_err() {
+                        // never kept stale (the writer checked it already)
+                        self.index.remove(&k);
+                        self.free.push(s);
+                    }
+                }
             }
         }
+        self.deltas.clear();
         self.of = Some(id);
     }
 
@@ -329,6 +409,59 @@ mod tests {
         // a published one of another parent empties it
         s.begin(Some(&id(2)), true, false);
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_delta_is_applied_to_the_page_at_the_commit() {
+        use crate::store::delta;
+        let mut s = Shadow::new(4 * PAGE);
+        s.begin(None, true, true);
+        s.stage("a", 1, &[1u8; PAGE]);
+        s.stage("a", 2, &[1u8; PAGE]);
+        s.commit(id(1), &[]);
+        let mut new = vec![1u8; PAGE];
+        new[100..140].fill(7);
+        let mut d = Vec::new();
+        delta::encode(&[1u8; PAGE], &new, PAGE, &mut d).unwrap();
+        s.begin(Some(&id(1)), true, true);
+        s.stage_delta("a", 1, &d);
+        // a page staged whole and then as a delta: the delta wins
+        s.stage("a", 2, &[9u8; PAGE]);
+        s.stage_delta("a", 2, &d);
+        assert_eq!(
+            s.get("a", 1),
+            Some(&[1u8; PAGE][..]),
+            "the parent's until the commit"
+        );
+        s.commit(id(2), &[]);
+        assert_eq!(s.get("a", 1), Some(&new[..]));
+        assert_eq!(s.get("a", 2), Some(&new[..]));
+        // a delta and then the whole page: the page wins; an uncommitted
+        // delta changes nothing
+        s.begin(Some(&id(2)), true, true);
+        s.stage_delta("a", 1, &d);
+        s.stage("a", 1, &[3u8; PAGE]);
+        s.stage_delta("a", 2, &[1, 0, 0, 0, 1, 0, 5]);
+        s.commit(id(3), &[]);
+        assert_eq!(s.get("a", 1), Some(&[3u8; PAGE][..]));
+        assert_eq!(
+            s.get("a", 2),
+            Some(
+                &{
+                    let mut p = new.clone();
+                    p[0] = 5;
+                    p
+                }[..]
+            )
+        );
+        s.begin(Some(&id(3)), true, true);
+        s.stage_delta("a", 2, &d);
+        s.begin(Some(&id(3)), true, true);
+        assert_eq!(
+            s.get("a", 2).map(|p| p[0]),
+            Some(5),
+            "not committed: not applied"
+        );
     }
 
     #[test]
