@@ -480,7 +480,7 @@ struct Taking<'s, 'h> {
     store: Option<&'s mut Store>,
     held: &'h HashMap<String, HeldRegion>,
     layout: Option<Layout>,
-    staging: Staging,
+    staging: &'h mut Staging,
     /// Pages as the parent holds them: a journaled page is put as a delta
     /// against its shadow when it has one.
     shadow: &'h mut Shadow,
@@ -488,8 +488,10 @@ struct Taking<'s, 'h> {
     full: bool,
     plan_meta: Option<NewSnapshot>,
     journal: bool,
-    /// Every page copied (region, page): carried to the next snapshot if this one is abandoned.
-    pub touched: HashMap<String, BTreeSet<u64>>,
+    /// Every page copied, as runs (region, first page, end page): carried
+    /// to the next snapshot if this one is abandoned.  Runs, not pages: a
+    /// cut copies hundreds of pages while the app is stopped.
+    touched: Vec<(u32, u64, u64)>,
     copy_buf: Vec<u8>,
     skip_zero: bool,
     /// Pages copied by reading whole regions (a full snapshot).
@@ -552,13 +554,13 @@ impl<'s, 'h> Taking<'s, 'h> {
 
     /// Copies pages [from, to) (offsets in region idx's memfd) into staging.
     fn copy_pages(&mut self, idx: u32, from: u64, to: u64) -> Result<u64, Failure> {
-        let (name, fd) = {
+        let fd = {
             let r = &self.layout.as_ref().ok_or(Failure::LayoutChanged)?.regions[idx as usize];
             let h = self
                 .held
                 .get(&r.name)
                 .ok_or_else(|| Failure::NoFd(r.name.clone()))?;
-            (r.name.clone(), h.fd.as_raw_fd())
+            h.fd.as_raw_fd()
         };
         const BATCH: u64 = 64 * PAGE as u64;
         let mut copied = 0;
@@ -567,7 +569,7 @@ impl<'s, 'h> Taking<'s, 'h> {
             let n = (to - off).min(BATCH) as usize;
             self.copy_buf.resize(n, 0);
             pread_full(fd, &mut self.copy_buf[..n], off).map_err(|err| Failure::Read {
-                region: name.clone(),
+                region: self.region_name(idx),
                 err,
             })?;
             for i in 0..n / PAGE {
@@ -583,12 +585,20 @@ impl<'s, 'h> Taking<'s, 'h> {
                 }
                 let bytes = &self.copy_buf[i * PAGE..(i + 1) * PAGE];
                 self.staging.put(idx, page, bytes);
-                self.touched.entry(name.clone()).or_default().insert(page);
                 copied += 1;
             }
             off += n as u64;
         }
+        self.touched
+            .push((idx, from / PAGE as u64, to.div_ceil(PAGE as u64)));
         Ok(copied)
+    }
+
+    fn region_name(&self, idx: u32) -> String {
+        self.layout
+            .as_ref()
+            .and_then(|l| l.regions.get(idx as usize))
+            .map_or_else(String::new, |r| r.name.clone())
     }
 
     /// Reads region idx whole, as `copy_whole`, but keeps only the pages
@@ -626,7 +636,7 @@ impl<'s, 'h> Taking<'s, 'h> {
                 region: name.clone(),
                 err,
             })?;
-            self.stage(idx, &name, p, &page)?;
+            self.stage(idx, p, &page)?;
             n += 1;
         }
         // pages the snapshot had that are zero now: inside the data, or in
@@ -644,7 +654,7 @@ impl<'s, 'h> Taking<'s, 'h> {
         cursor.rest(&mut gone);
         for &p in &gone {
             if p * (PAGE as u64) < len {
-                self.stage(idx, &name, p, &zero)?;
+                self.stage(idx, p, &zero)?;
                 n += 1;
             }
         }
@@ -653,15 +663,12 @@ impl<'s, 'h> Taking<'s, 'h> {
     }
 
     /// One page into staging (flushed to the writer first when full).
-    fn stage(&mut self, idx: u32, name: &str, page: u64, bytes: &[u8]) -> Result<(), Failure> {
+    fn stage(&mut self, idx: u32, page: u64, bytes: &[u8]) -> Result<(), Failure> {
         if self.staging.is_full() {
             self.flush()?;
         }
         self.staging.put(idx, page, bytes);
-        self.touched
-            .entry(name.to_string())
-            .or_default()
-            .insert(page);
+        self.touched.push((idx, page, page + 1));
         Ok(())
     }
 
@@ -771,10 +778,11 @@ pub fn take(
     held: &HashMap<String, HeldRegion>,
     store: &mut Store,
     plan: Plan<'_>,
-    shadow: &mut Shadow,
+    (shadow, staging): (&mut Shadow, &mut Staging),
     touched_out: &mut HashMap<String, BTreeSet<u64>>,
 ) -> Result<Done, Failure> {
     let t0 = Instant::now();
+    staging.begin(plan.staging_bytes);
     // kept by an incremental snapshot of the snapshot it is of
     shadow.begin(
         plan.parent.as_ref(),
@@ -786,13 +794,13 @@ pub fn take(
         store: Some(store),
         held,
         layout: None,
-        staging: Staging::new(plan.staging_bytes),
+        staging,
         shadow,
         delta_buf: Vec::new(),
         full: plan.force_full || plan.parent.is_none(),
         plan_meta: None,
         journal: plan.journal,
-        touched: HashMap::new(),
+        touched: Vec::new(),
         copy_buf: Vec::new(),
         skip_zero: false,
         whole_pages: 0,
@@ -806,9 +814,17 @@ pub fn take(
         Ok(d) => t.shadow.commit(d.info.id.clone(), &d.fresh_regions),
         Err(_) => t.shadow.clear(),
     }
+    t.staging.trim();
     if r.is_err() {
-        for (k, v) in std::mem::take(&mut t.touched) {
-            touched_out.entry(k).or_default().extend(v);
+        if let Some(l) = &t.layout {
+            for &(idx, from, to) in &t.touched {
+                if let Some(r) = l.regions.get(idx as usize) {
+                    touched_out
+                        .entry(r.name.clone())
+                        .or_default()
+                        .extend(from..to);
+                }
+            }
         }
         if let Some(w) = t.writer.take() {
             w.abort();
@@ -1319,12 +1335,13 @@ mod tests {
             .unwrap_or_else(|| panic!("the arena has a baseline region"))
             .to_vec();
         let mut shadow = Shadow::new(0);
+        let mut staging = Staging::new(1 << 20);
         let mut t = Taking {
             writer: None,
             store: Some(&mut store),
             held: &held,
             layout: Some(layout),
-            staging: Staging::new(1 << 20),
+            staging: &mut staging,
             shadow: &mut shadow,
             delta_buf: Vec::new(),
             full: false,
@@ -1338,7 +1355,7 @@ mod tests {
                 tags: Vec::new(),
                 regions: metas,
             }),
-            touched: HashMap::new(),
+            touched: Vec::new(),
             copy_buf: Vec::new(),
             skip_zero: false,
             whole_pages: 0,

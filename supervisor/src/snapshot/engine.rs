@@ -220,6 +220,7 @@ impl Handle {
             epoch: 0,
             carry: HashMap::new(),
             shadow: super::shadow::Shadow::new(super::shadow::shadow_bytes()),
+            staging: super::staging::Staging::new(0),
             force_full: true,
             next_due: None,
             waiting: Vec::new(),
@@ -301,6 +302,9 @@ struct Engine {
     carry: HashMap<String, BTreeSet<u64>>,
     /// Pages as the newest snapshot holds them (delta records).
     shadow: super::shadow::Shadow,
+    /// Where a snapshot's pages wait for the cut to complete (its memory
+    /// kept from one snapshot to the next).
+    staging: super::staging::Staging,
     force_full: bool,
     next_due: Option<Instant>,
     waiting: Vec<(u64, Vec<String>)>,
@@ -954,7 +958,7 @@ impl Engine {
             &self.held,
             store,
             plan,
-            &mut self.shadow,
+            (&mut self.shadow, &mut self.staging),
             &mut touched,
         );
         self.agent = Some(link);

@@ -3,15 +3,23 @@
 //! again during it) is written to the store once.  Bounded: when it is full
 //! its pages go to the store writer early (a page staged again later simply
 //! replaces the one written: the writer keeps the last).
+//!
+//! One staging serves the engine's snapshots one after the other, and keeps
+//! its memory between them up to `KEEP_BYTES`: a group commit copies its
+//! pages while the app is stopped, and memory new to the process costs a
+//! page fault and the kernel's zeroing per page, more than the copy itself.
 
-use std::collections::HashMap;
+use crate::store::fasthash::FastMap;
+
+/// Memory kept between snapshots at most; a larger staging gives it back.
+const KEEP_BYTES: usize = 16 << 20;
 
 pub const PAGE: usize = 4096;
 
 pub struct Staging {
     data: Vec<u8>,
     keys: Vec<(u32, u64)>,
-    slot: HashMap<(u32, u64), usize>,
+    slot: FastMap<(u32, u64), usize>,
     cap_pages: usize,
     /// Most bytes held at once during this snapshot.
     pub peak_bytes: usize,
@@ -22,9 +30,27 @@ impl Staging {
         Staging {
             data: Vec::new(),
             keys: Vec::new(),
-            slot: HashMap::new(),
+            slot: FastMap::default(),
             cap_pages: (cap_bytes / PAGE).max(1),
             peak_bytes: 0,
+        }
+    }
+
+    /// Empty, for a new snapshot bounded by `cap_bytes`.
+    pub fn begin(&mut self, cap_bytes: usize) {
+        self.keys.clear();
+        self.slot.clear();
+        self.data.clear();
+        self.cap_pages = (cap_bytes / PAGE).max(1);
+        self.peak_bytes = 0;
+    }
+
+    /// After a snapshot: more memory than `KEEP_BYTES` goes back.
+    pub fn trim(&mut self) {
+        if self.data.capacity() > KEEP_BYTES {
+            self.data = Vec::new();
+            self.keys = Vec::new();
+            self.slot = FastMap::default();
         }
     }
 
@@ -77,6 +103,30 @@ impl Staging {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_staging_serves_the_next_snapshot_and_gives_back_what_is_large() {
+        let mut s = Staging::new(4 * PAGE);
+        s.put(0, 1, &[1u8; PAGE]);
+        s.begin(2 * PAGE);
+        assert!(
+            s.is_empty() && s.peak_bytes == 0,
+            "begin forgets the last snapshot's pages"
+        );
+        s.put(0, 2, &[2u8; PAGE]);
+        s.put(0, 3, &[3u8; PAGE]);
+        assert!(s.is_full(), "the new bound holds");
+        s.trim();
+        assert_eq!(s.len(), 2, "a small staging keeps its memory");
+        let mut big = Staging::new(KEEP_BYTES * 2);
+        for p in 0..(KEEP_BYTES / PAGE + 1) as u64 {
+            big.put(0, p, &[1u8; PAGE]);
+        }
+        big.drain(|_, _, _| Ok(()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        big.trim();
+        assert_eq!(big.data.capacity(), 0);
+    }
 
     #[test]
     fn the_last_copy_of_a_page_wins_and_the_bound_holds() {
