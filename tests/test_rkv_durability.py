@@ -17,7 +17,7 @@ import pytest
 import redis
 from rkv_harness import RKV, Rkv
 from supervisor_harness import free_port
-from test_snapshots import kill_stack, rekindle
+from test_snapshots import checkpoint, kill_stack, rekindle
 
 
 def durable_rkv(tmp_path, store, mode, interval="0", run_args=()):
@@ -780,3 +780,60 @@ def test_sync_overwrites_journaled_as_deltas_survive_the_stack_dying(tmp_path, s
         assert not wrong, f"{len(wrong)} of {len(keys)} keys differ after the restore: {wrong[:5]}"
     finally:
         back.close()
+
+
+def test_pages_of_snapshots_that_fail_on_a_full_disk_go_into_the_next(tmp_path):
+    """Interval snapshots into a store on a small tmpfs that a filler file
+    has filled: they fail (no_space) after the agent's scan has reset the
+    pages written since the last one.  Those pages must be carried to the
+    next snapshot: after the filler is removed, a checkpoint (with nothing
+    written since the failures) is the only snapshot that can hold the
+    overwrites made before them.  The stack is SIGKILLed, and a restore
+    finds every key as last written."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True,
+                       check=False)  # fmt: skip
+    if m.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.decode().strip()}")
+    try:
+        store = mnt / "store"
+        r = durable_rkv(tmp_path / "a", store, "none", interval="50ms")
+        try:
+            c = r.client()
+            rnd = random.Random(7)
+            keys = [f"k{i}" for i in range(3000)]
+            c.mset({k: rnd.randbytes(200) for k in keys})
+            checkpoint(r)
+            with open(mnt / "filler", "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * (1 << 20))
+                        f.flush()
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
+            before = len(r.supervisor_events("snapshot_failed"))
+            last = {k: rnd.randbytes(200) for k in keys}
+            c.mset(last)
+            deadline = time.monotonic() + 30
+            while len(r.supervisor_events("snapshot_failed")) == before and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # and the interval's attempts after it
+            failed = r.supervisor_events("snapshot_failed")[before:]
+            assert failed, "no snapshot failed on the full disk"
+            assert {f["code"] for f in failed} == {"no_space"}, failed
+            (mnt / "filler").unlink()
+            checkpoint(r)
+            kill_stack(r)
+        finally:
+            r.close()
+        back = restored(tmp_path / "b", store)
+        try:
+            c = back.client()
+            got = dict(zip(keys, c.mget(keys), strict=True))
+            wrong = [k for k in keys if got[k] != last[k]]
+            assert not wrong, f"{len(wrong)} of {len(keys)} keys not as last written: {wrong[:5]}"
+        finally:
+            back.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

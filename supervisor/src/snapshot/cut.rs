@@ -816,7 +816,8 @@ pub fn take(
     }
     t.staging.trim();
     if r.is_err() {
-        if let Some(l) = &t.layout {
+        // (a full one is taken again whole: nothing to carry)
+        if let Some(l) = t.layout.as_ref().filter(|_| !t.full) {
             for &(idx, from, to) in &t.touched {
                 if let Some(r) = l.regions.get(idx as usize) {
                     touched_out
