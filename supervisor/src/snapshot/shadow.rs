@@ -72,7 +72,8 @@ pub struct Shadow {
     /// What the snapshot being taken put, for the shadow once committed.
     staged: FastMap<Key, Staged>,
     deltas: Vec<u8>,
-    /// The snapshot being taken keeps the shadow (a journaled delta of it).
+    /// The snapshot being taken keeps the shadow (an incremental one of
+    /// the snapshot it is of).
     active: bool,
     names: Vec<String>,
     chunks: Vec<Vec<u8>>,
@@ -284,8 +285,7 @@ impl Shadow {
                 keep
             });
         }
-        let staged = std::mem::take(&mut self.staged);
-        for (k, st) in staged {
+        for (k, st) in self.staged.drain() {
             match st {
                 Staged::Slot(s) => {
                     if let Some(old) = self.index.insert(k, s) {
