@@ -41,12 +41,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from snapshot_common import RkvStack, fill, free_port, taskset  # noqa: E402
+from snapshot_common import RkvStack, RssSampler, fill, free_port, taskset  # noqa: E402
 
 
 def cpu_ticks(pids):
@@ -58,36 +57,12 @@ def cpu_ticks(pids):
     return t
 
 
-def rss_mib(pid):
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return None
-
-
-class RssSampler(threading.Thread):
-    """A pid's VmRSS every 50 ms until stopped."""
-
-    def __init__(self, pid):
-        super().__init__(daemon=True)
-        self.pid, self.samples, self.done = pid, [], threading.Event()
-
-    def run(self):
-        while not self.done.wait(0.05):
-            try:
-                v = rss_mib(self.pid)
-            except OSError:
-                return
-            if v is not None:
-                self.samples.append(v)
-
-    def result(self):
-        self.done.set()
-        self.join()
-        if not self.samples:
-            return {}
-        v = self.samples
-        return {"rss_median_mib": round(statistics.median(v)), "rss_peak_mib": round(max(v))}
+def rss_summary(sampler):
+    """Median and peak of the supervisor's VmRSS samples, MiB."""
+    v = [s[2] / (1 << 20) for s in sampler.samples]
+    if not v:
+        return {}
+    return {"rss_median_mib": round(statistics.median(v)), "rss_peak_mib": round(max(v))}
 
 
 def parse_build(spec):
@@ -149,8 +124,7 @@ def one_run(spec, args, rnd):
                  "--", "sleep", str(args.perf_seconds)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
-        rss = RssSampler(stack.sup_pid)
-        rss.start()
+        rss = RssSampler(lambda: {"supervisor": stack.sup_pid}, max_s=args.timeout + 60).start()
         c0, t0_ns, t0 = cpu_ticks(pids), time.monotonic_ns(), time.monotonic()
         bench = ["redis-benchmark", "-p", str(port), "-c", "50", "-n", str(args.requests),
                  "-P", str(args.pipeline), "-t", "set", "-r", str(args.keys), "-d", "100", "-q"]  # fmt: skip
@@ -159,7 +133,8 @@ def one_run(spec, args, rnd):
         )
         secs = time.monotonic() - t0
         c1 = cpu_ticks(pids)
-        rss_res = rss.result()
+        rss.stop()
+        rss_res = rss_summary(rss)
         if perf:
             perf.wait(timeout=args.perf_seconds + 60)
         line = [x for x in out.stdout.splitlines() if x.startswith("SET:")]

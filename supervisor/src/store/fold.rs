@@ -223,7 +223,7 @@ impl Store {
             for (k, r) in run.iter().enumerate() {
                 let ps = pages.pages(r)?;
                 kept.follow(&dir, g, r, &ps)?;
-                replay(&mut w, (g, r), &ps, &mut kept, |reg, page| {
+                replay(&mut w, &dir, (g, r), &ps, &mut kept, |reg, page| {
                     last_delta.get(&(reg, page)) == Some(&k)
                 })?;
                 g += 1;
@@ -557,6 +557,7 @@ fn journal_corrupt(path: &Path, t: TornReason) -> StoreError {
 /// changed it.
 fn replay(
     w: &mut SnapshotWriter<'_>,
+    dir: &Path,
     (g, r): (usize, &Record),
     pages: &[RecordPage],
     kept: &mut KeptPages,
@@ -574,8 +575,7 @@ fn replay(
                 w.put_checked_chunk(p.region, p.page, *h, bytes, *flags)?
             }
             PageData::Delta(_) if put_delta_here(p.region, p.page) => {
-                let dir = w.store.dir.clone();
-                kept.put_page(&dir, g, r, p.region, p.page, |page| {
+                kept.put_page(dir, g, r, p.region, p.page, |page| {
                     w.put_page(p.region, p.page, page)
                 })?
             }

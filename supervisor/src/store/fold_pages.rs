@@ -20,7 +20,7 @@ use super::Store;
 use super::error::StoreError;
 use super::fasthash::FastMap;
 use super::format::{Hash, PAGE};
-use super::journal::{PageData, Record, RecordPage};
+use super::journal::{PageData, Record, RecordPage, corrupt};
 use super::manifest::RegionMeta;
 use super::pack::{ChunkReader, IndexEntry};
 use super::reader::SnapshotReader;
@@ -65,13 +65,6 @@ pub(super) struct KeptPages {
     shapes: FastMap<u16, RegionMeta>,
     base: Option<SnapshotReader>,
     chunks: Option<ChunkReader>,
-}
-
-fn corrupt(dir: &Path, detail: &str) -> StoreError {
-    StoreError::JournalCorrupt {
-        path: dir.to_path_buf(),
-        detail: detail.to_string(),
-    }
 }
 
 impl KeptPages {
@@ -301,5 +294,5 @@ impl KeptPages {
 }
 
 fn apply(dir: &Path, page: &mut [u8], d: &[u8]) -> Result<(), StoreError> {
-    super::delta::apply(page, d).map_err(|e| corrupt(dir, &format!("a delta: {e}")))
+    super::delta::apply(page, d).map_err(|e| corrupt(dir, format!("a delta: {e}")))
 }

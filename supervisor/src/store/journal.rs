@@ -206,7 +206,7 @@ fn header_bytes(generation: u64) -> Vec<u8> {
     h
 }
 
-fn corrupt(path: &Path, detail: impl Into<String>) -> StoreError {
+pub(super) fn corrupt(path: &Path, detail: impl Into<String>) -> StoreError {
     StoreError::JournalCorrupt {
         path: path.to_path_buf(),
         detail: detail.into(),
