@@ -323,6 +323,7 @@ fn the_snapshot_agents_messages_and_buffer_match_the_c_header() {
         use rekindle::snapshot::lazy as lz;
         same("UFFDIO_COPY", lz::UFFDIO_COPY);
         same("UFFDIO_UNREGISTER", lz::UFFDIO_UNREGISTER);
+        same("UFFDIO_WAKE", lz::UFFDIO_WAKE);
         same("UFFD_MSG_LEN", lz::UFFD_MSG_LEN as u64);
         same("UFFD_MSG_OFF_ADDRESS", lz::UFFD_MSG_OFF_ADDRESS as u64);
         same("UFFD_MSG_OFF_FORK_UFD", lz::UFFD_MSG_OFF_FORK_UFD as u64);

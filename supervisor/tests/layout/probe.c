@@ -184,6 +184,7 @@ int main(void)
 	P("LAZY_REGION_NAME_LEN", sizeof(((struct rk_lazy_region *)0)->name));
 	P("UFFDIO_COPY", UFFDIO_COPY);
 	P("UFFDIO_UNREGISTER", UFFDIO_UNREGISTER);
+	P("UFFDIO_WAKE", UFFDIO_WAKE);
 	P("UFFD_MSG_LEN", sizeof(struct uffd_msg));
 	P("UFFD_MSG_OFF_ADDRESS", offsetof(struct uffd_msg, arg.pagefault.address));
 	P("UFFD_MSG_OFF_FORK_UFD", offsetof(struct uffd_msg, arg.fork.ufd));
