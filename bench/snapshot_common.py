@@ -417,7 +417,7 @@ class RssSampler:
 
     def __init__(self, pids_fn, period=0.05, max_s=3600.0):
         self.pids_fn, self.period, self.max_s = pids_fn, period, max_s
-        self.samples = []  # (t, name, VmRSS, RssAnon)
+        self.samples = []  # (t, name, VmRSS, RssAnon, RssShmem)
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
@@ -433,7 +433,9 @@ class RssSampler:
                 for name, pid in self.pids_fn().items():
                     m = proc_mem(pid)
                     if m:
-                        self.samples.append((t, name, m.get("VmRSS", 0), m.get("RssAnon", 0)))
+                        self.samples.append(
+                            (t, name, m.get("VmRSS", 0), m.get("RssAnon", 0), m.get("RssShmem", 0))
+                        )
             self._stop.wait(self.period)
 
     def stop(self):
@@ -441,8 +443,19 @@ class RssSampler:
         self._t.join(timeout=5)
 
     def peak(self, name, t0=None, t1=None, key=2):
-        vals = [s[key] for s in self.samples if s[1] == name and (t0 is None or t0 <= s[0] <= t1)]
+        vals = [rss_of(s, key) for s in self.samples if s[1] == name and (t0 is None or t0 <= s[0] <= t1)]
         return max(vals) if vals else None
+
+
+def rss_of(sample, key=2):
+    """A sample's VmRSS (key 2), or RssAnon (3); the supervisor's VmRSS
+    without its RssShmem: the pages of the app's memfds it maps (the cut's
+    views, the agent's buffer) are the app's memory, counted in the app's
+    RSS, not memory the supervisor adds."""
+    v = sample[key]
+    if key == 2 and sample[1] == "supervisor":
+        v -= sample[4]
+    return v
 
 
 def store_summary(build, store):

@@ -83,6 +83,7 @@ from snapshot_common import (  # noqa: E402
     pin_self,
     redis_wait_quiet,
     resp,
+    rss_of,
     store_gc_keep1,
     store_summary,
     taskset,
@@ -296,7 +297,7 @@ def run_config(name, build, rnd, args, workdir):
         t_first = res["tests"][0]["t0"]
         mem = {}
         for who in ("supervisor", "app", "redis"):
-            idle_v = [s[2] for s in sampler.samples if s[1] == who and s[0] <= t_first]
+            idle_v = [rss_of(s) for s in sampler.samples if s[1] == who and s[0] <= t_first]
             if not idle_v and not any(s[1] == who for s in sampler.samples):
                 continue
             mem[who] = {"idle_rss": idle_v[-1] if idle_v else None,

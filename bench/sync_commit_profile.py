@@ -17,7 +17,8 @@ Reported per run:
                pages as deltas, stop (the app frozen; of it the freeze,
                the scan and the cut's copy), put (hash, compress),
                commit (record written, fdatasync)
-  rss          the supervisor's VmRSS over the benchmark (sampled every
+  rss          the supervisor's VmRSS less RssShmem (the app's memfd pages
+               it maps) over the benchmark (sampled every
                50 ms): median and peak, MiB
 
 A build may carry environment settings for its supervisor after commas,
@@ -45,7 +46,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from snapshot_common import RkvStack, RssSampler, fill, free_port, taskset  # noqa: E402
+from snapshot_common import RkvStack, RssSampler, fill, free_port, rss_of, taskset  # noqa: E402
 
 
 def cpu_ticks(pids):
@@ -58,8 +59,9 @@ def cpu_ticks(pids):
 
 
 def rss_summary(sampler):
-    """Median and peak of the supervisor's VmRSS samples, MiB."""
-    v = [s[2] / (1 << 20) for s in sampler.samples]
+    """Median and peak of the supervisor's VmRSS samples (without the app's
+    memfd pages it maps: snapshot_common.rss_of), MiB."""
+    v = [rss_of(s) / (1 << 20) for s in sampler.samples]
     if not v:
         return {}
     return {"rss_median_mib": round(statistics.median(v)), "rss_peak_mib": round(max(v))}

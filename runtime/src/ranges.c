@@ -3,6 +3,7 @@
 #include "rk_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -32,9 +33,16 @@ int rk_preserve_range(void *addr, size_t len)
 		return -ENOSPC;
 	char name[64];
 	snprintf(name, sizeof name, "rekindle:range:%llx", (unsigned long long)a);
-	int fd = memfd_create(name, MFD_CLOEXEC);
+	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -errno;
+	/* a range never changes size: the supervisor's snapshot engine reads a
+	 * memfd that cannot shrink through a mapping of its own */
+	if (ftruncate(fd, (off_t)len) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0) {
+		int e = -errno;
+		close(fd);
+		return e;
+	}
 	/* Copy the current contents once, then map the memfd over them. */
 	size_t done = 0;
 	while (done < len) {

@@ -16,12 +16,14 @@
 //! A page copied in a round and not written since holds the cut's state; a
 //! page written since is reported again at the cut and copied then.
 
+use std::cell::OnceCell;
 use std::collections::{BTreeSet, HashMap};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use super::agent_link::{self, AgentMsg, Region, RegionKind, Report, SnapStatus};
 use super::baseline::{BaseCursor, Baseline};
+use super::memfd_view::{MemfdView, NoView};
 use super::shadow::Shadow;
 use super::staging::{PAGE, Staging};
 use crate::app_link::{self, Recv};
@@ -198,6 +200,19 @@ impl Drop for BufMap {
 pub struct HeldRegion {
     pub kind: RegionKind,
     pub fd: OwnedFd,
+    /// Its read-only view, made at the first cut that copies from it (or
+    /// why there is none: it is read with `pread` then).
+    view: OnceCell<Result<MemfdView, NoView>>,
+}
+
+impl HeldRegion {
+    pub fn new(kind: RegionKind, fd: OwnedFd) -> HeldRegion {
+        HeldRegion {
+            kind,
+            fd,
+            view: OnceCell::new(),
+        }
+    }
 }
 
 pub struct Plan<'a> {
@@ -235,6 +250,8 @@ pub struct Done {
     pub scan_ns: u64,
     pub cut_copy_ns: u64,
     pub cut_pages: u64,
+    /// Regions that got no view at this snapshot (read with `pread`), why.
+    pub views_refused: Vec<(String, NoView)>,
     pub precopy_pages: u64,
     pub punched_pages: u64,
     pub new_chunks: u64,
@@ -504,6 +521,17 @@ struct Taking<'s, 'h> {
     unchanged: u64,
     /// Scratch: the baseline's pages a region's data no longer covers.
     gone: Vec<u64>,
+    /// Regions that got no view at this snapshot, and why.
+    views_refused: Vec<(String, NoView)>,
+}
+
+/// How a copy reads a memfd's pages.
+#[derive(Clone, Copy)]
+enum ReadBy {
+    Pread,
+    /// Through the region's view where it has one: the pages the agent
+    /// reported written, while the app is frozen (memfd_view.rs).
+    FrozenView,
 }
 
 impl<'s, 'h> Taking<'s, 'h> {
@@ -554,13 +582,36 @@ impl<'s, 'h> Taking<'s, 'h> {
 
     /// Copies pages [from, to) (offsets in region idx's memfd) into staging.
     fn copy_pages(&mut self, idx: u32, from: u64, to: u64) -> Result<u64, Failure> {
-        let fd = {
+        self.copy_pages_by(idx, from, to, ReadBy::Pread)
+    }
+
+    /// Copies pages [from, to) the agent reported written, `by` its view
+    /// while the app is frozen.
+    fn copy_pages_by(&mut self, idx: u32, from: u64, to: u64, by: ReadBy) -> Result<u64, Failure> {
+        let all: &'h HashMap<String, HeldRegion> = self.held;
+        let (held, len) = {
             let r = &self.layout.as_ref().ok_or(Failure::LayoutChanged)?.regions[idx as usize];
-            let h = self
-                .held
+            let h = all
                 .get(&r.name)
                 .ok_or_else(|| Failure::NoFd(r.name.clone()))?;
-            h.fd.as_raw_fd()
+            (h, r.len)
+        };
+        let fd = held.fd.as_raw_fd();
+        let view = match by {
+            ReadBy::Pread => None,
+            ReadBy::FrozenView => {
+                let mut refused = None;
+                let v = held.view.get_or_init(|| {
+                    let v = MemfdView::open(held.fd.as_fd(), len);
+                    refused = v.as_ref().err().copied();
+                    v
+                });
+                if let Some(why) = refused {
+                    let name = self.region_name(idx);
+                    self.views_refused.push((name, why));
+                }
+                v.as_ref().ok()
+            }
         };
         const BATCH: u64 = 64 * PAGE as u64;
         let mut copied = 0;
@@ -568,10 +619,12 @@ impl<'s, 'h> Taking<'s, 'h> {
         while off < to {
             let n = (to - off).min(BATCH) as usize;
             self.copy_buf.resize(n, 0);
-            pread_full(fd, &mut self.copy_buf[..n], off).map_err(|err| Failure::Read {
-                region: self.region_name(idx),
-                err,
-            })?;
+            if !view.is_some_and(|v| v.read(off, &mut self.copy_buf[..n])) {
+                pread_full(fd, &mut self.copy_buf[..n], off).map_err(|err| Failure::Read {
+                    region: self.region_name(idx),
+                    err,
+                })?;
+            }
             for i in 0..n / PAGE {
                 let page = off / PAGE as u64 + i as u64;
                 let bytes = &self.copy_buf[i * PAGE..(i + 1) * PAGE];
@@ -808,6 +861,7 @@ pub fn take(
         from_map_regions: 0,
         unchanged: 0,
         gone: Vec::new(),
+        views_refused: Vec::new(),
     };
     let r = run(link, &mut t, &plan, t0);
     match &r {
@@ -923,6 +977,7 @@ fn run(
         scan_ns,
         cut_copy_ns,
         cut_pages: c.cut,
+        views_refused: std::mem::take(&mut t.views_refused),
         precopy_pages: c.precopy + t.whole_pages,
         punched_pages: c.punched,
         new_chunks: stats.new_chunks,
@@ -1047,8 +1102,14 @@ fn report_batches(
             return Err(Failure::LayoutChanged);
         }
         for (i, r) in regions.iter().enumerate() {
+            // the app is frozen while the cut's batches come
+            let by = if cut {
+                ReadBy::FrozenView
+            } else {
+                ReadBy::Pread
+            };
             for run in rep.runs(r).map_err(|e| Failure::BadReport(e.to_string()))? {
-                let n = t.copy_pages(i as u32, run.start - r.addr, run.end - r.addr)?;
+                let n = t.copy_pages_by(i as u32, run.start - r.addr, run.end - r.addr, by)?;
                 if cut {
                     c.cut += n;
                 } else {
@@ -1284,14 +1345,32 @@ mod tests {
         };
         let r = restore::materialize(&src(&s)).unwrap_or_else(|e| panic!("{e}"));
         let baseline = r.baseline.clone().unwrap_or_else(|| panic!("no baseline"));
-        let fd = r
+        let sealed = r
             .fds
             .into_iter()
             .find(|(_, n, _)| n == "a")
             .map(|(_, _, fd)| fd)
             .unwrap_or_else(|| panic!("no memfd for a"));
+        assert_eq!(
+            fd_size(sealed.as_raw_fd()),
+            41 * PAGE as u64,
+            "the restore wrote page 40"
+        );
+        // the restore's memfd cannot shrink (F_SEAL_SHRINK); the app below
+        // cuts its file short, as one without the seal could: a copy
+        let fd = restore::memfd("a", 41 * PAGE as u64).unwrap_or_else(|e| panic!("{e}"));
         let raw = fd.as_raw_fd();
-        assert_eq!(fd_size(raw), 41 * PAGE as u64, "the restore wrote page 40");
+        let mut page = vec![0u8; PAGE];
+        for p in 0..41 {
+            pread_full(sealed.as_raw_fd(), &mut page, p * PAGE as u64).unwrap();
+            if page.iter().any(|&b| b != 0) {
+                // SAFETY: writing our buffer into our memfd.
+                let n = unsafe {
+                    libc::pwrite(raw, page.as_ptr().cast(), PAGE, (p * PAGE as u64) as i64)
+                };
+                assert_eq!(n, PAGE as isize);
+            }
+        }
         // what the restored app does to it
         write_page(raw, 1, 0xee); // rewritten
         write_page(raw, 2, 0); // zeroed by a write: data, all zero
@@ -1310,13 +1389,7 @@ mod tests {
         let want = memfd_bytes(raw, len);
 
         let mut held = HashMap::new();
-        held.insert(
-            "a".to_string(),
-            HeldRegion {
-                kind: RegionKind::Arena,
-                fd,
-            },
-        );
+        held.insert("a".to_string(), HeldRegion::new(RegionKind::Arena, fd));
         let layout = Layout {
             regions: vec![Region {
                 kind: RegionKind::Arena,
@@ -1364,6 +1437,7 @@ mod tests {
             from_map_regions: 0,
             unchanged: 0,
             gone: Vec::new(),
+            views_refused: Vec::new(),
         };
         let staged = t.copy_changed(0, &base).unwrap_or_else(|e| panic!("{e}"));
         // changed: 1, 33; zero now: 2, 3, 20, 40

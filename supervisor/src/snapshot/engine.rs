@@ -542,7 +542,7 @@ impl Engine {
                             FdKind::Range => RegionKind::Range,
                             FdKind::Manifest => return None,
                         };
-                        Some((name, HeldRegion { kind, fd }))
+                        Some((name, HeldRegion::new(kind, fd)))
                     })
                     .collect();
             }

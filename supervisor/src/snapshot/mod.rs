@@ -12,6 +12,7 @@ pub mod cut;
 pub mod engine;
 pub mod indexer;
 pub mod lazy;
+pub mod memfd_view;
 pub mod restore;
 pub mod shadow;
 pub mod staging;

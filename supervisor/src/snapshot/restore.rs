@@ -188,6 +188,17 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
         };
         has_manifest |= kind == FdKind::Manifest;
         let fd = memfd(&r.name, size)?;
+        // as the runtime seals what it makes: an arena only grows, and the
+        // snapshot engine reads a memfd that cannot shrink through a
+        // mapping (memfd_view.rs).  (A hot image's memfds are resized both
+        // ways: they stay unsealed.)
+        // SAFETY: fcntl on our memfd.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } < 0 {
+            return Err(RestoreError::Memfd {
+                name: r.name.clone(),
+                err: std::io::Error::last_os_error(),
+            });
+        }
         let name = r.name.clone();
         bytes += reader.page_count(i as u32) as u64 * store::PAGE as u64;
         if pages == Pages::Lazy && kind == FdKind::Arena {

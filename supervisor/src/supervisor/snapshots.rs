@@ -392,6 +392,15 @@ impl Supervisor {
                     m.snapshot_dedup_ratio
                         .set(dedup as f64 / (new + dedup) as f64);
                 }
+                // once per held memfd: its cuts read with pread (slower)
+                for (region, why) in &d.views_refused {
+                    self.report.event(
+                        ev("snapshot_view")
+                            .s("region", region)
+                            .s("code", why.code())
+                            .s("what", "the cut reads this region with pread, not through a view"),
+                    );
+                }
                 self.snapshots_since_event += 1;
                 let now = now_ns();
                 let every = self
