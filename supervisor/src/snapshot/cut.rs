@@ -616,32 +616,37 @@ impl<'s, 'h> Taking<'s, 'h> {
         const BATCH: u64 = 64 * PAGE as u64;
         let mut copied = 0;
         let mut off = from;
+        // (a scratch buffer: lost on an error, made again next time)
+        let mut buf = std::mem::take(&mut self.copy_buf);
         while off < to {
             let n = (to - off).min(BATCH) as usize;
-            self.copy_buf.resize(n, 0);
-            if !view.is_some_and(|v| v.read(off, &mut self.copy_buf[..n])) {
-                pread_full(fd, &mut self.copy_buf[..n], off).map_err(|err| Failure::Read {
-                    region: self.region_name(idx),
-                    err,
-                })?;
-            }
+            // staged straight from the view, or read into buf
+            let src: &[u8] = match view.and_then(|v| v.bytes(off, n)) {
+                Some(b) => b,
+                None => {
+                    buf.resize(n, 0);
+                    pread_full(fd, &mut buf[..n], off).map_err(|err| Failure::Read {
+                        region: self.region_name(idx),
+                        err,
+                    })?;
+                    &buf[..n]
+                }
+            };
             for i in 0..n / PAGE {
                 let page = off / PAGE as u64 + i as u64;
-                let bytes = &self.copy_buf[i * PAGE..(i + 1) * PAGE];
+                let bytes = &src[i * PAGE..(i + 1) * PAGE];
                 if self.skip_zero && bytes.iter().all(|&b| b == 0) {
                     continue; // a full snapshot lists only non-zero pages
                 }
                 if self.staging.is_full() {
-                    let keep = std::mem::take(&mut self.copy_buf);
                     self.flush()?;
-                    self.copy_buf = keep;
                 }
-                let bytes = &self.copy_buf[i * PAGE..(i + 1) * PAGE];
                 self.staging.put(idx, page, bytes);
                 copied += 1;
             }
             off += n as u64;
         }
+        self.copy_buf = buf;
         self.touched
             .push((idx, from / PAGE as u64, to.div_ceil(PAGE as u64)));
         Ok(copied)

@@ -82,37 +82,29 @@ impl MemfdView {
         })
     }
 
-    /// Copies `buf.len()` bytes at `off` into buf if they are all below the
-    /// memfd's end (true); false: nothing copied, read them otherwise.
-    pub fn read(&self, off: u64, buf: &mut [u8]) -> bool {
-        let Some(end) = off.checked_add(buf.len() as u64) else {
-            return false;
-        };
+    /// The `len` bytes at `off` if they are all below the memfd's end;
+    /// None: read them otherwise.  Only while the app is frozen: nobody
+    /// writes them for as long as the slice is used.
+    pub fn bytes(&self, off: u64, len: usize) -> Option<&[u8]> {
+        let end = off.checked_add(len as u64)?;
         if end > self.len as u64 {
-            return false;
+            return None;
         }
         if end > self.size.get() {
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
             // SAFETY: fstat into a zeroed stat.
             if unsafe { libc::fstat(self.fd, &mut st) } < 0 {
-                return false;
+                return None;
             }
             self.size.set(st.st_size as u64);
             if end > self.size.get() {
-                return false;
+                return None;
             }
         }
         // SAFETY: [off, end) is inside the mapping and below the memfd's
         // end, which cannot move down (F_SEAL_SHRINK): no SIGBUS.  The app
-        // is frozen, so nobody writes these bytes while we copy them.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.cast::<u8>().add(off as usize),
-                buf.as_mut_ptr(),
-                buf.len(),
-            );
-        }
-        true
+        // is frozen, so nobody writes these bytes while we read them.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>().add(off as usize), len) })
     }
 }
 
@@ -155,19 +147,20 @@ mod tests {
             4096
         );
         let v = MemfdView::open(fd.as_fd(), 64 << 10).unwrap();
-        let mut buf = vec![0u8; 4096];
-        assert!(v.read(4096, &mut buf));
-        assert_eq!(buf, page);
+        assert_eq!(v.bytes(4096, 4096), Some(&page[..]));
         // past the end (it would be SIGBUS through the mapping): refused
-        assert!(!v.read(8192, &mut buf));
-        assert!(!v.read(u64::MAX - 10, &mut buf));
+        assert_eq!(v.bytes(8192, 4096), None);
+        assert_eq!(v.bytes(4096, 8192), None);
+        assert_eq!(v.bytes(u64::MAX - 10, 4096), None);
         // the memfd grows: the page is there now
         // SAFETY: growing our memfd.
         assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 12288) }, 0);
-        assert!(v.read(8192, &mut buf));
-        assert!(buf.iter().all(|&b| b == 0));
+        assert!(
+            v.bytes(8192, 4096)
+                .is_some_and(|b| b.iter().all(|&x| x == 0))
+        );
         // past the view's length: refused
-        assert!(!v.read(64 << 10, &mut buf));
+        assert_eq!(v.bytes(64 << 10, 4096), None);
     }
 
     #[test]
