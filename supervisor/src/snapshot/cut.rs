@@ -16,7 +16,7 @@
 //! A page copied in a round and not written since holds the cut's state; a
 //! page written since is reported again at the cut and copied then.
 
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell};
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -203,6 +203,9 @@ pub struct HeldRegion {
     /// Its read-only view, made at the first cut that copies from it (or
     /// why there is none: it is read with `pread` then).
     view: OnceCell<Result<MemfdView, NoView>>,
+    /// Why there is no view has been in a published snapshot's report
+    /// (a failed snapshot's is lost: the next one says it).
+    refusal_said: Cell<bool>,
 }
 
 impl HeldRegion {
@@ -211,6 +214,7 @@ impl HeldRegion {
             kind,
             fd,
             view: OnceCell::new(),
+            refusal_said: Cell::new(false),
         }
     }
 }
@@ -600,15 +604,16 @@ impl<'s, 'h> Taking<'s, 'h> {
         let view = match by {
             ReadBy::Pread => None,
             ReadBy::FrozenView => {
-                let mut refused = None;
-                let v = held.view.get_or_init(|| {
-                    let v = MemfdView::open(held.fd.as_fd(), len);
-                    refused = v.as_ref().err().copied();
-                    v
-                });
-                if let Some(why) = refused {
+                let v = held
+                    .view
+                    .get_or_init(|| MemfdView::open(held.fd.as_fd(), len));
+                if let Err(why) = v
+                    && !held.refusal_said.get()
+                {
                     let name = self.region_name(idx);
-                    self.views_refused.push((name, why));
+                    if !self.views_refused.iter().any(|(n, _)| *n == name) {
+                        self.views_refused.push((name, *why));
+                    }
                 }
                 v.as_ref().ok()
             }
@@ -869,6 +874,13 @@ pub fn take(
         views_refused: Vec::new(),
     };
     let r = run(link, &mut t, &plan, t0);
+    if let Ok(d) = &r {
+        for (name, _) in &d.views_refused {
+            if let Some(h) = held.get(name) {
+                h.refusal_said.set(true);
+            }
+        }
+    }
     match &r {
         Ok(d) => t.shadow.commit(d.info.id.clone(), &d.fresh_regions),
         Err(_) => t.shadow.clear(),
