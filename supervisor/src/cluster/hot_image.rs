@@ -318,6 +318,15 @@ impl HotImage {
             .into_iter()
             .flatten()
             .map(|r| {
+                // no longer resized here: sealed against shrinking as a
+                // restore's memfds are, so the snapshot engine reads the
+                // app's cuts through a view of them (memfd_view.rs).  A
+                // memfd the seal fails on is read with pread, and the
+                // engine says so (snapshot_view).
+                // SAFETY: fcntl on a memfd of ours.
+                let _ = unsafe {
+                    libc::fcntl(r.fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK)
+                };
                 bytes += r.size;
                 base.push(BaseRegion {
                     meta: r.meta.clone(),
@@ -343,5 +352,63 @@ impl HotImage {
             // a standby's store is written by its receiver, never journaled
             journal: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{NewSnapshot, RegionKind};
+
+    /// The memfds handed to the app are sealed against shrinking, as a
+    /// restore's are: the engine then copies its cuts through views.
+    #[test]
+    fn the_memfds_handed_over_cannot_shrink() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tmp.path().join("store");
+        let mut store = Store::create_or_open(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let mut w = store
+            .begin(NewSnapshot {
+                parent: None,
+                full: true,
+                epoch: 1,
+                generation: 1,
+                app: "t".into(),
+                tags: Vec::new(),
+                regions: vec![
+                    RegionMeta {
+                        kind: RegionKind::Arena,
+                        name: "a".into(),
+                        addr: 0x4000_0000,
+                        size: 16 * PAGE as u64,
+                        layout: serde_json::json!({"memfd_bytes": 8 * PAGE as u64}),
+                    },
+                    RegionMeta {
+                        kind: RegionKind::Static,
+                        name: crate::snapshot::cut::MANIFEST_REGION.into(),
+                        addr: 0,
+                        size: PAGE as u64,
+                        layout: serde_json::json!({}),
+                    },
+                ],
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+        w.put_page(0, 3, &[7u8; PAGE])
+            .unwrap_or_else(|e| panic!("{e}"));
+        w.put_bytes(1, b"manifest")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let id = w.commit().unwrap_or_else(|e| panic!("{e}")).id;
+        let mut image = HotImage::default();
+        image.advance(&store, &id).unwrap_or_else(|e| panic!("{e}"));
+        let r = image.take(&dir).unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(!r.fds.is_empty());
+        for (_, name, fd) in &r.fds {
+            // SAFETY: fcntl on our fd.
+            let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+            assert!(
+                seals >= 0 && seals & libc::F_SEAL_SHRINK != 0,
+                "{name}: seals {seals}"
+            );
+        }
     }
 }
