@@ -191,7 +191,7 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
         // as the runtime seals what it makes: an arena only grows, and the
         // snapshot engine reads a memfd that cannot shrink through a
         // mapping (memfd_view.rs).  (A hot image's memfds are resized both
-        // ways: they stay unsealed.)
+        // ways while it follows: they are sealed when handed over.)
         // SAFETY: fcntl on our memfd.
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } < 0 {
             return Err(RestoreError::Memfd {
