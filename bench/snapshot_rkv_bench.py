@@ -423,7 +423,8 @@ def table(results, configs, args, command, mach):
         "",
         "### Snapshots, memory and disk",
         "",
-        f"Memory under the write-heavy load (SET -P 16): supervisor VmRSS sampled every 50 ms, its peak and "
+        f"Memory under the write-heavy load (SET -P 16): supervisor VmRSS less RssShmem (the app's memfd "
+        f"pages it maps) sampled every 50 ms, its peak and "
         f"its rise over the idle supervisor of the same run; the engine's staging peak "
         f"(`staging_peak_bytes`, "
         f"bounded by --snapshot-memory {args.snapshot_memory or '64M (default)'}). Redis: the peak "
