@@ -14,6 +14,7 @@ use thiserror::Error;
 
 use crate::proto::FdKind;
 use crate::snapshot::baseline::{BaseRegion, Baseline};
+use crate::snapshot::memfd_view::seal_against_shrinking;
 use crate::snapshot::restore::{self, RestoreError, Restored};
 use crate::store::fsio::pwrite_all;
 use crate::store::manifest::SnapshotKind;
@@ -318,15 +319,10 @@ impl HotImage {
             .into_iter()
             .flatten()
             .map(|r| {
-                // no longer resized here: sealed against shrinking as a
-                // restore's memfds are, so the snapshot engine reads the
-                // app's cuts through a view of them (memfd_view.rs).  A
-                // memfd the seal fails on is read with pread, and the
-                // engine says so (snapshot_view).
-                // SAFETY: fcntl on a memfd of ours.
-                let _ = unsafe {
-                    libc::fcntl(r.fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK)
-                };
+                // no longer resized here: sealed as a restore's memfds
+                // are.  A memfd the seal fails on is read with pread, and
+                // the engine says so (snapshot_view).
+                let _ = seal_against_shrinking(r.fd.as_fd());
                 bytes += r.size;
                 base.push(BaseRegion {
                     meta: r.meta.clone(),

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use super::agent_link::{self, AgentMsg, Region, RegionKind, Report, SnapStatus};
 use super::baseline::{BaseCursor, Baseline};
-use super::memfd_view::{MemfdView, NoView};
+use super::memfd_view::{MemfdView, NoView, fd_size};
 use super::shadow::Shadow;
 use super::staging::{PAGE, Staging};
 use crate::app_link::{self, Recv};
@@ -392,15 +392,6 @@ impl Layout {
 
 /// The manifest (arena table, statics) travels as a region of its own.
 pub const MANIFEST_REGION: &str = "manifest";
-
-fn fd_size(fd: i32) -> u64 {
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat into a zeroed stat.
-    if unsafe { libc::fstat(fd, &mut st) } < 0 {
-        return 0;
-    }
-    st.st_size as u64
-}
 
 fn pread_full(fd: i32, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
     let mut done = 0;
@@ -1118,13 +1109,13 @@ fn report_batches(
         if t.layout.as_ref().is_some_and(|l| !l.same(&regions)) {
             return Err(Failure::LayoutChanged);
         }
+        // the app is frozen while the cut's batches come
+        let by = if cut {
+            ReadBy::FrozenView
+        } else {
+            ReadBy::Pread
+        };
         for (i, r) in regions.iter().enumerate() {
-            // the app is frozen while the cut's batches come
-            let by = if cut {
-                ReadBy::FrozenView
-            } else {
-                ReadBy::Pread
-            };
             for run in rep.runs(r).map_err(|e| Failure::BadReport(e.to_string()))? {
                 let n = t.copy_pages_by(i as u32, run.start - r.addr, run.end - r.addr, by)?;
                 if cut {

@@ -91,12 +91,7 @@ impl MemfdView {
             return None;
         }
         if end > self.size.get() {
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            // SAFETY: fstat into a zeroed stat.
-            if unsafe { libc::fstat(self.fd, &mut st) } < 0 {
-                return None;
-            }
-            self.size.set(st.st_size as u64);
+            self.size.set(fd_size(self.fd)); // 0 if fstat fails: refused
             if end > self.size.get() {
                 return None;
             }
@@ -106,6 +101,27 @@ impl MemfdView {
         // is frozen, so nobody writes these bytes while we read them.
         Some(unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>().add(off as usize), len) })
     }
+}
+
+/// A file's size, 0 if fstat fails.
+pub fn fd_size(fd: i32) -> u64 {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat into a zeroed stat.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return 0;
+    }
+    st.st_size as u64
+}
+
+/// Seals a memfd the app will map against shrinking (`F_SEAL_SHRINK`; it
+/// must have been made with `MFD_ALLOW_SEALING`): an arena only grows, and
+/// only a memfd sealed so gets a view.
+pub fn seal_against_shrinking(fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    // SAFETY: fcntl on a valid fd.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Drop for MemfdView {

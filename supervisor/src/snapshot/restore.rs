@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 use super::cut::MANIFEST_REGION;
+use super::memfd_view::seal_against_shrinking;
 use crate::proto::FdKind;
 use crate::store::{self, Phase, Progress, SnapshotInfo, Store, StoreError};
 
@@ -188,17 +189,12 @@ pub fn materialize_with(src: &Source, pages: Pages) -> Result<Restored, RestoreE
         };
         has_manifest |= kind == FdKind::Manifest;
         let fd = memfd(&r.name, size)?;
-        // as the runtime seals what it makes: an arena only grows, and the
-        // snapshot engine reads a memfd that cannot shrink through a
-        // mapping (memfd_view.rs).  (A hot image's memfds are resized both
-        // ways while it follows: they are sealed when handed over.)
-        // SAFETY: fcntl on our memfd.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } < 0 {
-            return Err(RestoreError::Memfd {
-                name: r.name.clone(),
-                err: std::io::Error::last_os_error(),
-            });
-        }
+        // as the runtime seals what it makes.  (A hot image's memfds are
+        // resized both ways while it follows: sealed when handed over.)
+        seal_against_shrinking(fd.as_fd()).map_err(|err| RestoreError::Memfd {
+            name: r.name.clone(),
+            err,
+        })?;
         let name = r.name.clone();
         bytes += reader.page_count(i as u32) as u64 * store::PAGE as u64;
         if pages == Pages::Lazy && kind == FdKind::Arena {
