@@ -343,8 +343,9 @@ def run_config(name, build, rnd, args, workdir):
             "new_bytes_during_tests": sum(e.get("new_bytes", 0) for e in during),
         }
         if snap:
+            # its size folded to the newest is measured once every config
+            # has run (that gc deletes most of the store's files)
             res["disk"] = {"store": store_summary(build, workdir / "store")}
-            res["disk"]["store_keep1_bytes"] = store_gc_keep1(build, workdir / "store")
         res["rkv_durability"] = [e.get("mode") for e in srv.rkv_log("durability")]
     else:
         rdb = workdir / "dump.rdb"
@@ -577,12 +578,22 @@ def main(argv=None):
         print("note: no rkv baseline in --configs: no ratios", file=sys.stderr)
     results = []
     t_all = time.monotonic()
-    for rnd in range(args.repeat):
-        k = rnd % len(configs)
-        for name in configs[k:] + configs[:k]:
-            print(f"round {rnd + 1}/{args.repeat}: {name}", flush=True)
-            with tempfile.TemporaryDirectory(prefix=f"snaprkv-{name}-") as tmp:
-                results.append(run_config(name, build, rnd, args, Path(tmp)))
+    # every config's files stay until the run ends: deleting a store of
+    # thousands of files makes the next config's file creations slow for
+    # minutes (ext4 without a journal scans the inodes it freed recently)
+    workdirs = []
+    with tempfile.TemporaryDirectory(prefix="snaprkv-") as top:
+        for rnd in range(args.repeat):
+            k = rnd % len(configs)
+            for name in configs[k:] + configs[:k]:
+                print(f"round {rnd + 1}/{args.repeat}: {name}", flush=True)
+                workdir = Path(top) / f"{rnd}-{name}"
+                workdir.mkdir()
+                results.append(run_config(name, build, rnd, args, workdir))
+                workdirs.append(workdir)
+        for res, workdir in zip(results, workdirs, strict=True):
+            if (workdir / "store").is_dir():
+                res["disk"]["store_keep1_bytes"] = store_gc_keep1(build, workdir / "store")
     mach = machine()
     command = "python3 bench/snapshot_rkv_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)

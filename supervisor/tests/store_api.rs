@@ -958,3 +958,46 @@ fn a_location_index_reads_as_the_fold_and_a_bad_one_falls_back() {
     assert!(!p1.exists() && !p3.exists());
     assert_eq!(contents(&s, &s3), folded[2]);
 }
+
+/// A writer keeps what it listed from one snapshot to the next (a snapshot
+/// every 10 ms must not list thousands of files each time), but lists
+/// again as soon as another handle has taken the lock: that one's
+/// snapshot ids and its gc must never be missed.
+#[test]
+fn a_writer_lists_again_once_another_has_held_the_lock() {
+    let (_t_dir, dir) = tmp("listing");
+    let regs = || vec![region("a", 0x1000, 4 * PAGE as u64)];
+    let mut a = Store::create_or_open(&dir).unwrap();
+    let a1 = write(&mut a, snap(None, regs()), &[(0, 0, 1)]);
+    // a file only a listing finds: kept while `a` trusts its own
+    let stray = dir.join("tmp/stray");
+    std::fs::write(&stray, b"x").unwrap();
+    let a2 = write(&mut a, snap(Some(&a1), regs()), &[(0, 1, 2)]);
+    assert!(stray.exists(), "no listing between one handle's snapshots");
+
+    // another handle publishes the next id, then collects a1 and a2
+    let mut b = Store::open(&dir).unwrap();
+    let b1 = write(&mut b, snap(None, regs()), &[(0, 2, 3)]);
+    assert!(!stray.exists(), "b's writer listed tmp/ and emptied it");
+    let rep = b
+        .gc(
+            &Retention {
+                keep_last: Some(1),
+                ..Default::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(rep.deleted, vec![a1.clone(), a2.clone()]);
+    assert!(!dir.join("packs").join(format!("{a1}.pack")).exists());
+
+    // `a` writes page 1 again (a chunk of the pack b removed): a new id
+    // above b's, and the chunk stored again, not deduplicated against the
+    // pack that is gone
+    let a3 = write(&mut a, snap(None, regs()), &[(0, 0, 1), (0, 1, 2)]);
+    assert!(a3 > b1, "{a3} after {b1}");
+    assert_eq!(contents(&a, &a3), vec![expect(&[1, 2, 0, 0])]);
+    assert_eq!(contents(&a, &b1), vec![expect(&[0, 0, 3, 0])]);
+    let v = Store::open(&dir).unwrap().verify(&mut |_| {}).unwrap();
+    assert!(v.ok(), "{v:?}");
+}

@@ -253,6 +253,7 @@ impl Store {
                 e.code()
             );
             self.journal_off = true;
+            self.forget_listing();
             drop(lock);
             return self.begin(meta);
         }
@@ -405,6 +406,8 @@ impl Store {
         let full = st.other.path.clone();
         let reset_to = st.j.generation + 1;
         let folder = st.folder.take();
+        // the fold publishes through a handle of its own
+        self.forget_listing();
         let handle = std::thread::Builder::new()
             .name("rk-journal-fold".into())
             .spawn(move || fold_file_in_background(dir, folder, full, reset_to, lock))

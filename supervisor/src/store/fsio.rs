@@ -10,6 +10,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 
 use super::error::{StoreError, io_at};
 
@@ -103,28 +104,108 @@ pub fn write_new(path: &Path, data: &[u8]) -> Result<File, StoreError> {
 
 /// fsyncs files in parallel: a journaling file system commits them
 /// together, so a commit waits about one fsync instead of one per file.
+/// The caller syncs the first; the others go to long-lived threads (a
+/// snapshot every 10 ms would otherwise start and stop two threads each
+/// time).  Their steps are counted here, in order, before any is synced.
 pub fn fsync_many(files: &[(&File, &Path)]) -> Result<(), StoreError> {
-    std::thread::scope(|sc| {
-        let others: Vec<_> = files[1.min(files.len())..]
-            .iter()
-            .map(|&(f, p)| sc.spawn(move || fsync(f, p)))
-            .collect();
-        let first = files.first().map_or(Ok(()), |&(f, p)| fsync(f, p));
-        let mut r = first;
-        for h in others {
-            let res = h.join().unwrap_or_else(|_| {
-                Err(StoreError::Io {
-                    path: Default::default(),
-                    op: "fsync",
-                    detail: "fsync thread panicked".into(),
-                })
-            });
-            if r.is_ok() {
-                r = res;
-            }
+    let Some((&(first, first_path), others)) = files.split_first() else {
+        return Ok(());
+    };
+    for &(_, p) in files {
+        step("fsync", p);
+    }
+    let (done, results) = mpsc::channel();
+    let mut r = Ok(());
+    let mut handed = 0;
+    for &(f, p) in others {
+        if fsync_pool::hand_over(f, p, &done) {
+            handed += 1;
+        } else {
+            keep_first_error(&mut r, f.sync_all().map_err(io_at("fsync", p)));
         }
-        r
-    })
+    }
+    keep_first_error(&mut r, first.sync_all().map_err(io_at("fsync", first_path)));
+    for _ in 0..handed {
+        let res = results.recv().unwrap_or_else(|_| {
+            Err(StoreError::Io {
+                path: Default::default(),
+                op: "fsync",
+                detail: "the fsync thread is gone".into(),
+            })
+        });
+        keep_first_error(&mut r, res);
+    }
+    r
+}
+
+fn keep_first_error(r: &mut Result<(), StoreError>, next: Result<(), StoreError>) {
+    if r.is_ok() {
+        *r = next;
+    }
+}
+
+/// The threads `fsync_many` hands files to, started on first use.
+mod fsync_pool {
+    use std::fs::File;
+    use std::path::{Path, PathBuf};
+    use std::sync::mpsc::{Receiver, Sender, channel};
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    use super::{StoreError, io_at};
+
+    /// A commit syncs at most three files at once: the caller and two.
+    const THREADS: usize = 2;
+
+    struct Job {
+        file: File,
+        path: PathBuf,
+        done: Sender<Result<(), StoreError>>,
+    }
+
+    fn jobs() -> Option<&'static Sender<Job>> {
+        static JOBS: OnceLock<Option<Sender<Job>>> = OnceLock::new();
+        JOBS.get_or_init(|| {
+            let (tx, rx) = channel::<Job>();
+            let rx = Arc::new(Mutex::new(rx));
+            let started = (0..THREADS)
+                .filter(|_| {
+                    let rx = Arc::clone(&rx);
+                    std::thread::Builder::new()
+                        .name("rk-fsync".into())
+                        .spawn(move || work(&rx))
+                        .is_ok()
+                })
+                .count();
+            (started > 0).then_some(tx)
+        })
+        .as_ref()
+    }
+
+    fn work(rx: &Mutex<Receiver<Job>>) {
+        loop {
+            let job = match rx.lock() {
+                Ok(rx) => rx.recv(),
+                Err(_) => return,
+            };
+            let Ok(job) = job else { return };
+            let r = job.file.sync_all().map_err(io_at("fsync", &job.path));
+            let _ = job.done.send(r);
+        }
+    }
+
+    /// False: no thread took it (none could start, or the fd could not be
+    /// duplicated); the caller syncs it itself.
+    pub(super) fn hand_over(f: &File, path: &Path, done: &Sender<Result<(), StoreError>>) -> bool {
+        let (Some(jobs), Ok(file)) = (jobs(), f.try_clone()) else {
+            return false;
+        };
+        jobs.send(Job {
+            file,
+            path: path.to_path_buf(),
+            done: done.clone(),
+        })
+        .is_ok()
+    }
 }
 
 /// fsyncs directories in parallel (see `fsync_many`).

@@ -130,6 +130,8 @@ impl Store {
         progress: &mut dyn FnMut(Progress),
     ) -> Result<GcReport, StoreError> {
         let _lock = self.lock()?;
+        // it deletes and rewrites files that no writer accounts for
+        self.forget_listing();
         // retention must not delete what a journal record follows
         self.fold_locked()?;
         let mut rep = GcReport {

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! DIR/FORMAT                      "rekindle-store", "version 1"
-//! DIR/lock                        flock: one writer at a time
+//! DIR/lock                        flock: one writer at a time (and a count)
 //! DIR/packs/<id>.pack             chunks one snapshot added, index, trailer
 //! DIR/snapshots/<id>.json         manifest (JSON, checksum line last)
 //! DIR/snapshots/<id>-<h>.map      its page map (binary, zstd)
@@ -22,6 +22,7 @@ pub mod fsio;
 pub mod gc;
 pub mod journal;
 pub mod location_index;
+mod lock_count;
 pub mod manifest;
 pub mod map;
 pub mod pack;
@@ -33,6 +34,7 @@ pub mod writer;
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
@@ -152,6 +154,27 @@ pub struct Store {
     /// again shares it (a journaled commit while the journal's previous
     /// file is folded in the background).
     held: Weak<Flock<File>>,
+    /// What this handle knows of `tmp/`, `packs/` and `snapshots/` without
+    /// listing them again; `None` once another writer may have changed
+    /// them.
+    listing: Option<Listing>,
+    /// The count this handle wrote to the lock file when it last took the
+    /// lock (`None`: it could not read or write it, and keeps no listing).
+    lock_count: Option<u64>,
+}
+
+/// A writer's view of the store's directories, kept from one of its
+/// snapshots to the next so that a snapshot every 10 ms does not list
+/// thousands of files each time (docs/store.md, "Locking and readers").
+/// It stays true while every change goes through this handle: no other
+/// handle or process has taken the lock since this one last did (the lock
+/// file's count says so), and this handle shared its lock with no other.
+#[derive(Debug, Clone, Copy)]
+struct Listing {
+    /// The lock file's count as this handle left it.
+    lock_count: u64,
+    /// The highest sequence number in use in `snapshots/` and `packs/`.
+    max_seq: u64,
 }
 
 impl Store {
@@ -231,6 +254,8 @@ impl Store {
             journal_off: false,
             fold_done_unreported: None,
             held: Weak::new(),
+            listing: None,
+            lock_count: None,
         })
     }
 
@@ -260,6 +285,8 @@ impl Store {
             journal_off: false,
             fold_done_unreported: None,
             held: Weak::new(),
+            listing: None,
+            lock_count: None,
         }
     }
 
@@ -431,7 +458,9 @@ impl Store {
     }
 
     /// Takes the writers' lock (`DIR/lock`), without waiting; shares it if
-    /// this store holds it already.
+    /// this store holds it already.  Each taking adds one to the count the
+    /// lock file holds: a count other than the one this handle left means
+    /// another writer has been here, and the listing is read again.
     pub(crate) fn lock(&mut self) -> Result<StoreLock, StoreError> {
         if let Some(l) = self.held.upgrade() {
             return Ok(l);
@@ -440,6 +469,7 @@ impl Store {
         let f = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
+            .read(true)
             .write(true)
             .open(&path)
             .map_err(io_at("open", &path))?;
@@ -448,23 +478,43 @@ impl Store {
                 nix::errno::Errno::EWOULDBLOCK => StoreError::Locked { path: path.clone() },
                 e => error::io_err("flock", &path, &std::io::Error::from(e)),
             })?;
+        let count = lock_count::read(l.as_fd());
+        let next = count.map(|c| c.wrapping_add(1));
+        let written = next.filter(|&c| lock_count::write(l.as_fd(), c).is_ok());
+        match (self.listing.as_mut(), written) {
+            // nobody took the lock since this handle left `count`
+            (Some(ls), Some(c)) if Some(ls.lock_count) == count => ls.lock_count = c,
+            _ => self.listing = None,
+        }
+        self.lock_count = written;
         let l = Arc::new(l);
         self.held = Arc::downgrade(&l);
         Ok(l)
     }
 
+    /// Another handle (or thread) may change the directories from here on:
+    /// the next writer lists them again.
+    pub(crate) fn forget_listing(&mut self) {
+        self.listing = None;
+    }
+
     /// Under the lock: creates missing sub-directories and removes what a
-    /// crashed writer left in `tmp/`.
+    /// crashed writer left in `tmp/`.  Nothing to do while this handle's
+    /// listing holds: every writer since was its own, and left `tmp/` empty.
     pub(crate) fn prepare_write(&mut self) -> Result<Vec<PathBuf>, StoreError> {
-        for sub in [TMP, PACKS, SNAPSHOTS] {
-            let p = self.sub(sub);
-            std::fs::create_dir_all(&p).map_err(io_at("mkdir", &p))?;
-        }
         if !self.indexed && self.dedup_across_packs {
             // a writer dedups against every chunk: load the indexes now
             self.packs.clear();
             self.by_name.clear();
             self.indexed = true;
+            self.listing = None;
+        }
+        if self.listing.is_some() {
+            return Ok(Vec::new());
+        }
+        for sub in [TMP, PACKS, SNAPSHOTS] {
+            let p = self.sub(sub);
+            std::fs::create_dir_all(&p).map_err(io_at("mkdir", &p))?;
         }
         let mut removed = Vec::new();
         let tmp = self.sub(TMP);
@@ -474,12 +524,32 @@ impl Store {
             removed.push(p);
         }
         self.refresh_packs()?;
+        if let Some(lock_count) = self.lock_count {
+            self.listing = Some(Listing {
+                lock_count,
+                max_seq: self.listed_max_seq()?,
+            });
+        }
         Ok(removed)
     }
 
     /// The next snapshot's sequence number: above every id in use, even by
     /// leftovers (a pack or map of a crashed commit).
     pub(crate) fn next_seq(&self) -> Result<u64, StoreError> {
+        match self.listing {
+            Some(ls) => Ok(ls.max_seq + 1),
+            None => Ok(self.listed_max_seq()? + 1),
+        }
+    }
+
+    /// A snapshot this handle published: its id is in use from now on.
+    pub(crate) fn note_published(&mut self, id: &SnapshotId) {
+        if let Some(ls) = self.listing.as_mut() {
+            ls.max_seq = ls.max_seq.max(id.seq().unwrap_or(0));
+        }
+    }
+
+    fn listed_max_seq(&self) -> Result<u64, StoreError> {
         let mut max = 0;
         for (sub, suf) in [(SNAPSHOTS, ""), (PACKS, ".pack")] {
             for n in self.names(sub, suf)? {
@@ -488,7 +558,7 @@ impl Store {
                 }
             }
         }
-        Ok(max + 1)
+        Ok(max)
     }
 
     pub(crate) fn pack_file(&self, pack: u32) -> Result<(&Path, &Arc<File>), StoreError> {

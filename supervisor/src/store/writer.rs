@@ -778,6 +778,7 @@ impl SnapshotWriter<'_> {
         if let Some(name) = pack_name {
             self.register_pack(name);
         }
+        self.store.note_published(&self.id);
         Ok(m.info())
     }
 
@@ -810,6 +811,8 @@ impl SnapshotWriter<'_> {
     }
 
     fn cleanup(&mut self) {
+        // what it could not remove is for the next writer's listing
+        self.store.forget_listing();
         if let Some(pw) = self.pack.take() {
             let _ = std::fs::remove_file(&pw.tmp);
         }
