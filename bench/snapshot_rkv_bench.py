@@ -49,6 +49,7 @@ progress lines) of each config in the first round.
 Writes NAME.{md,json,png} (default snapshot_rkv) under bench/results/."""
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -555,6 +556,10 @@ def parse(argv=None):
     ap.add_argument("--self-check", action="store_true", help="run --quick into a temp dir and check it")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--name", default="snapshot_rkv")
+    ap.add_argument("--keep-files", type=Path, metavar="DIR",
+                    help="the stores and logs go under DIR and stay (default: a temporary directory, "
+                         "removed at the end); runs one after another then never measure in the wake "
+                         "of the previous run's deletions")  # fmt: skip
     a = ap.parse_args(argv)
     if a.quick:
         a.repeat, a.keys = 1, 100_000
@@ -582,7 +587,13 @@ def main(argv=None):
     # thousands of files makes the next config's file creations slow for
     # minutes (ext4 without a journal scans the inodes it freed recently)
     workdirs = []
-    with tempfile.TemporaryDirectory(prefix="snaprkv-") as top:
+    if args.keep_files:
+        args.keep_files.mkdir(parents=True, exist_ok=True)
+    with (
+        contextlib.nullcontext(tempfile.mkdtemp(prefix="snaprkv-", dir=args.keep_files))
+        if args.keep_files
+        else tempfile.TemporaryDirectory(prefix="snaprkv-")
+    ) as top:
         for rnd in range(args.repeat):
             k = rnd % len(configs)
             for name in configs[k:] + configs[:k]:

@@ -90,8 +90,21 @@ def test_sync_loses_no_acknowledged_write_when_the_stack_dies(tmp_path):
         assert back.wait_log("ready")["start"] == "warm"
         lost = missing(c, acked)
         assert not lost, f"{len(lost)} acknowledged writes lost, first {lost[:5]}"
+        app = back.app_pid()
     finally:
         back.close()
+    # the restore folded the journal (its fsyncs started the store's
+    # threads) and still stops its app on SIGTERM: none is left running
+    assert back.supervisor_events("stop"), "the supervisor did not stop on SIGTERM"
+    assert not pid_alive(app), f"the restored app {app} outlived its supervisor"
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_async_replies_before_durable_and_can_lose_them(tmp_path):

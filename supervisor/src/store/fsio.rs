@@ -151,6 +151,8 @@ mod fsync_pool {
     use std::sync::mpsc::{Receiver, Sender, channel};
     use std::sync::{Arc, Mutex, OnceLock};
 
+    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
+
     use super::{StoreError, io_at};
 
     /// A commit syncs at most three files at once: the caller and two.
@@ -167,6 +169,16 @@ mod fsync_pool {
         JOBS.get_or_init(|| {
             let (tx, rx) = channel::<Job>();
             let rx = Arc::new(Mutex::new(rx));
+            // Started with every signal blocked, which they keep: they may
+            // start before the supervisor blocks SIGTERM for its signalfd
+            // (a restore folds a journal first), and a thread that does not
+            // block it would take the default action, killing the
+            // supervisor and orphaning its app.
+            let all = SigSet::all();
+            let mut before = SigSet::empty();
+            if pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&all), Some(&mut before)).is_err() {
+                return None;
+            }
             let started = (0..THREADS)
                 .filter(|_| {
                     let rx = Arc::clone(&rx);
@@ -176,6 +188,7 @@ mod fsync_pool {
                         .is_ok()
                 })
                 .count();
+            let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&before), None);
             (started > 0).then_some(tx)
         })
         .as_ref()
