@@ -858,3 +858,38 @@ def test_pages_of_snapshots_that_fail_on_a_full_disk_go_into_the_next(tmp_path):
             back.close()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_retention_put_off_under_short_intervals_runs_at_the_stop(tmp_path):
+    """--snapshot-keep's retention reads every kept map and every pack
+    index: after each 10 ms snapshot of a large store it left time for about
+    one snapshot a second.  It now runs after a snapshot only once it has
+    had less than a tenth of the engine's time since the last, so some
+    snapshots of this run have their retention put off (`put_off` in
+    `snapshot_gc`), and the store still ends with exactly N (one put off
+    runs at the latest when the engine is idle or stops)."""
+    store = tmp_path / "store"
+    r = durable_rkv(
+        tmp_path / "a", store, "async", interval="10ms",
+        run_args=("--snapshot-keep", "3", "--snapshot-events", "every"),
+    )  # fmt: skip
+    try:
+        c = r.client()
+        value = b"v" * 200
+        # a store of some 25,000 pages: a retention takes milliseconds
+        p = c.pipeline(transaction=False)
+        for i in range(0, 400_000, 5_000):
+            p.mset({f"k{j}": value for j in range(i, i + 5_000)})
+        p.execute()
+        end = time.monotonic() + 2
+        i = 0
+        while time.monotonic() < end:
+            c.set(f"k{i * 7919 % 400_000}", b"w" * 200)
+            i += 1
+    finally:
+        r.close()
+    assert r.supervisor_events("stop"), "the supervisor did not stop on SIGTERM"
+    assert len(r.supervisor_events("snapshot")) >= 20
+    gcs = r.supervisor_events("snapshot_gc")
+    assert any(g["put_off"] > 0 for g in gcs), gcs[-5:]
+    assert snapshot_count(store) == 3

@@ -110,6 +110,9 @@ pub enum Note {
     Gc {
         removed: usize,
         freed_bytes: u64,
+        took: Duration,
+        /// Snapshots whose retention was put off until this one.
+        put_off: u32,
     },
     /// The journal's records published as snapshots.
     JournalFolded {
@@ -232,6 +235,8 @@ impl Handle {
             requested: false,
             last_busy: Instant::now(),
             idle_fold_failed: false,
+            last_retention: None,
+            retention_put_off: 0,
             refused: 0,
             unacked: std::collections::VecDeque::new(),
             lagging: std::collections::VecDeque::new(),
@@ -342,7 +347,23 @@ struct Engine {
     last_busy: Instant,
     /// The last idle fold failed (reported): the next waits for a snapshot.
     idle_fold_failed: bool,
+    /// When the last retention ended and how long it took: a retention
+    /// after a snapshot waits until the engine has spent
+    /// RETENTION_SHARE_MAX of its time since then on it.
+    last_retention: Option<(Instant, Duration)>,
+    /// Snapshots whose retention was put off since the last one ran: it
+    /// runs when idle or at a stop.
+    retention_put_off: u32,
 }
+
+/// A retention reads every kept snapshot's map and every pack's index
+/// (gc.rs): at 10 ms snapshots and a store of a million pages, running it
+/// after each snapshot left time for one snapshot a second.  After a
+/// snapshot it runs only once the time since the last one is at least
+/// 1/RETENTION_SHARE_MAX of that one's length; the store may hold more than
+/// `--snapshot-keep` until then.  One put off runs when the engine is idle
+/// or stops.
+const RETENTION_SHARE_MAX: u32 = 10;
 
 /// An engine that took no snapshot and was asked for none this long is
 /// idle: it publishes what the journal holds then.  A poll that merely timed
@@ -439,12 +460,14 @@ impl Engine {
             {
                 // idle: what the journal holds is published, then counted
                 self.idle_fold_failed = !self.fold_then_retention(FoldWhen::Idle);
+                self.retention_if_put_off();
             }
             drain(&self.wake);
             loop {
                 match self.rx.try_recv() {
                     Ok(Cmd::Shutdown) | Err(TryRecvError::Disconnected) => {
                         self.fold_then_retention(FoldWhen::Stop);
+                        self.retention_if_put_off();
                         return;
                     }
                     Ok(c) => self.on_cmd(c),
@@ -848,7 +871,11 @@ impl Engine {
                 // which would put a fold on every group commit's reply path
                 // (its records are not snapshots to count yet either)
                 if !journaled {
-                    self.retention();
+                    if self.retention_due() {
+                        self.retention();
+                    } else {
+                        self.retention_put_off += 1;
+                    }
                 }
             }
             // a checkpoint asked as the app starts waits for its regions too
@@ -1036,6 +1063,19 @@ impl Engine {
         }
     }
 
+    /// A retention after a snapshot may run: it has had less than
+    /// 1/RETENTION_SHARE_MAX of the engine's time since the last one.
+    fn retention_due(&self) -> bool {
+        self.last_retention
+            .is_none_or(|(ended, took)| ended.elapsed() >= took * (RETENTION_SHARE_MAX - 1))
+    }
+
+    fn retention_if_put_off(&mut self) {
+        if self.retention_put_off > 0 {
+            self.retention();
+        }
+    }
+
     fn retention(&mut self) {
         let Some(keep) = self.cfg.keep else { return };
         let Some(store) = self.store.as_mut() else {
@@ -1045,12 +1085,19 @@ impl Engine {
             keep_last: Some(keep),
             ..Retention::default()
         };
-        match store.gc(&policy, &mut |_| {}) {
+        let t0 = Instant::now();
+        let r = store.gc(&policy, &mut |_| {});
+        let took = t0.elapsed();
+        self.last_retention = Some((Instant::now(), took));
+        let put_off = std::mem::take(&mut self.retention_put_off);
+        match r {
             Ok(r) => {
                 if !r.deleted.is_empty() {
                     self.note(Note::Gc {
                         removed: r.deleted.len(),
                         freed_bytes: r.freed_bytes,
+                        took,
+                        put_off,
                     })
                 }
             }

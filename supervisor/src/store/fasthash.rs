@@ -12,6 +12,10 @@ use std::hash::{BuildHasher, Hasher};
 /// A `HashMap` with the seeded multiplicative hasher below.
 pub type FastMap<K, V> = HashMap<K, V, Seeded>;
 
+/// A `HashSet` with the same hasher (gc's set of the chunks kept snapshots
+/// reference: every chunk of the store, at each retention).
+pub type FastSet<K> = std::collections::HashSet<K, Seeded>;
+
 /// Builds `Mix` hashers with one random seed per table.
 #[derive(Clone, Copy)]
 pub struct Seeded(u64);

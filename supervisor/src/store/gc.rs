@@ -4,11 +4,12 @@
 //! breaks.  Then the deleted manifests and maps go, then every pack none of
 //! whose chunks a kept snapshot needs, and the leftovers of crashed writes.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use super::error::StoreError;
+use super::fasthash::FastSet;
 use super::format::{Hash, PACKS, SNAPSHOTS, SnapshotId, TMP, unix_ns};
 use super::manifest::{Manifest, MapRef, SnapshotKind};
 use super::map::{self, MapEntry};
@@ -158,7 +159,7 @@ impl Store {
             .map(|(i, m)| (m.id.clone(), i))
             .collect();
         // kept snapshots whose chain runs through a deleted one: fold them
-        let mut referenced: HashSet<Hash> = HashSet::new();
+        let mut referenced: FastSet<Hash> = FastSet::default();
         let mut rewrites: Vec<(usize, Vec<MapEntry>)> = Vec::new();
         let total = ms.len() as u64;
         for (i, m) in ms.iter().enumerate() {
@@ -170,6 +171,14 @@ impl Store {
             if !keep.contains(&m.id) {
                 continue;
             }
+            // only a delta whose parent goes is rewritten (its kept
+            // children stay deltas on it); the others need no chain read,
+            // which at `--snapshot-keep N` would be N manifests each
+            let parent_goes = m.kind == SnapshotKind::Delta
+                && m.parent.as_ref().is_none_or(|p| !keep.contains(p));
+            if !parent_goes {
+                continue;
+            }
             let chain = match self.chain(&m.id) {
                 Ok(c) => c,
                 Err(_) => {
@@ -178,10 +187,7 @@ impl Store {
                     continue;
                 }
             };
-            // only a snapshot whose parent goes is rewritten; its kept
-            // children stay deltas on it
-            let parent_goes = chain.len() > 1 && !keep.contains(&chain[1].1.id);
-            if !parent_goes {
+            if chain.len() < 2 {
                 continue;
             }
             match self.fold(&chain) {
@@ -252,7 +258,7 @@ impl Store {
         Ok(rep)
     }
 
-    fn own_hashes(&self, m: &Manifest, out: &mut HashSet<Hash>) {
+    fn own_hashes(&self, m: &Manifest, out: &mut FastSet<Hash>) {
         if let Ok(es) = self.load_map(m) {
             out.extend(es.iter().filter_map(|e| e.hash));
         }
@@ -367,7 +373,7 @@ impl Store {
         &self,
         ms: &[Manifest],
         keep: &BTreeSet<SnapshotId>,
-        referenced: &HashSet<Hash>,
+        referenced: &FastSet<Hash>,
         dry_run: bool,
         rep: &mut GcReport,
     ) -> Result<(), StoreError> {

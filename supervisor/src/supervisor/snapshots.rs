@@ -500,10 +500,14 @@ impl Supervisor {
             Note::Gc {
                 removed,
                 freed_bytes,
+                took,
+                put_off,
             } => self.report.event(
                 ev("snapshot_gc")
                     .u("removed", removed as u64)
-                    .u("freed_bytes", freed_bytes),
+                    .u("freed_bytes", freed_bytes)
+                    .u("took_ms", took.as_millis() as u64)
+                    .u("put_off", u64::from(put_off)),
             ),
             Note::JournalFolded {
                 when,
