@@ -66,6 +66,19 @@ fn write(store: &mut Store, meta: NewSnapshot, pages: &[(u32, u64, u64)]) -> Sna
     w.commit().unwrap_or_else(|e| panic!("commit: {e}")).id
 }
 
+/// gc with `--keep N`.
+fn keep_last(store: &mut Store, n: usize) -> rekindle::store::GcReport {
+    store
+        .gc(
+            &Retention {
+                keep_last: Some(n),
+                ..Default::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap_or_else(|e| panic!("gc: {e}"))
+}
+
 /// Every page of every region of a snapshot, as seeds are hard to invert:
 /// the raw bytes.
 fn contents(store: &Store, id: &SnapshotId) -> Vec<Vec<u8>> {
@@ -393,15 +406,7 @@ fn retention_folds_children_and_keeps_every_kept_snapshot_identical() {
         .unwrap();
     assert_eq!(dry.deleted, ids[..4].to_vec());
     assert_eq!(s.list().unwrap().len(), 7, "a dry run changes nothing");
-    let rep = s
-        .gc(
-            &Retention {
-                keep_last: Some(3),
-                ..Default::default()
-            },
-            &mut |_| {},
-        )
-        .unwrap();
+    let rep = keep_last(&mut s, 3);
     assert_eq!(rep.deleted, ids[..4].to_vec());
     assert_eq!(rep.kept, ids[4..].to_vec());
     assert_eq!(
@@ -439,15 +444,7 @@ fn gc_frees_unreferenced_packs_and_leftovers_and_nothing_else() {
     std::fs::write(dir.join("snapshots/000000000000-x-0000.map"), b"x").unwrap();
     let pack = |id: &SnapshotId| dir.join("packs").join(format!("{id}.pack"));
     let size1 = std::fs::metadata(pack(&s1)).unwrap().len();
-    let rep = s
-        .gc(
-            &Retention {
-                keep_last: Some(1),
-                ..Default::default()
-            },
-            &mut |_| {},
-        )
-        .unwrap();
+    let rep = keep_last(&mut s, 1);
     assert_eq!(rep.deleted, vec![s1.clone(), s2.clone()]);
     assert!(!pack(&s1).exists(), "dead pack removed");
     assert!(pack(&s2).exists() && pack(&s3).exists(), "live packs kept");
@@ -463,15 +460,7 @@ fn gc_frees_unreferenced_packs_and_leftovers_and_nothing_else() {
     assert!(rep.freed_bytes >= size1);
     assert_eq!(contents(&s, &s3), vec![expect(&[3, 5, 0, 0])]);
     // a second gc has nothing to do
-    let again = s
-        .gc(
-            &Retention {
-                keep_last: Some(1),
-                ..Default::default()
-            },
-            &mut |_| {},
-        )
-        .unwrap();
+    let again = keep_last(&mut s, 1);
     assert!(again.deleted.is_empty() && again.removed.is_empty());
     // tagged snapshots are kept whatever the policy
     let mut meta = snap(None, regs);
@@ -482,15 +471,7 @@ fn gc_frees_unreferenced_packs_and_leftovers_and_nothing_else() {
         snap(Some(&t), vec![region("a", 0x1000, 4 * PAGE as u64)]),
         &[(0, 1, 9)],
     );
-    let rep = s
-        .gc(
-            &Retention {
-                keep_last: Some(1),
-                ..Default::default()
-            },
-            &mut |_| {},
-        )
-        .unwrap();
+    let rep = keep_last(&mut s, 1);
     assert!(rep.kept.contains(&t) && rep.deleted == vec![s3]);
     assert_eq!(s.resolve("keepme").unwrap(), t);
 }
@@ -945,15 +926,7 @@ fn a_location_index_reads_as_the_fold_and_a_bad_one_falls_back() {
     std::fs::write(&p3, &good).unwrap();
     r.write_location_index(&r1).unwrap();
     drop(r);
-    let rep = s
-        .gc(
-            &Retention {
-                keep_last: Some(1),
-                ..Retention::default()
-            },
-            &mut |_| {},
-        )
-        .unwrap();
+    let rep = keep_last(&mut s, 1);
     assert!(rep.rewritten.contains(&s3), "{:?}", rep.rewritten);
     assert!(!p1.exists() && !p3.exists());
     assert_eq!(contents(&s, &s3), folded[2]);
@@ -979,15 +952,7 @@ fn a_writer_lists_again_once_another_has_held_the_lock() {
     let mut b = Store::open(&dir).unwrap();
     let b1 = write(&mut b, snap(None, regs()), &[(0, 2, 3)]);
     assert!(!stray.exists(), "b's writer listed tmp/ and emptied it");
-    let rep = b
-        .gc(
-            &Retention {
-                keep_last: Some(1),
-                ..Default::default()
-            },
-            &mut |_| {},
-        )
-        .unwrap();
+    let rep = keep_last(&mut b, 1);
     assert_eq!(rep.deleted, vec![a1.clone(), a2.clone()]);
     assert!(!dir.join("packs").join(format!("{a1}.pack")).exists());
 
