@@ -125,6 +125,8 @@ pub fn fsync_many(files: &[(&File, &Path)]) -> Result<(), StoreError> {
         }
     }
     keep_first_error(&mut r, first.sync_all().map_err(io_at("fsync", first_path)));
+    // a job dropped unanswered (its thread gone) then ends the wait below
+    drop(done);
     for _ in 0..handed {
         let res = results.recv().unwrap_or_else(|_| {
             Err(StoreError::Io {
