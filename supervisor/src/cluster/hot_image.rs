@@ -364,30 +364,22 @@ mod tests {
         let dir = tmp.path().join("store");
         let mut store = Store::create_or_open(&dir).unwrap_or_else(|e| panic!("{e}"));
         let mut w = store
-            .begin(NewSnapshot {
-                parent: None,
-                full: true,
-                epoch: 1,
-                generation: 1,
-                app: "t".into(),
-                tags: Vec::new(),
-                regions: vec![
-                    RegionMeta {
-                        kind: RegionKind::Arena,
-                        name: "a".into(),
-                        addr: 0x4000_0000,
-                        size: 16 * PAGE as u64,
-                        layout: serde_json::json!({"memfd_bytes": 8 * PAGE as u64}),
-                    },
-                    RegionMeta {
-                        kind: RegionKind::Static,
-                        name: crate::snapshot::cut::MANIFEST_REGION.into(),
-                        addr: 0,
-                        size: PAGE as u64,
-                        layout: serde_json::json!({}),
-                    },
-                ],
-            })
+            .begin(NewSnapshot::full_for_test(vec![
+                RegionMeta {
+                    kind: RegionKind::Arena,
+                    name: "a".into(),
+                    addr: 0x4000_0000,
+                    size: 16 * PAGE as u64,
+                    layout: serde_json::json!({"memfd_bytes": 8 * PAGE as u64}),
+                },
+                RegionMeta {
+                    kind: RegionKind::Static,
+                    name: crate::snapshot::cut::MANIFEST_REGION.into(),
+                    addr: 0,
+                    size: PAGE as u64,
+                    layout: serde_json::json!({}),
+                },
+            ]))
             .unwrap_or_else(|e| panic!("{e}"));
         w.put_page(0, 3, &[7u8; PAGE])
             .unwrap_or_else(|e| panic!("{e}"));

@@ -1329,15 +1329,10 @@ mod tests {
         // S: pages 0..10, 20, and 40 (past its recorded memfd size, 32)
         let s = {
             let mut w = store
-                .begin(NewSnapshot {
-                    parent: None,
-                    full: true,
-                    epoch: 1,
-                    generation: 1,
-                    app: "t".into(),
-                    tags: Vec::new(),
-                    regions: vec![arena(32), manifest.clone()],
-                })
+                .begin(NewSnapshot::full_for_test(vec![
+                    arena(32),
+                    manifest.clone(),
+                ]))
                 .unwrap_or_else(|e| panic!("{e}"));
             for p in (0..10).chain([20, 40]) {
                 w.put_page(0, p, &[p as u8 + 1; PAGE])

@@ -34,6 +34,23 @@ pub struct NewSnapshot {
     pub regions: Vec<RegionMeta>,
 }
 
+#[cfg(test)]
+impl NewSnapshot {
+    /// A first, full snapshot of `regions` (epoch and generation 1), for
+    /// the unit tests that need a store to start from.
+    pub(crate) fn full_for_test(regions: Vec<RegionMeta>) -> NewSnapshot {
+        NewSnapshot {
+            parent: None,
+            full: true,
+            epoch: 1,
+            generation: 1,
+            app: "t".into(),
+            tags: Vec::new(),
+            regions,
+        }
+    }
+}
+
 /// Counters of one writer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriteStats {
