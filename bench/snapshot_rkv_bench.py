@@ -212,7 +212,11 @@ class BgsaveLoop:
 
 
 def keep_args(args):
-    return ["--snapshot-keep", str(args.snapshot_keep)] if args.snapshot_keep else []
+    """The run options every snapshot config shares: retention, publication."""
+    keep = ["--snapshot-keep", str(args.snapshot_keep)] if args.snapshot_keep else []
+    if args.snapshot_publish_every:
+        keep += ["--snapshot-publish-every", args.snapshot_publish_every]
+    return keep
 
 
 def start_server(name, cfg, build, workdir, args):
@@ -549,6 +553,12 @@ def parse(argv=None):
     ap.add_argument("--sync-interval", default="100ms", help="rkv-sync's --snapshot-interval")
     ap.add_argument("--snapshot-memory", default=None, help="rekindle run --snapshot-memory (default 64M)")
     ap.add_argument("--snapshot-keep", type=int, default=None, help="--snapshot-keep N (snapshot configs)")
+    ap.add_argument(
+        "--snapshot-publish-every",
+        default=None,
+        metavar="DUR",
+        help="--snapshot-publish-every DUR (snapshot configs)",
+    )
     ap.add_argument("--rkv-args", default="", help="more rkv options for every rkv config")
     ap.add_argument("--server-cpu", default="0")
     ap.add_argument("--client-cpu", default="1")

@@ -893,3 +893,114 @@ def test_retention_put_off_under_short_intervals_runs_at_the_stop(tmp_path):
     gcs = r.supervisor_events("snapshot_gc")
     assert any(g["put_off"] > 0 for g in gcs), gcs[-5:]
     assert snapshot_count(store) == 3
+
+
+def test_interval_snapshots_journaled_under_publish_every_survive_the_stack_dying(tmp_path):
+    """--snapshot-publish-every: 20 ms snapshots go to the store's journal
+    (one append and one fdatasync each, not three files and three fsync
+    rounds), and a fold on its own thread publishes them every 500 ms,
+    while the app runs.  Writes acknowledged before a journaled snapshot
+    that began after them come back after the whole stack is killed (the
+    restore folds the journal first)."""
+    store = tmp_path / "store"
+    r = durable_rkv(
+        tmp_path / "a", store, "async", interval="20ms",
+        run_args=("--snapshot-publish-every", "500ms", "--snapshot-events", "every"),
+    )  # fmt: skip
+    c = r.client()
+    n = 0
+    held = 0
+    end = time.monotonic() + 2.5
+    while time.monotonic() < end:
+        c.mset({f"k{n + i}": n + i for i in range(50)})
+        n += 50
+        held = max(held, journal_records(store))
+        time.sleep(0.01)
+    written = time.monotonic_ns()
+    snaps = []
+    deadline = time.monotonic() + 10
+    # a journaled snapshot whose cut came after the last write
+    while time.monotonic() < deadline:
+        snaps = r.supervisor_events("snapshot")
+        if any(s["journaled"] and s["t_ns"] - s["took_us"] * 1000 > written for s in snaps):
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail(f"no journaled snapshot after the writes: {snaps[-3:]}")
+    folds = r.supervisor_events("journal_folded")
+    listed = snapshot_count(store)
+    kill_stack(r)
+    journaled = [s for s in snaps if s["journaled"]]
+    assert len(journaled) >= 40, f"{len(journaled)} journaled of {len(snaps)} snapshots"
+    published = [s for s in snaps if not s["journaled"] and s["kind"] != "full"]
+    assert not published, f"interval snapshots published: {published[:2]}"
+    assert held > 0, "the journal never held a record"
+    # published in the background while the app ran, about every 500 ms
+    background = [f for f in folds if f["when"] == "background"]
+    assert len(background) >= 2, folds
+    assert all(f["published"] >= 1 for f in background), background
+    assert listed >= 2, f"{listed} snapshots listed while the app ran"
+    back = restored(tmp_path / "b", store)
+    try:
+        c = back.client()
+        got = c.mget([f"k{i}" for i in range(n)])
+        lost = [i for i, v in enumerate(got) if v != str(i).encode()]
+        assert not lost, f"{len(lost)} of {n} keys lost, first {lost[:5]}"
+    finally:
+        back.close()
+
+
+def test_publish_every_is_refused_below_the_interval_or_without_one(tmp_path):
+    store = tmp_path / "store"
+    for args, says in [
+        (("--snapshot-interval", "100ms", "--snapshot-publish-every", "50ms"), "shorter than"),
+        (("--snapshot-interval", "0", "--snapshot-publish-every", "1s"), "needs continuous snapshots"),
+        (("--snapshot-publish-every", "soon"), "'soon'"),
+    ]:
+        p = rekindle("run", "--snapshot-dir", store, *args, "--", "/bin/true")
+        assert p.returncode == 2 and says in p.stderr, (args, p.returncode, p.stderr)
+    assert not store.exists(), "a refused run created the store"
+
+
+def test_publish_every_publishes_the_snapshot_after_a_large_one(tmp_path):
+    """Under --snapshot-publish-every an interval snapshot after one that
+    copied more than 8,192 pages is published, not journaled (back-to-back
+    large snapshots gain nothing from the journal, and its fold compressed
+    their pages again); the snapshots after a small one go to the journal
+    again.  Every write comes back after the stack is killed."""
+    store = tmp_path / "store"
+    r = durable_rkv(
+        tmp_path / "a", store, "async", interval="20ms",
+        run_args=("--snapshot-publish-every", "10s", "--snapshot-events", "every"),
+    )  # fmt: skip
+    c = r.client()
+    time.sleep(0.5)
+    value = b"b" * 3000
+    c.mset({f"big{i}": value for i in range(15_000)})  # about 11,000 pages, one cut
+    time.sleep(0.5)
+    c.set("after", "1")
+    written = time.monotonic_ns()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        snaps = [s for s in r.supervisor_events("snapshot") if s["kind"] != "full"]
+        if any(s["journaled"] and s["t_ns"] - s["took_us"] * 1000 > written for s in snaps):
+            break
+        time.sleep(0.02)
+    kill_stack(r)
+    pages = [s["precopy_pages"] + s["cut_pages"] for s in snaps]
+    large = [i for i in range(len(snaps) - 1) if pages[i] > 8192]
+    assert large, f"no snapshot of more than 8,192 pages: {max(pages)}"
+    # each one after a large one is published, each one after a small one
+    # journaled (the first, the incarnation's full one, is left out)
+    rule = [(snaps[i]["journaled"], pages[i - 1] <= 8192) for i in range(1, len(snaps))]
+    bad = [i + 1 for i, (j, s) in enumerate(rule) if j != s]
+    assert not bad, [(pages[i - 1], {k: snaps[i][k] for k in ("journaled", "precopy_pages", "cut_pages", "new_bytes", "delta_pages", "rounds")}) for i in bad]
+    assert sum(j for j, _ in rule) >= 20, "too few journaled snapshots"
+    back = restored(tmp_path / "b", store)
+    try:
+        c = back.client()
+        assert c.get("after") == b"1"
+        got = c.mget([f"big{i}" for i in range(15_000)])
+        assert all(v == value for v in got), sum(v != value for v in got)
+    finally:
+        back.close()

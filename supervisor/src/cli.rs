@@ -238,6 +238,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", requires = "snapshot_dir", value_parser = clap::value_parser!(u64).range(1..))]
     pub snapshot_keep: Option<u64>,
 
+    /// With --snapshot-interval: continuous snapshots go to the store's
+    /// journal (one append and one fdatasync each: durable, and restored
+    /// after a crash), and are published as listed snapshots (`rekindle
+    /// snapshots`, rollback, send, --snapshot-keep) at most this often, in
+    /// the background; at least the interval.  0 (the default): each one is
+    /// published (a pack, a map, a manifest: three fsync rounds).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "0",
+          requires = "snapshot_dir")]
+    pub snapshot_publish_every: Duration,
+
     /// With --snapshot-dir: at most this much copied page data held in
     /// memory while a snapshot is taken; beyond it pages go to the store
     /// early (the cut then takes longer).
@@ -357,6 +367,8 @@ pub struct SnapshotConfig {
     pub interval: Option<Duration>,
     pub keep: Option<usize>,
     pub memory: usize,
+    /// `--snapshot-publish-every`: None, every snapshot is published.
+    pub publish_every: Option<Duration>,
 }
 
 /// Why `rekindle run`'s arguments cannot be used (a usage error: exit 2).
@@ -366,6 +378,8 @@ pub enum ConfigError {
     Program(#[from] ProgramError),
     #[error("{0}")]
     Name(String),
+    #[error("{0}")]
+    Snapshots(String),
 }
 
 impl Config {
@@ -380,6 +394,24 @@ impl Config {
             None => runtime_dir::name_from_program(&program_display),
         };
         runtime_dir::check_name(&name).map_err(|e| ConfigError::Name(e.to_string()))?;
+        let interval = (!a.snapshot_interval.is_zero())
+            .then(|| a.snapshot_interval.max(Duration::from_millis(10)));
+        let publish_every =
+            (!a.snapshot_publish_every.is_zero()).then_some(a.snapshot_publish_every);
+        match (publish_every, interval) {
+            (Some(_), None) => {
+                return Err(ConfigError::Snapshots(
+                    "--snapshot-publish-every needs continuous snapshots (--snapshot-interval above 0)"
+                        .into(),
+                ));
+            }
+            (Some(p), Some(i)) if p < i => {
+                return Err(ConfigError::Snapshots(format!(
+                    "--snapshot-publish-every ({p:?}) is shorter than --snapshot-interval ({i:?})"
+                )));
+            }
+            _ => {}
+        }
         Ok(Config {
             name,
             program_display,
@@ -402,10 +434,10 @@ impl Config {
             snapshots: a.snapshot_dir.map(|dir| SnapshotConfig {
                 events: a.snapshot_events,
                 dir,
-                interval: (!a.snapshot_interval.is_zero())
-                    .then(|| a.snapshot_interval.max(Duration::from_millis(10))),
+                interval,
                 keep: a.snapshot_keep.map(|k| k as usize),
                 memory: a.snapshot_memory.max(1 << 20) as usize,
+                publish_every,
             }),
             restore: None,
             restore_why: "",
@@ -650,5 +682,66 @@ mod tests {
             e,
             Err(ConfigError::Program(ProgramError::NotFound(_)))
         ));
+    }
+
+    #[test]
+    fn publish_every_needs_an_interval_it_is_not_shorter_than() {
+        let cfg = |argv: &[&str]| Config::from_args(run_args(argv));
+        let every = |c: &Config| c.snapshots.as_ref().and_then(|s| s.publish_every);
+        let c = cfg(&[
+            "--snapshot-dir",
+            "d",
+            "--snapshot-interval",
+            "10ms",
+            "--",
+            "sh",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(every(&c), None, "0 (the default) publishes each snapshot");
+        let c = cfg(&[
+            "--snapshot-dir",
+            "d",
+            "--snapshot-interval",
+            "10ms",
+            "--snapshot-publish-every",
+            "10ms",
+            "--",
+            "sh",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(every(&c), Some(Duration::from_millis(10)));
+        for (argv, says) in [
+            (
+                &[
+                    "--snapshot-dir",
+                    "d",
+                    "--snapshot-interval",
+                    "1s",
+                    "--snapshot-publish-every",
+                    "999ms",
+                    "--",
+                    "sh",
+                ][..],
+                "shorter than --snapshot-interval",
+            ),
+            (
+                &[
+                    "--snapshot-dir",
+                    "d",
+                    "--snapshot-interval",
+                    "0",
+                    "--snapshot-publish-every",
+                    "1s",
+                    "--",
+                    "sh",
+                ],
+                "needs continuous snapshots",
+            ),
+        ] {
+            match cfg(argv) {
+                Err(ConfigError::Snapshots(m)) => assert!(m.contains(says), "{m}"),
+                other => panic!("{argv:?}: {:?}", other.map(|c| c.name)),
+            }
+        }
     }
 }

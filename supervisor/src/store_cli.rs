@@ -514,6 +514,7 @@ fn verify(dir: &Path, as_json: bool, progress: bool) -> Result<i32, StoreError> 
             "leftovers": rep.leftovers.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "packs": rep.packs, "chunks": rep.chunks, "pack_bytes": rep.pack_bytes,
             "journal": {"records": rep.journal_records, "torn_tail": rep.journal_torn},
+            "published_meanwhile": rep.published_meanwhile,
         });
         println!("{v}");
     } else {

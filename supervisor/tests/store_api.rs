@@ -966,3 +966,43 @@ fn a_writer_lists_again_once_another_has_held_the_lock() {
     let v = Store::open(&dir).unwrap().verify(&mut |_| {}).unwrap();
     assert!(v.ok(), "{v:?}");
 }
+
+/// verify takes no lock: a snapshot another handle publishes while it runs
+/// names a pack the verifying handle did not load, and a gc may remove a
+/// pack it loaded.  Neither is damage (it used to report `missing_pack`
+/// for a store that was sound); a pack gone that a listed snapshot still
+/// needs is.
+#[test]
+fn verify_of_a_live_store_reports_no_damage_a_writer_or_gc_made_meanwhile() {
+    let (_t_dir, dir) = tmp("verify-live");
+    let regs = vec![region("a", 0x1000, 4 * PAGE as u64)];
+    let mut w = Store::create_or_open(&dir).unwrap();
+    let s1 = write(&mut w, snap(None, regs.clone()), &[(0, 0, 1), (0, 1, 2)]);
+    let s2 = write(&mut w, snap(None, regs.clone()), &[(0, 0, 3), (0, 1, 4)]);
+    let v = Store::open(&dir).unwrap(); // the verifier's view: s1, s2
+    // meanwhile: a new snapshot, and s1 (with its pack) collected
+    write(&mut w, snap(Some(&s2), regs.clone()), &[(0, 2, 5)]);
+    let gc = keep_last(&mut w, 2);
+    assert_eq!(gc.deleted, vec![s1.clone()]);
+    let rep = v.verify(&mut |_| {}).unwrap();
+    assert!(rep.ok(), "{:?}", rep.errors);
+    assert_eq!(rep.published_meanwhile, 1);
+    assert_eq!(
+        rep.snapshots
+            .iter()
+            .map(|s| s.id.clone())
+            .collect::<Vec<_>>(),
+        vec![s2.clone()]
+    );
+    // a pack that a listed snapshot needs, removed: damage, with its code
+    let v = Store::open(&dir).unwrap();
+    std::fs::remove_file(dir.join("packs").join(format!("{}.pack", s2.as_str()))).unwrap();
+    let rep = v.verify(&mut |_| {}).unwrap();
+    let bad: Vec<_> = rep.snapshots.iter().filter(|s| !s.restorable).collect();
+    assert!(!bad.is_empty(), "a needed pack removed went unnoticed");
+    assert!(
+        bad.iter()
+            .all(|s| s.error.as_ref().is_some_and(|e| e.code() == "missing_pack")),
+        "{bad:?}"
+    );
+}

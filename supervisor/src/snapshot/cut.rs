@@ -235,10 +235,12 @@ pub struct Plan<'a> {
     /// Pages an abandoned snapshot had reported (they are not reported again).
     pub carry: &'a HashMap<String, BTreeSet<u64>>,
     /// Append to the store's journal instead of publishing (a snapshot the
-    /// app waits for), and go straight to the cut: no pre-copy round (a
-    /// group commit's few pages are copied faster at the cut than in a
-    /// round trip to the agent more).
+    /// app waits for, or an interval's under `--snapshot-publish-every`).
     pub journal: bool,
+    /// Pre-copy rounds before the cut.  Not for a snapshot the app waits
+    /// for: a group commit's few pages are copied faster at the cut than in
+    /// a round trip to the agent more.
+    pub precopy: bool,
 }
 
 /// What a snapshot cost and what it wrote.
@@ -257,6 +259,8 @@ pub struct Done {
     /// Regions that got no view at this snapshot (read with `pread`), why.
     pub views_refused: Vec<(String, NoView)>,
     pub precopy_pages: u64,
+    /// Pre-copy rounds before the cut (0: straight to the cut).
+    pub rounds: u32,
     pub punched_pages: u64,
     pub new_chunks: u64,
     pub dedup_hits: u64,
@@ -926,10 +930,12 @@ fn run(
     // that copied no less than the one before will not converge (the app
     // writes as fast as we copy): the cut comes then, and takes longer.
     let mut last = u64::MAX;
-    let rounds = if plan.journal { 0 } else { MAX_ROUNDS };
+    let rounds = if plan.precopy { MAX_ROUNDS } else { 0 };
+    let mut rounds_done = 0;
     for round in 1..=rounds {
         let before = c.precopy + t.whole_pages;
         report(link, t, plan, false, &mut c)?;
+        rounds_done = round;
         let copied = c.precopy + t.whole_pages - before;
         if round >= plan.precopy_rounds && (copied <= SMALL_ROUND_PAGES || copied >= last) {
             break;
@@ -987,6 +993,7 @@ fn run(
         cut_pages: c.cut,
         views_refused: std::mem::take(&mut t.views_refused),
         precopy_pages: c.precopy + t.whole_pages,
+        rounds: rounds_done,
         punched_pages: c.punched,
         new_chunks: stats.new_chunks,
         dedup_hits: stats.dedup_hits,

@@ -37,6 +37,11 @@ pub struct EngineConfig {
     pub staging_bytes: usize,
     pub freeze_timeout: Duration,
     pub precopy_rounds: u32,
+    /// `--snapshot-publish-every`: interval snapshots go to the store's
+    /// journal (one append and one fdatasync each), and what it holds is
+    /// published on the fold thread at most this often.  None: each one is
+    /// published (three files, three fsync rounds).
+    pub publish_every: Option<Duration>,
     /// `--cluster`: each commit goes to the replication sender; with sync
     /// replication the app's durable epoch waits for the standbys' ack.
     pub replication: Option<std::sync::Arc<crate::cluster::link::ReplicationLink>>,
@@ -144,8 +149,9 @@ pub enum Note {
 /// Which fold of the journal a `JournalFolded` reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FoldWhen {
-    /// A full journal file, on a thread of its own while the other took
-    /// the appends.
+    /// A journal file, on a thread of its own while the other took the
+    /// appends: a full one, or under `--snapshot-publish-every` the one
+    /// due.
     Background,
     /// The engine, idle for IDLE_FOLD_AFTER.
     Idle,
@@ -234,6 +240,9 @@ impl Handle {
             request_efd: None,
             requested: false,
             last_busy: Instant::now(),
+            last_app_commit: None,
+            last_publish: Instant::now(),
+            last_pages: None,
             idle_fold_failed: false,
             last_retention: None,
             retention_put_off: 0,
@@ -345,6 +354,16 @@ struct Engine {
     /// When the last snapshot ended or the app last asked for one: the
     /// journal is folded once nothing happened for IDLE_FOLD_AFTER.
     last_busy: Instant,
+    /// When the app last asked for a snapshot (rk_checkpoint).
+    last_app_commit: Option<Instant>,
+    /// When the journal's records were last handed to a fold, or a
+    /// snapshot published: `publish_every` counts from then.
+    last_publish: Instant,
+    /// Pages the last snapshot taken in this incarnation copied (pre-copy
+    /// and cut; a failed one changes nothing): after a large one an interval
+    /// snapshot is published under `--snapshot-publish-every`
+    /// (JOURNAL_INTERVAL_MAX_PAGES).
+    last_pages: Option<u64>,
     /// The last idle fold failed (reported): the next waits for a snapshot.
     idle_fold_failed: bool,
     /// When the last retention ended and how long it took: a retention
@@ -371,6 +390,14 @@ const RETENTION_SHARE_MAX: u32 = 10;
 /// app) is not idleness: a fold of a full journal takes 100-250 ms, which
 /// every held reply would wait for.
 const IDLE_FOLD_AFTER: Duration = Duration::from_millis(200);
+
+/// Under `--snapshot-publish-every`, an interval snapshot after one that
+/// copied more than this many pages is published, not journaled.  Such
+/// snapshots come back to back (the app writes faster than the engine
+/// copies): each one's fixed cost is spread over many pages already, and a
+/// fold would compress the same pages again on top of an engine that runs
+/// all the time (measured: SET -P 16 lost a third of its throughput).
+const JOURNAL_INTERVAL_MAX_PAGES: u64 = 8192;
 
 /// How long a checkpoint asked for while an incarnation starts waits for
 /// its agent's HELLO.
@@ -459,7 +486,10 @@ impl Engine {
                 && !self.idle_fold_failed
             {
                 // idle: what the journal holds is published, then counted
-                self.idle_fold_failed = !self.fold_then_retention(FoldWhen::Idle);
+                // (under --snapshot-publish-every, on its own schedule)
+                if self.cfg.publish_every.is_none() {
+                    self.idle_fold_failed = !self.fold_then_retention(FoldWhen::Idle);
+                }
                 self.retention_if_put_off();
             }
             drain(&self.wake);
@@ -480,6 +510,7 @@ impl Engine {
                 }
                 self.requested = true;
                 self.last_busy = Instant::now();
+                self.last_app_commit = Some(self.last_busy);
             }
             if acked_fd.is_some() && pfds[acked_at].revents != 0 {
                 self.on_replica_acked();
@@ -491,6 +522,7 @@ impl Engine {
                 self.note(Note::Indexed { id, result: r });
             }
             self.reap_background_fold();
+            self.publish_journal_if_due();
             if self.agent.is_none() && self.agent_wait_until.is_some_and(|t| Instant::now() >= t) {
                 self.refuse_waiting_no_agent();
             }
@@ -513,7 +545,8 @@ impl Engine {
     /// The app asks for snapshots (rkv `--durability sync`): the journal
     /// holds its records and the last came less than IDLE_FOLD_AFTER ago.
     fn app_commits_flowing(&self) -> bool {
-        self.last_busy.elapsed() < IDLE_FOLD_AFTER
+        self.last_app_commit
+            .is_some_and(|t| t.elapsed() < IDLE_FOLD_AFTER)
             && self.store.as_ref().is_some_and(|s| s.journal_pending())
     }
 
@@ -529,7 +562,10 @@ impl Engine {
             None => ms,
         };
         if !self.idle_fold_failed && self.store.as_ref().is_some_and(|s| s.journal_pending()) {
-            let left = IDLE_FOLD_AFTER.saturating_sub(self.last_busy.elapsed());
+            let left = match self.cfg.publish_every {
+                None => IDLE_FOLD_AFTER.saturating_sub(self.last_busy.elapsed()),
+                Some(every) => every.saturating_sub(self.last_publish.elapsed()),
+            };
             ms.min(left.as_millis() as i32 + 1)
         } else {
             ms
@@ -708,6 +744,7 @@ impl Engine {
         self.unacked.clear();
         self.lagging.clear();
         self.published = 0;
+        self.last_pages = None;
         self.force_full = true; // a new address space: what was written before is unknown
         self.carry.clear();
         if h.status != SnapStatus::Ok || fds.len() != agent_link::HELLO_FDS {
@@ -799,11 +836,49 @@ impl Engine {
             return;
         };
         match done.result {
-            Ok(rep) => self.journal_folded(FoldWhen::Background, done.took, &rep),
+            Ok(rep) => {
+                self.journal_folded(FoldWhen::Background, done.took, &rep);
+                // under --snapshot-publish-every this is where interval
+                // snapshots become ones to count
+                if self.cfg.publish_every.is_some() && !rep.published.is_empty() {
+                    if self.retention_due() {
+                        self.retention();
+                    } else {
+                        self.retention_put_off += 1;
+                    }
+                }
+            }
             Err(e) => self.note(Note::Failed {
                 code: e.code(),
-                detail: format!("folding a full journal file in the background: {e}"),
+                detail: format!("folding a journal file in the background: {e}"),
             }),
+        }
+    }
+
+    /// `--snapshot-publish-every`: the journal's records are handed to the
+    /// fold thread once the last publication is that old (the engine goes
+    /// on journaling meanwhile).  A fold that cannot start now (one runs,
+    /// or a failed one left records) is tried at the next turn.
+    fn publish_journal_if_due(&mut self) {
+        let Some(every) = self.cfg.publish_every else {
+            return;
+        };
+        if self.last_publish.elapsed() < every {
+            return;
+        }
+        let Some(store) = self.store.as_mut().filter(|s| s.journal_pending()) else {
+            return;
+        };
+        match store.fold_in_background() {
+            Ok(true) => self.last_publish = Instant::now(),
+            Ok(false) => {}
+            Err(e) => {
+                self.last_publish = Instant::now();
+                self.note(Note::Failed {
+                    code: e.code(),
+                    detail: format!("starting a fold of the journal: {e}"),
+                });
+            }
         }
     }
 
@@ -839,13 +914,24 @@ impl Engine {
         tags.sort();
         tags.dedup();
         self.next_due = self.cfg.interval.map(|iv| Instant::now() + iv);
-        // Journaled: a snapshot the app waits for, that nobody names (no
-        // checkpoint client, no tag), a delta, without standbys (they get
-        // published snapshots).  The rest are published, which folds the
-        // journal first.
-        let journal =
-            app_asked && waiting.is_empty() && !self.force_full && self.cfg.replication.is_none();
-        let r = self.take(tags, journal);
+        // Journaled: a snapshot the app waits for, or an interval's under
+        // --snapshot-publish-every after one that was not large, that nobody
+        // names (no checkpoint client, no tag), a delta, without standbys
+        // (they get published snapshots).  The rest are published, which
+        // folds the journal first.
+        let interval_journaled = self.cfg.publish_every.is_some()
+            && self
+                .last_pages
+                .is_some_and(|n| n <= JOURNAL_INTERVAL_MAX_PAGES);
+        let journal = (app_asked || interval_journaled)
+            && waiting.is_empty()
+            && !self.force_full
+            && self.cfg.replication.is_none();
+        let precopy = !(journal && app_asked);
+        let r = self.take(tags, journal, precopy);
+        if let Ok(d) = &r {
+            self.last_pages = Some(d.precopy_pages + d.cut_pages);
+        }
         if r.is_ok() {
             self.refused = 0;
             self.idle_fold_failed = false;
@@ -857,6 +943,8 @@ impl Engine {
                 let journaled = done.info.journaled;
                 if !journaled {
                     self.indexer.committed(done.info.id.clone());
+                    // it folded the journal first: all is published
+                    self.last_publish = Instant::now();
                 }
                 let reply = checkpoint_reply(&done);
                 // the event first: a client that has its reply finds it logged
@@ -950,7 +1038,7 @@ impl Engine {
         }
     }
 
-    fn take(&mut self, tags: Vec<String>, journal: bool) -> Result<Done, Failure> {
+    fn take(&mut self, tags: Vec<String>, journal: bool, precopy: bool) -> Result<Done, Failure> {
         let epoch = {
             self.open_store()?;
             self.epoch + 1
@@ -978,6 +1066,7 @@ impl Engine {
             staging_bytes: self.cfg.staging_bytes,
             carry: &carry,
             journal,
+            precopy,
         };
         let store = self.store.as_mut().ok_or(Failure::LayoutChanged)?;
         let r = cut::take(

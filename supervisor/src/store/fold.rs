@@ -380,6 +380,24 @@ impl Store {
         Ok(true)
     }
 
+    /// Publishes the journal's records on the fold thread, without waiting:
+    /// appends move to the other file as when one fills.  False: nothing
+    /// to fold, a fold runs already, or the other file still holds records
+    /// (a failed fold: the next publishing writer folds both).
+    pub fn fold_in_background(&mut self) -> Result<bool, StoreError> {
+        let ready = self
+            .journal
+            .as_ref()
+            .is_some_and(|s| !s.failed && !s.j.is_empty() && !s.other_pending);
+        if !ready || self.background_fold_running() {
+            return Ok(false);
+        }
+        let lock = self.lock()?;
+        let started = self.switch_journal_file()?;
+        drop(lock);
+        Ok(started)
+    }
+
     /// The file taking appends is full: appends move to the other (empty,
     /// its generation made the higher) and the full one is folded on a
     /// thread of its own.  False: the other is not empty (a fold failed),
@@ -694,6 +712,52 @@ mod tests {
         assert!(s.verify(&mut |_| {}).unwrap().ok());
         // nothing left to fold
         assert!(fold_journal_at(d.path()).unwrap().is_none());
+    }
+
+    /// `--snapshot-publish-every`: a journal that is not full is handed to
+    /// the fold thread on request; appends go on in the other file, and a
+    /// second request while that fold runs, or with nothing to fold, starts
+    /// nothing.
+    #[test]
+    fn a_journal_not_full_is_folded_in_the_background_on_request() {
+        let d = tempfile::tempdir().unwrap();
+        let ids = base_and_two(d.path());
+        let mut s = Store::create_or_open(d.path()).unwrap();
+        // a new handle finds the records and takes over the journal
+        let mut w = s
+            .begin_journaled(meta(Some(ids[2].clone()), false))
+            .unwrap();
+        w.put_page(0, 6, &page(6)).unwrap();
+        let j3 = w.commit().unwrap().id;
+        assert!(s.fold_in_background().unwrap(), "no fold started");
+        assert!(s.background_fold_running());
+        assert!(!s.fold_in_background().unwrap(), "a second fold started");
+        // appends go on meanwhile, in the other file
+        let mut w = s.begin_journaled(meta(Some(j3.clone()), false)).unwrap();
+        w.put_page(0, 7, &page(7)).unwrap();
+        let j4 = w.commit().unwrap().id;
+        let done = s.wait_background_fold().expect("the fold's report");
+        let rep = done.result.unwrap();
+        assert_eq!(rep.published, vec![j3.clone()]);
+        assert_eq!(
+            Store::open(d.path()).unwrap().latest().unwrap().unwrap().id,
+            j3
+        );
+        assert!(s.journal_pending(), "the record appended during the fold");
+        assert!(s.fold_in_background().unwrap());
+        s.wait_background_fold().unwrap().result.unwrap();
+        assert!(!s.journal_pending());
+        assert!(
+            !s.fold_in_background().unwrap(),
+            "a fold of nothing started"
+        );
+        assert_eq!(
+            Store::open(d.path()).unwrap().latest().unwrap().unwrap().id,
+            j4
+        );
+        assert_eq!(read(d.path(), 1), page(3));
+        assert_eq!(read(d.path(), 6), page(6));
+        assert_eq!(read(d.path(), 7), page(7));
     }
 
     /// A page no other page equals, that zstd cannot shrink.

@@ -569,6 +569,11 @@ impl Store {
         }
     }
 
+    /// This handle loaded pack `name` when it opened the store.
+    pub(crate) fn has_pack(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
     /// Checks that every pack a manifest names is present and loaded.
     pub(crate) fn check_packs(&self, m: &Manifest) -> Result<(), StoreError> {
         for p in &m.packs {

@@ -10,6 +10,15 @@ use super::format::{Hash, PACKS, PAGE, SNAPSHOTS, SnapshotId, TMP};
 use super::pack::{self, ChunkReader};
 use super::{Phase, Progress, Store};
 
+/// What `verify_packs` found wrong.
+#[derive(Default)]
+struct Bad {
+    /// Chunks that failed their checks.
+    chunks: HashSet<Hash>,
+    /// Packs (by index) gone since the store was opened.
+    packs_gone: HashSet<u32>,
+}
+
 /// One snapshot's verdict.
 #[derive(Debug, Clone)]
 pub struct VerifyStatus {
@@ -33,6 +42,9 @@ pub struct VerifyReport {
     /// code of a torn tail ignored after them (store.md, "Journal").
     pub journal_records: u64,
     pub journal_torn: Option<&'static str>,
+    /// Snapshots published by a writer while this ran (their packs came
+    /// after the store was opened): not checked, as if listed before.
+    pub published_meanwhile: u64,
 }
 
 impl VerifyReport {
@@ -54,7 +66,7 @@ impl VerifyReport {
 impl Store {
     pub fn verify(&self, progress: &mut dyn FnMut(Progress)) -> Result<VerifyReport, StoreError> {
         let mut rep = VerifyReport::default();
-        let bad_chunks = self.verify_packs(&mut rep, progress)?;
+        let bad = self.verify_packs(&mut rep, progress)?;
         let listed = self.list_all()?;
         let total = listed.len() as u64;
         let mut maps = BTreeSet::new();
@@ -62,11 +74,16 @@ impl Store {
         for (i, l) in listed.into_iter().enumerate() {
             let verdict = match l.manifest {
                 Err(e) => Err(e),
+                // verify takes no lock: a writer may publish meanwhile
+                Ok(m) if self.published_after_open(&m) => {
+                    rep.published_meanwhile += 1;
+                    continue;
+                }
                 Ok(m) => {
                     maps.insert(m.map.file.clone());
                     packs.extend(m.packs.iter().cloned());
                     packs.extend(m.pack.iter().cloned());
-                    self.verify_snapshot(&m.id, &bad_chunks)
+                    self.verify_snapshot(&m.id, &bad)
                 }
             };
             let error = verdict.err();
@@ -142,32 +159,50 @@ impl Store {
         Ok(rep)
     }
 
-    /// Every chunk of every pack; returns the hashes that failed.
+    /// The manifest names a pack this handle did not load that is there
+    /// now: a writer published it after the store was opened (a pack goes
+    /// in before the manifest that names it).  A pack that is not there is
+    /// damage, and `check_packs` says so.
+    fn published_after_open(&self, m: &super::manifest::Manifest) -> bool {
+        m.packs
+            .iter()
+            .any(|p| !self.has_pack(p) && self.sub(PACKS).join(p).exists())
+    }
+
+    /// Every chunk of every pack; returns the hashes that failed and the
+    /// packs that are gone.
     fn verify_packs(
         &self,
         rep: &mut VerifyReport,
         progress: &mut dyn FnMut(Progress),
-    ) -> Result<HashSet<Hash>, StoreError> {
-        let mut bad = HashSet::new();
+    ) -> Result<Bad, StoreError> {
+        let mut bad = Bad::default();
         let mut reader = ChunkReader::new()?;
         let mut page = vec![0u8; PAGE];
         let total: u64 = self.packs.iter().map(|p| p.chunks).sum();
         let mut done = 0u64;
-        for slot in &self.packs {
-            rep.packs += 1;
+        for (i, slot) in self.packs.iter().enumerate() {
             // load again: the index as it is on disk now, every entry
             let lp = match pack::load(&slot.path) {
                 Ok(lp) => lp,
+                // removed since the open: a gc removes a pack after the
+                // manifests that named it, so only a snapshot listed below
+                // that still needs it makes this an error (missing_pack)
+                Err(StoreError::MissingPack { .. }) => {
+                    bad.packs_gone.insert(i as u32);
+                    continue;
+                }
                 Err(e) => {
                     rep.error(e);
                     continue;
                 }
             };
+            rep.packs += 1;
             rep.pack_bytes += lp.size;
             for e in &lp.entries {
                 rep.chunks += 1;
                 if let Err(err) = reader.read(&lp.file, &slot.path, e, &mut page) {
-                    bad.insert(e.hash);
+                    bad.chunks.insert(e.hash);
                     rep.error(err);
                 }
                 done += 1;
@@ -188,7 +223,7 @@ impl Store {
         Ok(bad)
     }
 
-    fn verify_snapshot(&self, id: &SnapshotId, bad: &HashSet<Hash>) -> Result<(), StoreError> {
+    fn verify_snapshot(&self, id: &SnapshotId, bad: &Bad) -> Result<(), StoreError> {
         let chain = self.chain(id)?;
         let folded = self.fold(&chain)?;
         for region in &folded {
@@ -199,7 +234,11 @@ impl Store {
                         hash: super::format::hex(h),
                     });
                 };
-                if bad.contains(h) {
+                if bad.packs_gone.contains(&loc.pack) {
+                    let path = self.packs[loc.pack as usize].path.clone();
+                    return Err(StoreError::MissingPack { path });
+                }
+                if bad.chunks.contains(h) {
                     let (path, _) = self.pack_file(loc.pack)?;
                     return Err(StoreError::ChunkChecksum {
                         path: path.to_path_buf(),

@@ -76,6 +76,13 @@ pub(super) fn start_engine(
     store: Option<crate::store::preopened::Preopened>,
     open_at_start: bool,
 ) -> Result<Handle> {
+    if sc.publish_every.is_some() && replication.is_some() {
+        // not silent: the standbys receive published snapshots only
+        eprintln!(
+            "rekindle: publish_every_ignored_cluster: --snapshot-publish-every does not apply \
+             with --cluster; every snapshot is published for the standbys"
+        );
+    }
     Handle::start(
         EngineConfig {
             dir: sc.dir.clone(),
@@ -85,6 +92,7 @@ pub(super) fn start_engine(
             staging_bytes: sc.memory,
             freeze_timeout: Duration::from_millis(50),
             precopy_rounds: 1,
+            publish_every: sc.publish_every,
             replication,
             open_at_start,
         },
@@ -435,6 +443,7 @@ impl Supervisor {
                             .u("freeze_us", d.freeze_ns / 1000)
                             .u("scan_us", d.scan_ns / 1000)
                             .u("cut_copy_us", d.cut_copy_ns / 1000)
+                            .u("rounds", d.rounds as u64)
                             .u("precopy_pages", d.precopy_pages)
                             .u("cut_pages", d.cut_pages)
                             .u("punched_pages", d.punched_pages)
