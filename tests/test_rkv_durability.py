@@ -895,6 +895,22 @@ def test_retention_put_off_under_short_intervals_runs_at_the_stop(tmp_path):
     assert snapshot_count(store) == 3
 
 
+def snapshots_until_a_journaled_cut_after(r, t_ns, seconds=10):
+    """The snapshot events once one journaled snapshot began after t_ns
+    (CLOCK_MONOTONIC, as the events' t_ns): its cut holds every write
+    acknowledged before t_ns.  An event is logged some time after its
+    commit, so its start is taken 100 ms earlier than it says."""
+    snaps = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        snaps = r.supervisor_events("snapshot")
+        started = [s["t_ns"] - s["took_us"] * 1000 - 100_000_000 for s in snaps if s["journaled"]]
+        if any(t > t_ns for t in started):
+            return snaps
+        time.sleep(0.02)
+    pytest.fail(f"no journaled snapshot began after the writes: {snaps[-3:]}")
+
+
 def test_interval_snapshots_journaled_under_publish_every_survive_the_stack_dying(tmp_path):
     """--snapshot-publish-every: 20 ms snapshots go to the store's journal
     (one append and one fdatasync each, not three files and three fsync
@@ -917,17 +933,7 @@ def test_interval_snapshots_journaled_under_publish_every_survive_the_stack_dyin
             n += 50
             held = max(held, journal_records(store))
             time.sleep(0.01)
-        written = time.monotonic_ns()
-        snaps = []
-        deadline = time.monotonic() + 10
-        # a journaled snapshot whose cut came after the last write
-        while time.monotonic() < deadline:
-            snaps = r.supervisor_events("snapshot")
-            if any(s["journaled"] and s["t_ns"] - s["took_us"] * 1000 > written for s in snaps):
-                break
-            time.sleep(0.02)
-        else:
-            pytest.fail(f"no journaled snapshot after the writes: {snaps[-3:]}")
+        snaps = snapshots_until_a_journaled_cut_after(r, time.monotonic_ns())
         folds = r.supervisor_events("journal_folded")
         listed = snapshot_count(store)
     finally:
@@ -982,15 +988,10 @@ def test_publish_every_publishes_the_snapshot_after_a_large_one(tmp_path):
         c.mset({f"big{i}": value for i in range(15_000)})  # about 11,000 pages, one cut
         time.sleep(0.5)
         c.set("after", "1")
-        written = time.monotonic_ns()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            snaps = [s for s in r.supervisor_events("snapshot") if s["kind"] != "full"]
-            if any(s["journaled"] and s["t_ns"] - s["took_us"] * 1000 > written for s in snaps):
-                break
-            time.sleep(0.02)
+        snaps = snapshots_until_a_journaled_cut_after(r, time.monotonic_ns())
     finally:
         kill_stack(r)
+    snaps = [s for s in snaps if s["kind"] != "full"]
     pages = [s["precopy_pages"] + s["cut_pages"] for s in snaps]
     large = [i for i in range(len(snaps) - 1) if pages[i] > 8192]
     assert large, f"no snapshot of more than 8,192 pages: {max(pages)}"
