@@ -242,7 +242,8 @@ pub struct RunArgs {
     /// journal (one append and one fdatasync each: durable, and restored
     /// after a crash), and are published as listed snapshots (`rekindle
     /// snapshots`, rollback, send, --snapshot-keep) at most this often, in
-    /// the background; at least the interval.  0 (the default): each one is
+    /// the background; at least the interval.  A snapshot after one of more
+    /// than 8,192 pages is published at once.  0 (the default): each one is
     /// published (a pack, a map, a manifest: three fsync rounds).
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "0",
           requires = "snapshot_dir")]
