@@ -986,6 +986,7 @@ fn verify_of_a_live_store_reports_no_damage_a_writer_or_gc_made_meanwhile() {
     assert_eq!(gc.deleted, vec![s1.clone()]);
     let rep = v.verify(&mut |_| {}).unwrap();
     assert!(rep.ok(), "{:?}", rep.errors);
+    assert!(rep.leftovers.is_empty(), "{:?}", rep.leftovers);
     assert_eq!(rep.published_meanwhile, 1);
     assert_eq!(
         rep.snapshots

@@ -76,6 +76,8 @@ impl Store {
                 Err(e) => Err(e),
                 // verify takes no lock: a writer may publish meanwhile
                 Ok(m) if self.published_after_open(&m) => {
+                    // (its files are no leftovers either)
+                    maps.insert(m.map.file.clone());
                     rep.published_meanwhile += 1;
                     continue;
                 }
@@ -143,8 +145,9 @@ impl Store {
                 rep.leftovers.push(self.sub(SNAPSHOTS).join(n));
             }
         }
-        for p in &self.packs {
-            if !packs.contains(&p.name) && !mine(&p.name) {
+        for (i, p) in self.packs.iter().enumerate() {
+            // (one a gc removed meanwhile is gone, not left over)
+            if !packs.contains(&p.name) && !mine(&p.name) && !bad.packs_gone.contains(&(i as u32)) {
                 rep.leftovers.push(self.sub(PACKS).join(&p.name));
             }
         }
