@@ -866,7 +866,7 @@ impl Engine {
         if self.last_publish.elapsed() < every {
             return;
         }
-        let Some(store) = self.store.as_mut().filter(|s| s.journal_pending()) else {
+        let Some(store) = self.store.as_mut() else {
             return;
         };
         match store.fold_in_background() {

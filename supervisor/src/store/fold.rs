@@ -392,10 +392,8 @@ impl Store {
         if !ready || self.background_fold_running() {
             return Ok(false);
         }
-        let lock = self.lock()?;
-        let started = self.switch_journal_file()?;
-        drop(lock);
-        Ok(started)
+        let _lock = self.lock()?;
+        self.switch_journal_file()
     }
 
     /// The file taking appends is full: appends move to the other (empty,

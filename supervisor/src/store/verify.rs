@@ -74,15 +74,13 @@ impl Store {
         for (i, l) in listed.into_iter().enumerate() {
             let verdict = match l.manifest {
                 Err(e) => Err(e),
-                // verify takes no lock: a writer may publish meanwhile
-                Ok(m) if self.published_after_open(&m) => {
-                    // (its files are no leftovers either)
-                    maps.insert(m.map.file.clone());
-                    rep.published_meanwhile += 1;
-                    continue;
-                }
                 Ok(m) => {
                     maps.insert(m.map.file.clone());
+                    // verify takes no lock: a writer may publish meanwhile
+                    if self.published_after_open(&m) {
+                        rep.published_meanwhile += 1;
+                        continue;
+                    }
                     packs.extend(m.packs.iter().cloned());
                     packs.extend(m.pack.iter().cloned());
                     self.verify_snapshot(&m.id, &bad)
