@@ -2,6 +2,7 @@
  * error replies.  Each command reads c->argv (pointers into the request
  * buffer) and appends its reply to c->obuf. */
 #include "rkv.h"
+#include "store.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -20,6 +21,7 @@
 #define CMD_DENYOOM 0x1u /* refused when used memory > maxmemory */
 #define CMD_LOADING 0x2u /* allowed while loading (unused: loading is synchronous) */
 #define CMD_NO_DATA 0x4u /* reads and writes no key, and says nothing of the keyspace */
+#define CMD_WRITE 0x8u   /* may change the keyspace: logged under --sync-via redo */
 
 struct command {
 	const char *name;
@@ -1035,36 +1037,36 @@ static void cmd_debug(struct conn *c)
 
 static const struct command commands[] = {
 	{"get", cmd_get, 2, 0, 1, 1, 1},
-	{"set", cmd_set, -3, CMD_DENYOOM, 1, 1, 1},
-	{"setnx", cmd_setnx, 3, CMD_DENYOOM, 1, 1, 1},
-	{"setex", cmd_setex, 4, CMD_DENYOOM, 1, 1, 1},
-	{"psetex", cmd_psetex, 4, CMD_DENYOOM, 1, 1, 1},
-	{"getset", cmd_getset, 3, CMD_DENYOOM, 1, 1, 1},
-	{"getdel", cmd_getdel, 2, 0, 1, 1, 1},
+	{"set", cmd_set, -3, CMD_DENYOOM | CMD_WRITE, 1, 1, 1},
+	{"setnx", cmd_setnx, 3, CMD_DENYOOM | CMD_WRITE, 1, 1, 1},
+	{"setex", cmd_setex, 4, CMD_DENYOOM | CMD_WRITE, 1, 1, 1},
+	{"psetex", cmd_psetex, 4, CMD_DENYOOM | CMD_WRITE, 1, 1, 1},
+	{"getset", cmd_getset, 3, CMD_DENYOOM | CMD_WRITE, 1, 1, 1},
+	{"getdel", cmd_getdel, 2, CMD_WRITE, 1, 1, 1},
 	{"mget", cmd_mget, -2, 0, 1, -1, 1},
-	{"mset", cmd_mset, -3, CMD_DENYOOM, 1, -1, 2},
-	{"incr", cmd_incr, 2, CMD_DENYOOM, 1, 1, 1},
-	{"decr", cmd_decr, 2, CMD_DENYOOM, 1, 1, 1},
-	{"incrby", cmd_incrby, 3, CMD_DENYOOM, 1, 1, 1},
-	{"decrby", cmd_decrby, 3, CMD_DENYOOM, 1, 1, 1},
-	{"append", cmd_append, 3, CMD_DENYOOM, 1, 1, 1},
+	{"mset", cmd_mset, -3, CMD_DENYOOM | CMD_WRITE, 1, -1, 2},
+	{"incr", cmd_incr, 2, CMD_DENYOOM | CMD_WRITE, 1, 1, 1},
+	{"decr", cmd_decr, 2, CMD_DENYOOM | CMD_WRITE, 1, 1, 1},
+	{"incrby", cmd_incrby, 3, CMD_DENYOOM | CMD_WRITE, 1, 1, 1},
+	{"decrby", cmd_decrby, 3, CMD_DENYOOM | CMD_WRITE, 1, 1, 1},
+	{"append", cmd_append, 3, CMD_DENYOOM | CMD_WRITE, 1, 1, 1},
 	{"strlen", cmd_strlen, 2, 0, 1, 1, 1},
 	{"type", cmd_type, 2, 0, 1, 1, 1},
-	{"del", cmd_del, -2, 0, 1, -1, 1},
-	{"unlink", cmd_del, -2, 0, 1, -1, 1},
+	{"del", cmd_del, -2, CMD_WRITE, 1, -1, 1},
+	{"unlink", cmd_del, -2, CMD_WRITE, 1, -1, 1},
 	{"exists", cmd_exists, -2, 0, 1, -1, 1},
-	{"expire", cmd_expire, -3, 0, 1, 1, 1},
-	{"pexpire", cmd_pexpire, -3, 0, 1, 1, 1},
-	{"expireat", cmd_expireat, -3, 0, 1, 1, 1},
-	{"pexpireat", cmd_pexpireat, -3, 0, 1, 1, 1},
+	{"expire", cmd_expire, -3, CMD_WRITE, 1, 1, 1},
+	{"pexpire", cmd_pexpire, -3, CMD_WRITE, 1, 1, 1},
+	{"expireat", cmd_expireat, -3, CMD_WRITE, 1, 1, 1},
+	{"pexpireat", cmd_pexpireat, -3, CMD_WRITE, 1, 1, 1},
 	{"ttl", cmd_ttl, 2, 0, 1, 1, 1},
 	{"pttl", cmd_pttl, 2, 0, 1, 1, 1},
-	{"persist", cmd_persist, 2, 0, 1, 1, 1},
+	{"persist", cmd_persist, 2, CMD_WRITE, 1, 1, 1},
 	{"keys", cmd_keys, 2, 0, 0, 0, 0},
 	{"scan", cmd_scan, -2, 0, 0, 0, 0},
 	{"dbsize", cmd_dbsize, 1, 0, 0, 0, 0},
-	{"flushall", cmd_flushall, -1, 0, 0, 0, 0},
-	{"flushdb", cmd_flushall, -1, 0, 0, 0, 0},
+	{"flushall", cmd_flushall, -1, CMD_WRITE, 0, 0, 0},
+	{"flushdb", cmd_flushall, -1, CMD_WRITE, 0, 0, 0},
 	{"ping", cmd_ping, -1, CMD_LOADING | CMD_NO_DATA, 0, 0, 0},
 	{"echo", cmd_echo, 2, CMD_NO_DATA, 0, 0, 0},
 	{"select", cmd_select, 2, CMD_LOADING | CMD_NO_DATA, 0, 0, 0},
@@ -1145,6 +1147,7 @@ const struct command *command_exec(struct conn *c)
 {
 	const struct command *cmd = find_command(A(0));
 	srv.db->st.commands++;
+	c->redo_at = 0;
 	if (!cmd) {
 		char args[160];
 		size_t len = 0;
@@ -1163,6 +1166,15 @@ const struct command *command_exec(struct conn *c)
 	if ((cmd->flags & CMD_DENYOOM) && srv.cfg.maxmemory && srv.db->mem > srv.cfg.maxmemory) {
 		reply_over_maxmemory(c);
 		return NULL;
+	}
+	if ((cmd->flags & CMD_WRITE) && durability_logging()) {
+		/* the record before the change, in the change's region: a death
+		 * in between neither keeps the one nor replays the other */
+		UNSAFE_BEGIN();
+		c->redo_at = durability_log_command(c);
+		cmd->fn(c);
+		UNSAFE_END();
+		return cmd;
 	}
 	cmd->fn(c);
 	return cmd;

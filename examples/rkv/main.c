@@ -139,6 +139,10 @@ static void usage(FILE *f)
 		   "                           Rekindle checkpoints (needs `rekindle run --snapshot-dir`);\n"
 		   "                           sync: as async, and each reply waits until the state it\n"
 		   "                           may depend on is in a durable snapshot (group commit)\n"
+		   "  --sync-via snapshots|redo  with --durability sync: make writes durable by snapshots\n"
+		   "                           (default), or by records of them in Rekindle's redo log\n"
+		   "                           (one append and one fdatasync per group; a restore replays\n"
+		   "                           the records after its snapshot)\n"
 		   "  --help, --version\n"
 		   "Under `rekindle run --listen`, the socket in $LISTEN_FDS is used instead of --port.\n");
 }
@@ -246,7 +250,7 @@ static void parse_options(int argc, char **argv, struct config *cf)
 							 "--dbfilename", "--save",      "--maxmemory",
 							 "--enable-debug", "--arena-size", "--recovery-sweep",
 							 "--maxclients", "--hugepages", "--recovery-check-cpu",
-							 "--prefault", "--durability"};
+							 "--prefault", "--durability", "--sync-via"};
 		bool known = false;
 		for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
 			known |= !strcmp(o, with_value[k]);
@@ -318,6 +322,13 @@ static void parse_options(int argc, char **argv, struct config *cf)
 				cf->durability = DUR_SYNC;
 			else
 				die_usage("bad --durability '%s': expected none, async or sync", v);
+		} else if (!strcmp(o, "--sync-via")) {
+			if (!strcmp(v, "redo"))
+				cf->sync_redo = true;
+			else if (!strcmp(v, "snapshots"))
+				cf->sync_redo = false;
+			else
+				die_usage("bad --sync-via '%s': expected snapshots or redo", v);
 		} else if (!strcmp(o, "--hugepages")) {
 			if (strcmp(v, "yes") && strcmp(v, "no"))
 				die_usage("bad --hugepages '%s': expected yes or no", v);
@@ -931,6 +942,7 @@ static uint64_t open_keyspace(void)
 		rkv_log("recovered", "\"keys\":%llu,\"expires\":%llu,\"swept_objects\":%llu,\"swept_bytes\":%llu",
 			(unsigned long long)srv.db->count, (unsigned long long)srv.db->expires,
 			(unsigned long long)freed_objects, (unsigned long long)freed_bytes);
+		durability_replay(); /* a start from a snapshot: the writes logged after it */
 		return srv.db->count;
 	}
 	srv.db = ks_create();
@@ -992,8 +1004,10 @@ int main(int argc, char **argv)
 	epfd = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event le = {.events = EPOLLIN, .data.ptr = &listen_tag};
 	struct epoll_event de = {.events = EPOLLIN, .data.ptr = &durable_tag};
+	struct epoll_event re = {.events = EPOLLIN, .data.ptr = &durable_tag};
 	if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, srv.listen_fd, &le) < 0 ||
-	    (durability_fd() >= 0 && epoll_ctl(epfd, EPOLL_CTL_ADD, durability_fd(), &de) < 0)) {
+	    (durability_fd() >= 0 && epoll_ctl(epfd, EPOLL_CTL_ADD, durability_fd(), &de) < 0) ||
+	    (durability_redo_fd() >= 0 && epoll_ctl(epfd, EPOLL_CTL_ADD, durability_redo_fd(), &re) < 0)) {
 		rkv_log("error", "\"what\":\"epoll\",\"error\":%s", js(strerror(errno)));
 		return 1;
 	}

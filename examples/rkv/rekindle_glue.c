@@ -369,6 +369,20 @@ bool glue_inherited_undurable_state(void)
 }
 uint64_t glue_durable_epoch(void) { return rk_durable_epoch(); }
 int glue_checkpoint(void) { return rk_checkpoint(); }
+int64_t glue_redo_append(const void *rec, size_t len) { return rk_redo_append(rec, len); }
+int glue_redo_gap(void) { return rk_redo_gap(); }
+int glue_redo_flush(void) { return rk_redo_flush(); }
+uint64_t glue_redo_durable(void) { return rk_redo_durable(); }
+uint64_t glue_redo_position(void) { return rk_redo_position(); }
+int glue_redo_fd(void) { return rk_redo_fd(); }
+bool glue_redo_open(void) { return rk_redo_open(); }
+int64_t glue_redo_replay(int (*apply)(const void *rec, size_t len, void *ctx), void *ctx)
+{
+	UNSAFE_BEGIN(); /* a death while replaying: the state is half the log's */
+	int64_t r = rk_redo_replay(apply, ctx);
+	UNSAFE_END();
+	return r;
+}
 
 /* Huge pages: after a warm restart the first touch of each 4 KiB page of
  * the keyspace was a fault, 262,144 per GiB, and the client's first reads
@@ -451,6 +465,24 @@ uint64_t glue_epoch(void) { return 0; }
 bool glue_inherited_undurable_state(void) { return false; }
 uint64_t glue_durable_epoch(void) { return 0; }
 int glue_checkpoint(void) { return -ENOTSUP; }
+int64_t glue_redo_append(const void *rec, size_t len)
+{
+	(void)rec;
+	(void)len;
+	return -ENOTSUP;
+}
+int glue_redo_gap(void) { return -ENOTSUP; }
+int glue_redo_flush(void) { return -ENOTSUP; }
+uint64_t glue_redo_durable(void) { return 0; }
+uint64_t glue_redo_position(void) { return 0; }
+int glue_redo_fd(void) { return -1; }
+bool glue_redo_open(void) { return false; }
+int64_t glue_redo_replay(int (*apply)(const void *rec, size_t len, void *ctx), void *ctx)
+{
+	(void)apply;
+	(void)ctx;
+	return 0;
+}
 bool glue_hugepages_step(void) { return false; }
 void glue_hugepages_rescan(void) {}
 const char *glue_hugepages_state(void) { return "off"; }

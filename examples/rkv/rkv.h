@@ -138,13 +138,20 @@ struct conn {
 	/* --durability (durability.c): obuf from held_from on waits until
 	 * rk_durable_epoch() >= hold_epoch; 0: nothing held */
 	uint64_t hold_epoch;
+	/* --sync-via redo: ... or until rk_redo_durable() >= hold_redo */
+	uint64_t hold_redo;
+	/* the redo position of the command just run, 0 if it was not logged */
+	uint64_t redo_at;
 	size_t held_from;
 	struct conn *hprev, *hnext;     /* connections holding replies */
 	uint64_t gather_round;          /* released in this gather round, not heard from since */
 };
 
 /* What a connection may send now: its replies up to the first held one. */
-static inline size_t conn_sendable_end(const struct conn *c) { return c->hold_epoch ? c->held_from : c->olen; }
+static inline size_t conn_sendable_end(const struct conn *c)
+{
+	return c->hold_epoch || c->hold_redo ? c->held_from : c->olen;
+}
 
 /* resp.c */
 enum { PARSE_NEED_MORE = 0, PARSE_COMMAND = 1, PARSE_ERROR = -1 };
@@ -192,6 +199,7 @@ struct config {
 	bool prefault;                  /* warm start: fault the keyspace in from a thread */
 	unsigned maxclients;            /* lowered at start to fit the open file limit */
 	enum durability durability;
+	bool sync_redo;                 /* --sync-via redo: sync writes through the redo log */
 };
 
 struct server {
@@ -287,6 +295,15 @@ void durability_advanced(void);  /* the durable fd is readable: release replies 
 bool durability_wait(uint64_t epoch, int timeout_ms);
 uint64_t durability_held(void);  /* connections holding replies */
 uint64_t durability_write_epoch(void);
+/* --sync-via redo (durability.c): a write command's record, appended inside
+ * the command's unsafe region before it runs; its position, or 0 if it was
+ * not logged (the snapshot path keeps it durable then). */
+uint64_t durability_log_command(const struct conn *c);
+bool durability_logging(void);
+int durability_redo_fd(void);   /* to poll too, or -1 */
+/* A start from a snapshot: the redo log's records after it, run again. */
+void durability_replay(void);
+extern bool durability_replaying;
 
 /* rekindle_glue.c */
 /* rk_init and the arena; returns 0 or -errno. */
@@ -335,6 +352,15 @@ uint64_t glue_epoch(void);
  * incarnation that no durable snapshot has yet. */
 bool glue_inherited_undurable_state(void);
 uint64_t glue_durable_epoch(void);
+/* The redo log (rk_redo_*); -ENOTSUP / 0 / -1 without one. */
+int64_t glue_redo_append(const void *rec, size_t len);
+int glue_redo_gap(void);
+int glue_redo_flush(void);
+uint64_t glue_redo_durable(void);
+uint64_t glue_redo_position(void);
+int glue_redo_fd(void);
+bool glue_redo_open(void);
+int64_t glue_redo_replay(int (*apply)(const void *rec, size_t len, void *ctx), void *ctx);
 int glue_checkpoint(void);
 /* The error reply when the keyspace cannot allocate (not maxmemory's). */
 const char *glue_oom_reply(void);

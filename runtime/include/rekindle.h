@@ -332,6 +332,70 @@ int rk_durable_fd(void);
 /* Ask for a snapshot as soon as possible (returns at once); 0 or -errno. */
 int rk_checkpoint(void);
 
+/* ---- The redo log (`rekindle run --snapshot-dir`; Aurora's sls_ntflush) --
+ * For an app whose writes must be durable before it answers, a snapshot per
+ * group of writes costs a cut and a copy of every page written.  The redo
+ * log costs a copy of a record: the app appends a record of each change
+ * (what it needs to do the change again), the supervisor writes and syncs
+ * the records, and a restore after the machine died starts from the newest
+ * snapshot and hands the app the records after it to apply again.
+ *
+ *   rk_unsafe_begin(a);
+ *   int64_t at = rk_redo_append(rec, n);  // before the change: if it fails,
+ *   if (at >= 0) apply(change);           //   do the change the other way
+ *   rk_unsafe_end(a);                     // the record is committed here
+ *   rk_redo_flush();                      // once per batch of requests
+ *   ... hold the reply until rk_redo_durable() >= at (poll rk_redo_fd()).
+ *
+ * Rules.  Append inside the unsafe region of the change the record
+ * describes, before the change; a record is committed when the thread's
+ * outermost region ends, so a death inside the region neither keeps the
+ * change nor replays the record.  While the log is open (rk_redo_open())
+ * every change of preserved state must have its record: a snapshot's
+ * position tells which records it already holds.  A change that cannot be
+ * logged (a record larger than rk_redo_max()) is made after rk_redo_gap(),
+ * which closes the log; the supervisor opens it again at its next snapshot
+ * (rk_checkpoint() asks for one), and meanwhile appends return -EAGAIN and
+ * writes are made durable by snapshots (rk_epoch/rk_checkpoint above).
+ * The log also starts closed in every incarnation that did not inherit it
+ * whole (the first, one started from a snapshot).  Records must replay
+ * deterministically: log the effect (an absolute expiry time), not a
+ * request whose outcome depends on the clock.
+ *
+ * Returns: rk_redo_append the position just after the record (what to
+ * wait for), or -ENOTSUP (no redo log in this process: unsupervised, no
+ * --snapshot-dir, or a cluster), -EAGAIN (the log is closed), -EINVAL (no
+ * unsafe region open in this thread), -EMSGSIZE (larger than
+ * rk_redo_max()), -ETIMEDOUT (the ring stayed full for a second: the
+ * supervisor is not writing), -EIO (the supervisor's writer failed; its
+ * event says why).  One record at a time per process (a lock); records of
+ * several threads are committed once none of them has a region open. */
+bool rk_redo_open(void);
+int64_t rk_redo_append(const void *rec, size_t len);
+size_t rk_redo_max(void);
+/* Ask the supervisor to make every committed record durable (returns at
+ * once; one flush serves every record committed before it). */
+int rk_redo_flush(void);
+/* Every record that ends at or before this position is durable. */
+uint64_t rk_redo_durable(void);
+/* The position just after the last committed record (0 without a log). */
+uint64_t rk_redo_position(void);
+/* Readable (an eventfd) whenever rk_redo_durable() advances; read 8 bytes
+ * to clear it.  -1 without a redo log. */
+int rk_redo_fd(void);
+/* Closes the log until the supervisor's next snapshot (see above). */
+int rk_redo_gap(void);
+/* In an incarnation started from a snapshot (`rekindle restore`, a start
+ * from the store, a crash restored): apply, in order, every durable record
+ * that followed that snapshot.  Call it once, from the thread that called
+ * rk_init, before rk_ready and before serving; apply runs each record's
+ * change in its own unsafe region as the live path does (its appends are
+ * not needed: the log is closed).  Until it returns, a death restores the
+ * snapshot again.  Returns the number of records applied (0 when there is
+ * nothing to replay), or apply's negative return (replay stops there), or
+ * -errno. */
+int64_t rk_redo_replay(int (*apply)(const void *rec, size_t len, void *ctx), void *ctx);
+
 /* The app serves again (after rk_finish_recovery on a warm start, or after
  * its own recovery).  The supervisor times restarts up to this point. */
 int rk_ready(void);

@@ -483,11 +483,20 @@ void rk_unsafe_end(rk_arena *arena)
 	 * (the arena is not reused), never a published object still pending. */
 	if (rk_tls_pending)
 		rk_pending_commit();
+	/* Likewise its redo records, at its outermost end: a cut (no region
+	 * open) then never finds a change whose record is not committed. */
+	if (RK_UNLIKELY(rk_tls_redo_pending) && tls_slot && my_depth(tls_slot) == 1)
+		rk_redo_commit_thread();
 	atomic_signal_fence(memory_order_seq_cst);
 	if (RK_UNLIKELY(arena->pkey > 0))
 		wp_region_leave(arena); /* also in a child forked inside the region (no slot yet) */
 	if (RK_LIKELY(tls_slot != NULL))
 		depth_down(tls_slot, arena->index);
+}
+
+unsigned rk_unsafe_my_depth(void)
+{
+	return rk_ctl && tls_slot ? my_depth(tls_slot) : 0;
 }
 
 void rk_unsafe_note_enter(unsigned k)

@@ -85,6 +85,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 	if (r < 0)
 		return r;
 	(void)rk_sup_open();
+	rk_redo_attach();
 	uint64_t msize = 0;
 	int inherited_manifest_fd = -1;
 	const struct rk_manifest *old = rk_manifest_inherit(&msize, &inherited_manifest_fd, why, sizeof why);
@@ -173,6 +174,7 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		return r;
 	}
 	rk_g.initialized = true;
+	rk_redo_hold_until_replayed();
 	rk_reap_teardown_holder();
 	rk_g.info.preserved_bytes = preserved_bytes();
 	if (rk_g.info.kind == RK_START_WARM && (rk_cfg.flags & RK_OPT_PREFAULT))

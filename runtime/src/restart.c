@@ -23,7 +23,7 @@
 extern char **environ;
 
 static char **exec_argv, **exec_envp;
-static char manifest_env[48], sup_env[48], ctl_env[48];
+static char manifest_env[48], sup_env[48], ctl_env[48], redo_env[64];
 _Atomic int rk_restarting; /* 0, or the tid of the thread restarting */
 
 /* A restart that returns (failed, or given up) lets the next one in. */
@@ -78,7 +78,7 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 {
 	(void)argc;
 	exec_argv = copy_vector(argv, 0, NULL);
-	exec_envp = copy_vector(environ, 3, "REKINDLE_MANIFEST_FD=");
+	exec_envp = copy_vector(environ, 4, "REKINDLE_MANIFEST_FD=");
 	if (!exec_argv || !exec_envp)
 		return -ENOMEM;
 	char *p = manifest_env;
@@ -99,6 +99,10 @@ int rk_restart_setup(int argc, char **argv, int manifest_fd)
 		rk_strlcpy(ctl_env, "REKINDLE_CONTROL_FD=", sizeof ctl_env);
 		rk_fmt_u64(ctl_env + strlen(ctl_env), (uint64_t)rk_control_fd());
 		exec_envp[n++] = ctl_env;
+	}
+	if (rk_redo_env()) {
+		rk_strlcpy(redo_env, rk_redo_env(), sizeof redo_env);
+		exec_envp[n++] = redo_env;
 	}
 	return 0;
 }
@@ -132,6 +136,10 @@ static void hand_over_fds(bool warm, bool hot_switch, uint32_t drop, bool on)
 		rk_fd_set_cloexec(rk_control_fd(), !on);
 	if (rk_snapshot_fd() >= 0)
 		rk_fd_set_cloexec(rk_snapshot_fd(), !on);
+	int redo[3];
+	if (rk_redo_fds(redo) == 0)
+		for (int i = 0; i < 3; i++)
+			rk_fd_set_cloexec(redo[i], !on);
 	if (!warm)
 		return;
 	for (unsigned i = 0; i < rk_g.narenas; i++) {

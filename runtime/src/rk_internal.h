@@ -542,6 +542,8 @@ void rk_unsafe_describe(unsigned k, char *why, size_t cap) RK_HIDDEN;
  * thread: counted like an unsafe region, without the freeze check. */
 void rk_unsafe_note_enter(unsigned k) RK_HIDDEN;
 void rk_unsafe_note_leave(unsigned k) RK_HIDDEN;
+/* This thread's open unsafe regions and allocator sections, all arenas. */
+unsigned rk_unsafe_my_depth(void) RK_HIDDEN;
 
 void rk_unsafe_forget_thread(void) RK_HIDDEN; /* in a forked child */
 /* Takes the pending restart request, if any (async-signal-safe). */
@@ -852,5 +854,64 @@ void rk_snapshot_agent_start(void) RK_HIDDEN;
 void rk_snapshot_track_from_map(uint64_t addr, uint64_t len, int fd, uint64_t ino) RK_HIDDEN;
 /* The allocator punched [addr, addr + pages * RK_PAGE) out of an arena. */
 void rk_snapshot_note_punch(uint64_t addr, uint64_t pages) RK_HIDDEN;
+
+/* ---- redo.c: the app's redo log (`rk_redo_*`, docs/snapshots.md) --------
+ * With `rekindle run --snapshot-dir`, the supervisor hands the app a ring in
+ * a memfd it holds across incarnations ($REKINDLE_REDO_FDS: the ring, the
+ * kick eventfd the app writes to ask for a flush, the done eventfd the
+ * supervisor writes when its positions advance).  The app appends records
+ * of its own changes (a u32 length, then the bytes) inside the unsafe
+ * region of each change; a record is *committed* when the appending
+ * thread's outermost region ends.  The supervisor writes committed bytes to
+ * DIR/redo, syncs them and advances `durable`; at a cut (no region open) it
+ * reads `committed`, so a snapshot holds exactly the changes of the records
+ * before its position, and a restore replays the ones after it.  Positions
+ * count bytes of one stream that only grows.  The supervisor's side is
+ * supervisor/src/redo/ring.rs; supervisor/tests/layout.rs checks both. */
+#define RK_REDO_MAGIC 0x31474f4c4f444552ull /* "REDOLOG1" */
+#define RK_REDO_VERSION 1u
+#define RK_REDO_HEADER 4096u /* the header page; the ring's bytes follow */
+#define RK_REDO_REC_HEAD 4u  /* a record: u32 length, then the bytes */
+
+struct rk_redo_ring {
+	uint64_t magic;
+	uint32_t version, header_size;
+	uint64_t ring_bytes; /* after the header; a power of two */
+	uint64_t reserved0[5];
+	/* the app's line (offset 64) */
+	_Atomic uint64_t committed; /* the records before it are whole, their regions closed */
+	_Atomic uint64_t want;      /* the position the app asked to be made durable */
+	_Atomic uint64_t app_gaps;  /* how often the app closed the line (rk_redo_gap) */
+	/* a restore's replay is not finished: the state is not yet the line's */
+	_Atomic uint64_t replay_pending;
+	uint64_t reserved1[4];
+	/* the supervisor's line (offset 128) */
+	_Atomic uint64_t line;       /* the open line; 0: closed, appends refused */
+	_Atomic uint64_t line_gaps;  /* app_gaps when it opened the line: if they differ, closed */
+	_Atomic uint64_t line_start; /* where the open line begins */
+	_Atomic uint64_t drained;    /* the bytes before it are in the log's files: their ring space is free */
+	_Atomic uint64_t durable;    /* the records before it are durable */
+	_Atomic int32_t writer_errno; /* the writer stopped (an errno): appends fail */
+	uint32_t reserved2;
+	uint64_t reserved3[2];
+};
+_Static_assert(offsetof(struct rk_redo_ring, committed) == 64, "redo ring layout");
+_Static_assert(offsetof(struct rk_redo_ring, line) == 128, "redo ring layout");
+_Static_assert(sizeof(struct rk_redo_ring) == 192, "redo ring layout");
+
+/* The records this thread appended wait for its outermost region's end. */
+extern __thread bool rk_tls_redo_pending __attribute__((tls_model("initial-exec"))) RK_HIDDEN;
+/* From rk_unsafe_end while the thread's last open region is still counted:
+ * its records are committed (a death after this replays them whole). */
+void rk_redo_commit_thread(void) RK_HIDDEN;
+/* rk_init, after the control block: maps the ring if the supervisor gave one. */
+void rk_redo_attach(void) RK_HIDDEN;
+/* rk_init, once the restored arenas are mapped: a restore's replay is due,
+ * so a death before rk_redo_replay finishes must not keep this state (it
+ * counts as an open region of every restored arena). */
+void rk_redo_hold_until_replayed(void) RK_HIDDEN;
+/* The ring's fds and $REKINDLE_REDO_FDS for the next image (restart.c). */
+int rk_redo_fds(int fds[3]) RK_HIDDEN;
+const char *rk_redo_env(void) RK_HIDDEN;
 
 #endif

@@ -249,6 +249,14 @@ pub struct RunArgs {
           requires = "snapshot_dir")]
     pub snapshot_publish_every: Duration,
 
+    /// While the app logs its changes in the redo log (rk_redo_append, rkv
+    /// --durability sync --sync-via redo), an interval snapshot waits until
+    /// this much was logged since the last one: the log keeps the writes
+    /// durable, and a snapshot only bounds what a restore replays.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "64M",
+          requires = "snapshot_dir")]
+    pub redo_snapshot_bytes: u64,
+
     /// With --snapshot-dir: at most this much copied page data held in
     /// memory while a snapshot is taken; beyond it pages go to the store
     /// early (the cut then takes longer).
@@ -370,6 +378,8 @@ pub struct SnapshotConfig {
     pub memory: usize,
     /// `--snapshot-publish-every`: None, every snapshot is published.
     pub publish_every: Option<Duration>,
+    /// `--redo-snapshot-bytes`.
+    pub redo_snapshot_bytes: u64,
 }
 
 /// Why `rekindle run`'s arguments cannot be used (a usage error: exit 2).
@@ -439,6 +449,7 @@ impl Config {
                 keep: a.snapshot_keep.map(|k| k as usize),
                 memory: a.snapshot_memory.max(1 << 20) as usize,
                 publish_every,
+                redo_snapshot_bytes: a.redo_snapshot_bytes,
             }),
             restore: None,
             restore_why: "",

@@ -20,6 +20,7 @@ pub mod orphan;
 pub mod procfs;
 pub mod proto;
 pub mod reason;
+pub mod redo;
 pub mod runtime_dir;
 pub mod signame;
 pub mod snapshot;

@@ -127,6 +127,9 @@ pub struct ChildFds<'a> {
     pub control: BorrowedFd<'a>,
     /// With snapshots: the app's end of the snapshot socket pair (5+L).
     pub snapshot: Option<BorrowedFd<'a>>,
+    /// The redo log's ring, kick and done fds, then a replay if any (after
+    /// the snapshot socket; `$REKINDLE_REDO_FDS` names them).
+    pub redo: Vec<BorrowedFd<'a>>,
 }
 
 /// Builds "KEY=VALUE" strings.
@@ -169,6 +172,7 @@ pub fn spawn(
     if let Some(s) = fds.snapshot {
         src.push(s.as_raw_fd());
     }
+    src.extend(fds.redo.iter().map(|f| f.as_raw_fd()));
     let first_free: RawFd = 3 + src.len() as RawFd;
     let mut tmp: Vec<RawFd> = vec![-1; src.len()];
 

@@ -693,6 +693,7 @@ fn import(
         app,
         tags,
         regions: metas.clone(),
+        redo: None,
     };
     let mut w = store.begin(meta)?;
     for (i, (m, data)) in metas.iter().zip(&datas).enumerate() {

@@ -154,6 +154,10 @@ pub struct Supervisor {
     /// `rekindle rollback`: the memfds made from the snapshot, for the next
     /// incarnation once the running one (killed for it) is gone.
     rollback: Option<snapshots::Rollback>,
+    /// The app's redo log (redo/mod.rs), with a store and no cluster.
+    redo: Option<std::sync::Arc<crate::redo::Redo>>,
+    /// For the next spawn: the records a start from a snapshot replays.
+    redo_replay: Option<crate::redo::Replay>,
     /// `rekindle restore`: the snapshot the held fds were made from (its
     /// fds already held), until the first spawn.
     restored: Option<snapshots::Rollback>,
@@ -320,6 +324,8 @@ impl Supervisor {
             "REKINDLE_NAME",
             "REKINDLE_MANIFEST_FD",
             "REKINDLE_SNAPSHOT_FD",
+            "REKINDLE_REDO_FDS",
+            "REKINDLE_REDO_REPLAY",
             "NOTIFY_SOCKET",
             "LISTEN_FDS",
             "LISTEN_PID",
@@ -330,6 +336,21 @@ impl Supervisor {
         ]);
         // names this supervisor in every incarnation: orphan::find
         base_env.push(spawn::env_entry(orphan::SOCKET_ENV, control.path()));
+        // the redo log: a store's, not a cluster's (its records would
+        // have to reach the standbys too)
+        let redo = match &cfg.snapshots {
+            Some(sc) if cfg.replication.is_none() => match crate::redo::Redo::start(&sc.dir) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    eprintln!(
+                        "rekindle: redo_unavailable: cannot create the redo log's ring: {e}; \
+                         the app's rk_redo_append returns -ENOTSUP"
+                    );
+                    None
+                }
+            },
+            _ => None,
+        };
         let snapshots = match &cfg.snapshots {
             Some(sc) => Some(snapshots::start_engine(
                 sc,
@@ -337,6 +358,7 @@ impl Supervisor {
                 cfg.replication.clone(),
                 cfg.store.take(),
                 lazy.is_none(),
+                redo.clone(),
             )?),
             None => None,
         };
@@ -374,6 +396,8 @@ impl Supervisor {
             lazy,
             lazy_snapshot_socket: None,
             rollback: None,
+            redo,
+            redo_replay: None,
             snapshots_since_event: 0,
             snapshot_event_ns: 0,
             fence: None,
@@ -521,7 +545,28 @@ impl Supervisor {
                     }
                 }
                 self.report.event(e);
-                let decision = format!("restored from snapshot {}", rb.what);
+                let mut decision = format!("restored from snapshot {}", rb.what);
+                match self.redo_before_start(&rb, true) {
+                    Ok(note) => decision.push_str(&note),
+                    Err(err) => {
+                        // the records are acknowledged writes: no start
+                        // without them unless the operator says so
+                        self.report.event(
+                            ev("error")
+                                .s("what", "cannot replay the redo log after the snapshot")
+                                .s("code", err.code())
+                                .s("error", err.to_string()),
+                        );
+                        eprintln!(
+                            "rekindle: cannot replay the redo log after snapshot {}: {err} ({}); \
+                             to start from the snapshot alone, move {} aside",
+                            rb.what,
+                            err.code(),
+                            rb.dir.join(crate::store::redo::REDO_DIR).display()
+                        );
+                        return 1;
+                    }
+                }
                 self.restored_plan(rb.id, decision, 0, now_ns(), dropped)
             } else {
                 Plan {

@@ -76,6 +76,7 @@ fn write(
             app: "test".into(),
             tags: vec![],
             regions,
+            redo: None,
         })
         .unwrap_or_else(|e| panic!("begin: {e}"));
     w.put_bytes(

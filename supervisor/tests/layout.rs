@@ -331,3 +331,29 @@ fn the_snapshot_agents_messages_and_buffer_match_the_c_header() {
         same("UFFD_EVENT_FORK", lz::UFFD_EVENT_FORK as u64);
     }
 }
+
+#[test]
+fn the_redo_ring_matches_the_c_header() {
+    use rekindle::redo::ring as r;
+    let c = c_layout();
+    let same = |name: &str, rust: u64| assert_eq!(rust, want(&c, name), "{name}: Rust {rust}");
+    same("REDO_MAGIC", r::MAGIC);
+    same("REDO_VERSION", r::VERSION as u64);
+    same("REDO_HEADER", r::HEADER as u64);
+    same("REDO_REC_HEAD", r::REC_HEAD as u64);
+    same("REDO_STRUCT_SIZE", r::STRUCT_SIZE as u64);
+    same("REDO_OFF_MAGIC", r::OFF_MAGIC as u64);
+    same("REDO_OFF_VERSION", r::OFF_VERSION as u64);
+    same("REDO_OFF_HEADER_SIZE", r::OFF_HEADER_SIZE as u64);
+    same("REDO_OFF_RING_BYTES", r::OFF_RING_BYTES as u64);
+    same("REDO_OFF_COMMITTED", r::OFF_COMMITTED as u64);
+    same("REDO_OFF_WANT", r::OFF_WANT as u64);
+    same("REDO_OFF_APP_GAPS", r::OFF_APP_GAPS as u64);
+    same("REDO_OFF_REPLAY_PENDING", r::OFF_REPLAY_PENDING as u64);
+    same("REDO_OFF_LINE", r::OFF_LINE as u64);
+    same("REDO_OFF_LINE_GAPS", r::OFF_LINE_GAPS as u64);
+    same("REDO_OFF_LINE_START", r::OFF_LINE_START as u64);
+    same("REDO_OFF_DRAINED", r::OFF_DRAINED as u64);
+    same("REDO_OFF_DURABLE", r::OFF_DURABLE as u64);
+    same("REDO_OFF_WRITER_ERRNO", r::OFF_WRITER_ERRNO as u64);
+}

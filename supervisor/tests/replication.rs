@@ -35,6 +35,7 @@ fn primary_store(dir: &Path) -> (Store, SnapshotId, SnapshotId) {
             size: 8 * PAGE as u64,
             layout: serde_json::Value::Null,
         }],
+        redo: None,
     };
     let mut w = ok(s.begin(meta(true, None)));
     for p in 0..8u64 {

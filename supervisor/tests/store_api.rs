@@ -53,6 +53,7 @@ fn snap(parent: Option<&SnapshotId>, regions: Vec<RegionMeta>) -> NewSnapshot {
         app: "test".into(),
         tags: vec![],
         regions,
+        redo: None,
     }
 }
 

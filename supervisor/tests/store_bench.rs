@@ -68,6 +68,7 @@ fn meta(full: bool, parent: Option<rekindle::store::SnapshotId>) -> NewSnapshot 
             size: PAGES * PAGE as u64,
             layout: serde_json::Value::Null,
         }],
+        redo: None,
     }
 }
 

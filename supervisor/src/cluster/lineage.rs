@@ -334,6 +334,7 @@ mod tests {
                 size: 2 * PAGE as u64,
                 layout: serde_json::Value::Null,
             }],
+            redo: None,
         };
         let mut w = ok(s.begin(meta(true, None)));
         ok(w.put_page(0, 0, &vec![1; PAGE]));

@@ -241,6 +241,9 @@ pub struct Plan<'a> {
     /// for: a group commit's few pages are copied faster at the cut than in
     /// a round trip to the agent more.
     pub precopy: bool,
+    /// The app's redo log: the cut reads its position while the app is
+    /// frozen (and opens a closed log on a new line).
+    pub redo: Option<&'a crate::redo::Redo>,
 }
 
 /// What a snapshot cost and what it wrote.
@@ -952,6 +955,9 @@ fn run(
     let t_cut = Instant::now();
     let precopy_ns = (t_cut - t0).as_nanos() as u64;
     let (freeze_ns, scan_ns, manifest) = report(link, t, plan, true, &mut c)?;
+    // no region is open: the records before this position are exactly the
+    // changes the cut holds
+    let redo = plan.redo.map(|r| r.at_cut());
     // the app is frozen: release it
     let cut_copy_ns = c.first_dirty.map_or(0, |t| t.elapsed().as_nanos() as u64);
     link.send(&agent_link::encode_release(link.seq))?;
@@ -973,7 +979,8 @@ fn run(
     w.put_bytes(idx, &manifest)?;
     let stats = w.stats();
     let fresh_regions = w.fresh_regions();
-    let w = t.writer.take().ok_or(Failure::LayoutChanged)?;
+    let mut w = t.writer.take().ok_or(Failure::LayoutChanged)?;
+    w.set_redo(redo);
     let t_commit = Instant::now();
     let put_ns = (t_commit - t_put).as_nanos() as u64;
     let info = w.commit()?;
@@ -1206,6 +1213,7 @@ fn start_report(
             app: plan.app.to_string(),
             tags: plan.tags.clone(),
             regions: metas.clone(),
+            redo: None,
         });
         t.layout = Some(layout);
         if let Some(b) = against {
@@ -1438,6 +1446,7 @@ mod tests {
                 app: "t".into(),
                 tags: Vec::new(),
                 regions: metas,
+                redo: None,
             }),
             touched: Vec::new(),
             copy_buf: Vec::new(),

@@ -50,6 +50,13 @@ pub struct EngineConfig {
     /// for its pages from the same disk and CPU (the engine gets no
     /// snapshot to take until the restore is over anyway).
     pub open_at_start: bool,
+    /// The app's redo log: each cut records its position in it.
+    pub redo: Option<std::sync::Arc<crate::redo::Redo>>,
+    /// While the app logs its changes (the redo log open), an interval
+    /// snapshot is taken only once this many bytes of records followed the
+    /// last one: the log keeps them durable, a snapshot only bounds how much
+    /// a restore replays.
+    pub redo_snapshot_bytes: u64,
 }
 
 /// Why a restored incarnation's first snapshot is full after all (the
@@ -241,6 +248,7 @@ impl Handle {
             requested: false,
             last_busy: Instant::now(),
             last_app_commit: None,
+            last_redo_at: None,
             last_publish: Instant::now(),
             last_pages: None,
             idle_fold_failed: false,
@@ -356,6 +364,8 @@ struct Engine {
     last_busy: Instant,
     /// When the app last asked for a snapshot (rk_checkpoint).
     last_app_commit: Option<Instant>,
+    /// The redo position of the last snapshot taken.
+    last_redo_at: Option<u64>,
     /// When the journal's records were last handed to a fold, or a
     /// snapshot published: `publish_every` counts from then.
     last_publish: Instant,
@@ -527,6 +537,13 @@ impl Engine {
                 self.refuse_waiting_no_agent();
             }
             let mut due = self.next_due.is_some_and(|t| Instant::now() >= t);
+            if due && !self.requested && self.waiting.is_empty() && self.redo_defers() {
+                // the redo log keeps the app's writes durable: a snapshot
+                // now would cost the app a cut and the core a copy of every
+                // page written, for a shorter replay only
+                self.next_due = self.cfg.interval.map(|iv| Instant::now() + iv);
+                due = false;
+            }
             if due && !self.requested && self.waiting.is_empty() && self.app_commits_flowing() {
                 // the app's own snapshots come more often than the interval
                 // and each cuts every write: this one, published, would only
@@ -540,6 +557,15 @@ impl Engine {
                 self.last_busy = Instant::now();
             }
         }
+    }
+
+    /// The redo log is open and holds less than `redo_snapshot_bytes` since
+    /// the last snapshot: an interval snapshot can wait.
+    fn redo_defers(&self) -> bool {
+        let (Some(r), Some(last)) = (&self.cfg.redo, self.last_redo_at) else {
+            return false;
+        };
+        r.is_open() && r.committed().saturating_sub(last) < self.cfg.redo_snapshot_bytes
     }
 
     /// The app asks for snapshots (rkv `--durability sync`): the journal
@@ -1067,6 +1093,7 @@ impl Engine {
             carry: &carry,
             journal,
             precopy,
+            redo: self.cfg.redo.as_deref(),
         };
         let store = self.store.as_mut().ok_or(Failure::LayoutChanged)?;
         let r = cut::take(
@@ -1084,6 +1111,7 @@ impl Engine {
         match &r {
             Ok(d) => {
                 self.last = Some(d.info.id.clone());
+                self.last_redo_at = d.info.redo.map(|m| m.at);
                 self.epoch = epoch;
                 self.force_full = false;
                 self.baseline = None;
@@ -1105,7 +1133,12 @@ impl Engine {
                         l.committed(&d.info.id);
                         self.publish_durable(d.app_epoch);
                     }
-                    None => self.publish_durable(d.app_epoch),
+                    None => {
+                        self.publish_durable(d.app_epoch);
+                        if let (Some(r), Some(m)) = (&self.cfg.redo, d.info.redo) {
+                            r.snapshot_durable(m);
+                        }
+                    }
                 }
             }
             Err(_) => {

@@ -70,6 +70,19 @@ pub enum StoreError {
     IndexCorrupt { path: PathBuf, detail: String },
     #[error("{path}: journal corrupt: {detail}")]
     JournalCorrupt { path: PathBuf, detail: String },
+    #[error("{path}: redo log corrupt at offset {offset}: {detail}")]
+    RedoCorrupt {
+        path: PathBuf,
+        offset: u64,
+        detail: String,
+    },
+    #[error("{path}: redo log of line {line:016x} has a gap at position {at}: {detail}")]
+    RedoGap {
+        path: PathBuf,
+        line: u64,
+        at: u64,
+        detail: String,
+    },
 }
 
 impl StoreError {
@@ -99,6 +112,8 @@ impl StoreError {
             StoreError::StreamTruncated { .. } => "stream_truncated",
             StoreError::IndexCorrupt { .. } => "index_corrupt",
             StoreError::JournalCorrupt { .. } => "journal_corrupt",
+            StoreError::RedoCorrupt { .. } => "redo_corrupt",
+            StoreError::RedoGap { .. } => "redo_gap",
         }
     }
 
@@ -127,7 +142,9 @@ impl StoreError {
             | StoreError::StreamCorrupt { path, .. }
             | StoreError::StreamTruncated { path, .. }
             | StoreError::IndexCorrupt { path, .. } => path,
-            StoreError::JournalCorrupt { path, .. } => path,
+            StoreError::JournalCorrupt { path, .. }
+            | StoreError::RedoCorrupt { path, .. }
+            | StoreError::RedoGap { path, .. } => path,
         }
     }
 

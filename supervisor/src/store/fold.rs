@@ -212,6 +212,7 @@ impl Store {
                 app: last.app.clone(),
                 tags: tags.into_iter().collect(),
                 regions: last.regions.iter().map(|r| r.meta.clone()).collect(),
+                redo: last.redo,
             };
             let origin = Origin {
                 id: last.id.clone(),
@@ -651,6 +652,7 @@ mod tests {
                 size: 16 * PAGE as u64,
                 layout: serde_json::Value::Null,
             }],
+            redo: None,
         }
     }
 

@@ -147,6 +147,23 @@ fn keep_first_error(r: &mut Result<(), StoreError>, next: Result<(), StoreError>
 }
 
 /// The threads `fsync_many` hands files to, started on first use.
+/// Starts a thread with every signal blocked, which it keeps: a thread may
+/// start before the supervisor blocks SIGTERM for its signalfd, and one that
+/// does not block it would take the default action (see fsync_pool).
+pub fn spawn_quiet<F>(name: &str, f: F) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
+    let all = SigSet::all();
+    let mut before = SigSet::empty();
+    pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&all), Some(&mut before))
+        .map_err(std::io::Error::from)?;
+    let r = std::thread::Builder::new().name(name.into()).spawn(f);
+    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&before), None);
+    r
+}
+
 mod fsync_pool {
     use std::fs::File;
     use std::path::{Path, PathBuf};

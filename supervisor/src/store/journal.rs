@@ -117,6 +117,9 @@ pub struct RecordMeta {
     pub app: String,
     pub tags: Vec<String>,
     pub regions: Vec<ManifestRegion>,
+    /// Where the snapshot stands in the app's redo log, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redo: Option<super::manifest::RedoMark>,
 }
 
 /// One page of a record.
@@ -706,6 +709,7 @@ mod tests {
                 },
                 whole: false,
             }],
+            redo: None,
         }
     }
 

@@ -9,9 +9,21 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::error::{StoreError, io_at};
-use super::format::{SnapshotId, VERSION, from_unix_ns};
+use super::format::{SnapshotId, from_unix_ns};
 
 pub const FORMAT_NAME: &str = "rekindle-snapshot";
+/// The version of a manifest that carries a redo mark: a reader that does
+/// not know the redo log must refuse it (it would restore without the
+/// acknowledged writes the log holds), not ignore the field.
+pub const REDO_VERSION: u32 = 2;
+
+/// Where a snapshot stands in the app's redo log (redo/mod.rs): its line,
+/// and the position before which every record's change is in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RedoMark {
+    pub line: u64,
+    pub at: u64,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -122,6 +134,9 @@ pub struct Manifest {
     /// Every pack holding a chunk this snapshot's own map names.
     pub packs: Vec<String>,
     pub stats: ManifestStats,
+    /// Where the snapshot stands in the app's redo log, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redo: Option<RedoMark>,
 }
 
 /// What `Store::list` returns for each snapshot.
@@ -141,6 +156,7 @@ pub struct SnapshotInfo {
     pub logical_bytes: u64,
     /// Appended to the journal, not published yet (a fold publishes it).
     pub journaled: bool,
+    pub redo: Option<RedoMark>,
 }
 
 impl Manifest {
@@ -158,6 +174,7 @@ impl Manifest {
             new_bytes_compressed: self.stats.new_bytes_compressed,
             logical_bytes: self.stats.logical_bytes,
             journaled: false,
+            redo: self.redo,
         }
     }
 
@@ -204,12 +221,12 @@ impl Manifest {
             return Err(corrupt(format!("\"format\" is not {FORMAT_NAME:?}")));
         }
         if let Some(ver) = v.get("version").and_then(|f| f.as_u64())
-            && ver > VERSION as u64
+            && ver > REDO_VERSION as u64
         {
             return Err(StoreError::NewerVersion {
                 path: path.to_path_buf(),
                 found: ver as u32,
-                supported: VERSION,
+                supported: REDO_VERSION,
             });
         }
         let m: Manifest = serde_json::from_value(v).map_err(|e| corrupt(format!("json: {e}")))?;

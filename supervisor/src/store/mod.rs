@@ -10,6 +10,7 @@
 //! DIR/snapshots/<id>-<h>.map      its page map (binary, zstd)
 //! DIR/tmp/                        files being written (leftovers of a crash)
 //! DIR/journal, DIR/journal-b      sync commits not folded yet (journal.rs)
+//! DIR/redo/<line>-<first>.redo    the apps' redo logs (redo.rs)
 //! ```
 
 pub mod delta;
@@ -28,6 +29,7 @@ pub mod map;
 pub mod pack;
 pub mod preopened;
 pub mod reader;
+pub mod redo;
 pub mod stream;
 pub mod verify;
 pub mod writer;

@@ -372,6 +372,7 @@ impl Store {
             app: h.app.clone(),
             tags: h.tags.clone(),
             regions: h.regions.iter().map(|x| x.meta.clone()).collect(),
+            redo: None,
         };
         let mut w = if skip {
             None

@@ -32,6 +32,8 @@ pub struct NewSnapshot {
     pub app: String,
     pub tags: Vec<String>,
     pub regions: Vec<RegionMeta>,
+    /// Where it stands in the app's redo log (known at the cut: `set_redo`).
+    pub redo: Option<super::manifest::RedoMark>,
 }
 
 #[cfg(test)]
@@ -47,6 +49,7 @@ impl NewSnapshot {
             app: "t".into(),
             tags: Vec::new(),
             regions,
+            redo: None,
         }
     }
 }
@@ -272,6 +275,11 @@ fn is_zero(data: &[u8]) -> bool {
 impl SnapshotWriter<'_> {
     pub fn id(&self) -> &SnapshotId {
         &self.id
+    }
+
+    /// The snapshot's place in the app's redo log, known at the cut.
+    pub fn set_redo(&mut self, m: Option<super::manifest::RedoMark>) {
+        self.meta.redo = m;
     }
 
     pub fn stats(&self) -> WriteStats {
@@ -613,6 +621,7 @@ impl SnapshotWriter<'_> {
             app: self.meta.app.clone(),
             tags: self.meta.tags.clone(),
             regions: self.regions.clone(),
+            redo: self.meta.redo,
         };
         let payload = super::journal::encode_payload(&meta, &pages);
         if !self.store.journal_append(&meta, &payload)? {
@@ -638,6 +647,7 @@ impl SnapshotWriter<'_> {
             new_bytes_compressed: self.stats.bytes_compressed,
             logical_bytes: 0,
             journaled: true,
+            redo: self.meta.redo,
         })
     }
 
@@ -745,7 +755,11 @@ impl SnapshotWriter<'_> {
         };
         let m = Manifest {
             format: super::manifest::FORMAT_NAME.into(),
-            version: VERSION,
+            version: if self.meta.redo.is_some() {
+                super::manifest::REDO_VERSION
+            } else {
+                VERSION
+            },
             id: self.id.clone(),
             parent: self.meta.parent.clone(),
             kind: if self.meta.full {
@@ -769,6 +783,7 @@ impl SnapshotWriter<'_> {
             pack: pack_name.clone(),
             packs: packs.into_iter().collect(),
             stats,
+            redo: self.meta.redo,
         };
         let man_tmp = tmp_dir.join(format!("{}.json", self.id));
         tmp_files.push((fsio::write_new(&man_tmp, &m.encode())?, man_tmp.clone()));

@@ -71,11 +71,31 @@ impl Supervisor {
                 (5 + l).to_string(),
             ));
         }
+        // the redo log's fds after it; a replay only for this incarnation
+        let replay = self.redo_replay.take();
+        let mut redo_fds = Vec::new();
+        if let Some(r) = &self.redo {
+            let first = 5 + l + usize::from(snap.is_some());
+            env.push(spawn::env_entry(
+                "REKINDLE_REDO_FDS",
+                format!("{},{},{}", first, first + 1, first + 2),
+            ));
+            redo_fds.extend(r.fds());
+            if let Some(rp) = &replay {
+                env.push(spawn::env_entry(
+                    "REKINDLE_REDO_REPLAY",
+                    (first + 3).to_string(),
+                ));
+                redo_fds.push(rp.fd.as_fd());
+                r.set_replay_pending(true);
+            }
+        }
         let fds = ChildFds {
             listen: self.listen.iter().map(|(_, f)| f.as_fd()).collect(),
             app_sock: app_end.as_fd(),
             control: self.ctl.fd(),
             snapshot: snap.as_ref().map(|(_, app)| app.as_fd()),
+            redo: redo_fds,
         };
         let r = spawn::spawn(&self.program, &env, &fds, l > 0);
         drop(fds);
@@ -254,6 +274,9 @@ impl Supervisor {
         // A crash loop takes the newest from before the loop began; another
         // restorable cold reason the newest (consistent: cut with no
         // unsafe region open).
+        // a start whose redo replay did not finish holds the snapshot
+        // without the records: restore it again, with them
+        let replay_unfinished = self.redo.as_ref().is_some_and(|r| r.replay_pending());
         let pick = if d.code == Reason::CrashLoop {
             Some((
                 std::time::SystemTime::now() - Duration::from_nanos(uptime),
@@ -262,6 +285,12 @@ impl Supervisor {
             ))
         } else if d.mode == Mode::Cold && d.code.restorable() {
             Some((std::time::SystemTime::now(), "cold_restore", "the newest"))
+        } else if replay_unfinished {
+            Some((
+                std::time::SystemTime::now(),
+                "cold_restore",
+                "the newest, its redo replay not finished",
+            ))
         } else {
             None
         };
@@ -283,7 +312,8 @@ impl Supervisor {
                 self.replace_control_block();
             }
             let sig = if signal != 0 { signal } else { noted.signal };
-            let plan = self.plan_restored(rb, now, why, sig);
+            let replay = d.code != Reason::CrashLoop;
+            let plan = self.plan_restored(rb, now, why, sig, replay);
             self.pending = Some(Pending {
                 path: RestartPath::Respawn,
                 failure: noted.kind,

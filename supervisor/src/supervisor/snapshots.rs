@@ -43,6 +43,9 @@ pub(super) struct Rollback {
     pub(super) baseline: Option<Baseline>,
     /// How the snapshot's chunks were found (a location index or not).
     pub(super) index: Option<crate::store::reader::IndexOutcome>,
+    /// Where the snapshot stands in the app's redo log.
+    pub(super) redo: Option<crate::store::manifest::RedoMark>,
+    pub(super) dir: std::path::PathBuf,
 }
 
 impl Rollback {
@@ -50,6 +53,8 @@ impl Rollback {
         Rollback {
             what: restore::describe(dir, &r.info),
             id: r.info.id.as_str().to_string(),
+            redo: r.info.redo,
+            dir: dir.to_path_buf(),
             bytes: r.bytes,
             read_ms: r.took.as_secs_f64() * 1e3,
             fds: r
@@ -75,6 +80,7 @@ pub(super) fn start_engine(
     replication: Option<std::sync::Arc<crate::cluster::link::ReplicationLink>>,
     store: Option<crate::store::preopened::Preopened>,
     open_at_start: bool,
+    redo: Option<std::sync::Arc<crate::redo::Redo>>,
 ) -> Result<Handle> {
     if sc.publish_every.is_some() && replication.is_some() {
         // not silent: the standbys receive published snapshots only
@@ -95,6 +101,8 @@ pub(super) fn start_engine(
             publish_every: sc.publish_every,
             replication,
             open_at_start,
+            redo,
+            redo_snapshot_bytes: sc.redo_snapshot_bytes,
         },
         store,
     )
@@ -205,14 +213,87 @@ impl Supervisor {
         }
     }
 
-    /// The plan that starts the next incarnation from a snapshot's memfds.
+    /// Before a start from the snapshot of `rb`: every record the ring
+    /// holds goes to disk and the log closes (the next incarnation's first
+    /// cut opens a new line); with `replay`, and if the snapshot is the
+    /// store's newest, the records of its line after it are read for the
+    /// app to apply (`rk_redo_replay`).  Ok with what to add to the
+    /// decision; Err if the log is damaged (the records would be lost).
+    pub(super) fn redo_before_start(
+        &mut self,
+        rb: &Rollback,
+        replay: bool,
+    ) -> Result<String, crate::store::StoreError> {
+        self.redo_replay = None;
+        let Some(r) = self.redo.clone() else {
+            return Ok(String::new());
+        };
+        r.set_replay_pending(false);
+        if let Err(e) = r.drain_and_close() {
+            // what the dead app committed and did not reach the disk is
+            // replayed only as far as it did: said, never silent
+            self.report.event(
+                ev("error")
+                    .s("what", "redo: the ring's last records could not be written")
+                    .s("code", e.code())
+                    .s("error", e.to_string()),
+            );
+        }
+        let Some(mark) = rb.redo.filter(|_| replay) else {
+            return Ok(String::new());
+        };
+        let newest = crate::store::Store::open_unindexed(&rb.dir)?
+            .list()?
+            .last()
+            .map(|i| i.id.as_str() == rb.id);
+        if newest != Some(true) {
+            return Ok(String::new());
+        }
+        let t0 = std::time::Instant::now();
+        let Some(rp) = crate::redo::replay_for(&rb.dir, mark)? else {
+            return Ok(String::new());
+        };
+        let note = format!("; replays {} redo records after it", rp.records);
+        self.report.event(
+            ev("redo_replay")
+                .s("snapshot", &rb.id)
+                .u("records", rp.records)
+                .u("bytes", rp.bytes)
+                .s("line", format!("{:016x}", rp.line))
+                .u("from", rp.from)
+                .u("end", rp.end)
+                .v("read_ms", (t0.elapsed().as_secs_f64() * 1e4).round() / 10.0),
+        );
+        self.redo_replay = Some(rp);
+        Ok(note)
+    }
+
+    /// The plan that starts the next incarnation from a snapshot's memfds;
+    /// `replay`: the redo records after it too (a start that must bring
+    /// back every acknowledged write, not a rollback or a crash loop's).
     pub(super) fn plan_restored(
         &mut self,
         mut rb: Rollback,
         now: u64,
-        decision: String,
+        mut decision: String,
         signal: i32,
+        replay: bool,
     ) -> Plan {
+        match self.redo_before_start(&rb, replay) {
+            Ok(note) => decision.push_str(&note),
+            Err(e) => {
+                self.report.event(
+                    ev("error")
+                        .s("what", "redo: cannot read the records after the snapshot; starting from the snapshot alone")
+                        .s("code", e.code())
+                        .s("error", e.to_string()),
+                );
+                decision.push_str(&format!(
+                    "; its redo records are not replayed ({})",
+                    e.code()
+                ));
+            }
+        }
         self.held = std::mem::take(&mut rb.fds);
         self.sort_held();
         self.snapshot_held();
@@ -252,7 +333,7 @@ impl Supervisor {
         };
         self.app = None;
         let decision = format!("restored from snapshot {} (rekindle rollback)", rb.what);
-        let plan = self.plan_restored(rb, now, decision, libc::SIGKILL);
+        let plan = self.plan_restored(rb, now, decision, libc::SIGKILL, false);
         self.pending = Some(Pending {
             path: RestartPath::Respawn,
             failure: FailureKind::Request,

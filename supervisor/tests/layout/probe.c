@@ -190,5 +190,25 @@ int main(void)
 	P("UFFD_MSG_OFF_FORK_UFD", offsetof(struct uffd_msg, arg.fork.ufd));
 	P("UFFD_EVENT_PAGEFAULT", UFFD_EVENT_PAGEFAULT);
 	P("UFFD_EVENT_FORK", UFFD_EVENT_FORK);
+#define ROFF(name, field) P(name, offsetof(struct rk_redo_ring, field))
+	P("REDO_MAGIC", RK_REDO_MAGIC);
+	P("REDO_VERSION", RK_REDO_VERSION);
+	P("REDO_HEADER", RK_REDO_HEADER);
+	P("REDO_REC_HEAD", RK_REDO_REC_HEAD);
+	P("REDO_STRUCT_SIZE", sizeof(struct rk_redo_ring));
+	ROFF("REDO_OFF_MAGIC", magic);
+	ROFF("REDO_OFF_VERSION", version);
+	ROFF("REDO_OFF_HEADER_SIZE", header_size);
+	ROFF("REDO_OFF_RING_BYTES", ring_bytes);
+	ROFF("REDO_OFF_COMMITTED", committed);
+	ROFF("REDO_OFF_WANT", want);
+	ROFF("REDO_OFF_APP_GAPS", app_gaps);
+	ROFF("REDO_OFF_REPLAY_PENDING", replay_pending);
+	ROFF("REDO_OFF_LINE", line);
+	ROFF("REDO_OFF_LINE_GAPS", line_gaps);
+	ROFF("REDO_OFF_LINE_START", line_start);
+	ROFF("REDO_OFF_DRAINED", drained);
+	ROFF("REDO_OFF_DURABLE", durable);
+	ROFF("REDO_OFF_WRITER_ERRNO", writer_errno);
 	return 0;
 }
