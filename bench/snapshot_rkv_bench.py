@@ -6,6 +6,8 @@ persistence (issue 13, speed): unmodified `redis-benchmark` against
   rkv-snap-10ms      rkv --durability async under `rekindle run --snapshot-dir
                      --snapshot-interval 10ms` (replies at once)
   rkv-snap-100ms     the same, --snapshot-interval 100ms
+  rkv-sync-redo      the same, its writes made durable by the redo log
+                     (--sync-via redo: one append and one fdatasync a group)
   rkv-sync           rkv --durability sync under snapshots (--sync-interval,
                      default 100ms): every reply that may depend on a write
                      waits until that write is in a durable snapshot (group
@@ -102,6 +104,9 @@ CONFIGS = {
                        "label": "rkv, snapshots every 100 ms"},
     "rkv-sync": {"kind": "rkv", "interval": None, "durability": "sync", "slow": True,
                  "label": "rkv --durability sync"},
+    "rkv-sync-redo": {"kind": "rkv", "interval": None, "durability": "sync", "slow": True,
+                      "rkv_extra": ["--sync-via", "redo"],
+                      "label": "rkv --durability sync --sync-via redo"},
     "redis": {"kind": "redis", "label": "Redis 7, no persistence"},
     "redis-aof-everysec": {"kind": "redis", "extra": AOF_EVERYSEC, "label": "Redis 7, AOF everysec"},
     "redis-aof-always": {"kind": "redis", "extra": AOF_ALWAYS, "slow": True, "label": "Redis 7, AOF always"},
@@ -227,7 +232,8 @@ def start_server(name, cfg, build, workdir, args):
         srv = RkvStack(build, workdir, port, name=f"sb-{name}", cpu=args.server_cpu,
                        snapshot_dir=workdir / "store" if snap else None, interval=interval,
                        durability=cfg.get("durability", "none"), snapshot_memory=args.snapshot_memory,
-                       rkv_args=args.rkv_args.split(), sup_args=keep_args(args) if snap else [])  # fmt: skip
+                       rkv_args=args.rkv_args.split() + cfg.get("rkv_extra", []),
+                       sup_args=keep_args(args) if snap else [])  # fmt: skip
         srv.snapshots = snap
     else:
         srv = RedisServer(workdir, port, cfg.get("extra", ()), cpu=args.server_cpu)

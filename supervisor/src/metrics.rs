@@ -29,6 +29,17 @@ pub struct Metrics {
     pub snapshot_bytes_written: IntCounter,
     pub snapshot_last_durable: Gauge,
     pub snapshot_dedup_ratio: Gauge,
+    pub redo: RedoMetrics,
+}
+
+/// The redo writer's (redo/writer.rs), which it updates itself.
+#[derive(Clone)]
+pub struct RedoMetrics {
+    pub bytes_written: IntCounter,
+    pub flushes: IntCounter,
+    pub flush_seconds: Histogram,
+    /// Committed bytes not yet durable, after each flush.
+    pub undurable_bytes: IntGauge,
 }
 
 impl Metrics {
@@ -121,6 +132,33 @@ impl Metrics {
             "rekindle_snapshot_dedup_ratio",
             "Of the non-zero pages put into snapshots, the share already in the store",
         )?;
+        let redo = RedoMetrics {
+            bytes_written: IntCounter::new(
+                "rekindle_redo_bytes_written_total",
+                "Bytes of the app's redo records written to the store's redo log",
+            )?,
+            flushes: IntCounter::new(
+                "rekindle_redo_flushes_total",
+                "Writes of the redo log, each one write and one fdatasync",
+            )?,
+            flush_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "rekindle_redo_flush_seconds",
+                    "How long one write and fdatasync of the redo log took",
+                )
+                .buckets(vec![
+                    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+                ]),
+            )?,
+            undurable_bytes: IntGauge::new(
+                "rekindle_redo_undurable_bytes",
+                "Redo records the app committed that are not durable yet",
+            )?,
+        };
+        registry.register(Box::new(redo.bytes_written.clone()))?;
+        registry.register(Box::new(redo.flushes.clone()))?;
+        registry.register(Box::new(redo.flush_seconds.clone()))?;
+        registry.register(Box::new(redo.undurable_bytes.clone()))?;
         registry.register(Box::new(snapshot_stop.clone()))?;
         registry.register(Box::new(snapshots.clone()))?;
         registry.register(Box::new(snapshot_pages.clone()))?;
@@ -153,6 +191,7 @@ impl Metrics {
             snapshot_bytes_written,
             snapshot_last_durable,
             snapshot_dedup_ratio,
+            redo,
         })
     }
 

@@ -410,6 +410,7 @@ fn info_json(i: &SnapshotInfo) -> Value {
         "pages": i.pages,
         "logical_bytes": i.logical_bytes,
         "new_bytes_compressed": i.new_bytes_compressed,
+        "redo": i.redo.map(|m| json!({"line": format!("{:016x}", m.line), "at": m.at})),
     })
 }
 
@@ -500,13 +501,39 @@ fn index(source: &str, as_json: bool) -> Result<i32, StoreError> {
     Ok(0)
 }
 
+/// What a start from the newest snapshot would replay of the redo log:
+/// Ok(None) when it has no place in one; Err when the records after it do
+/// not read back (a restore would refuse to start).
+fn verify_redo(
+    store: &Store,
+    dir: &Path,
+) -> Result<Option<crate::store::redo::RedoStream>, StoreError> {
+    let Some(newest) = store.list()?.pop() else {
+        return Ok(None);
+    };
+    match newest.redo {
+        Some(m) if m.line != 0 => crate::store::redo::read_stream(dir, m.line, m.at).map(Some),
+        _ => Ok(None),
+    }
+}
+
 fn verify(dir: &Path, as_json: bool, progress: bool) -> Result<i32, StoreError> {
     let store = Store::open(dir)?;
-    let rep = store.verify(&mut reporter(progress))?;
+    let mut rep = store.verify(&mut reporter(progress))?;
+    let redo = match verify_redo(&store, dir) {
+        Ok(r) => r,
+        Err(e) => {
+            rep.errors.push(e);
+            None
+        }
+    };
     let restorable = rep.snapshots.iter().filter(|s| s.restorable).count();
     if as_json {
         let v = json!({
             "ok": rep.ok(),
+            "redo": redo.as_ref().map(|s| json!({
+                "line": format!("{:016x}", s.line), "from": s.from, "end": s.end, "records": s.records,
+            })),
             "errors": rep.errors.iter().map(|e| e.to_json()).collect::<Vec<_>>(),
             "snapshots": rep.snapshots.iter().map(|s| json!({
                 "id": s.id, "restorable": s.restorable, "error": s.error.as_ref().map(|e| e.to_json())
@@ -544,6 +571,12 @@ fn verify(dir: &Path, as_json: bool, progress: bool) -> Result<i32, StoreError> 
         }
         if let Some(t) = rep.journal_torn {
             println!("journal: a torn last record is ignored ({t}; it was never acknowledged)");
+        }
+        if let Some(s) = &redo {
+            println!(
+                "redo: {} records after the newest snapshot read back (line {:016x}, {}..{})",
+                s.records, s.line, s.from, s.end
+            );
         }
         println!(
             "{}: {restorable} of {} snapshots restorable, {} errors",

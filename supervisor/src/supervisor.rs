@@ -339,16 +339,18 @@ impl Supervisor {
         // the redo log: a store's, not a cluster's (its records would
         // have to reach the standbys too)
         let redo = match &cfg.snapshots {
-            Some(sc) if cfg.replication.is_none() => match crate::redo::Redo::start(&sc.dir) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    eprintln!(
-                        "rekindle: redo_unavailable: cannot create the redo log's ring: {e}; \
+            Some(sc) if cfg.replication.is_none() => {
+                match crate::redo::Redo::start(&sc.dir, Some(metrics.redo.clone())) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        eprintln!(
+                            "rekindle: redo_unavailable: cannot create the redo log's ring: {e}; \
                          the app's rk_redo_append returns -ENOTSUP"
-                    );
-                    None
+                        );
+                        None
+                    }
                 }
-            },
+            }
             _ => None,
         };
         let snapshots = match &cfg.snapshots {

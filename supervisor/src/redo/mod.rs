@@ -55,7 +55,10 @@ fn new_line_id() -> u64 {
 
 impl Redo {
     /// Creates the ring and starts the writer for the store at `dir`.
-    pub fn start(dir: &Path) -> std::io::Result<Arc<Redo>> {
+    pub fn start(
+        dir: &Path,
+        metrics: Option<crate::metrics::RedoMetrics>,
+    ) -> std::io::Result<Arc<Redo>> {
         let ring = Arc::new(Ring::create()?);
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(Stats::default()));
@@ -64,6 +67,7 @@ impl Redo {
             dir: dir.to_path_buf(),
             rx,
             stats: stats.clone(),
+            metrics,
         };
         let thread = crate::store::fsio::spawn_quiet("rekindle-redo", move || w.run())?;
         Ok(Arc::new(Redo {

@@ -54,6 +54,7 @@ pub struct Writer {
     pub dir: PathBuf,
     pub rx: Receiver<Msg>,
     pub stats: Arc<std::sync::Mutex<Stats>>,
+    pub metrics: Option<crate::metrics::RedoMetrics>,
 }
 
 struct State {
@@ -180,10 +181,16 @@ impl Writer {
             at = end;
         }
         self.ring.set_drained(committed);
+        let took = t0.elapsed();
+        if let Some(m) = &self.metrics {
+            m.bytes_written.inc_by(committed - from);
+            m.flushes.inc();
+            m.flush_seconds.observe(took.as_secs_f64());
+        }
         let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         s.bytes += committed - from;
         s.flushes += 1;
-        s.flush_us_total += t0.elapsed().as_micros() as u64;
+        s.flush_us_total += took.as_micros() as u64;
         Ok(())
     }
 
@@ -207,15 +214,21 @@ impl Writer {
         self.ring.wake_app();
     }
 
-    /// durable = every record on disk of a line with a durable snapshot,
-    /// up to the first line without one; or a durable snapshot's position.
+    /// durable = how far every record is durable: written to disk in a
+    /// line that has a durable snapshot, or below a durable snapshot's
+    /// position (that snapshot holds its change).
     fn publish_durable(&self, st: &State) {
-        let written = self.ring.drained();
-        let mut d = written;
-        if let Some(&(_, s)) = st.lines.iter().find(|(l, _)| !st.based.contains(l)) {
-            d = d.min(s);
+        let committed = self.ring.committed();
+        let d = durable_position(
+            &st.lines,
+            &st.based,
+            self.ring.drained(),
+            st.snapshot_at.min(committed),
+        );
+        if let Some(m) = &self.metrics {
+            m.undurable_bytes
+                .set(committed.saturating_sub(d.max(self.ring.durable())) as i64);
         }
-        let d = d.max(st.snapshot_at.min(self.ring.committed()));
         if d > self.ring.durable() {
             self.ring.set_durable(d);
             self.ring.wake_app();
@@ -234,7 +247,49 @@ impl Writer {
     }
 }
 
+/// The first position whose record is not durable: the lines in the order
+/// they opened (id, start), those with a durable snapshot, what is written,
+/// and the highest durable snapshot's position.
+fn durable_position(lines: &[(u64, u64)], based: &HashSet<u64>, written: u64, snap: u64) -> u64 {
+    let mut d = written;
+    for (i, &(line, start)) in lines.iter().enumerate() {
+        let end = lines.get(i + 1).map_or(written, |&(_, s)| s.min(written));
+        if start >= written {
+            break;
+        }
+        if !based.contains(&line) && snap < end {
+            d = snap.max(start);
+            break;
+        }
+    }
+    d.max(snap)
+}
+
 /// Receives with a timeout (for callers waiting on the writer's reply).
 pub fn recv_reply<T>(rx: &Receiver<T>, timeout: Duration) -> Option<T> {
     rx.recv_timeout(timeout).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_durable_once_written_in_a_based_line_or_below_a_durable_snapshot() {
+        let based: HashSet<u64> = [1, 3].into_iter().collect();
+        // one based line: what is written
+        assert_eq!(durable_position(&[(1, 0)], &based, 500, 0), 500);
+        // a line without a durable snapshot yet: only what a snapshot holds
+        assert_eq!(durable_position(&[(2, 0)], &based, 500, 120), 120);
+        assert_eq!(durable_position(&[(1, 0), (2, 300)], &based, 500, 0), 300);
+        // a line that never got its snapshot, then one that did: the later
+        // line's records are durable once its snapshot passed the first
+        assert_eq!(
+            durable_position(&[(2, 0), (3, 300)], &based, 500, 300),
+            500,
+            "a line left without a snapshot must not hold back the ones after it"
+        );
+        // a snapshot ahead of what is written
+        assert_eq!(durable_position(&[(2, 0)], &based, 100, 400), 400);
+    }
 }

@@ -521,6 +521,11 @@ impl Supervisor {
                             .u("tracked_from_map", d.from_map_regions as u64)
                             .v("tags", d.info.tags.clone())
                             .u("stop_us", d.stop_ns / 1000)
+                            .s(
+                                "redo_line",
+                                d.info.redo.map_or(String::new(), |m| format!("{:016x}", m.line)),
+                            )
+                            .u("redo_at", d.info.redo.map_or(0, |m| m.at))
                             .u("freeze_us", d.freeze_ns / 1000)
                             .u("scan_us", d.scan_ns / 1000)
                             .u("cut_copy_us", d.cut_copy_ns / 1000)
