@@ -32,7 +32,8 @@ echo "   warm, from the arena fds that 'rekindle run' held"
 python3 scripts/demo_supervisor.py "$BUILD"
 echo
 echo "== the machine dies: durable snapshots. rkv runs under 'rekindle run --snapshot-dir',"
-echo "   which writes only the pages written since the last snapshot, at a consistent cut"
+echo "   which writes only the pages written since the last snapshot, at a consistent cut;"
+echo "   and with the redo log, each write's record is on disk before its reply goes out"
 python3 scripts/demo_snapshots.py "$BUILD"
 echo
 echo "== a host dies: failover. Two 'rekindle run --cluster' nodes and etcd on loopback;"
