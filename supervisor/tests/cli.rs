@@ -119,6 +119,36 @@ fn usage_errors_exit_2() {
         .output()
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(out.status.code(), Some(2));
+    // the redo log's threshold: a size, and only with a store
+    for (args, names) in [
+        (
+            &["run", "--redo-snapshot-bytes", "64M", "--", "true"][..],
+            "--snapshot-dir",
+        ),
+        (
+            &[
+                "run",
+                "--snapshot-dir",
+                "/tmp/x",
+                "--redo-snapshot-bytes",
+                "lots",
+                "--",
+                "true",
+            ][..],
+            "--redo-snapshot-bytes",
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(names),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]

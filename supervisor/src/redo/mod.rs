@@ -68,6 +68,7 @@ impl Redo {
             rx,
             stats: stats.clone(),
             metrics,
+            failing: std::sync::atomic::AtomicBool::new(false),
         };
         let thread = crate::store::fsio::spawn_quiet("rekindle-redo", move || w.run())?;
         Ok(Arc::new(Redo {

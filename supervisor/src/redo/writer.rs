@@ -55,6 +55,8 @@ pub struct Writer {
     pub rx: Receiver<Msg>,
     pub stats: Arc<std::sync::Mutex<Stats>>,
     pub metrics: Option<crate::metrics::RedoMetrics>,
+    /// The last write failed: the app's appends fail until one succeeds.
+    pub failing: std::sync::atomic::AtomicBool,
 }
 
 struct State {
@@ -109,11 +111,14 @@ impl Writer {
             };
             if kicked || committed > self.ring.drained() || !close.is_empty() {
                 let r = self.drain(&mut st, committed);
+                if !close.is_empty() {
+                    // closed whatever the write did: the next incarnation
+                    // starts from a snapshot, and records it could not write
+                    // were never durable (no reply waited for nothing)
+                    self.ring.reset_closed(committed);
+                    st.lines.clear();
+                }
                 for reply in close {
-                    if r.is_ok() {
-                        self.ring.reset_closed(committed);
-                        st.lines.clear();
-                    }
                     let _ = reply.send(r.clone().map(|_| committed));
                 }
             }
@@ -181,6 +186,15 @@ impl Writer {
             at = end;
         }
         self.ring.set_drained(committed);
+        if self
+            .failing
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            // the records waited in the ring: every one is on disk now, and
+            // the app may append again
+            eprintln!("rekindle: redo_write_recovered: the redo log is written again");
+            self.ring.set_writer_errno(0);
+        }
         let took = t0.elapsed();
         if let Some(m) = &self.metrics {
             m.bytes_written.inc_by(committed - from);
@@ -200,12 +214,18 @@ impl Writer {
             StoreError::PermissionDenied { .. } => libc::EACCES,
             _ => libc::EIO,
         };
-        // never silent: the app's appends fail (-EIO) and this says why
-        eprintln!(
-            "rekindle: redo_write_failed: {e} ({}); the app's redo appends fail until the \
-             next start",
-            e.code()
-        );
+        // never silent: the app's appends fail (-EIO) and this says why,
+        // once; the records stay in the ring and every kick tries again
+        if !self
+            .failing
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            eprintln!(
+                "rekindle: redo_write_failed: {e} ({}); the app's redo appends fail until a \
+                 write succeeds (tried again at each flush)",
+                e.code()
+            );
+        }
         self.ring.set_writer_errno(errno);
         self.stats
             .lock()
