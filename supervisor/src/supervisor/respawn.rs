@@ -72,21 +72,24 @@ impl Supervisor {
             ));
         }
         // the redo log's fds after it; a replay only for this incarnation
+        // (a replay also without a ring: a restore that takes no snapshots)
         let replay = self.redo_replay.take();
         let mut redo_fds = Vec::new();
+        let first = 5 + l + usize::from(snap.is_some());
         if let Some(r) = &self.redo {
-            let first = 5 + l + usize::from(snap.is_some());
             env.push(spawn::env_entry(
                 "REKINDLE_REDO_FDS",
                 format!("{},{},{}", first, first + 1, first + 2),
             ));
             redo_fds.extend(r.fds());
-            if let Some(rp) = &replay {
-                env.push(spawn::env_entry(
-                    "REKINDLE_REDO_REPLAY",
-                    (first + 3).to_string(),
-                ));
-                redo_fds.push(rp.fd.as_fd());
+        }
+        if let Some(rp) = &replay {
+            env.push(spawn::env_entry(
+                "REKINDLE_REDO_REPLAY",
+                (first + redo_fds.len()).to_string(),
+            ));
+            redo_fds.push(rp.fd.as_fd());
+            if let Some(r) = &self.redo {
                 r.set_replay_pending(true);
             }
         }

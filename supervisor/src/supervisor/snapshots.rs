@@ -225,19 +225,18 @@ impl Supervisor {
         replay: bool,
     ) -> Result<String, crate::store::StoreError> {
         self.redo_replay = None;
-        let Some(r) = self.redo.clone() else {
-            return Ok(String::new());
-        };
-        r.set_replay_pending(false);
-        if let Err(e) = r.drain_and_close() {
-            // what the dead app committed and did not reach the disk is
-            // replayed only as far as it did: said, never silent
-            self.report.event(
-                ev("error")
-                    .s("what", "redo: the ring's last records could not be written")
-                    .s("code", e.code())
-                    .s("error", e.to_string()),
-            );
+        if let Some(r) = self.redo.clone() {
+            r.set_replay_pending(false);
+            if let Err(e) = r.drain_and_close() {
+                // what the dead app committed and did not reach the disk is
+                // replayed only as far as it did: said, never silent
+                self.report.event(
+                    ev("error")
+                        .s("what", "redo: the ring's last records could not be written")
+                        .s("code", e.code())
+                        .s("error", e.to_string()),
+                );
+            }
         }
         let Some(mark) = rb.redo.filter(|_| replay) else {
             return Ok(String::new());
