@@ -1163,7 +1163,10 @@ const struct command *command_exec(struct conn *c)
 		reply_errorf(c, "ERR wrong number of arguments for '%s' command", cmd->name);
 		return NULL;
 	}
-	if ((cmd->flags & CMD_DENYOOM) && srv.cfg.maxmemory && srv.db->mem > srv.cfg.maxmemory) {
+	/* a replayed write was accepted when it ran (keys expired since may still
+	 * count here: their deletion by the expiry cycle is not logged) */
+	if ((cmd->flags & CMD_DENYOOM) && srv.cfg.maxmemory && srv.db->mem > srv.cfg.maxmemory &&
+	    !durability_replaying) {
 		reply_over_maxmemory(c);
 		return NULL;
 	}

@@ -282,10 +282,12 @@ void durability_after_command(struct conn *c, const struct command *cmd, uint64_
 		c->gather_round = 0;
 		gather_left--;
 	}
+	if (durability_replaying)
+		return; /* the replayed writes are durable already: they came from the log */
 	bool wrote = srv.db->dirty != dirty_before;
 	if (wrote && !c->redo_at)
 		write_epoch = glue_epoch(); /* read after the write's unsafe region */
-	if (srv.cfg.durability != DUR_SYNC || durability_replaying)
+	if (srv.cfg.durability != DUR_SYNC)
 		return;
 	uint64_t need, need_redo;
 	if (wrote && c->redo_at) {

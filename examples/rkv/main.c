@@ -344,6 +344,8 @@ static void parse_options(int argc, char **argv, struct config *cf)
 				die_usage("bad --enable-debug '%s': expected yes, no or local", v);
 		}
 	}
+	if (cf->sync_redo && cf->durability != DUR_SYNC)
+		die_usage("--sync-via redo needs --durability sync");
 }
 
 /* ---- listening socket --------------------------------------------------- */
@@ -962,7 +964,10 @@ static uint64_t open_keyspace(void)
 	else
 		rkv_log("snapshot", "\"path\":%s,\"result\":%s", js(path), js(why));
 	glue_publish(srv.db);
-	return keys;
+	/* a start from a snapshot taken before the keyspace existed: its
+	 * records build it from empty */
+	durability_replay();
+	return srv.db->count;
 }
 
 int main(int argc, char **argv)

@@ -401,6 +401,8 @@ rk_arena *rk_arena_open_flags(const char *name, size_t max_bytes, unsigned flags
 		return NULL;
 	}
 	rk_arena *a = arena_create(name, max, flags);
+	if (a)
+		rk_redo_arena_created(a->index);
 	return a ? arena_protect(a) : NULL;
 }
 

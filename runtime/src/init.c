@@ -174,13 +174,13 @@ int rk_init(int argc, char **argv, const struct rk_options *opts)
 		return r;
 	}
 	rk_g.initialized = true;
-	rk_redo_hold_until_replayed();
 	rk_reap_teardown_holder();
 	rk_g.info.preserved_bytes = preserved_bytes();
 	if (rk_g.info.kind == RK_START_WARM && (rk_cfg.flags & RK_OPT_PREFAULT))
 		(void)rk_prefault(true);
 	rk_teardown_holder_stand();
 	rk_control_begin(rk_g.info.generation, rk_g.recovery ? RK_CTL_RECOVERING : RK_CTL_RUNNING);
+	rk_redo_hold_until_replayed(); /* after the slots' reset */
 	atomic_store(&rk_ctl->preserved_bytes, rk_g.info.preserved_bytes);
 	/* Everything above counts; left out are only the messages that report
 	 * it (to a supervisor, and the start line) and the spare's offer, which

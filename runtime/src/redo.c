@@ -134,6 +134,8 @@ void rk_redo_attach(void)
 		for (int i = 0; i < 3; i++)
 			rk_fd_set_cloexec(fds[i], true);
 		rd.reserved = atomic_load(&rd.ring->committed); /* a dead thread's uncommitted tail is dropped */
+		atomic_store(&rd.ring->started_at, rd.reserved);
+		atomic_store(&rd.ring->started_line, rk_redo_open() ? atomic_load(&rd.ring->line) : 0);
 	}
 	unsetenv("REKINDLE_REDO_FDS"); /* restart.c re-adds it */
 }
@@ -152,6 +154,14 @@ void rk_redo_hold_until_replayed(void)
 	rd.init_tid = rk_gettid();
 	if (rd.ring)
 		atomic_store(&rd.ring->replay_pending, 1);
+}
+
+void rk_redo_arena_created(unsigned index)
+{
+	if (!rd.hold || index >= RK_MAX_ARENAS || (rd.held & (1u << index)) || rk_gettid() != rd.init_tid)
+		return;
+	rk_unsafe_note_enter(index);
+	rd.held |= 1u << index;
 }
 
 int rk_redo_fds(int fds[3])

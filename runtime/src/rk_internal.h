@@ -884,7 +884,11 @@ struct rk_redo_ring {
 	_Atomic uint64_t app_gaps;  /* how often the app closed the line (rk_redo_gap) */
 	/* a restore's replay is not finished: the state is not yet the line's */
 	_Atomic uint64_t replay_pending;
-	uint64_t reserved1[4];
+	/* this incarnation began at this position of this line (0: closed): a
+	 * crash loop's restore replays what came before it, not what it wrote */
+	_Atomic uint64_t started_at;
+	_Atomic uint64_t started_line;
+	uint64_t reserved1[2];
 	/* the supervisor's line (offset 128) */
 	_Atomic uint64_t line;       /* the open line; 0: closed, appends refused */
 	_Atomic uint64_t line_gaps;  /* app_gaps when it opened the line: if they differ, closed */
@@ -910,6 +914,9 @@ void rk_redo_attach(void) RK_HIDDEN;
  * so a death before rk_redo_replay finishes must not keep this state (it
  * counts as an open region of every restored arena). */
 void rk_redo_hold_until_replayed(void) RK_HIDDEN;
+/* An arena created while that replay is due counts as open too: the records
+ * may build it (a snapshot taken before the app had created it). */
+void rk_redo_arena_created(unsigned index) RK_HIDDEN;
 /* The ring's fds and $REKINDLE_REDO_FDS for the next image (restart.c). */
 int rk_redo_fds(int fds[3]) RK_HIDDEN;
 const char *rk_redo_env(void) RK_HIDDEN;

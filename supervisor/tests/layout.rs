@@ -350,6 +350,8 @@ fn the_redo_ring_matches_the_c_header() {
     same("REDO_OFF_WANT", r::OFF_WANT as u64);
     same("REDO_OFF_APP_GAPS", r::OFF_APP_GAPS as u64);
     same("REDO_OFF_REPLAY_PENDING", r::OFF_REPLAY_PENDING as u64);
+    same("REDO_OFF_STARTED_AT", r::OFF_STARTED_AT as u64);
+    same("REDO_OFF_STARTED_LINE", r::OFF_STARTED_LINE as u64);
     same("REDO_OFF_LINE", r::OFF_LINE as u64);
     same("REDO_OFF_LINE_GAPS", r::OFF_LINE_GAPS as u64);
     same("REDO_OFF_LINE_START", r::OFF_LINE_START as u64);

@@ -159,6 +159,11 @@ impl Redo {
         self.ring.replay_pending()
     }
 
+    /// Where the last incarnation began in the log: (line or 0, position).
+    pub fn incarnation_start(&self) -> (u64, u64) {
+        self.ring.started()
+    }
+
     pub fn committed(&self) -> u64 {
         self.ring.committed()
     }
@@ -167,6 +172,13 @@ impl Redo {
     }
     pub fn is_open(&self) -> bool {
         self.ring.is_open()
+    }
+
+    /// The app logs its changes: the log is open and it has appended to
+    /// the open line (an app that never appends is not a user of the log,
+    /// and its changes are in snapshots only).
+    pub fn in_use(&self) -> bool {
+        self.ring.is_open() && self.ring.committed() > self.ring.line_start()
     }
 }
 
@@ -200,15 +212,56 @@ pub struct Replay {
     pub end: u64,
 }
 
+/// The stream up to position `until` (a record boundary: an incarnation's
+/// start is one), its records counted again.
+fn cut_at(
+    mut s: crate::store::redo::RedoStream,
+    until: u64,
+    dir: &Path,
+) -> Result<crate::store::redo::RedoStream, StoreError> {
+    let keep = until.saturating_sub(s.from) as usize;
+    let mut at = 0usize;
+    let mut records = 0u64;
+    while at < keep {
+        let Some(head) = s.bytes.get(at..at + ring::REC_HEAD) else {
+            break;
+        };
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        at += ring::REC_HEAD + len;
+        records += 1;
+    }
+    if at != keep {
+        return Err(StoreError::RedoCorrupt {
+            path: dir.join(crate::store::redo::REDO_DIR),
+            offset: until,
+            detail: format!(
+                "position {until} is not between two records of line {:016x}",
+                s.line
+            ),
+        });
+    }
+    s.bytes.truncate(keep);
+    s.end = until;
+    s.records = records;
+    Ok(s)
+}
+
 /// The replay for a start from a snapshot with `mark`, or None when no
 /// record follows it.  An error (a damaged log) refuses the start: the
 /// records are acknowledged writes, and starting without them would drop
 /// them silently.
-pub fn replay_for(store_dir: &Path, mark: RedoMark) -> Result<Option<Replay>, StoreError> {
+pub fn replay_for(
+    store_dir: &Path,
+    mark: RedoMark,
+    until: Option<u64>,
+) -> Result<Option<Replay>, StoreError> {
     if mark.line == 0 {
         return Ok(None);
     }
-    let s = crate::store::redo::read_stream(store_dir, mark.line, mark.at)?;
+    let mut s = crate::store::redo::read_stream(store_dir, mark.line, mark.at)?;
+    if let Some(u) = until.filter(|&u| u < s.end) {
+        s = cut_at(s, u, store_dir)?;
+    }
     if s.bytes.is_empty() {
         return Ok(None);
     }

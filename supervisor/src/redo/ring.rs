@@ -26,6 +26,8 @@ pub const OFF_COMMITTED: usize = 64;
 pub const OFF_WANT: usize = 72;
 pub const OFF_APP_GAPS: usize = 80;
 pub const OFF_REPLAY_PENDING: usize = 88;
+pub const OFF_STARTED_AT: usize = 96;
+pub const OFF_STARTED_LINE: usize = 104;
 pub const OFF_LINE: usize = 128;
 pub const OFF_LINE_GAPS: usize = 136;
 pub const OFF_LINE_START: usize = 144;
@@ -156,8 +158,19 @@ impl Ring {
         self.u64_at(OFF_REPLAY_PENDING)
             .store(u64::from(on), Ordering::Release);
     }
+    /// Where the running (or last) incarnation began: its line (0: the
+    /// log was closed) and position.
+    pub fn started(&self) -> (u64, u64) {
+        (
+            self.u64_at(OFF_STARTED_LINE).load(Ordering::Acquire),
+            self.u64_at(OFF_STARTED_AT).load(Ordering::Acquire),
+        )
+    }
     pub fn line(&self) -> u64 {
         self.u64_at(OFF_LINE).load(Ordering::Acquire)
+    }
+    pub fn line_start(&self) -> u64 {
+        self.u64_at(OFF_LINE_START).load(Ordering::Acquire)
     }
     pub fn line_gaps(&self) -> u64 {
         self.u64_at(OFF_LINE_GAPS).load(Ordering::Acquire)

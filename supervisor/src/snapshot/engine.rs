@@ -559,13 +559,15 @@ impl Engine {
         }
     }
 
-    /// The redo log is open and holds less than `redo_snapshot_bytes` since
-    /// the last snapshot: an interval snapshot can wait.
+    /// The app logs its changes in the redo log, which holds less than
+    /// `redo_snapshot_bytes` since the last snapshot: an interval snapshot
+    /// can wait.  (Not for an app that does not append: the line a cut
+    /// opens is there for every app, and its changes are in snapshots only.)
     fn redo_defers(&self) -> bool {
         let (Some(r), Some(last)) = (&self.cfg.redo, self.last_redo_at) else {
             return false;
         };
-        r.is_open() && r.committed().saturating_sub(last) < self.cfg.redo_snapshot_bytes
+        r.in_use() && r.committed().saturating_sub(last) < self.cfg.redo_snapshot_bytes
     }
 
     /// The app asks for snapshots (rkv `--durability sync`): the journal

@@ -315,7 +315,11 @@ impl Supervisor {
                 self.replace_control_block();
             }
             let sig = if signal != 0 { signal } else { noted.signal };
-            let replay = d.code != Reason::CrashLoop;
+            let replay = if d.code == Reason::CrashLoop {
+                super::snapshots::ReplayFrom::BeforeTheLoop
+            } else {
+                super::snapshots::ReplayFrom::Newest
+            };
             let plan = self.plan_restored(rb, now, why, sig, replay);
             self.pending = Some(Pending {
                 path: RestartPath::Respawn,

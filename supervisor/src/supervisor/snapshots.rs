@@ -23,6 +23,20 @@ use crate::snapshot::baseline::Baseline;
 use crate::snapshot::engine::{Cmd, EngineConfig, Handle, Note};
 use crate::snapshot::restore::{self, Source};
 
+/// What a start from a snapshot replays of the redo log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReplayFrom {
+    /// Nothing: a rollback, a restore of an older snapshot (going back).
+    Nothing,
+    /// If the snapshot is the store's newest, every record after it: the
+    /// state when the app died (after the machine died, or a crash inside
+    /// an unsafe region).
+    Newest,
+    /// The records after it up to where the looping incarnation began: a
+    /// crash loop goes back to before the loop, not to before the snapshot.
+    BeforeTheLoop,
+}
+
 /// A rollback under way: the snapshot's memfds, waiting for the running
 /// incarnation to be gone.
 pub(super) struct Rollback {
@@ -222,9 +236,11 @@ impl Supervisor {
     pub(super) fn redo_before_start(
         &mut self,
         rb: &Rollback,
-        replay: bool,
+        replay: ReplayFrom,
     ) -> Result<String, crate::store::StoreError> {
         self.redo_replay = None;
+        // where the dead incarnation began, before the ring is reset
+        let began = self.redo.as_ref().map(|r| r.incarnation_start());
         if let Some(r) = self.redo.clone() {
             r.set_replay_pending(false);
             if let Err(e) = r.drain_and_close() {
@@ -238,18 +254,32 @@ impl Supervisor {
                 );
             }
         }
-        let Some(mark) = rb.redo.filter(|_| replay) else {
+        let Some(mark) = rb.redo.filter(|_| replay != ReplayFrom::Nothing) else {
             return Ok(String::new());
         };
-        let newest = crate::store::Store::open_unindexed(&rb.dir)?
-            .list()?
-            .last()
-            .map(|i| i.id.as_str() == rb.id);
-        if newest != Some(true) {
-            return Ok(String::new());
-        }
+        let until = match replay {
+            ReplayFrom::Nothing => return Ok(String::new()),
+            ReplayFrom::Newest => {
+                let newest = crate::store::Store::open_unindexed(&rb.dir)?
+                    .list()?
+                    .last()
+                    .map(|i| i.id.as_str() == rb.id);
+                if newest != Some(true) {
+                    return Ok(String::new());
+                }
+                None
+            }
+            // the loop's incarnation continued this line: what it wrote
+            // goes; if it began on another line (or closed), this line
+            // ended before it, and all of it comes back
+            ReplayFrom::BeforeTheLoop => match began {
+                Some((line, at)) if line == mark.line => Some(at),
+                Some(_) => None,
+                None => return Ok(String::new()),
+            },
+        };
         let t0 = std::time::Instant::now();
-        let Some(rp) = crate::redo::replay_for(&rb.dir, mark)? else {
+        let Some(rp) = crate::redo::replay_for(&rb.dir, mark, until)? else {
             return Ok(String::new());
         };
         let note = format!("; replays {} redo records after it", rp.records);
@@ -276,7 +306,7 @@ impl Supervisor {
         now: u64,
         mut decision: String,
         signal: i32,
-        replay: bool,
+        replay: ReplayFrom,
     ) -> Plan {
         match self.redo_before_start(&rb, replay) {
             Ok(note) => decision.push_str(&note),
@@ -332,7 +362,7 @@ impl Supervisor {
         };
         self.app = None;
         let decision = format!("restored from snapshot {} (rekindle rollback)", rb.what);
-        let plan = self.plan_restored(rb, now, decision, libc::SIGKILL, false);
+        let plan = self.plan_restored(rb, now, decision, libc::SIGKILL, ReplayFrom::Nothing);
         self.pending = Some(Pending {
             path: RestartPath::Respawn,
             failure: FailureKind::Request,

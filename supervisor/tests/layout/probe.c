@@ -204,6 +204,8 @@ int main(void)
 	ROFF("REDO_OFF_WANT", want);
 	ROFF("REDO_OFF_APP_GAPS", app_gaps);
 	ROFF("REDO_OFF_REPLAY_PENDING", replay_pending);
+	ROFF("REDO_OFF_STARTED_AT", started_at);
+	ROFF("REDO_OFF_STARTED_LINE", started_line);
 	ROFF("REDO_OFF_LINE", line);
 	ROFF("REDO_OFF_LINE_GAPS", line_gaps);
 	ROFF("REDO_OFF_LINE_START", line_start);
