@@ -7,6 +7,9 @@ purpose.
   records after it must build the arena from empty (rkv once replayed only
   into a keyspace that came back from the snapshot, and lost every write
   logged after such a cut).
+- A crash loop goes back to before the loop: the snapshot from before the
+  looping incarnation began, and the records up to where it began (not
+  none of them, and not the looping incarnation's own).
 - The app faults inside its replay: the snapshot alone (without the rest
   of the records) must not be kept as a warm state, neither by the
   runtime's restart in place (the restored arenas count as open regions
@@ -16,8 +19,11 @@ purpose.
 import contextlib
 import json
 import os
+import queue
 import signal
 import subprocess
+import threading
+import time
 
 from supervisor_harness import BUILD
 from test_snapshots import REKINDLE, lines_until, rekindle
@@ -32,6 +38,23 @@ def stack(tmp_path, store, events, *args, sup=()):
          "--snapshot-dir", str(store), "--snapshot-interval", "50ms", *sup, "--", str(COUNTER), *args],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )  # fmt: skip
+
+
+class Lines:
+    """The app's stdout, read by one thread for the whole run."""
+
+    def __init__(self, proc):
+        self.q, self.seen = queue.Queue(), []
+        threading.Thread(target=lambda: [self.q.put(x) for x in proc.stdout], daemon=True).start()
+
+    def until(self, pred, seconds):
+        deadline = time.monotonic() + seconds
+        while not any(pred(x) for x in self.seen):
+            try:
+                self.seen.append(self.q.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+        return [json.loads(x) for x in self.seen if x.startswith("{")]
 
 
 def events(path, kind):
@@ -99,6 +122,29 @@ def test_a_death_inside_the_replay_restores_the_snapshot_again(tmp_path):
     replays = events(ev2, "redo_replay")
     assert len(replays) >= 2, replays
     assert got["n"] == 30 and got["replayed"] == replays[-1]["records"] > 0, (got, replays)
+
+
+def test_a_crash_loop_replays_up_to_where_the_loop_began(tmp_path):
+    store, ev = tmp_path / "store", tmp_path / "ev.jsonl"
+    once = tmp_path / "crashed-once"
+    sup = stack(tmp_path, store, ev, "--incs", "30", "--crash-when-warm-after", "10", str(once))
+    try:
+        out = Lines(sup)
+        got = out.until(lambda x: x.startswith('{"app":"acked","n":30,'), 30)
+        assert any(x.get("n") == 30 for x in got), got[-3:]
+        # SIGKILL the app alone: the supervisor restarts it warm, the new
+        # incarnation logs 10 more and faults within the crash-loop window;
+        # then the restore: its replay is the third "replayed" line
+        os.kill(events(ev, "spawn")[-1]["pid"], signal.SIGKILL)
+        got = out.until(lambda x: sum(y.startswith('{"app":"replayed"') for y in out.seen) >= 3, 30)
+        replayed = [x for x in got if x["app"] == "replayed"]
+    finally:
+        kill(sup, ev)
+    assert once.exists(), "the warm incarnation did not crash"
+    ups = events(ev, "up")
+    assert ups[-1]["code"] == "restored" and "loop" in ups[-1]["decision"], [u["decision"] for u in ups]
+    # 30 before the loop; the looping incarnation's 10 are not brought back
+    assert replayed and replayed[-1]["n"] == 30, replayed
 
 
 def test_without_a_supervisor_there_is_no_log(tmp_path):

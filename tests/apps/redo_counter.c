@@ -14,6 +14,12 @@
  *                                    record's apply: the replay unfinished,
  *                                    the runtime's handler decides
  *
+ *   redo_counter --incs K --crash-when-warm-after J FILE   in an incarnation
+ *                                    restarted warm in place (not from a
+ *                                    snapshot), fault after J increments if
+ *                                    FILE does not exist (creating it): a
+ *                                    crash loop, once
+ *
  * Every start first replays what a restore hands it (rk_redo_replay) and
  * prints {"app":"replayed","records":R,"n":N}. */
 #include "rekindle.h"
@@ -30,6 +36,17 @@
 static rk_arena *arena;
 static uint64_t *counter;
 static const char *die_once; /* the file that says it died already */
+static long crash_after = -1;
+static const char *crash_once;
+
+static void fault_once(const char *file)
+{
+	FILE *f = fopen(file, "w");
+	if (f)
+		fclose(f);
+	volatile uintptr_t bad = 8;
+	*(volatile int *)bad = 1; /* a crash the runtime handles */
+}
 
 static void wait_readable(int fd)
 {
@@ -66,13 +83,8 @@ static int apply(const void *rec, size_t len, void *ctx)
 	uint64_t by;
 	if (len != sizeof by)
 		return -EPROTO;
-	if (die_once && access(die_once, F_OK) != 0) {
-		FILE *f = fopen(die_once, "w");
-		if (f)
-			fclose(f);
-		volatile uintptr_t bad = 8;
-		*(volatile int *)bad = 1; /* a crash the runtime handles */
-	}
+	if (die_once && access(die_once, F_OK) != 0)
+		fault_once(die_once);
 	memcpy(&by, rec, sizeof by);
 	if (!counter)
 		open_counter();
@@ -95,6 +107,10 @@ int main(int argc, char **argv)
 			check = 1;
 		else if (!strcmp(argv[i], "--die-in-replay-once") && i + 1 < argc)
 			die_once = argv[++i];
+		else if (!strcmp(argv[i], "--crash-when-warm-after") && i + 2 < argc) {
+			crash_after = strtol(argv[++i], NULL, 10);
+			crash_once = argv[++i];
+		}
 		else {
 			fprintf(stderr, "redo_counter: unknown option %s\n", argv[i]);
 			return 2;
@@ -126,7 +142,11 @@ int main(int argc, char **argv)
 		printf("{\"app\":\"check\",\"n\":%" PRIu64 ",\"replayed\":%" PRId64 "}\n", *counter, replayed);
 		fflush(stdout);
 	}
+	const struct rk_restart_info *ri = rk_restart_info();
+	bool warm_in_place = ri->kind == RK_START_WARM && !ri->snapshot[0];
 	for (long i = 0; i < incs; i++) {
+		if (warm_in_place && i == crash_after && access(crash_once, F_OK) != 0)
+			fault_once(crash_once);
 		uint64_t by = 1;
 		int64_t at;
 		for (;;) {
