@@ -147,6 +147,37 @@ def test_a_crash_loop_replays_up_to_where_the_loop_began(tmp_path):
     assert replayed and replayed[-1]["n"] == 30, replayed
 
 
+def test_a_cold_restart_does_not_continue_the_line(tmp_path):
+    """A cold start drops the state: its records would not follow the
+    line's snapshots, so it closes the log and its first snapshot opens a
+    new line (continuing the old one, a restore from that line's snapshot
+    after the machine died would apply the new records to the old state)."""
+    store, ev = tmp_path / "store", tmp_path / "ev.jsonl"
+    sup = stack(tmp_path, store, ev, "--incs", "20", sup=("--snapshot-events", "every"))
+    try:
+        out = Lines(sup)
+        out.until(lambda x: x.startswith('{"app":"acked","n":20,'), 30)
+        before = {e["redo_line"] for e in events(ev, "snapshot")}
+        env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
+        done = subprocess.run([str(REKINDLE), "restart", "--cold", "redoc"], capture_output=True, text=True,
+                              env=env, timeout=30, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        got = out.until(lambda x: sum(y.startswith('{"app":"acked","n":20,') for y in out.seen) >= 2, 30)
+        second = [x for x in got if x["app"] == "acked"][20:]
+        assert len(second) == 20 and second[0]["n"] == 1, second[:2]  # from empty: cold
+        # its first increment found the log closed (a snapshot made it durable)
+        assert second[0]["at"] < 0, second[0]
+        # the snapshots of the cold incarnation (from its "up" on)
+        up = [u for u in events(ev, "up") if u["generation"] >= 1][0]["t_ns"]
+        after = {e["redo_line"] for e in events(ev, "snapshot") if e["t_ns"] > up}
+        assert after and not (after & before), (before, after)
+    finally:
+        kill(sup, ev)
+    ev2 = tmp_path / "ev2.jsonl"
+    got = check(stack(tmp_path, store, ev2, "--check"), ev2)
+    assert got["n"] == 20, got
+
+
 def test_without_a_supervisor_there_is_no_log(tmp_path):
     """rk_redo_append says -ENOTSUP when no supervisor gave the process a
     ring (the app must not believe its records are kept)."""

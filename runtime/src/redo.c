@@ -142,6 +142,13 @@ void rk_redo_attach(void)
 
 void rk_redo_hold_until_replayed(void)
 {
+	/* A start that is not warm (fresh, or cold in place or by the
+	 * supervisor) does not continue the line the ring may hold open: its
+	 * state is not that line's snapshot plus its records.  (A start from a
+	 * snapshot finds the log closed already.)  Before the agent starts, so
+	 * no cut can come first. */
+	if (rd.ring && rk_g.info.kind != RK_START_WARM && rk_redo_open())
+		(void)rk_redo_gap();
 	if (rd.replay_fd < 0 || !rk_ctl)
 		return;
 	for (unsigned i = 0; i < rk_g.narenas; i++) {

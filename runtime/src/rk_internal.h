@@ -910,9 +910,10 @@ extern __thread bool rk_tls_redo_pending __attribute__((tls_model("initial-exec"
 void rk_redo_commit_thread(void) RK_HIDDEN;
 /* rk_init, after the control block: maps the ring if the supervisor gave one. */
 void rk_redo_attach(void) RK_HIDDEN;
-/* rk_init, once the restored arenas are mapped: a restore's replay is due,
- * so a death before rk_redo_replay finishes must not keep this state (it
- * counts as an open region of every restored arena). */
+/* rk_init, after rk_control_begin: a start that is not warm closes the
+ * line the ring holds; and if a restore's replay is due, a death before
+ * rk_redo_replay finishes must not keep this state (it counts as an open
+ * region of every restored arena). */
 void rk_redo_hold_until_replayed(void) RK_HIDDEN;
 /* An arena created while that replay is due counts as open too: the records
  * may build it (a snapshot taken before the app had created it). */
