@@ -142,12 +142,13 @@ void rk_redo_attach(void)
 
 void rk_redo_hold_until_replayed(void)
 {
-	/* A start that is not warm (fresh, or cold in place or by the
-	 * supervisor) does not continue the line the ring may hold open: its
-	 * state is not that line's snapshot plus its records.  (A start from a
-	 * snapshot finds the log closed already.)  Before the agent starts, so
-	 * no cut can come first. */
-	if (rd.ring && rk_g.info.kind != RK_START_WARM && rk_redo_open())
+	/* Only a warm start that kept every arena as it was continues the line
+	 * the ring may hold open.  Any other (fresh, cold, an independent arena
+	 * dropped, a cross-check's validated copy) has a state that is not that
+	 * line's snapshot plus its records.  (A start from a snapshot finds the
+	 * log closed already.)  Before the agent starts: no cut comes first. */
+	bool same_state = rk_g.info.kind == RK_START_WARM && rk_g.info.decision_code == RK_REASON_ALL_CHECKS_PASSED;
+	if (rd.ring && !same_state && rk_redo_open())
 		(void)rk_redo_gap();
 	if (rd.replay_fd < 0 || !rk_ctl)
 		return;
