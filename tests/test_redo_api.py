@@ -162,8 +162,6 @@ def test_a_cold_restart_does_not_continue_the_line(tmp_path):
         got = out.until(lambda x: sum(y.startswith('{"app":"acked","n":20,') for y in out.seen) >= 2, 30)
         second = [x for x in got if x["app"] == "acked"][20:]
         assert len(second) == 20 and second[0]["n"] == 1, second[:2]  # from empty: cold
-        # its first increment found the log closed (a snapshot made it durable)
-        assert second[0]["at"] < 0, second[0]
         # the lines of each incarnation's snapshots (their cuts, whenever
         # their commits ended): the cold one's are new
         lines = {}

@@ -106,12 +106,12 @@ void durability_init(void)
 	 * be in a durable snapshot yet (its replies were held, then lost): a
 	 * reply may depend on any of it until this incarnation's first */
 	if (glue_inherited_undurable_state()) {
-		/* through the redo log if it is still open (its records hold
-		 * the last incarnation's writes), else the next snapshot */
+		all_epoch = glue_epoch();
+		/* and through the redo log if it is still open: its records hold
+		 * some of the last incarnation's writes, a snapshot (asked for at
+		 * the first reply held) the rest */
 		if (srv.cfg.durability == DUR_SYNC && srv.cfg.sync_redo && glue_redo_open())
 			all_redo = glue_redo_position();
-		else
-			all_epoch = glue_epoch();
 	}
 	if (srv.cfg.sync_redo && srv.cfg.durability == DUR_SYNC && glue_redo_fd() < 0) {
 		rkv_log("error", "\"what\":\"durability\",\"code\":\"no_redo_log\"");

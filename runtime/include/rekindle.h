@@ -368,8 +368,11 @@ int rk_checkpoint(void);
  * unsafe region open in this thread), -EMSGSIZE (larger than
  * rk_redo_max()), -ETIMEDOUT (the ring stayed full for a second: the
  * supervisor is not writing), -EIO (the supervisor's writer failed; its
- * event says why).  One record at a time per process (a lock); records of
- * several threads are committed once none of them has a region open. */
+ * event says why).  Every failure but -ENOTSUP and -EAGAIN also closes the
+ * log (as rk_redo_gap), so the change the app then makes without its record
+ * is never followed by records that assume it.  One record at a time per
+ * process (a lock); records of several threads are committed once none of
+ * them has a region open. */
 bool rk_redo_open(void);
 int64_t rk_redo_append(const void *rec, size_t len);
 size_t rk_redo_max(void);

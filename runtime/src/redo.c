@@ -248,13 +248,13 @@ int64_t rk_redo_append(const void *rec, size_t len)
 {
 	if (!rd.ring)
 		return -ENOTSUP;
-	if (len > rk_redo_max())
-		return -EMSGSIZE;
-	if (!rk_unsafe_my_depth())
-		return -EINVAL;
 	pthread_mutex_lock(&rd.lock);
 	int64_t ret;
-	if (atomic_load(&rd.ring->writer_errno)) {
+	if (len > rk_redo_max()) {
+		ret = -EMSGSIZE;
+	} else if (!rk_unsafe_my_depth()) {
+		ret = -EINVAL;
+	} else if (atomic_load(&rd.ring->writer_errno)) {
 		ret = -EIO;
 	} else if (!rk_redo_open()) {
 		ret = -EAGAIN;
@@ -269,6 +269,10 @@ int64_t rk_redo_append(const void *rec, size_t len)
 		}
 		ret = (int64_t)rd.reserved;
 	}
+	/* a change the app makes without its record (what the header tells it
+	 * to do when this fails) must not be followed by records on this line */
+	if (ret < 0 && ret != -EAGAIN)
+		atomic_fetch_add(&rd.ring->app_gaps, 1);
 	pthread_mutex_unlock(&rd.lock);
 	return ret;
 }

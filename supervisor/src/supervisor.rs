@@ -548,7 +548,7 @@ impl Supervisor {
                 }
                 self.report.event(e);
                 let mut decision = format!("restored from snapshot {}", rb.what);
-                match self.redo_before_start(&rb, snapshots::ReplayFrom::Newest) {
+                match self.redo_before_start(&rb, snapshots::ReplayFrom::IfNewest) {
                     Ok(note) => decision.push_str(&note),
                     Err(err) => {
                         // the records are acknowledged writes: no start

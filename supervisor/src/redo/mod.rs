@@ -27,6 +27,9 @@ use writer::{Msg, Stats, Writer};
 
 pub struct Redo {
     ring: Arc<Ring>,
+    /// A cut's opening of a line and a start's closing of the log, one at
+    /// a time (the engine thread and the supervisor's).
+    lines: Mutex<()>,
     tx: Mutex<Sender<Msg>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     pub stats: Arc<Mutex<Stats>>,
@@ -73,6 +76,7 @@ impl Redo {
         let thread = crate::store::fsio::spawn_quiet("rekindle-redo", move || w.run())?;
         Ok(Arc::new(Redo {
             ring,
+            lines: Mutex::new(()),
             tx: Mutex::new(tx),
             thread: Mutex::new(Some(thread)),
             stats,
@@ -105,24 +109,17 @@ impl Redo {
     /// At a cut, the app frozen: the snapshot's position in the log.  A
     /// closed log opens here, on a new line that starts from this snapshot.
     pub fn at_cut(&self) -> RedoMark {
+        let _one = self.lines.lock().unwrap_or_else(|p| p.into_inner());
         let at = self.ring.committed();
-        if self.ring.writer_errno() != 0 {
-            // the writer failed: the log stays closed (appends fail with
-            // -EIO); the snapshot still says where it stands
-            return RedoMark {
-                line: self.ring.line(),
-                at,
-            };
-        }
-        if self.ring.is_open() {
-            return RedoMark {
-                line: self.ring.line(),
-                at,
-            };
+        let (line, gaps) = (self.ring.line(), self.ring.app_gaps());
+        if self.ring.writer_errno() != 0 || (line != 0 && self.ring.line_gaps() == gaps) {
+            // open (or the writer failing: appends fail with -EIO, and the
+            // line opens again at a cut after it recovers): where it stands
+            return RedoMark { line, at };
         }
         let line = new_line_id();
         self.send(Msg::OpenLine { line, at });
-        self.ring.open_line(line, at, self.ring.app_gaps());
+        self.ring.open_line(line, at, gaps);
         RedoMark { line, at }
     }
 
@@ -139,9 +136,14 @@ impl Redo {
     /// Err if they could not all be written (the restore then replays what
     /// is on disk, and says so).
     pub fn drain_and_close(&self) -> Result<u64, StoreError> {
+        let _one = self.lines.lock().unwrap_or_else(|p| p.into_inner());
         let (tx, rx) = mpsc::channel();
         self.send(Msg::DrainAndClose(tx));
         writer::recv_reply(&rx, Duration::from_secs(30)).unwrap_or_else(|| {
+            // closed anyway: the next incarnation must not continue a line
+            // past records the replay did not get (they were not durable:
+            // the writer had not synced them)
+            self.ring.close_line();
             Err(StoreError::Io {
                 path: self.dir.clone(),
                 op: "redo drain",
@@ -172,6 +174,11 @@ impl Redo {
     }
     pub fn is_open(&self) -> bool {
         self.ring.is_open()
+    }
+
+    /// The open line (0: closed).
+    pub fn line(&self) -> u64 {
+        self.ring.line()
     }
 
     /// The app logs its changes: the log is open and it has appended to

@@ -211,6 +211,11 @@ impl Ring {
         self.u64_at(OFF_LINE).store(line, Ordering::Release);
     }
 
+    /// Closes the line (appends refused until a cut opens another).
+    pub fn close_line(&self) {
+        self.u64_at(OFF_LINE).store(0, Ordering::Release);
+    }
+
     /// Closes the log for the next incarnation (a start from a snapshot):
     /// every position at `at`, the app dead (nothing appends).
     pub fn reset_closed(&self, at: u64) {

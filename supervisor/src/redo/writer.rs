@@ -68,7 +68,10 @@ struct State {
     /// The highest position of a durable snapshot.
     snapshot_at: u64,
     last_retain: Instant,
-    newest_mark: Option<RedoMark>,
+    /// The two newest durable snapshots' marks, newest last: a crash
+    /// loop's restore takes the one from before the looping incarnation
+    /// began, which is usually the one before the newest.
+    marks: Vec<RedoMark>,
 }
 
 impl Writer {
@@ -80,7 +83,7 @@ impl Writer {
             based: HashSet::new(),
             snapshot_at: 0,
             last_retain: Instant::now(),
-            newest_mark: None,
+            marks: Vec::new(),
         };
         loop {
             let kicked = self.wait_kick();
@@ -94,7 +97,10 @@ impl Writer {
                     Ok(Msg::SnapshotDurable(m)) => {
                         st.based.insert(m.line);
                         st.snapshot_at = st.snapshot_at.max(m.at);
-                        st.newest_mark = Some(m);
+                        st.marks.push(m);
+                        if st.marks.len() > 2 {
+                            st.marks.remove(0);
+                        }
                     }
                     Ok(Msg::DrainAndClose(reply)) => close.push(reply),
                     Ok(Msg::Stop) | Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -255,13 +261,16 @@ impl Writer {
         }
     }
 
-    /// Files below the newest durable snapshot's position, and of lines
-    /// no restore would replay, go.
+    /// Files below the two newest durable snapshots' positions, and of
+    /// lines no restore would replay, go.
     fn retain(&self, st: &mut State) {
         st.last_retain = Instant::now();
-        let Some(m) = st.newest_mark else { return };
+        if st.marks.is_empty() {
+            return;
+        }
+        let keep: Vec<(u64, u64)> = st.marks.iter().map(|m| (m.line, m.at)).collect();
         let current = st.lines.last().map(|&(l, _)| l);
-        if let Err(e) = retain(&self.dir, &[(m.line, m.at)], current) {
+        if let Err(e) = retain(&self.dir, &keep, current) {
             eprintln!("rekindle: redo_retain_failed: {e} ({})", e.code());
         }
     }

@@ -248,7 +248,7 @@ impl Handle {
             requested: false,
             last_busy: Instant::now(),
             last_app_commit: None,
-            last_redo_at: None,
+            last_redo: None,
             last_publish: Instant::now(),
             last_pages: None,
             idle_fold_failed: false,
@@ -364,8 +364,8 @@ struct Engine {
     last_busy: Instant,
     /// When the app last asked for a snapshot (rk_checkpoint).
     last_app_commit: Option<Instant>,
-    /// The redo position of the last snapshot taken.
-    last_redo_at: Option<u64>,
+    /// The redo mark of the last snapshot taken.
+    last_redo: Option<crate::store::manifest::RedoMark>,
     /// When the journal's records were last handed to a fold, or a
     /// snapshot published: `publish_every` counts from then.
     last_publish: Instant,
@@ -563,11 +563,15 @@ impl Engine {
     /// `redo_snapshot_bytes` since the last snapshot: an interval snapshot
     /// can wait.  (Not for an app that does not append: the line a cut
     /// opens is there for every app, and its changes are in snapshots only.)
+    /// Only on a line the last snapshot is of: a line whose opening
+    /// snapshot failed has none yet, and its records wait for one.
     fn redo_defers(&self) -> bool {
-        let (Some(r), Some(last)) = (&self.cfg.redo, self.last_redo_at) else {
+        let (Some(r), Some(last)) = (&self.cfg.redo, self.last_redo) else {
             return false;
         };
-        r.in_use() && r.committed().saturating_sub(last) < self.cfg.redo_snapshot_bytes
+        r.in_use()
+            && r.line() == last.line
+            && r.committed().saturating_sub(last.at) < self.cfg.redo_snapshot_bytes
     }
 
     /// The app asks for snapshots (rkv `--durability sync`): the journal
@@ -1113,7 +1117,7 @@ impl Engine {
         match &r {
             Ok(d) => {
                 self.last = Some(d.info.id.clone());
-                self.last_redo_at = d.info.redo.map(|m| m.at);
+                self.last_redo = d.info.redo;
                 self.epoch = epoch;
                 self.force_full = false;
                 self.baseline = None;

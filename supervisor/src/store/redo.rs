@@ -263,6 +263,41 @@ fn zeros_between(f: &File, path: &Path, from: u64, to: u64) -> Result<bool, Stor
     Ok(true)
 }
 
+/// Whether a batch that passes its check starts anywhere in [from, size):
+/// after a bad batch, that is data a later write put there (damage), where
+/// a torn last write leaves none.
+fn good_batch_after(f: &File, path: &Path, from: u64, size: u64) -> Result<bool, StoreError> {
+    if from >= size {
+        return Ok(false);
+    }
+    let mut rest = vec![0u8; (size - from) as usize];
+    f.read_exact_at(&mut rest, from)
+        .map_err(io_at("read", path))?;
+    let magic = BATCH_MAGIC.to_le_bytes();
+    let head = BATCH_HEAD as usize;
+    let mut at = 0usize;
+    while at + head <= rest.len() {
+        let Some(i) = rest[at..rest.len() - head + 1]
+            .windows(4)
+            .position(|w| w == magic)
+        else {
+            return Ok(false);
+        };
+        let h = &rest[at + i..at + i + head];
+        let len = u32_at(h, 4) as usize;
+        if let Some(p) = rest.get(at + i + head..at + i + head + len) {
+            let mut sum = blake3::Hasher::new();
+            sum.update(&h[..24]);
+            sum.update(p);
+            if sum.finalize().as_bytes()[..16] == h[24..] {
+                return Ok(true);
+            }
+        }
+        at += i + 1;
+    }
+    Ok(false)
+}
+
 /// Reads and checks every batch of a file, handing each good batch's
 /// stream position and payload to `sink`.
 fn scan_file(
@@ -302,7 +337,12 @@ fn scan_file(
             h.finalize().as_bytes()[..16] == head[24..]
         };
         if !good {
-            if zeros_between(&f, path, claimed_end.min(size), size)? {
+            // the last write, cut short: only zeros after it, or (a head
+            // torn across sectors, its length garbage) no good batch after
+            // it anywhere in the file; every write before it was synced
+            if zeros_between(&f, path, claimed_end.min(size), size)?
+                || !good_batch_after(&f, path, off + 1, size)?
+            {
                 s.torn = true;
                 break;
             }
@@ -942,15 +982,28 @@ mod tests {
         assert_eq!(e.code(), "redo_corrupt");
         assert!(matches!(e, StoreError::RedoCorrupt { offset, .. } if offset == HEADER_BYTES));
         assert_eq!(verify(d.path()).unwrap_err().code(), "redo_corrupt");
-        // garbage after a torn-looking batch's extent, at the file's end
+        // a bad last batch with bytes after its extent but no good batch
+        // after it: a write torn across sectors (its head's length may be
+        // garbage), dropped; with a good batch after it, damage
         b[HEADER_BYTES as usize + 40 + 2] ^= 0x01;
         let (off, len) = last_batch(&p);
         b[(off + 40 + len / 2) as usize] ^= 0x01;
         *b.last_mut().unwrap() = 1;
         std::fs::write(&p, &b).unwrap();
+        assert_eq!(read_stream(d.path(), 9, 0).unwrap().records, 2);
+        let mut head_torn = std::fs::read(&p).unwrap();
+        head_torn[(off + 40 + len / 2) as usize] ^= 0x01;
+        *head_torn.last_mut().unwrap() = 0;
+        head_torn[off as usize..off as usize + 20].fill(0); // its first bytes never written
+        std::fs::write(&p, &head_torn).unwrap();
+        assert_eq!(read_stream(d.path(), 9, 0).unwrap().records, 2, "head torn");
+        let mut mid = std::fs::read(&p).unwrap();
+        mid[HEADER_BYTES as usize + 4] ^= 0x10; // the first batch's length: garbage
+        std::fs::write(&p, &mid).unwrap();
         assert_eq!(
             read_stream(d.path(), 9, 0).unwrap_err().code(),
-            "redo_corrupt"
+            "redo_corrupt",
+            "a bad batch with good ones after it"
         );
     }
 

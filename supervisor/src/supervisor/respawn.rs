@@ -72,8 +72,17 @@ impl Supervisor {
             ));
         }
         // the redo log's fds after it; a replay only for this incarnation
-        // (a replay also without a ring: a restore that takes no snapshots)
-        let replay = self.redo_replay.take();
+        // (a replay also without a ring: a restore that takes no snapshots);
+        // kept until a spawn succeeds, a failed one is tried again with it
+        let replay = self.redo_replay.as_ref().map(|r| r.fd.try_clone());
+        let replay = match replay {
+            Some(Ok(fd)) => Some(fd),
+            Some(Err(e)) => {
+                self.spawn_failed(plan, &format!("dup of the redo replay: {e}"));
+                return;
+            }
+            None => None,
+        };
         let mut redo_fds = Vec::new();
         let first = 5 + l + usize::from(snap.is_some());
         if let Some(r) = &self.redo {
@@ -83,12 +92,12 @@ impl Supervisor {
             ));
             redo_fds.extend(r.fds());
         }
-        if let Some(rp) = &replay {
+        if let Some(fd) = &replay {
             env.push(spawn::env_entry(
                 "REKINDLE_REDO_REPLAY",
                 (first + redo_fds.len()).to_string(),
             ));
-            redo_fds.push(rp.fd.as_fd());
+            redo_fds.push(fd.as_fd());
             if let Some(r) = &self.redo {
                 r.set_replay_pending(true);
             }
@@ -111,6 +120,8 @@ impl Supervisor {
                 return;
             }
         };
+        drop(replay);
+        self.redo_replay = None; // this incarnation's: a later start gets its own
         self.generation = plan.generation;
         if let Some(sock) = snap_sup {
             self.lazy_snapshot_socket = self.lazy_hold_snapshot_socket(pid, sock);
@@ -318,7 +329,7 @@ impl Supervisor {
             let replay = if d.code == Reason::CrashLoop {
                 super::snapshots::ReplayFrom::BeforeTheLoop
             } else {
-                super::snapshots::ReplayFrom::Newest
+                super::snapshots::ReplayFrom::Line
             };
             let plan = self.plan_restored(rb, now, why, sig, replay);
             self.pending = Some(Pending {

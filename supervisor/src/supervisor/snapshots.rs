@@ -28,10 +28,15 @@ use crate::snapshot::restore::{self, Source};
 pub(super) enum ReplayFrom {
     /// Nothing: a rollback, a restore of an older snapshot (going back).
     Nothing,
-    /// If the snapshot is the store's newest, every record after it: the
-    /// state when the app died (after the machine died, or a crash inside
-    /// an unsafe region).
-    Newest,
+    /// If the snapshot is the store's newest, every record after it: a
+    /// start from the store (`rekindle run`, `rekindle restore --from
+    /// DIR[@ID]`: an older one asked for by name is going back).
+    IfNewest,
+    /// Every record of its line after it: the state when the app died (a
+    /// crash inside an unsafe region; the snapshot was picked as the
+    /// newest, and one the dead app's last cut commits meanwhile is a later
+    /// point of the same line).
+    Line,
     /// The records after it up to where the looping incarnation began: a
     /// crash loop goes back to before the loop, not to before the snapshot.
     BeforeTheLoop,
@@ -259,16 +264,16 @@ impl Supervisor {
         };
         let until = match replay {
             ReplayFrom::Nothing => return Ok(String::new()),
-            ReplayFrom::Newest => {
+            ReplayFrom::IfNewest => {
                 let newest = crate::store::Store::open_unindexed(&rb.dir)?
-                    .list()?
-                    .last()
+                    .latest()?
                     .map(|i| i.id.as_str() == rb.id);
                 if newest != Some(true) {
                     return Ok(String::new());
                 }
                 None
             }
+            ReplayFrom::Line => None,
             // the loop's incarnation continued this line: what it wrote
             // goes; if it began on another line (or closed), this line
             // ended before it, and all of it comes back
