@@ -22,6 +22,7 @@ import pytest
 import redis
 from rkv_harness import RKV, Rkv
 from supervisor_harness import REKINDLE, free_port
+from test_rkv_durability import Call
 from test_snapshots import checkpoint, kill_stack, rekindle
 
 REDO = ("--durability", "sync", "--sync-via", "redo")
@@ -128,25 +129,6 @@ def stopped(pid):
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
-
-
-class Call:
-    """fn() on a thread of its own; .value or .error once it returned."""
-
-    def __init__(self, fn):
-        self.value = self.error = None
-        self.t = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self.t.start()
-
-    def _run(self, fn):
-        try:
-            self.value = fn()
-        except redis.RedisError as e:
-            self.error = e
-
-    def answered_within(self, seconds):
-        self.t.join(seconds)
-        return not self.t.is_alive()
 
 
 def snapshot_events(r):

@@ -8,7 +8,6 @@ durable.  Once the filler is removed the writer's next try succeeds
 (redo_write_recovered), the held replies go out, and a restore after the
 whole stack is killed finds every acknowledged write."""
 
-import errno
 import subprocess
 import threading
 import time
@@ -16,18 +15,8 @@ import time
 import pytest
 import redis
 from rkv_harness import Rkv
-from test_rkv_durability import restored
+from test_rkv_durability import fill_disk, restored
 from test_snapshots import kill_stack
-
-
-def fill(path):
-    with open(path, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 20))
-                f.flush()
-        except OSError as e:
-            assert e.errno == errno.ENOSPC, e
 
 
 def test_a_full_disk_holds_replies_and_loses_no_acknowledged_write(tmp_path):
@@ -50,7 +39,7 @@ def test_a_full_disk_holds_replies_and_loses_no_acknowledged_write(tmp_path):
             for i in range(200):
                 assert c.set(f"before:{i}", f"v{i}") is True
                 acked[f"before:{i}"] = f"v{i}"
-            fill(mnt / "filler")
+            fill_disk(mnt / "filler")
             # writes until the writer fails: each is acknowledged only once
             # durable, and the ones after the failure wait
             held = []

@@ -803,6 +803,17 @@ def test_sync_overwrites_journaled_as_deltas_survive_the_stack_dying(tmp_path, s
         back.close()
 
 
+def fill_disk(path):
+    """Writes path until its file system is full."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+
+
 def test_pages_of_snapshots_that_fail_on_a_full_disk_go_into_the_next(tmp_path):
     """Interval snapshots into a store on a small tmpfs that a filler file
     has filled: they fail (no_space) after the agent's scan has reset the
@@ -826,13 +837,7 @@ def test_pages_of_snapshots_that_fail_on_a_full_disk_go_into_the_next(tmp_path):
             keys = [f"k{i}" for i in range(3000)]
             c.mset({k: rnd.randbytes(200) for k in keys})
             checkpoint(r)
-            with open(mnt / "filler", "wb") as f:
-                try:
-                    while True:
-                        f.write(b"\0" * (1 << 20))
-                        f.flush()
-                except OSError as e:
-                    assert e.errno == errno.ENOSPC, e
+            fill_disk(mnt / "filler")
             before = len(r.supervisor_events("snapshot_failed"))
             last = {k: rnd.randbytes(200) for k in keys}
             c.mset(last)
