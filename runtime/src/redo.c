@@ -258,7 +258,9 @@ int64_t rk_redo_append(const void *rec, size_t len)
 		ret = -EIO;
 	} else if (!rk_redo_open()) {
 		ret = -EAGAIN;
-	} else if ((ret = wait_for_space(RK_REDO_REC_HEAD + len)) == 0) {
+	} else if ((ret = wait_for_space(RK_REDO_REC_HEAD + len)) == 0 && !rk_redo_open()) {
+		ret = -EAGAIN; /* closed while the lock was dropped to wait */
+	} else if (ret == 0) {
 		uint32_t head = (uint32_t)len;
 		ring_put(rd.reserved, &head, sizeof head);
 		ring_put(rd.reserved + RK_REDO_REC_HEAD, rec, len);
