@@ -87,6 +87,11 @@ def test_a_full_disk_holds_replies_and_loses_no_acknowledged_write(tmp_path):
             late = [(t, a) for t, a in held if failed_at + 0.2 < a < freed_at]
             assert not late, f"{len(late)} replies sent while the disk was full"
             assert "redo_write_recovered" in r.stderr() or r.supervisor_events("snapshot"), r.stderr()[-2000:]
+            # the snapshot that released the held replies opened the log
+            # again: these are records, which the restore must replay
+            for i in range(50):
+                assert c.set(f"after:{i}", f"a{i}") is True
+                acked[f"after:{i}"] = f"a{i}"
             kill_stack(r)
         finally:
             r.close()

@@ -723,7 +723,7 @@ int rk_ev_fault_hook(int sig, siginfo_t *si, void *uc) __attribute__((weak));
  * supervisor's side is supervisor/src/snapshot/agent_link.rs, and
  * supervisor/tests/layout.rs checks both against each other. */
 #define RK_SNAP_BUF_MAGIC 0x3146554250414e53ull /* "SNAPBUF1" */
-#define RK_SNAP_BUF_VERSION 2u
+#define RK_SNAP_BUF_VERSION 3u
 #define RK_SNAP_MAX_REGIONS (RK_MAX_ARENAS + RK_MAX_RANGES)
 #define RK_SNAP_VEC_CAP 65536u   /* runs of written pages per report */
 #define RK_SNAP_PUNCH_CAP 65536u /* holes punched between two cuts */
@@ -742,6 +742,10 @@ struct rk_snap_region {
 	char name[48];  /* the FDS name of its memfd */
 	uint64_t addr, len; /* where it is mapped: page p is the memfd's page p */
 	uint32_t first, count; /* its runs in the vector of this report */
+	/* its memfd's inode: the supervisor copies from the fd it holds only
+	 * if it is this one (after a cold restart in place the new arena has
+	 * the old one's name until the new fds are handed over) */
+	uint64_t ino;
 };
 
 /* A hole the allocator punched in an arena (the pages read as zeros now,
@@ -825,7 +829,7 @@ _Static_assert(sizeof(struct rk_snap_hello) == 24, "snapshot protocol layout");
 _Static_assert(sizeof(struct rk_snap_scan) == 16, "snapshot protocol layout");
 _Static_assert(sizeof(struct rk_snap_dirty) == 56, "snapshot protocol layout");
 _Static_assert(sizeof(struct rk_snap_released) == 24, "snapshot protocol layout");
-_Static_assert(sizeof(struct rk_snap_region) == 80, "snapshot buffer layout");
+_Static_assert(sizeof(struct rk_snap_region) == 88, "snapshot buffer layout");
 
 /* The snapshot socket, -1 if none: handed on at an in-place restart. */
 int rk_snapshot_fd(void) RK_HIDDEN;

@@ -360,6 +360,7 @@ static enum rk_snap_status regions_build(int *err)
 		if (a->flags & RK_ARENA_NO_SNAPSHOT)
 			continue; /* opted out: not registered, not scanned, not in the snapshot */
 		region_set(&r[n], RK_SNAP_ARENA, a->name, a->base, a->max);
+		r[n].ino = a->ino;
 		now[n] = (struct tracked){a->base, a->max, a->ino, false};
 		scan_len[n] = used_len(a->fd, a->max);
 		n++;
@@ -369,6 +370,7 @@ static enum rk_snap_status regions_build(int *err)
 		char name[48];
 		snprintf(name, sizeof name, "range:%llx", (unsigned long long)g->addr);
 		region_set(&r[n], RK_SNAP_RANGE, name, g->addr, g->len);
+		r[n].ino = g->ino;
 		now[n] = (struct tracked){g->addr, g->len, g->ino, false};
 		scan_len[n] = g->len;
 	}

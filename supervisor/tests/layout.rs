@@ -278,6 +278,7 @@ fn the_snapshot_agents_messages_and_buffer_match_the_c_header() {
     same("SNAP_REGION_OFF_NAME", 8);
     same("SNAP_REGION_OFF_ADDR", 56);
     same("SNAP_REGION_OFF_FIRST", 72);
+    same("SNAP_REGION_OFF_INO", al::REGION_OFF_INO as u64);
     same("SNAP_REGION_NEW", al::REGION_NEW as u64);
     same(
         "SNAP_REGION_TRACKED_FROM_MAP",

@@ -28,7 +28,7 @@ pub const SNAP_RELEASED_LEN: usize = 24;
 
 /// `struct rk_snap_buf`.
 pub const BUF_MAGIC: u64 = 0x3146_5542_5041_4e53; // "SNAPBUF1"
-pub const BUF_VERSION: u32 = 2;
+pub const BUF_VERSION: u32 = 3;
 pub const BUF_HDR_LEN: usize = 104;
 pub const OFF_BUF_OPEN_EPOCH: usize = 88;
 pub const OFF_BUF_DURABLE_EPOCH: usize = 96;
@@ -43,7 +43,9 @@ pub const OFF_BUF_NVEC: usize = 68;
 pub const OFF_BUF_MANIFEST_LEN: usize = 72;
 pub const OFF_BUF_NPUNCH: usize = 76;
 /// `struct rk_snap_region`.
-pub const REGION_LEN: usize = 80;
+pub const REGION_LEN: usize = 88;
+/// Its memfd's inode.
+pub const REGION_OFF_INO: usize = 80;
 pub const REGION_NEW: u32 = 0x1;
 /// With NEW on a restored incarnation's first report: tracked since rk_init
 /// mapped it, so the report lists every change since the restored snapshot.
@@ -306,6 +308,8 @@ pub struct Region {
     pub len: u64,
     pub first: u32,
     pub count: u32,
+    /// Its memfd's inode (0: not said).
+    pub ino: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -458,6 +462,7 @@ impl<'a> Report<'a> {
                     len,
                     first,
                     count,
+                    ino: u64_at(r, REGION_OFF_INO),
                 })
             })
             .collect()

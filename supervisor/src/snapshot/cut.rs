@@ -49,6 +49,9 @@ pub enum Failure {
     LayoutChanged,
     /// The supervisor holds no fd for a region the agent reported.
     NoFd(String),
+    /// The fd held for a region is not the memfd the app maps (its new
+    /// one, after a cold restart in place, is not handed over yet).
+    StaleFd(String),
     /// Reading a memfd failed.
     Read {
         region: String,
@@ -68,6 +71,7 @@ impl Failure {
             Failure::BadReport(_) => "bad_report",
             Failure::LayoutChanged => "layout_changed",
             Failure::NoFd(_) => "no_fd",
+            Failure::StaleFd(_) => "stale_fd",
             Failure::Read { .. } => "memfd_read",
             Failure::Store(e) => e.code(),
             Failure::NewIncarnation(_) => "new_incarnation",
@@ -81,7 +85,10 @@ impl Failure {
     /// (an arena whose memfd is not handed over yet, one made during the
     /// cut): tried again shortly, even for a checkpoint waiting on it.
     pub fn settles_at_start(&self) -> bool {
-        matches!(self, Failure::NoFd(_) | Failure::LayoutChanged)
+        matches!(
+            self,
+            Failure::NoFd(_) | Failure::StaleFd(_) | Failure::LayoutChanged
+        )
     }
 }
 
@@ -102,6 +109,10 @@ impl std::fmt::Display for Failure {
                 write!(f, "the preserved regions changed during the snapshot")
             }
             Failure::NoFd(n) => write!(f, "no memfd held for region {n}"),
+            Failure::StaleFd(n) => write!(
+                f,
+                "the memfd held for region {n} is not the one the app maps (not handed over yet)"
+            ),
             Failure::Read { region, err } => write!(f, "reading region {region}: {err}"),
             Failure::Store(e) => write!(f, "{e}"),
             Failure::NewIncarnation(_) => write!(f, "the app restarted during the snapshot"),
@@ -206,16 +217,27 @@ pub struct HeldRegion {
     /// Why there is no view has been in a published snapshot's report
     /// (a failed snapshot's is lost: the next one says it).
     refusal_said: Cell<bool>,
+    /// The memfd's inode (0 if fstat failed: then not checked).
+    ino: u64,
 }
 
 impl HeldRegion {
     pub fn new(kind: RegionKind, fd: OwnedFd) -> HeldRegion {
+        let ino = nix::sys::stat::fstat(fd.as_fd()).map_or(0, |st| st.st_ino);
         HeldRegion {
             kind,
             fd,
             view: OnceCell::new(),
             refusal_said: Cell::new(false),
+            ino,
         }
+    }
+
+    /// Whether this is the memfd the agent reported (a region of the same
+    /// name may have a new memfd not handed over yet: a cold restart in
+    /// place made its arenas again).
+    fn is(&self, r: &Region) -> bool {
+        r.ino == 0 || self.ino == 0 || r.ino == self.ino
     }
 }
 
@@ -1188,6 +1210,15 @@ fn start_report(
 ) -> Result<(), Failure> {
     let first = t.layout.is_none();
     if first {
+        // copying from a memfd of the same name that is not the app's (its
+        // new one not handed over yet) would put another state in the
+        // snapshot: settle first, as for a region with no fd at all
+        if let Some(r) = regions
+            .iter()
+            .find(|r| t.held.get(&r.name).is_some_and(|h| !h.is(r)))
+        {
+            return Err(Failure::StaleFd(r.name.clone()));
+        }
         if regions.iter().any(|r| r.new) {
             t.full = true; // pages before the agent's tracking began are unknown
         }
@@ -1418,6 +1449,7 @@ mod tests {
                 len,
                 first: 0,
                 count: 0,
+                ino: 0,
             }],
             manifest_size: PAGE as u64,
         };

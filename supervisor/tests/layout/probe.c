@@ -151,6 +151,7 @@ int main(void)
 	P("SNAP_REGION_OFF_NAME", offsetof(struct rk_snap_region, name));
 	P("SNAP_REGION_OFF_ADDR", offsetof(struct rk_snap_region, addr));
 	P("SNAP_REGION_OFF_FIRST", offsetof(struct rk_snap_region, first));
+	P("SNAP_REGION_OFF_INO", offsetof(struct rk_snap_region, ino));
 	P("SNAP_REGION_NEW", RK_SNAP_REGION_NEW);
 	P("SNAP_REGION_TRACKED_FROM_MAP", RK_SNAP_REGION_TRACKED_FROM_MAP);
 	P("SNAP_REGION_ARENA", RK_SNAP_ARENA);
