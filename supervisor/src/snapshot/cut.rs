@@ -1330,6 +1330,39 @@ mod tests {
         unsafe { libc::close(fd) };
     }
 
+    #[test]
+    fn a_held_fd_is_the_apps_only_if_its_inode_is_the_one_reported() {
+        let memfd = |n: &str| {
+            let name = std::ffi::CString::new(n).unwrap_or_default();
+            // SAFETY: memfd_create with a valid name; the fd is owned below.
+            let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(fd >= 0);
+            // SAFETY: a fresh fd nobody else owns.
+            unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+        };
+        let (old, new) = (memfd("rekindle:a"), memfd("rekindle:a"));
+        let ino = |fd: &OwnedFd| nix::sys::stat::fstat(fd.as_fd()).map_or(0, |s| s.st_ino);
+        let held = HeldRegion::new(RegionKind::Arena, old.try_clone().unwrap());
+        let region = |i: u64| Region {
+            kind: RegionKind::Arena,
+            new: false,
+            tracked_from_map: false,
+            name: "a".into(),
+            addr: 0x4000_0000,
+            len: 1 << 20,
+            first: 0,
+            count: 0,
+            ino: i,
+        };
+        assert!(held.is(&region(ino(&old))));
+        // the app maps another memfd of the same name: not ours to copy
+        assert!(!held.is(&region(ino(&new))));
+        assert!(
+            held.is(&region(0)),
+            "an agent that does not say is not refused"
+        );
+    }
+
     /// The app's memfd as the store would give it back: `len` bytes, past
     /// its end as zeros.
     fn memfd_bytes(fd: i32, len: u64) -> Vec<u8> {
