@@ -804,14 +804,15 @@ def test_sync_overwrites_journaled_as_deltas_survive_the_stack_dying(tmp_path, s
 
 
 def fill_disk(path):
-    """Writes path until its file system is full."""
-    with open(path, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 20))
-                f.flush()
-        except OSError as e:
-            assert e.errno == errno.ENOSPC, e
+    """Writes path until its file system is full, to the last block (a
+    write of a few KiB must fail too)."""
+    with open(path, "wb", buffering=0) as f:
+        for size in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
 
 
 def test_pages_of_snapshots_that_fail_on_a_full_disk_go_into_the_next(tmp_path):

@@ -8,6 +8,9 @@
  *   redo_counter --incs K --early    first a snapshot with no arena (asked
  *                                    for and waited for), then the arena:
  *                                    the records must build it from empty
+ *   redo_counter --incs K --early --arena-after FILE   the same, but the
+ *                                    arena only once FILE exists (after
+ *                                    printing {"app":"early"})
  *   redo_counter --check             print {"app":"check","n":N,"replayed":R}
  *   redo_counter --die-in-replay-once FILE   if FILE does not exist: create
  *                                    it, then fault (SIGSEGV) inside the first
@@ -38,6 +41,7 @@ static uint64_t *counter;
 static const char *die_once; /* the file that says it died already */
 static long crash_after = -1;
 static const char *crash_once;
+static const char *arena_after; /* with --early: open the arena once it exists */
 
 static void fault_once(const char *file)
 {
@@ -105,6 +109,8 @@ int main(int argc, char **argv)
 			early = 1;
 		else if (!strcmp(argv[i], "--check"))
 			check = 1;
+		else if (!strcmp(argv[i], "--arena-after") && i + 1 < argc)
+			arena_after = argv[++i];
 		else if (!strcmp(argv[i], "--die-in-replay-once") && i + 1 < argc)
 			die_once = argv[++i];
 		else if (!strcmp(argv[i], "--crash-when-warm-after") && i + 2 < argc) {
@@ -125,6 +131,10 @@ int main(int argc, char **argv)
 		/* the snapshot of no arena at all */
 		for (int i = 0; i < 200 && rk_durable_epoch() < 1; i++)
 			wait_readable(rk_durable_fd());
+		printf("{\"app\":\"early\",\"durable_epoch\":%" PRIu64 "}\n", rk_durable_epoch());
+		fflush(stdout);
+		for (int i = 0; arena_after && access(arena_after, F_OK) != 0 && i < 3000; i++)
+			(void)poll(NULL, 0, 10);
 	}
 	if (!early || rk_restart_info()->snapshot[0])
 		open_counter(); /* a restore's arena, or a fresh one */

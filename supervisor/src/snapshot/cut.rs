@@ -547,6 +547,20 @@ struct Taking<'s, 'h> {
     gone: Vec<u64>,
     /// Regions that got no view at this snapshot, and why.
     views_refused: Vec<(String, NoView)>,
+    /// A report flagged a region NEW: the agent says so once, so if this
+    /// snapshot is abandoned the next must read every region whole.
+    saw_new: bool,
+}
+
+/// What an abandoned snapshot leaves to the next one.
+#[derive(Debug, Default)]
+pub struct Unpublished {
+    /// The pages the agent reported: they must be copied next time.
+    pub pages: HashMap<String, BTreeSet<u64>>,
+    /// Pages were read that no report will name again (a full snapshot,
+    /// or a region the agent had just begun to track): the next snapshot
+    /// must be full.
+    pub whole: bool,
 }
 
 /// How a copy reads a memfd's pages.
@@ -854,15 +868,15 @@ fn find_changed(fd: i32, ext: &[(u64, u64)], base: &[(u64, Hash)]) -> std::io::R
     Ok(all)
 }
 
-/// Takes one snapshot.  On failure nothing is published, and `touched`
-/// says which pages the agent reported (they must be copied next time).
+/// Takes one snapshot.  On failure nothing is published, and `unpublished`
+/// says what the next snapshot must copy.
 pub fn take(
     link: &mut AgentLink,
     held: &HashMap<String, HeldRegion>,
     store: &mut Store,
     plan: Plan<'_>,
     (shadow, staging): (&mut Shadow, &mut Staging),
-    touched_out: &mut HashMap<String, BTreeSet<u64>>,
+    unpublished: &mut Unpublished,
 ) -> Result<Done, Failure> {
     let t0 = Instant::now();
     staging.begin(plan.staging_bytes);
@@ -892,6 +906,7 @@ pub fn take(
         unchanged: 0,
         gone: Vec::new(),
         views_refused: Vec::new(),
+        saw_new: false,
     };
     let r = run(link, &mut t, &plan, t0);
     if let Ok(d) = &r {
@@ -907,11 +922,17 @@ pub fn take(
     }
     t.staging.trim();
     if r.is_err() {
-        // (a full one is taken again whole: nothing to carry)
-        if let Some(l) = t.layout.as_ref().filter(|_| !t.full) {
+        // A full one is taken again whole.  It is full by the plan (which
+        // the next attempt repeats) or because a region was NEW, which the
+        // agent does not say twice: its pages from before the tracking
+        // began, and the other regions' pages this one's reports named,
+        // would be in no later report.
+        unpublished.whole = t.full || t.saw_new;
+        if let Some(l) = t.layout.as_ref().filter(|_| !unpublished.whole) {
             for &(idx, from, to) in &t.touched {
                 if let Some(r) = l.regions.get(idx as usize) {
-                    touched_out
+                    unpublished
+                        .pages
                         .entry(r.name.clone())
                         .or_default()
                         .extend(from..to);
@@ -1221,6 +1242,7 @@ fn start_report(
         }
         if regions.iter().any(|r| r.new) {
             t.full = true; // pages before the agent's tracking began are unknown
+            t.saw_new = true;
         }
         let layout = Layout {
             regions: regions.to_vec(),
@@ -1288,6 +1310,7 @@ fn start_report(
         }
     } else if regions.iter().any(|r| r.new) {
         // a region began to be tracked after the snapshot's first report
+        t.saw_new = true;
         return Err(Failure::LayoutChanged);
     }
     let _ = cut;
@@ -1522,6 +1545,7 @@ mod tests {
             unchanged: 0,
             gone: Vec::new(),
             views_refused: Vec::new(),
+            saw_new: false,
         };
         let staged = t.copy_changed(0, &base).unwrap_or_else(|e| panic!("{e}"));
         // changed: 1, 33; zero now: 2, 3, 20, 40

@@ -1080,7 +1080,7 @@ impl Engine {
             .take()
             .ok_or(Failure::AgentLost("no agent".into()))?;
         let carry = std::mem::take(&mut self.carry);
-        let mut touched = HashMap::new();
+        let mut unpublished = cut::Unpublished::default();
         let baseline = self.usable_baseline();
         let plan = Plan {
             parent: match &baseline {
@@ -1108,7 +1108,7 @@ impl Engine {
             store,
             plan,
             (&mut self.shadow, &mut self.staging),
-            &mut touched,
+            &mut unpublished,
         );
         self.agent = Some(link);
         if r.is_err() {
@@ -1147,10 +1147,16 @@ impl Engine {
                     }
                 }
             }
+            Err(_) if unpublished.whole => {
+                // pages no later report names were read: the next one reads
+                // everything (cut.rs, Unpublished)
+                self.force_full = true;
+                self.carry = HashMap::new();
+            }
             Err(_) => {
                 // what was reported and not published must be copied next time
                 let mut carry = carry;
-                for (k, v) in touched {
+                for (k, v) in unpublished.pages {
                     carry.entry(k).or_default().extend(v);
                 }
                 self.carry = carry;
