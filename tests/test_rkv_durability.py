@@ -901,29 +901,28 @@ def test_retention_put_off_under_short_intervals_runs_at_the_stop(tmp_path):
     assert snapshot_count(store) == 3
 
 
-def snapshots_until_a_journaled_cut_after(r, t_ns, seconds=10):
-    """The snapshot events once one journaled snapshot began after t_ns
-    (CLOCK_MONOTONIC, as the events' t_ns): its cut holds every write
-    acknowledged before t_ns.  An event is logged some time after its
-    commit, so its start is taken 100 ms earlier than it says."""
-    snaps = []
+def snapshots_once_durable(r, c, seconds=10):
+    """The snapshot events once every write acknowledged so far is durable,
+    as the app itself learns it: rk_durable_epoch() (INFO's
+    rekindle_durable_epoch) at the epoch of the last write.  (Once the
+    writes stop, interval snapshots find nothing changed and are not
+    taken: the wait is not for one more snapshot.)"""
+    want = int(c.info("persistence")["rekindle_write_epoch"])
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        snaps = r.supervisor_events("snapshot")
-        started = [s["t_ns"] - s["took_us"] * 1000 - 100_000_000 for s in snaps if s["journaled"]]
-        if any(t > t_ns for t in started):
-            return snaps
+    while int(c.info("persistence")["rekindle_durable_epoch"]) < want:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the writes up to epoch {want} never became durable: {c.info('persistence')}")
         time.sleep(0.02)
-    pytest.fail(f"no journaled snapshot began after the writes: {snaps[-3:]}")
+    return r.supervisor_events("snapshot")
 
 
 def test_interval_snapshots_journaled_under_publish_every_survive_the_stack_dying(tmp_path):
     """--snapshot-publish-every: 20 ms snapshots go to the store's journal
     (one append and one fdatasync each, not three files and three fsync
     rounds), and a fold on its own thread publishes them every 500 ms,
-    while the app runs.  Writes acknowledged before a journaled snapshot
-    that began after them come back after the whole stack is killed (the
-    restore folds the journal first)."""
+    while the app runs.  Writes acknowledged before rkv learns they are
+    durable come back after the whole stack is killed (the restore folds
+    the journal first)."""
     store = tmp_path / "store"
     r = durable_rkv(
         tmp_path / "a", store, "async", interval="20ms",
@@ -939,7 +938,7 @@ def test_interval_snapshots_journaled_under_publish_every_survive_the_stack_dyin
             n += 50
             held = max(held, journal_records(store))
             time.sleep(0.01)
-        snaps = snapshots_until_a_journaled_cut_after(r, time.monotonic_ns())
+        snaps = snapshots_once_durable(r, c)
         folds = r.supervisor_events("journal_folded")
         listed = snapshot_count(store)
     finally:
@@ -989,12 +988,19 @@ def test_publish_every_publishes_the_snapshot_after_a_large_one(tmp_path):
     )  # fmt: skip
     try:
         c = r.client()
-        time.sleep(0.5)
+
+        def trickle(seconds):  # small writes: an interval snapshot each
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                c.set("tick", time.monotonic_ns())
+                time.sleep(0.01)
+
+        trickle(0.5)
         value = b"b" * 3000
         c.mset({f"big{i}": value for i in range(15_000)})  # about 11,000 pages, one cut
-        time.sleep(0.5)
+        trickle(0.5)
         c.set("after", "1")
-        snaps = snapshots_until_a_journaled_cut_after(r, time.monotonic_ns())
+        snaps = snapshots_once_durable(r, c)
     finally:
         kill_stack(r)
     snaps = [s for s in snaps if s["kind"] != "full"]

@@ -86,9 +86,9 @@ static struct entry *lookup(struct arg k)
 {
 	struct entry *e = ks_lookup(srv.db, k.p, k.n, srv.now_ms);
 	if (e)
-		srv.db->st.hits++;
+		srv.st.hits++;
 	else
-		srv.db->st.misses++;
+		srv.st.misses++;
 	return e;
 }
 
@@ -883,10 +883,10 @@ static void cmd_info(struct conn *c)
 			  "# Stats\r\ntotal_connections_received:%llu\r\ntotal_commands_processed:%llu\r\n"
 			  "rejected_connections:%llu\r\nexpired_keys:%llu\r\nkeyspace_hits:%llu\r\n"
 			  "keyspace_misses:%llu\r\n\r\n",
-			  (unsigned long long)db->st.connections, (unsigned long long)db->st.commands,
+			  (unsigned long long)srv.st.connections, (unsigned long long)srv.st.commands,
 			  (unsigned long long)srv.rejected_connections,
-			  (unsigned long long)db->st.expired, (unsigned long long)db->st.hits,
-			  (unsigned long long)db->st.misses);
+			  (unsigned long long)db->st.expired, (unsigned long long)srv.st.hits,
+			  (unsigned long long)srv.st.misses);
 	if (want(c, "keyspace", true)) {
 		sb_printf(&b, "# Keyspace\r\n");
 		if (db->count)
@@ -975,7 +975,8 @@ static void cmd_config(struct conn *c)
 		reply_errorf(c, "ERR Unknown option or number of arguments for CONFIG SET - '%.*s'",
 			     (int)(A(2).n > 128 ? 128 : A(2).n), A(2).p);
 	} else if (eq(A(1), "resetstat") && ARGC == 2) {
-		memset(&srv.db->st, 0, sizeof srv.db->st);
+		memset(&srv.st, 0, sizeof srv.st);
+		srv.db->st.expired = 0;
 		reply_ok(c);
 	} else if (eq(A(1), "get") || eq(A(1), "set") || eq(A(1), "resetstat")) {
 		reply_sub_arity(c, "config");
@@ -1146,7 +1147,7 @@ bool command_keys(const struct command *cmd, int argc, struct key_range *r)
 const struct command *command_exec(struct conn *c)
 {
 	const struct command *cmd = find_command(A(0));
-	srv.db->st.commands++;
+	srv.st.commands++;
 	c->redo_at = 0;
 	if (!cmd) {
 		char args[160];

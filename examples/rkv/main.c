@@ -569,7 +569,7 @@ static void accept_clients(int lfd)
 		c->proto = 2;
 		c->reading = true;
 		srv.clients++;
-		srv.db->st.connections++;
+		srv.st.connections++;
 	}
 }
 

@@ -39,7 +39,10 @@ struct entry {
 static inline const char *entry_val(const struct entry *e) { return e->data + e->klen; }
 
 struct db_stats {
-	uint64_t commands, connections, hits, misses, expired;
+	/* were the request counters, now srv.st; kept so that the layout of
+	 * stored dbs (arenas, snapshots) stays */
+	uint64_t unused[4];
+	uint64_t expired;               /* keys expired: changes with the keyspace */
 };
 
 #define RKV_DB_MAGIC 0x726b762d64623031ull /* "rkv-db01" */
@@ -60,7 +63,7 @@ struct db {
 	uint64_t bgsave_dirty;          /* dirty when that child was forked */
 	int64_t bgsave_try_s;           /* last attempt, for the retry delay */
 	int bgsave_ok;                  /* last background save succeeded */
-	struct db_stats st;             /* counters: plain stores, no region needed */
+	struct db_stats st;             /* counter: plain stores, no region needed */
 };
 
 struct db *ks_create(void);
@@ -202,9 +205,18 @@ struct config {
 	bool sync_redo;                 /* --sync-via redo: sync writes through the redo log */
 };
 
+/* Request counters of this incarnation (INFO stats), as Redis counts from
+ * its start: on the heap, not in the arena, so that a read-only load writes
+ * no page a snapshot must copy (an interval snapshot then finds nothing
+ * changed and is not taken). */
+struct req_stats {
+	uint64_t commands, connections, hits, misses;
+};
+
 struct server {
 	struct config cfg;
 	struct db *db;
+	struct req_stats st;
 	int64_t now_ms;                 /* CLOCK_REALTIME, cached per loop iteration */
 	int64_t start_ms;
 	const char *start_kind;         /* fresh, warm, cold */

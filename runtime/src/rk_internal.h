@@ -804,9 +804,18 @@ struct rk_snap_hello {
 	int32_t err;
 	uint64_t buf_size;
 };
+/* SCAN's flags.  CUT: freeze the app first and hold it until RELEASE.
+ * PROBE (without CUT): also say whether nothing changed since the last cut
+ * (DIRTY's `unchanged`): no page written, no hole punched, no region new,
+ * the manifest and the statics as that cut had them.  The app's state is
+ * then the cut's as of the scan's start, and DIRTY's `epoch` is the number
+ * rk_epoch() had just before it: every region ended by then is durable
+ * with that cut, and the supervisor may skip the snapshot. */
+#define RK_SNAP_SCAN_CUT 1u
+#define RK_SNAP_SCAN_PROBE 2u
 struct rk_snap_scan {
 	uint64_t seq;
-	uint32_t cut, timeout_ms;
+	uint32_t flags, timeout_ms;
 };
 struct rk_snap_dirty {
 	uint64_t seq;
@@ -814,8 +823,10 @@ struct rk_snap_dirty {
 	int32_t err;
 	uint32_t more, frozen;
 	uint64_t t_freeze_ns, t_scan_ns;
-	uint32_t punch_overflow, reserved;
-	uint64_t epoch; /* with frozen: this cut's number (rk_epoch before it) */
+	uint32_t punch_overflow, unchanged;
+	/* with frozen: this cut's number (rk_epoch before it); with unchanged:
+	 * rk_epoch before the probe's scan */
+	uint64_t epoch;
 };
 struct rk_snap_seq {
 	uint64_t seq;

@@ -84,6 +84,10 @@ static struct {
 	struct tracked tracked[RK_SNAP_MAX_REGIONS];
 	unsigned ntracked;
 	bool frozen; /* holds rk_restarting and both freezes */
+	/* the manifest (statics saved) of the last cut released, for PROBE;
+	 * last_cut_len 0: none */
+	void *last_cut;
+	uint32_t last_cut_len;
 } ag = {.sock = -1, .uffd = -1, .pagemap = -1, .buf_fd = -1, .durable_efd = -1, .request_efd = -1};
 
 /* Published once the buffer is mapped: the allocator's punches look here. */
@@ -403,7 +407,7 @@ static enum rk_snap_status regions_build(int *err)
 /* ---- a report ---------------------------------------------------------- */
 
 static void reply_dirty(uint64_t seq, enum rk_snap_status st, int err, bool more, uint64_t t_freeze,
-			uint64_t t_scan, uint32_t overflow, uint64_t epoch)
+			uint64_t t_scan, uint32_t overflow, bool unchanged, uint64_t epoch)
 {
 	struct rk_snap_dirty d = {.seq = seq,
 			       .status = st,
@@ -413,6 +417,7 @@ static void reply_dirty(uint64_t seq, enum rk_snap_status st, int err, bool more
 			       .t_freeze_ns = t_freeze,
 			       .t_scan_ns = t_scan,
 			       .punch_overflow = overflow,
+			       .unchanged = unchanged,
 			       .epoch = epoch};
 	(void)send_msg(RK_SNAP_DIRTY, &d, sizeof d, -1);
 }
@@ -492,11 +497,39 @@ static uint32_t cut_extras(uint64_t *epoch)
 	return atomic_load(&ag.buf->punch_overflow);
 }
 
+/* PROBE: nothing but pages could have changed since the last cut released
+ * (the caller saw none written and no region new).  The statics are read
+ * while the app runs: a value caught half-written differs, and a write
+ * after the read is the next probe's. */
+static bool unchanged_since_cut(void)
+{
+	if (!ag.last_cut_len || atomic_load(&ag.buf->punch_head) || atomic_load(&ag.buf->punch_overflow))
+		return false;
+	struct rk_manifest *c = buf_manifest();
+	rk_statics_save(c);
+	c->checksum = rk_manifest_checksum(c);
+	return ag.buf->manifest_len == ag.last_cut_len && memcmp(c, ag.last_cut, ag.last_cut_len) == 0;
+}
+
+static bool any_region_new(void)
+{
+	const struct rk_snap_region *r = buf_regions();
+	for (unsigned i = 0; i < ag.buf->nregions; i++)
+		if (r[i].flags & RK_SNAP_REGION_NEW)
+			return true;
+	return false;
+}
+
 static void report(const struct rk_snap_scan *q)
 {
 	uint64_t t0 = rk_now_ns();
 	int err = 0;
-	bool cut = q->cut != 0;
+	bool cut = (q->flags & RK_SNAP_SCAN_CUT) != 0;
+	bool probe = !cut && (q->flags & RK_SNAP_SCAN_PROBE) != 0;
+	/* before the scan: a region that ends from now on reads a later number,
+	 * and one that ended before wrote nothing the scan will not see */
+	uint64_t probe_epoch = probe ? atomic_fetch_add(&ag.buf->open_epoch, 1) : 0;
+	bool wrote = false;
 	enum rk_snap_status st = cut ? freeze(q->timeout_ms ? q->timeout_ms : 10) : RK_SNAP_OK;
 	uint64_t t_freeze = rk_now_ns() - t0;
 	ag.buf->nvec = ag.buf->npunch = 0;
@@ -515,9 +548,10 @@ static void report(const struct rk_snap_scan *q)
 			err = -e;
 			break;
 		}
+		wrote = wrote || ag.buf->nvec > 0;
 		if (!more)
 			break;
-		reply_dirty(q->seq, st, 0, true, t_freeze, rk_now_ns() - ts, 0, 0);
+		reply_dirty(q->seq, st, 0, true, t_freeze, rk_now_ns() - ts, 0, false, 0);
 		if (!await(q->seq, RK_SNAP_CONTINUE, STOP_MAX_MS)) {
 			st = RK_SNAP_STOP_TIMEOUT;
 			break;
@@ -526,19 +560,27 @@ static void report(const struct rk_snap_scan *q)
 	if (st != RK_SNAP_OK) {
 		if (ag.frozen)
 			thaw();
-		reply_dirty(q->seq, st, err, false, t_freeze, 0, 0, 0);
+		reply_dirty(q->seq, st, err, false, t_freeze, 0, 0, false, 0);
 		return;
 	}
 	uint64_t epoch = 0;
 	uint32_t overflow = cut ? cut_extras(&epoch) : 0;
-	reply_dirty(q->seq, st, 0, false, t_freeze, rk_now_ns() - t0 - t_freeze, overflow, epoch);
+	bool unchanged = probe && !wrote && !any_region_new() && unchanged_since_cut();
+	if (unchanged)
+		epoch = probe_epoch;
+	reply_dirty(q->seq, st, 0, false, t_freeze, rk_now_ns() - t0 - t_freeze, overflow, unchanged, epoch);
 	if (!cut)
 		return;
 	bool released = await(q->seq, RK_SNAP_RELEASE, STOP_MAX_MS);
+	ag.last_cut_len = 0;
 	if (released) {
 		/* consumed: the next cut reports the holes punched after this one */
 		atomic_store(&ag.buf->punch_head, 0);
 		atomic_store(&ag.buf->punch_overflow, 0);
+		if (ag.last_cut && ag.buf->manifest_len <= ag.buf->manifest_cap) {
+			memcpy(ag.last_cut, buf_manifest(), ag.buf->manifest_len);
+			ag.last_cut_len = ag.buf->manifest_len;
+		}
 	}
 	thaw();
 	struct rk_snap_released d = {.seq = q->seq,
@@ -594,6 +636,7 @@ static int buf_create(void)
 	ag.buf = p;
 	ag.buf_fd = fd;
 	ag.buf_size = size;
+	ag.last_cut = malloc(manifest_cap); /* NULL: no probe finds "unchanged" */
 	*ag.buf = (struct rk_snap_buf){.magic = RK_SNAP_BUF_MAGIC,
 				       .version = RK_SNAP_BUF_VERSION,
 				       .size = (uint32_t)size,

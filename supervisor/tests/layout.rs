@@ -297,6 +297,10 @@ fn the_snapshot_agents_messages_and_buffer_match_the_c_header() {
     same("SNAP_T_RELEASE", al::T_SNAP_RELEASE as u64);
     same("SNAP_HELLO_LEN", al::SNAP_HELLO_LEN as u64);
     same("SNAP_SCAN_LEN", al::SNAP_SCAN_LEN as u64);
+    same("SNAP_SCAN_CUT", al::SCAN_CUT as u64);
+    same("SNAP_SCAN_PROBE", al::SCAN_PROBE as u64);
+    same("SNAP_DIRTY_OFF_UNCHANGED", 44); // agent_link.rs: u32_at(p, 44)
+    same("SNAP_DIRTY_OFF_EPOCH", 48);
     same("SNAP_DIRTY_LEN", al::SNAP_DIRTY_LEN as u64);
     same("SNAP_SEQ_LEN", al::SNAP_SEQ_LEN as u64);
     same("SNAP_RELEASED_LEN", al::SNAP_RELEASED_LEN as u64);

@@ -11,7 +11,11 @@
  *   redo_counter --incs K --early --arena-after FILE   the same, but the
  *                                    arena only once FILE exists (after
  *                                    printing {"app":"early"})
- *   redo_counter --check             print {"app":"check","n":N,"replayed":R}
+ *   redo_counter --ticks K           K times, 50 ms apart: add 1 to a preserved
+ *                                    static (RK_PRESERVED: no arena page is
+ *                                    written) and print {"app":"tick","n":N}
+ *   redo_counter --check             print {"app":"check","n":N,"replayed":R,
+ *                                    "ticks":T}
  *   redo_counter --die-in-replay-once FILE   if FILE does not exist: create
  *                                    it, then fault (SIGSEGV) inside the first
  *                                    record's apply: the replay unfinished,
@@ -42,6 +46,7 @@ static const char *die_once; /* the file that says it died already */
 static long crash_after = -1;
 static const char *crash_once;
 static const char *arena_after; /* with --early: open the arena once it exists */
+RK_PRESERVED static uint64_t ticks; /* --ticks: state outside every arena */
 
 static void fault_once(const char *file)
 {
@@ -100,13 +105,15 @@ static int apply(const void *rec, size_t len, void *ctx)
 
 int main(int argc, char **argv)
 {
-	long incs = 0;
+	long incs = 0, nticks = 0;
 	int early = 0, check = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--incs") && i + 1 < argc)
 			incs = strtol(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--early"))
 			early = 1;
+		else if (!strcmp(argv[i], "--ticks") && i + 1 < argc)
+			nticks = strtol(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--check"))
 			check = 1;
 		else if (!strcmp(argv[i], "--arena-after") && i + 1 < argc)
@@ -149,8 +156,15 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	rk_ready();
 	if (check) {
-		printf("{\"app\":\"check\",\"n\":%" PRIu64 ",\"replayed\":%" PRId64 "}\n", *counter, replayed);
+		printf("{\"app\":\"check\",\"n\":%" PRIu64 ",\"replayed\":%" PRId64 ",\"ticks\":%" PRIu64 "}\n",
+		       *counter, replayed, ticks);
 		fflush(stdout);
+	}
+	for (long i = 0; i < nticks; i++) {
+		ticks++;
+		printf("{\"app\":\"tick\",\"n\":%" PRIu64 "}\n", ticks);
+		fflush(stdout);
+		(void)poll(NULL, 0, 50);
 	}
 	const struct rk_restart_info *ri = rk_restart_info();
 	bool warm_in_place = ri->kind == RK_START_WARM && !ri->snapshot[0];

@@ -305,8 +305,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	srv.cfg = base_cfg;
 	srv.now_ms = FUZZ_EPOCH_MS;
-	memset(&srv.db->st, 0, sizeof srv.db->st);
-	srv.db->st.connections = 1;
+	memset(&srv.st, 0, sizeof srv.st);
+	srv.db->st.expired = 0;
+	srv.st.connections = 1;
 	srv.clients = 1;
 	struct conn c = {.fd = -1, .id = 1, .bulk_len = -1, .proto = 2, .reading = true};
 

@@ -20,6 +20,10 @@ pub const T_SNAP_RELEASE: u16 = 122;
 
 pub const SNAP_HELLO_LEN: usize = 24;
 pub const SNAP_SCAN_LEN: usize = 16;
+/// SCAN's flags (rk_internal.h): freeze and hold the app (the cut); say
+/// whether nothing changed since the last cut (`Dirty::unchanged`).
+pub const SCAN_CUT: u32 = 0x1;
+pub const SCAN_PROBE: u32 = 0x2;
 /// HELLO's fds: the buffer, the durable eventfd, the request eventfd.
 pub const HELLO_FDS: usize = 3;
 pub const SNAP_DIRTY_LEN: usize = 56;
@@ -119,7 +123,11 @@ pub struct Dirty {
     pub t_freeze_ns: u64,
     pub t_scan_ns: u64,
     pub punch_overflow: bool,
-    /// With `frozen`: this cut's number in the app (`rk_epoch()` before it).
+    /// A probe's last batch: nothing changed since the last cut, as of the
+    /// scan's start (rk_internal.h, RK_SNAP_SCAN_PROBE).
+    pub unchanged: bool,
+    /// With `frozen`: this cut's number in the app (`rk_epoch()` before it);
+    /// with `unchanged`: `rk_epoch()` before the probe's scan.
     pub epoch: u64,
 }
 
@@ -221,6 +229,7 @@ pub fn parse(b: &[u8]) -> Result<AgentMsg, AgentMsgError> {
             t_freeze_ns: u64_at(p, 24),
             t_scan_ns: u64_at(p, 32),
             punch_overflow: u32_at(p, 40) != 0,
+            unchanged: u32_at(p, 44) != 0,
             epoch: u64_at(p, 48),
         }),
         _ => AgentMsg::Released(Released {
@@ -242,10 +251,10 @@ fn frame(ty: u16, payload: &[u8]) -> Vec<u8> {
     v
 }
 
-pub fn encode_scan(seq: u64, cut: bool, timeout_ms: u32) -> Vec<u8> {
+pub fn encode_scan(seq: u64, flags: u32, timeout_ms: u32) -> Vec<u8> {
     let mut p = Vec::with_capacity(SNAP_SCAN_LEN);
     p.extend_from_slice(&seq.to_le_bytes());
-    p.extend_from_slice(&(cut as u32).to_le_bytes());
+    p.extend_from_slice(&flags.to_le_bytes());
     p.extend_from_slice(&timeout_ms.to_le_bytes());
     frame(T_SNAP_SCAN, &p)
 }
@@ -282,7 +291,7 @@ pub fn encode_agent(m: &AgentMsg) -> Vec<u8> {
             p.extend_from_slice(&d.t_freeze_ns.to_le_bytes());
             p.extend_from_slice(&d.t_scan_ns.to_le_bytes());
             p.extend_from_slice(&(d.punch_overflow as u32).to_le_bytes());
-            p.extend_from_slice(&0u32.to_le_bytes());
+            p.extend_from_slice(&(d.unchanged as u32).to_le_bytes());
             p.extend_from_slice(&d.epoch.to_le_bytes());
             frame(T_SNAP_DIRTY, &p)
         }
@@ -528,6 +537,7 @@ mod tests {
                 t_freeze_ns: 5,
                 t_scan_ns: 6,
                 punch_overflow: true,
+                unchanged: true,
                 epoch: 3,
             }),
             AgentMsg::Released(Released {
@@ -570,6 +580,7 @@ mod tests {
             t_freeze_ns: 0,
             t_scan_ns: 0,
             punch_overflow: false,
+            unchanged: false,
             epoch: 0,
         }));
         for n in 0..m.len() {

@@ -266,6 +266,22 @@ pub struct Plan<'a> {
     /// The app's redo log: the cut reads its position while the app is
     /// frozen (and opens a closed log on a new line).
     pub redo: Option<&'a crate::redo::Redo>,
+    /// The first pre-copy round asks the agent whether anything changed
+    /// since the last cut; if nothing did, no snapshot is taken
+    /// (`Taken::Unchanged`).  Only when the last cut is this store's newest
+    /// snapshot and nothing is carried: the agent compares with its last cut.
+    pub probe: bool,
+}
+
+/// What `take` did.
+#[derive(Debug)]
+pub enum Taken {
+    Snapshot(Box<Done>),
+    /// Nothing changed since the last snapshot: none taken.  The app's
+    /// state up to `app_epoch` is the last snapshot's, so durable with it.
+    Unchanged {
+        app_epoch: u64,
+    },
 }
 
 /// What a snapshot cost and what it wrote.
@@ -310,6 +326,9 @@ pub struct Done {
     /// Of such a delta: the regions that needed no read, tracked since the
     /// restore mapped them.
     pub from_map_regions: u32,
+    /// Interval snapshots found unchanged and not taken since the last one
+    /// (the engine's count).
+    pub unchanged_skipped: u64,
 }
 
 /// Answer timeouts: an agent that does not answer a report in this time is
@@ -877,7 +896,7 @@ pub fn take(
     plan: Plan<'_>,
     (shadow, staging): (&mut Shadow, &mut Staging),
     unpublished: &mut Unpublished,
-) -> Result<Done, Failure> {
+) -> Result<Taken, Failure> {
     let t0 = Instant::now();
     staging.begin(plan.staging_bytes);
     // kept by an incremental snapshot of the snapshot it is of
@@ -909,7 +928,7 @@ pub fn take(
         saw_new: false,
     };
     let r = run(link, &mut t, &plan, t0);
-    if let Ok(d) = &r {
+    if let Ok(Taken::Snapshot(d)) = &r {
         for (name, _) in &d.views_refused {
             if let Some(h) = held.get(name) {
                 h.refusal_said.set(true);
@@ -917,7 +936,9 @@ pub fn take(
         }
     }
     match &r {
-        Ok(d) => t.shadow.commit(d.info.id.clone(), &d.fresh_regions),
+        Ok(Taken::Snapshot(d)) => t.shadow.commit(d.info.id.clone(), &d.fresh_regions),
+        // still of the newest snapshot; nothing was staged
+        Ok(Taken::Unchanged { .. }) => {}
         Err(_) => t.shadow.clear(),
     }
     t.staging.trim();
@@ -952,6 +973,8 @@ const SMALL_ROUND_PAGES: u64 = 4096;
 struct Counts {
     /// When the cut's first report arrived (the app waits from then on).
     first_dirty: Option<Instant>,
+    /// A probe found nothing changed: the app's epoch it answered with.
+    unchanged: Option<u64>,
     app_epoch: u64,
     precopy: u64,
     cut: u64,
@@ -963,9 +986,10 @@ fn run(
     t: &mut Taking<'_, '_>,
     plan: &Plan<'_>,
     t0: Instant,
-) -> Result<Done, Failure> {
+) -> Result<Taken, Failure> {
     let mut c = Counts {
         first_dirty: None,
+        unchanged: None,
         app_epoch: 0,
         precopy: 0,
         cut: 0,
@@ -980,8 +1004,19 @@ fn run(
     let mut rounds_done = 0;
     for round in 1..=rounds {
         let before = c.precopy + t.whole_pages;
-        report(link, t, plan, false, &mut c)?;
+        let scan = if plan.probe && round == 1 {
+            Scan::Probe
+        } else {
+            Scan::Round
+        };
+        report(link, t, plan, scan, &mut c)?;
         rounds_done = round;
+        if let Some(app_epoch) = c.unchanged {
+            // (the agent saw nothing written; nothing was read whole either)
+            if c.precopy + t.whole_pages == 0 && !t.full && !t.against {
+                return Ok(Taken::Unchanged { app_epoch });
+            }
+        }
         let copied = c.precopy + t.whole_pages - before;
         if round >= plan.precopy_rounds && (copied <= SMALL_ROUND_PAGES || copied >= last) {
             break;
@@ -997,7 +1032,7 @@ fn run(
     }
     let t_cut = Instant::now();
     let precopy_ns = (t_cut - t0).as_nanos() as u64;
-    let (freeze_ns, scan_ns, manifest) = report(link, t, plan, true, &mut c)?;
+    let (freeze_ns, scan_ns, manifest) = report(link, t, plan, Scan::Cut, &mut c)?;
     // no region is open: the records before this position are exactly the
     // changes the cut holds
     let redo = plan.redo.map(|r| r.at_cut());
@@ -1028,7 +1063,7 @@ fn run(
     let put_ns = (t_commit - t_put).as_nanos() as u64;
     let info = w.commit()?;
     let commit_ns = t_commit.elapsed().as_nanos() as u64;
-    Ok(Done {
+    Ok(Taken::Snapshot(Box::new(Done {
         precopy_ns,
         cut_ns,
         put_ns,
@@ -1056,7 +1091,19 @@ fn run(
         took: t0.elapsed(),
         unchanged_pages: t.against.then_some(t.unchanged),
         from_map_regions: t.from_map_regions,
-    })
+        unchanged_skipped: 0,
+    })))
+}
+
+/// What a report is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scan {
+    /// A pre-copy round: the app runs.
+    Round,
+    /// The same, and the agent says if nothing changed since the last cut.
+    Probe,
+    /// The app frozen at a consistent point until our RELEASE.
+    Cut,
 }
 
 /// What the agent waits for after its last DIRTY of a report.
@@ -1082,11 +1129,11 @@ fn report(
     link: &mut AgentLink,
     t: &mut Taking<'_, '_>,
     plan: &Plan<'_>,
-    cut: bool,
+    scan: Scan,
     c: &mut Counts,
 ) -> Result<(u64, u64, Vec<u8>), Failure> {
     let mut awaiting = Awaiting::Nothing;
-    let r = report_batches(link, t, plan, cut, c, &mut awaiting);
+    let r = report_batches(link, t, plan, scan, c, &mut awaiting);
     if r.is_err() {
         wind_down(link, awaiting);
     }
@@ -1128,13 +1175,19 @@ fn report_batches(
     link: &mut AgentLink,
     t: &mut Taking<'_, '_>,
     plan: &Plan<'_>,
-    cut: bool,
+    scan: Scan,
     c: &mut Counts,
     awaiting: &mut Awaiting,
 ) -> Result<(u64, u64, Vec<u8>), Failure> {
     link.seq += 1;
     let seq = link.seq;
-    link.send(&agent_link::encode_scan(seq, cut, plan.freeze_timeout_ms))?;
+    let cut = scan == Scan::Cut;
+    let flags = match scan {
+        Scan::Round => 0,
+        Scan::Probe => agent_link::SCAN_PROBE,
+        Scan::Cut => agent_link::SCAN_CUT,
+    };
+    link.send(&agent_link::encode_scan(seq, flags, plan.freeze_timeout_ms))?;
     let mut first_batch = true;
     loop {
         let d = match link.recv(seq)? {
@@ -1188,6 +1241,9 @@ fn report_batches(
             continue;
         }
         if !cut {
+            if scan == Scan::Probe && d.unchanged {
+                c.unchanged = Some(d.epoch);
+            }
             return Ok((0, 0, Vec::new()));
         }
         if d.punch_overflow {

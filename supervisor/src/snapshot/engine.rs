@@ -111,6 +111,8 @@ pub enum Note {
         err: i32,
     },
     Snapshot(Box<Done>),
+    /// An interval snapshot not taken: nothing had changed since the last.
+    Unchanged,
     Failed {
         code: &'static str,
         detail: String,
@@ -251,6 +253,8 @@ impl Handle {
             last_redo: None,
             last_publish: Instant::now(),
             last_pages: None,
+            last_took: false,
+            unchanged_skipped: 0,
             idle_fold_failed: false,
             last_retention: None,
             retention_put_off: 0,
@@ -374,6 +378,11 @@ struct Engine {
     /// snapshot is published under `--snapshot-publish-every`
     /// (JOURNAL_INTERVAL_MAX_PAGES).
     last_pages: Option<u64>,
+    /// The last snapshot attempt succeeded: the agent's last cut is the
+    /// newest snapshot, which a probe compares with (Plan::probe).
+    last_took: bool,
+    /// Interval snapshots not taken since the last one: nothing had changed.
+    unchanged_skipped: u64,
     /// The last idle fold failed (reported): the next waits for a snapshot.
     idle_fold_failed: bool,
     /// When the last retention ended and how long it took: a retention
@@ -553,8 +562,11 @@ impl Engine {
             }
             if self.agent.is_some() && (due || self.requested || !self.waiting.is_empty()) {
                 let app_asked = std::mem::take(&mut self.requested) || self.refused > 0;
-                self.snapshot(app_asked);
-                self.last_busy = Instant::now();
+                // (a snapshot found unchanged leaves the engine idle: the
+                // idle fold still comes)
+                if self.snapshot(app_asked) {
+                    self.last_busy = Instant::now();
+                }
             }
         }
     }
@@ -940,7 +952,8 @@ impl Engine {
 
     /// One snapshot; `app_asked`: the app waits for it (rk_checkpoint), so a
     /// passing failure is retried rather than left for the next request.
-    fn snapshot(&mut self, app_asked: bool) {
+    /// One snapshot; false if none was taken because nothing had changed.
+    fn snapshot(&mut self, app_asked: bool) -> bool {
         let waiting = std::mem::take(&mut self.waiting);
         let mut tags: Vec<String> = waiting.iter().flat_map(|(_, t)| t.clone()).collect();
         tags.sort();
@@ -960,7 +973,28 @@ impl Engine {
             && !self.force_full
             && self.cfg.replication.is_none();
         let precopy = !(journal && app_asked);
-        let r = self.take(tags, journal, precopy);
+        // an interval snapshot nobody waits for may find nothing changed
+        let probe = !app_asked
+            && waiting.is_empty()
+            && precopy
+            && self.last_took
+            && !self.force_full
+            && self.carry.is_empty()
+            && self.cfg.replication.is_none();
+        let r = match self.take(tags, journal, precopy, probe) {
+            Ok(cut::Taken::Unchanged { app_epoch }) => {
+                self.unchanged_skipped += 1;
+                self.publish_durable(app_epoch);
+                self.note(Note::Unchanged);
+                return false;
+            }
+            Ok(cut::Taken::Snapshot(mut d)) => {
+                d.unchanged_skipped = std::mem::take(&mut self.unchanged_skipped);
+                Ok(*d)
+            }
+            Err(f) => Err(f),
+        };
+        self.last_took = r.is_ok();
         if let Ok(d) = &r {
             self.last_pages = Some(d.precopy_pages + d.cut_pages);
         }
@@ -1068,9 +1102,16 @@ impl Engine {
                 }
             }
         }
+        true
     }
 
-    fn take(&mut self, tags: Vec<String>, journal: bool, precopy: bool) -> Result<Done, Failure> {
+    fn take(
+        &mut self,
+        tags: Vec<String>,
+        journal: bool,
+        precopy: bool,
+        probe: bool,
+    ) -> Result<cut::Taken, Failure> {
         let epoch = {
             self.open_store()?;
             self.epoch + 1
@@ -1100,6 +1141,7 @@ impl Engine {
             journal,
             precopy,
             redo: self.cfg.redo.as_deref(),
+            probe,
         };
         let store = self.store.as_mut().ok_or(Failure::LayoutChanged)?;
         let r = cut::take(
@@ -1115,7 +1157,8 @@ impl Engine {
             self.baseline = baseline; // the next attempt compares with it again
         }
         match &r {
-            Ok(d) => {
+            Ok(cut::Taken::Unchanged { .. }) => {}
+            Ok(cut::Taken::Snapshot(d)) => {
                 self.last = Some(d.info.id.clone());
                 self.last_redo = d.info.redo;
                 self.epoch = epoch;

@@ -490,6 +490,7 @@ impl Supervisor {
                     .i("pid", pid as i64)
                     .i("errno", err as i64),
             ),
+            Note::Unchanged => m.snapshots.with_label_values(&["unchanged"]).inc(),
             Note::Snapshot(d) => {
                 m.snapshots.with_label_values(&["ok"]).inc();
                 m.snapshot_stop.observe(d.stop_ns as f64 / 1e9);
@@ -553,6 +554,7 @@ impl Supervisor {
                             )
                             .u("unchanged_pages", d.unchanged_pages.unwrap_or(0))
                             .u("tracked_from_map", d.from_map_regions as u64)
+                            .u("unchanged_skipped", d.unchanged_skipped)
                             .v("tags", d.info.tags.clone())
                             .u("stop_us", d.stop_ns / 1000)
                             .s(

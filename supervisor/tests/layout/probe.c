@@ -167,6 +167,10 @@ int main(void)
 	P("SNAP_T_RELEASE", RK_SNAP_RELEASE);
 	P("SNAP_HELLO_LEN", sizeof(struct rk_snap_hello));
 	P("SNAP_SCAN_LEN", sizeof(struct rk_snap_scan));
+	P("SNAP_SCAN_CUT", RK_SNAP_SCAN_CUT);
+	P("SNAP_SCAN_PROBE", RK_SNAP_SCAN_PROBE);
+	P("SNAP_DIRTY_OFF_UNCHANGED", offsetof(struct rk_snap_dirty, unchanged));
+	P("SNAP_DIRTY_OFF_EPOCH", offsetof(struct rk_snap_dirty, epoch));
 	P("SNAP_DIRTY_LEN", sizeof(struct rk_snap_dirty));
 	P("SNAP_SEQ_LEN", sizeof(struct rk_snap_seq));
 	P("SNAP_RELEASED_LEN", sizeof(struct rk_snap_released));
