@@ -12,14 +12,20 @@ durable epoch (its state is the last snapshot's); the count is
   a restore after the stack is killed.
 - A preserved static (RK_PRESERVED) changed without any arena write is not
   "unchanged": the probe compares the statics too, and a restore finds the
-  last value."""
+  last value.
+- A static changed and put back while a probe scans does not pass for
+  unchanged (the probe reads the statics before its scan, with no region
+  open)."""
 
 import json
+import os
+import subprocess
 import time
 
 from rkv_harness import Rkv
+from supervisor_harness import BUILD
 from test_redo_api import Lines, check, kill, stack
-from test_snapshots import rekindle, restored
+from test_snapshots import REKINDLE, rekindle, restored
 
 
 def published(store):
@@ -94,3 +100,45 @@ def test_a_static_changed_with_no_arena_write_is_snapshotted(tmp_path):
     ev2 = tmp_path / "ev2.jsonl"
     got = check(stack(tmp_path, store, ev2, "--check"), ev2)
     assert got["ticks"] == 10, got
+
+
+RACE = BUILD / "apps" / "statics_race"
+
+
+def test_a_state_changed_and_put_back_during_a_probe_is_not_unchanged(tmp_path):
+    """tests/apps/statics_race.c: A sets a preserved static and waits until
+    its epoch is durable; B, as soon as the agent bumps the epoch past A's,
+    puts the static back and writes a page the probe's scan has passed.  A
+    probe that read the statics after its scan saw them as the last cut had
+    them and said nothing had changed: A was acknowledged, and a restore
+    came back to the cut before A (neither A's state nor A's and B's).  The
+    probe reads them with no region open, before it scans.  A few tries,
+    each a fresh stack killed at A's acknowledgement."""
+    env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
+    for i in range(5):
+        store, ev = tmp_path / f"store{i}", tmp_path / f"ev{i}.jsonl"
+        sup = subprocess.Popen(
+            [str(REKINDLE), "run", "--name", "race", "--events", str(ev), "--snapshot-dir", str(store),
+             "--snapshot-interval", "10ms", "--", str(RACE)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        )  # fmt: skip
+        try:
+            got = Lines(sup).until(lambda x: x.startswith('{"app":"acked"'), 60)
+        finally:
+            kill(sup, ev)
+        assert any(x["app"] == "acked" for x in got), got[-3:]
+        ev2 = tmp_path / f"ev{i}b.jsonl"
+        back = subprocess.Popen(
+            [str(REKINDLE), "restore", "--from", str(store), "--name", "race", "--events", str(ev2),
+             "--", str(RACE), "--check"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        )  # fmt: skip
+        try:
+            lines = Lines(back).until(lambda x: x.startswith('{"app":"check"'), 60)
+            state = [x for x in lines if x["app"] == "check"]
+        finally:
+            kill(back, ev2)
+        assert state and state[0]["restored"], state
+        s = (state[0]["s1"], state[0]["marker"])
+        assert s in ((1, 0), (0, 42)), f"try {i}: restored {s}: A's acknowledged write is lost"
+

@@ -313,8 +313,10 @@ int rk_listen_fds(void);
 int rk_heartbeat_interval_ms(void);
 
 /* ---- Durable snapshots (`rekindle run --snapshot-dir`, docs/snapshots.md) --
- * The supervisor snapshots the preserved state at consistent cuts and
- * numbers them: epoch 1, 2, ...  A write made inside an unsafe region that
+ * The supervisor snapshots the preserved state at consistent cuts; the
+ * app's epochs order them (they grow at each cut, and at each interval
+ * snapshot found unchanged, so only their order means something).  A
+ * write made inside an unsafe region that
  * has ended is in the snapshot of epoch rk_epoch() (read after the region)
  * or in an earlier one; it is on disk once rk_durable_epoch() >= that.  To
  * send a reply only once the state it depends on is durable (external

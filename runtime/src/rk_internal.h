@@ -723,7 +723,8 @@ int rk_ev_fault_hook(int sig, siginfo_t *si, void *uc) __attribute__((weak));
  * supervisor's side is supervisor/src/snapshot/agent_link.rs, and
  * supervisor/tests/layout.rs checks both against each other. */
 #define RK_SNAP_BUF_MAGIC 0x3146554250414e53ull /* "SNAPBUF1" */
-#define RK_SNAP_BUF_VERSION 3u
+/* 4: SCAN's flags (PROBE); an agent of 3 would take a probe for a cut */
+#define RK_SNAP_BUF_VERSION 4u
 #define RK_SNAP_MAX_REGIONS (RK_MAX_ARENAS + RK_MAX_RANGES)
 #define RK_SNAP_VEC_CAP 65536u   /* runs of written pages per report */
 #define RK_SNAP_PUNCH_CAP 65536u /* holes punched between two cuts */

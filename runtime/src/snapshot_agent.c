@@ -87,7 +87,7 @@ static struct {
 	/* the manifest (statics saved) of the last cut released, for PROBE;
 	 * last_cut_len 0: none */
 	void *last_cut;
-	uint32_t last_cut_len;
+	uint32_t last_cut_len, last_cut_cap;
 } ag = {.sock = -1, .uffd = -1, .pagemap = -1, .buf_fd = -1, .durable_efd = -1, .request_efd = -1};
 
 /* Published once the buffer is mapped: the allocator's punches look here. */
@@ -497,18 +497,29 @@ static uint32_t cut_extras(uint64_t *epoch)
 	return atomic_load(&ag.buf->punch_overflow);
 }
 
-/* PROBE: nothing but pages could have changed since the last cut released
- * (the caller saw none written and no region new).  The statics are read
- * while the app runs: a value caught half-written differs, and a write
- * after the read is the next probe's. */
-static bool unchanged_since_cut(void)
+/* PROBE, before its scan: with no unsafe region open (held for a moment,
+ * never waited for: an open one means a change under way), takes the
+ * number regions ended from now on will be past, and compares what pages
+ * do not show with the last cut released: the holes punched, the manifest
+ * and the statics.  All at one instant, so a value changed and put back
+ * later cannot pass for unchanged.  True with *epoch set if they are the
+ * cut's; then only the scan that follows can find a change (a page
+ * written before this instant is still marked). */
+static bool probe_begin(uint64_t *epoch)
 {
-	if (!ag.last_cut_len || atomic_load(&ag.buf->punch_head) || atomic_load(&ag.buf->punch_overflow))
+	if (!ag.last_cut_len || freeze(0) != RK_SNAP_OK)
 		return false;
-	struct rk_manifest *c = buf_manifest();
-	rk_statics_save(c);
-	c->checksum = rk_manifest_checksum(c);
-	return ag.buf->manifest_len == ag.last_cut_len && memcmp(c, ag.last_cut, ag.last_cut_len) == 0;
+	*epoch = atomic_fetch_add(&ag.buf->open_epoch, 1);
+	bool same = !atomic_load(&ag.buf->punch_head) && !atomic_load(&ag.buf->punch_overflow) &&
+		    manifest_copy() == RK_SNAP_OK;
+	if (same) {
+		struct rk_manifest *c = buf_manifest();
+		rk_statics_save(c);
+		c->checksum = rk_manifest_checksum(c);
+		same = ag.buf->manifest_len == ag.last_cut_len && memcmp(c, ag.last_cut, ag.last_cut_len) == 0;
+	}
+	thaw();
+	return same;
 }
 
 static bool any_region_new(void)
@@ -525,10 +536,8 @@ static void report(const struct rk_snap_scan *q)
 	uint64_t t0 = rk_now_ns();
 	int err = 0;
 	bool cut = (q->flags & RK_SNAP_SCAN_CUT) != 0;
-	bool probe = !cut && (q->flags & RK_SNAP_SCAN_PROBE) != 0;
-	/* before the scan: a region that ends from now on reads a later number,
-	 * and one that ended before wrote nothing the scan will not see */
-	uint64_t probe_epoch = probe ? atomic_fetch_add(&ag.buf->open_epoch, 1) : 0;
+	uint64_t probe_epoch = 0;
+	bool same = !cut && (q->flags & RK_SNAP_SCAN_PROBE) && probe_begin(&probe_epoch);
 	bool wrote = false;
 	enum rk_snap_status st = cut ? freeze(q->timeout_ms ? q->timeout_ms : 10) : RK_SNAP_OK;
 	uint64_t t_freeze = rk_now_ns() - t0;
@@ -565,7 +574,7 @@ static void report(const struct rk_snap_scan *q)
 	}
 	uint64_t epoch = 0;
 	uint32_t overflow = cut ? cut_extras(&epoch) : 0;
-	bool unchanged = probe && !wrote && !any_region_new() && unchanged_since_cut();
+	bool unchanged = same && !wrote && !any_region_new();
 	if (unchanged)
 		epoch = probe_epoch;
 	reply_dirty(q->seq, st, 0, false, t_freeze, rk_now_ns() - t0 - t_freeze, overflow, unchanged, epoch);
@@ -577,7 +586,7 @@ static void report(const struct rk_snap_scan *q)
 		/* consumed: the next cut reports the holes punched after this one */
 		atomic_store(&ag.buf->punch_head, 0);
 		atomic_store(&ag.buf->punch_overflow, 0);
-		if (ag.last_cut && ag.buf->manifest_len <= ag.buf->manifest_cap) {
+		if (ag.last_cut && ag.buf->manifest_len <= ag.last_cut_cap) {
 			memcpy(ag.last_cut, buf_manifest(), ag.buf->manifest_len);
 			ag.last_cut_len = ag.buf->manifest_len;
 		}
@@ -637,6 +646,7 @@ static int buf_create(void)
 	ag.buf_fd = fd;
 	ag.buf_size = size;
 	ag.last_cut = malloc(manifest_cap); /* NULL: no probe finds "unchanged" */
+	ag.last_cut_cap = ag.last_cut ? (uint32_t)manifest_cap : 0;
 	*ag.buf = (struct rk_snap_buf){.magic = RK_SNAP_BUF_MAGIC,
 				       .version = RK_SNAP_BUF_VERSION,
 				       .size = (uint32_t)size,

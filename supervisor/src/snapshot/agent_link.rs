@@ -32,7 +32,8 @@ pub const SNAP_RELEASED_LEN: usize = 24;
 
 /// `struct rk_snap_buf`.
 pub const BUF_MAGIC: u64 = 0x3146_5542_5041_4e53; // "SNAPBUF1"
-pub const BUF_VERSION: u32 = 3;
+/// 4: SCAN's flags (a version-3 agent would take a probe for a cut).
+pub const BUF_VERSION: u32 = 4;
 pub const BUF_HDR_LEN: usize = 104;
 pub const OFF_BUF_OPEN_EPOCH: usize = 88;
 pub const OFF_BUF_DURABLE_EPOCH: usize = 96;

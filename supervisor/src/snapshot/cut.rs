@@ -171,7 +171,23 @@ impl BufMap {
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(BufMap { ptr, len })
+        let b = BufMap { ptr, len };
+        // the agent wrote the header before its HELLO; another version
+        // speaks another protocol (a version-3 agent takes a probe for a cut)
+        let h = b.bytes();
+        let magic = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
+        let version = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
+        if magic != agent_link::BUF_MAGIC || version != agent_link::BUF_VERSION {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "the app's librekindle speaks snapshot protocol {version} (magic {magic:#x}), \
+                     this supervisor {}: rebuild the app against this release",
+                    agent_link::BUF_VERSION
+                ),
+            ));
+        }
+        Ok(b)
     }
 
     /// The buffer as the agent left it: read only while the agent waits for
@@ -1376,6 +1392,32 @@ fn start_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A buffer whose header says another protocol version is refused at
+    /// the HELLO: a version-3 agent would take a probe for a cut and keep
+    /// the app frozen for its STOP_MAX_MS.
+    #[test]
+    fn a_buffer_of_another_version_is_refused() {
+        for (version, ok) in [(agent_link::BUF_VERSION, true), (3, false)] {
+            let name = std::ffi::CString::new("snapbuf").unwrap_or_default();
+            // SAFETY: memfd_create with a valid name.
+            let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(fd >= 0);
+            let mut hdr = vec![0u8; 4096];
+            hdr[0..8].copy_from_slice(&agent_link::BUF_MAGIC.to_le_bytes());
+            hdr[8..12].copy_from_slice(&version.to_le_bytes());
+            // SAFETY: our fd, a buffer of hdr.len() bytes.
+            let n = unsafe { libc::pwrite(fd, hdr.as_ptr().cast(), hdr.len(), 0) };
+            assert_eq!(n, hdr.len() as isize);
+            // SAFETY: our fd, owned from here on.
+            let owned = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            let r = BufMap::map(owned.as_fd(), hdr.len());
+            assert_eq!(r.is_ok(), ok, "version {version}");
+            if let Err(e) = r {
+                assert!(e.to_string().contains("snapshot protocol 3"), "{e}");
+            }
+        }
+    }
 
     #[test]
     fn data_extents_skip_holes() {

@@ -255,7 +255,7 @@ impl Handle {
             last_pages: None,
             last_took: false,
             unchanged_skipped: 0,
-            idle_fold_failed: false,
+            idle_fold_failed: None,
             last_retention: None,
             retention_put_off: 0,
             refused: 0,
@@ -383,8 +383,10 @@ struct Engine {
     last_took: bool,
     /// Interval snapshots not taken since the last one: nothing had changed.
     unchanged_skipped: u64,
-    /// The last idle fold failed (reported): the next waits for a snapshot.
-    idle_fold_failed: bool,
+    /// When the last idle fold failed (reported): the next waits for a
+    /// snapshot, or IDLE_FOLD_RETRY (interval snapshots that find nothing
+    /// changed leave the engine idle for good).
+    idle_fold_failed: Option<Instant>,
     /// When the last retention ended and how long it took: a retention
     /// after a snapshot waits until the engine has spent
     /// RETENTION_SHARE_MAX of its time since then on it.
@@ -409,6 +411,9 @@ const RETENTION_SHARE_MAX: u32 = 10;
 /// app) is not idleness: a fold of a full journal takes 100-250 ms, which
 /// every held reply would wait for.
 const IDLE_FOLD_AFTER: Duration = Duration::from_millis(200);
+/// An idle fold that failed is tried again after this, if no snapshot has
+/// succeeded meanwhile (one folds the journal first).
+const IDLE_FOLD_RETRY: Duration = Duration::from_secs(1);
 
 /// Under `--snapshot-publish-every`, an interval snapshot after one that
 /// copied more than this many pages is published, not journaled.  Such
@@ -502,12 +507,13 @@ impl Engine {
             if ready == 0
                 && self.next_due.is_none_or(|t| Instant::now() < t)
                 && self.last_busy.elapsed() >= IDLE_FOLD_AFTER
-                && !self.idle_fold_failed
+                && self.idle_fold_due()
             {
                 // idle: what the journal holds is published, then counted
                 // (under --snapshot-publish-every, on its own schedule)
                 if self.cfg.publish_every.is_none() {
-                    self.idle_fold_failed = !self.fold_then_retention(FoldWhen::Idle);
+                    self.idle_fold_failed =
+                        (!self.fold_then_retention(FoldWhen::Idle)).then(Instant::now);
                 }
                 self.retention_if_put_off();
             }
@@ -594,6 +600,11 @@ impl Engine {
             && self.store.as_ref().is_some_and(|s| s.journal_pending())
     }
 
+    fn idle_fold_due(&self) -> bool {
+        self.idle_fold_failed
+            .is_none_or(|t| t.elapsed() >= IDLE_FOLD_RETRY)
+    }
+
     fn poll_timeout(&self) -> i32 {
         let until = |t: Instant| t.saturating_duration_since(Instant::now()).as_millis() as i32;
         let ms = match (self.agent.is_some(), self.next_due, self.agent_wait_until) {
@@ -605,7 +616,7 @@ impl Engine {
             Some(w) => ms.min(w.as_millis() as i32),
             None => ms,
         };
-        if !self.idle_fold_failed && self.store.as_ref().is_some_and(|s| s.journal_pending()) {
+        if self.idle_fold_due() && self.store.as_ref().is_some_and(|s| s.journal_pending()) {
             let left = match self.cfg.publish_every {
                 None => IDLE_FOLD_AFTER.saturating_sub(self.last_busy.elapsed()),
                 Some(every) => every.saturating_sub(self.last_publish.elapsed()),
@@ -1000,7 +1011,7 @@ impl Engine {
         }
         if r.is_ok() {
             self.refused = 0;
-            self.idle_fold_failed = false;
+            self.idle_fold_failed = None;
         }
         match r {
             Ok(done) => {
