@@ -801,6 +801,7 @@ impl Engine {
         self.published = 0;
         self.last_pages = None;
         self.force_full = true; // a new address space: what was written before is unknown
+        self.last_took = false; // its agent has no cut yet to compare with
         self.carry.clear();
         if h.status != SnapStatus::Ok || fds.len() != agent_link::HELLO_FDS {
             self.agent = None;
@@ -963,7 +964,7 @@ impl Engine {
 
     /// One snapshot; `app_asked`: the app waits for it (rk_checkpoint), so a
     /// passing failure is retried rather than left for the next request.
-    /// One snapshot; false if none was taken because nothing had changed.
+    /// False if none was taken because nothing had changed (a probe).
     fn snapshot(&mut self, app_asked: bool) -> bool {
         let waiting = std::mem::take(&mut self.waiting);
         let mut tags: Vec<String> = waiting.iter().flat_map(|(_, t)| t.clone()).collect();
