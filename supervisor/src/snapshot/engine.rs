@@ -187,6 +187,13 @@ pub struct Handle {
     thread: Option<JoinHandle<()>>,
 }
 
+/// A wait as poll(2)'s timeout, rounded up: rounded down, the last
+/// millisecond before a snapshot is due was a spin of poll(0) (7% of a core
+/// at 10 ms intervals, measured with unchanged probes).
+fn poll_ms(d: Duration) -> i32 {
+    d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+}
+
 fn eventfd() -> std::io::Result<OwnedFd> {
     // SAFETY: eventfd returns a fresh fd or -1.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -606,14 +613,14 @@ impl Engine {
     }
 
     fn poll_timeout(&self) -> i32 {
-        let until = |t: Instant| t.saturating_duration_since(Instant::now()).as_millis() as i32;
+        let until = |t: Instant| poll_ms(t.saturating_duration_since(Instant::now()));
         let ms = match (self.agent.is_some(), self.next_due, self.agent_wait_until) {
             (true, Some(t), _) => until(t).min(1000),
             (false, _, Some(t)) if !self.waiting.is_empty() => until(t).min(1000),
             _ => 1000,
         };
         let ms = match self.indexer.wait() {
-            Some(w) => ms.min(w.as_millis() as i32),
+            Some(w) => ms.min(poll_ms(w)),
             None => ms,
         };
         if self.idle_fold_due() && self.store.as_ref().is_some_and(|s| s.journal_pending()) {
@@ -1320,4 +1327,20 @@ fn checkpoint_reply(d: &Done) -> serde_json::Value {
         "journaled": d.info.journaled,
         "durable": true,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_rounds_up_to_whole_milliseconds() {
+        assert_eq!(poll_ms(Duration::ZERO), 0);
+        // less than a millisecond left is a wait, not poll(0)
+        assert_eq!(poll_ms(Duration::from_micros(1)), 1);
+        assert_eq!(poll_ms(Duration::from_micros(999)), 1);
+        assert_eq!(poll_ms(Duration::from_millis(10)), 10);
+        assert_eq!(poll_ms(Duration::from_micros(10_001)), 11);
+        assert_eq!(poll_ms(Duration::from_secs(u64::MAX)), i32::MAX);
+    }
 }
