@@ -31,13 +31,21 @@ from test_snapshots import REKINDLE, lines_until, rekindle
 COUNTER = BUILD / "apps" / "redo_counter"
 
 
-def stack(tmp_path, store, events, *args, sup=()):
+def supervise(tmp_path, sup, events, app, *args, name="redoc"):
+    """`rekindle SUP... --name NAME --events EVENTS -- APP ARGS...` (sup:
+    the verb and its options, `run --snapshot-dir D`, `restore --from D`),
+    its stdout a pipe, with the runtime dir under tmp_path."""
     env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
     return subprocess.Popen(
-        [str(REKINDLE), "run", "--name", "redoc", "--events", str(events),
-         "--snapshot-dir", str(store), "--snapshot-interval", "50ms", *sup, "--", str(COUNTER), *args],
+        [str(REKINDLE), *map(str, sup), "--name", name, "--events", str(events),
+         "--", str(app), *map(str, args)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )  # fmt: skip
+
+
+def stack(tmp_path, store, events, *args, sup=()):
+    return supervise(tmp_path, ("run", "--snapshot-dir", store, "--snapshot-interval", "50ms", *sup), events,
+                     COUNTER, *args)  # fmt: skip
 
 
 class Lines:

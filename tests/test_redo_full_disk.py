@@ -19,23 +19,16 @@ import subprocess
 import threading
 import time
 
-import pytest
 import redis
 from rkv_harness import Rkv
-from test_redo_api import COUNTER, Lines, events, kill
-from test_rkv_durability import fill_disk, restored
+from test_redo_api import COUNTER, Lines, events, kill, supervise
+from test_rkv_durability import fill_disk, restored, small_tmpfs
 from test_snapshots import REKINDLE, kill_stack, lines_until
 
 
 def test_a_full_disk_holds_replies_and_loses_no_acknowledged_write(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], capture_output=True,
-                       check=False)  # fmt: skip
-    if m.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.decode().strip()}")
-    store = mnt / "store"
-    try:
+    with small_tmpfs(tmp_path, "32m") as mnt:
+        store = mnt / "store"
         # small redo files: the writer soon needs a new one, which the full
         # disk refuses (an append into a file already made needs no space)
         r = Rkv(tmp_path / "a", "--durability", "sync", "--sync-via", "redo", supervised=True,
@@ -119,8 +112,6 @@ def test_a_full_disk_holds_replies_and_loses_no_acknowledged_write(tmp_path):
             assert replays and replays[-1]["records"] > 0, "the restore replayed nothing"
         finally:
             back.close()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_snapshot_failing_after_a_new_arena_is_followed_by_a_full_one(tmp_path):
@@ -133,25 +124,16 @@ def test_a_snapshot_failing_after_a_new_arena_is_followed_by_a_full_one(tmp_path
     and the next one failed on the full disk; every write was lost.)
     Checkpoints only, no interval: the first snapshot (asked for by the app)
     has no arena; the disk is filled; then the app creates its arena."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], capture_output=True,
-                       check=False)  # fmt: skip
-    if m.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.decode().strip()}")
-    store, ev, go = mnt / "store", tmp_path / "ev1.jsonl", tmp_path / "go"
     env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
 
     def checkpoint():
         return subprocess.run([str(REKINDLE), "checkpoint", "redoc", "--wait", "--json"], capture_output=True,
                               text=True, env=env, timeout=60, check=False)  # fmt: skip
 
-    try:
-        sup = subprocess.Popen(
-            [str(REKINDLE), "run", "--name", "redoc", "--events", str(ev), "--snapshot-dir", str(store),
-             "--", str(COUNTER), "--early", "--arena-after", str(go)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-        )  # fmt: skip
+    with small_tmpfs(tmp_path, "32m") as mnt:
+        store, ev, go = mnt / "store", tmp_path / "ev1.jsonl", tmp_path / "go"
+        sup = supervise(tmp_path, ("run", "--snapshot-dir", store), ev, COUNTER,
+                        "--early", "--arena-after", go)  # fmt: skip
         try:
             out = Lines(sup)
             got = out.until(lambda x: x.startswith('{"app":"early"'), 30)
@@ -183,11 +165,7 @@ def test_a_snapshot_failing_after_a_new_arena_is_followed_by_a_full_one(tmp_path
         finally:
             kill(sup, ev)
         ev2 = tmp_path / "ev2.jsonl"
-        back = subprocess.Popen(
-            [str(REKINDLE), "restore", "--from", str(store), "--name", "redoc", "--events", str(ev2),
-             "--", str(COUNTER), "--check"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-        )  # fmt: skip
+        back = supervise(tmp_path, ("restore", "--from", store), ev2, COUNTER, "--check")
         try:
             lines = lines_until(back, '{"app":"check"', 30)
             assert any(x.startswith('{"app":"check"') for x in lines), lines[-5:]
@@ -198,5 +176,3 @@ def test_a_snapshot_failing_after_a_new_arena_is_followed_by_a_full_one(tmp_path
             kill(back, ev2)
         up = events(ev2, "up")
         assert up and up[0]["code"] == "restored", f"the arena did not come back: {up[:1]}"
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -803,6 +803,22 @@ def test_sync_overwrites_journaled_as_deltas_survive_the_stack_dying(tmp_path, s
         back.close()
 
 
+@contextlib.contextmanager
+def small_tmpfs(tmp_path, size):
+    """A tmpfs of `size` at tmp_path/small, unmounted after (the test is
+    skipped where none can be mounted): a disk small enough to fill."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True,
+                       check=False)  # fmt: skip
+    if m.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
 def fill_disk(path):
     """Writes path until its file system is full, to the last block (a
     write of a few KiB must fail too)."""
@@ -823,13 +839,7 @@ def test_pages_of_snapshots_that_fail_on_a_full_disk_go_into_the_next(tmp_path):
     written since the failures) is the only snapshot that can hold the
     overwrites made before them.  The stack is SIGKILLed, and a restore
     finds every key as last written."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True,
-                       check=False)  # fmt: skip
-    if m.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path, "64m") as mnt:
         store = mnt / "store"
         r = durable_rkv(tmp_path / "a", store, "none", interval="50ms")
         try:
@@ -862,8 +872,6 @@ def test_pages_of_snapshots_that_fail_on_a_full_disk_go_into_the_next(tmp_path):
             assert not wrong, f"{len(wrong)} of {len(keys)} keys not as last written: {wrong[:5]}"
         finally:
             back.close()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_retention_put_off_under_short_intervals_runs_at_the_stop(tmp_path):

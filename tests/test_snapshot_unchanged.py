@@ -18,14 +18,12 @@ durable epoch (its state is the last snapshot's); the count is
   open)."""
 
 import json
-import os
-import subprocess
 import time
 
 from rkv_harness import Rkv
 from supervisor_harness import BUILD
-from test_redo_api import Lines, check, kill, stack
-from test_snapshots import REKINDLE, rekindle, restored
+from test_redo_api import Lines, check, kill, stack, supervise
+from test_snapshots import rekindle, restored
 
 
 def published(store):
@@ -114,25 +112,17 @@ def test_a_state_changed_and_put_back_during_a_probe_is_not_unchanged(tmp_path):
     came back to the cut before A (neither A's state nor A's and B's).  The
     probe reads them with no region open, before it scans.  A few tries,
     each a fresh stack killed at A's acknowledgement."""
-    env = dict(os.environ, REKINDLE_RUNTIME_DIR=str(tmp_path / "run"))
     for i in range(5):
         store, ev = tmp_path / f"store{i}", tmp_path / f"ev{i}.jsonl"
-        sup = subprocess.Popen(
-            [str(REKINDLE), "run", "--name", "race", "--events", str(ev), "--snapshot-dir", str(store),
-             "--snapshot-interval", "10ms", "--", str(RACE)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-        )  # fmt: skip
+        sup = supervise(tmp_path, ("run", "--snapshot-dir", store, "--snapshot-interval", "10ms"), ev, RACE,
+                        name="race")  # fmt: skip
         try:
             got = Lines(sup).until(lambda x: x.startswith('{"app":"acked"'), 60)
         finally:
             kill(sup, ev)
         assert any(x["app"] == "acked" for x in got), got[-3:]
         ev2 = tmp_path / f"ev{i}b.jsonl"
-        back = subprocess.Popen(
-            [str(REKINDLE), "restore", "--from", str(store), "--name", "race", "--events", str(ev2),
-             "--", str(RACE), "--check"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-        )  # fmt: skip
+        back = supervise(tmp_path, ("restore", "--from", store), ev2, RACE, "--check", name="race")
         try:
             lines = Lines(back).until(lambda x: x.startswith('{"app":"check"'), 60)
             state = [x for x in lines if x["app"] == "check"]
